@@ -1,0 +1,3 @@
+from trainready.cli.main import run
+
+run()

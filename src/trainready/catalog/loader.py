@@ -1,0 +1,191 @@
+"""Load the built-in catalog, merge a user's file, and look names up.
+
+Nothing is read at import time; `load_catalog()` caches the built-in data per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainready.errors import UnknownNameError, UsageError, normalize_name
+
+from .schema import Gpu, Instance
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """GPUs and instance types by canonical name, plus an alias index for GPUs."""
+
+    gpus: dict[str, Gpu]
+    instances: dict[str, Instance]
+    files: tuple[str, ...] = ()
+    _gpu_keys: dict[str, str] = field(default_factory=dict, repr=False)
+    _instance_keys: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for gpu in self.gpus.values():
+            for alias in (gpu.name, gpu.display_name, *gpu.aliases):
+                if alias:
+                    self._gpu_keys.setdefault(normalize_name(alias), gpu.name)
+        for inst in self.instances.values():
+            self._instance_keys[normalize_name(inst.name)] = inst.name
+
+    def gpu(self, name: str) -> Gpu:
+        key = self._gpu_keys.get(normalize_name(name))
+        if key is None:
+            raise UnknownNameError("GPU", name, self.gpus, "See `trainready catalog gpus`.")
+        return self.gpus[key]
+
+    def instance(self, name: str) -> Instance:
+        key = self._instance_keys.get(normalize_name(name))
+        if key is None:
+            raise UnknownNameError("instance type", name, self.instances,
+                                   "See `trainready catalog instances`.")
+        return self.instances[key]
+
+    def gpu_of(self, inst: Instance) -> Gpu:
+        return self.gpus[inst.gpu]
+
+
+def _read_toml(text: str, label: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{label}: not valid TOML: {exc}") from None
+
+
+def _locate(text: str, loc: tuple[Any, ...]) -> int | None:
+    """Line number (1-based) of the field a validation error points at, best effort.
+
+    `loc` is like ("instance", 2, "price", 0, "usd_per_hour"): walk the array-of-tables
+    headers in order, then find `key =` inside the table found.
+    """
+    lines = text.splitlines()
+    start, end = 0, len(lines)
+    table_path: list[str] = []
+    i = 0
+    line_no: int | None = None
+    while i < len(loc):
+        key = loc[i]
+        if isinstance(key, str) and i + 1 < len(loc) and isinstance(loc[i + 1], int):
+            table_path.append(key)
+            header = re.compile(r"^\s*\[\[\s*" + re.escape(".".join(table_path)) + r"\s*\]\]")
+            hits = [n for n in range(start, end) if header.match(lines[n])]
+            if loc[i + 1] >= len(hits):
+                return line_no
+            start = hits[loc[i + 1]]
+            line_no = start + 1
+            nxt = [n for n in range(start + 1, end)
+                   if re.match(r"^\s*\[\[?\s*" + re.escape(".".join(table_path)) + r"\s*\]\]?", lines[n])]
+            end = nxt[0] if nxt else end
+            i += 2
+            continue
+        if isinstance(key, str):
+            pat = re.compile(r"^\s*(" + re.escape(key) + r"|[\w.]*\." + re.escape(key) + r")\s*=")
+            for n in range(start, end):
+                if pat.match(lines[n]):
+                    return n + 1
+        return line_no
+    return line_no
+
+
+def _validation_message(exc: ValidationError, text: str, label: str, prefix: tuple) -> str:
+    msgs = []
+    for err in exc.errors():
+        loc = prefix + tuple(err["loc"])
+        line = _locate(text, loc)
+        where = f"{label}:{line}" if line else label
+        fld = ".".join(str(p) for p in loc if not isinstance(p, int)) or "(entry)"
+        msgs.append(f"{where}: field '{fld}': {err['msg']}")
+    return "\n".join(msgs)
+
+
+def _parse_entries(data: dict, text: str, label: str, user: bool) -> tuple[dict, dict]:
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise UsageError(f"{label}: schema_version {version} is not supported (this trainready reads {SCHEMA_VERSION})")
+    unknown = set(data) - {"schema_version", "gpu", "instance"}
+    if unknown:
+        raise UsageError(f"{label}: unknown top-level key(s) {sorted(unknown)}; expected [[gpu]] and [[instance]] tables")
+    return {"gpu": data.get("gpu", []), "instance": data.get("instance", [])}, {}
+
+
+def _build(kind: str, raw: dict, text: str, label: str, index: int):
+    model = Gpu if kind == "gpu" else Instance
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise UsageError(_validation_message(exc, text, label, (kind, index))) from None
+
+
+def _merge_into(gpus: dict, instances: dict, text: str, label: str, user: bool) -> None:
+    data = _read_toml(text, label)
+    entries, _ = _parse_entries(data, text, label, user)
+    for idx, raw in enumerate(entries["gpu"]):
+        raw = dict(raw)
+        name = raw.get("name")
+        if user:
+            raw.setdefault("source", f"user catalog {label}")
+            if name in gpus:
+                raw = {**gpus[name].model_dump(exclude_defaults=True), **raw}
+        gpus[raw.get("name", f"#{idx}")] = _build("gpu", raw, text, label, idx)
+    for idx, raw in enumerate(entries["instance"]):
+        raw = dict(raw)
+        name = raw.get("name")
+        if user:
+            raw.setdefault("source", f"user catalog {label}")
+            for p in raw.get("price", []):
+                if isinstance(p, dict):
+                    p.setdefault("source", f"user catalog {label}")
+            if name in instances:
+                base = instances[name].model_dump(exclude_defaults=True)
+                prices = {(p["region"], p["model"]): p for p in base.get("price", [])}
+                for p in raw.get("price", []):
+                    if isinstance(p, dict) and "region" in p and "model" in p:
+                        prices[(p["region"], p["model"])] = p
+                raw = {**base, **raw, "price": list(prices.values())}
+        inst = _build("instance", raw, text, label, idx)
+        if inst.gpu not in gpus:
+            line = _locate(text, ("instance", idx, "gpu"))
+            where = f"{label}:{line}" if line else label
+            raise UnknownNameError("GPU", inst.gpu, gpus, f"({where}: field 'instance.gpu')")
+        instances[inst.name] = inst
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin() -> Catalog:
+    gpus: dict[str, Gpu] = {}
+    instances: dict[str, Instance] = {}
+    pkg = resources.files("trainready.catalog") / "data"
+    for fname in ("gpus.toml", "instances.toml"):
+        _merge_into(gpus, instances, (pkg / fname).read_text(), f"<builtin>/{fname}", user=False)
+    return Catalog(gpus=gpus, instances=instances)
+
+
+def load_catalog(user_file: str | Path | None = None) -> Catalog:
+    """The built-in catalog, with a user's TOML file merged on top when given.
+
+    A user's entry with a known name overrides the fields it gives (prices merge by
+    region and pricing model); a new name adds a GPU or an instance type.
+    """
+    base = _builtin()
+    if user_file is None:
+        return base
+    path = Path(user_file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read catalog file {path}: {exc.strerror or exc}") from None
+    gpus, instances = dict(base.gpus), dict(base.instances)
+    _merge_into(gpus, instances, text, str(path), user=True)
+    return Catalog(gpus=gpus, instances=instances, files=(str(path),))

@@ -1,0 +1,1 @@
+"""Command-line interface: thin Typer commands that parse, call the library and render."""

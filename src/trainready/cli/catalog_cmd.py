@@ -1,0 +1,55 @@
+"""`trainready catalog gpus|instances|models`: the facts the planner and `check` use."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from trainready.catalog import load_catalog
+from trainready.plan.presets import presets
+
+from . import options as o
+from .console import emit_json, out
+from .render import render_gpus, render_instances, render_models
+
+app = typer.Typer(no_args_is_help=True, help="GPU, instance and model facts, each with its source. "
+                  "Exit codes: 0 ok, 2 usage error (e.g. a bad --catalog file).")
+
+Cloud = Annotated[str, typer.Option("--cloud", help="Only this cloud (aws, gcp, azure, lambda).")]
+
+
+@app.command("gpus", help="GPUs: memory, peak TFLOP/s per precision, HBM and link bandwidth.")
+def gpus(catalog_file: o.CatalogFile = None, json_out: o.Json = False) -> None:
+    cat = load_catalog(catalog_file)
+    items = sorted(cat.gpus.values(), key=lambda g: g.name)
+    if json_out:
+        emit_json({"schema_version": 1, "gpus": [g.model_dump() for g in items]})
+    else:
+        render_gpus(out, items)
+
+
+@app.command("instances", help="Instance types: GPUs, CPU, RAM, NVMe, network, topology, prices.")
+def instances(cloud: Cloud = "", catalog_file: o.CatalogFile = None, json_out: o.Json = False) -> None:
+    cat = load_catalog(catalog_file)
+    items = sorted((i for i in cat.instances.values() if not cloud or i.cloud == cloud.lower()),
+                   key=lambda i: (i.cloud, i.name))
+    if cloud and not items:
+        from trainready.errors import UsageError
+        clouds = sorted({i.cloud for i in cat.instances.values()})
+        raise UsageError(f"unknown cloud '{cloud}'; valid: {', '.join(clouds)}")
+    if json_out:
+        emit_json({"schema_version": 1, "instances": [
+            {**i.model_dump(), "expected_nvlink": i.expected_nvlink} for i in items]})
+    else:
+        render_instances(out, items, cat)
+
+
+@app.command("models", help="Model presets with their exact shapes and parameter counts.")
+def models(json_out: o.Json = False) -> None:
+    items = list(presets().values())
+    if json_out:
+        emit_json({"schema_version": 1, "models": [
+            {**m.model_dump(exclude_none=True), "params": m.param_count()} for m in items]})
+    else:
+        render_models(out, items)

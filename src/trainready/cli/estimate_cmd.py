@@ -1,0 +1,91 @@
+"""`trainready estimate`: memory, speed, time and cost of one fully specified setup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from trainready.catalog import load_catalog
+from trainready.plan.estimate import estimate_setup
+from trainready.plan.job import save_job
+from trainready.plan.setup import resolve, resolve_model
+from trainready.plan.search import largest_fitting_micro_batch
+
+from . import options as o
+from .console import emit_json, out
+from .render import render_estimate
+
+HELP = """Memory per GPU, tokens/s, MFU, training time and cost of one setup.
+
+Example: trainready estimate --model llama-2-13b --instance p4d.24xlarge --strategy fsdp --tokens 2e9
+
+Exit codes: 0 ok (also when the setup does not fit: see memory.fits), 2 usage error, 3 internal error."""
+
+HW = o.HW
+PAR = o.PAR
+
+
+def estimate(
+    job_path: o.JobPath = None,
+    model: o.ModelName = None,
+    model_config: o.ModelConfig = None,
+    params: o.Params = None,
+    method: o.MethodOpt = None,
+    lora_rank: o.LoraRank = None,
+    tokens: o.Tokens = None,
+    instance: Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type, e.g. p4d.24xlarge.", rich_help_panel=HW)] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU when no instance is given: a100-40gb, a100-80gb, h100-80gb, h200, b200, v100-16gb, v100-32gb, a10g, l4, l40s.", rich_help_panel=HW)] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
+    inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
+    strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="Data parallelism: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]", rich_help_panel=PAR)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
+    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Sequences per GPU per forward. [default: the largest that fits]", rich_help_panel=PAR)] = None,
+    global_batch: o.GlobalBatch = None,
+    seq_len: o.SeqLen = None,
+    precision: o.PrecisionOpt = None,
+    activation_checkpointing: Annotated[Optional[o.Ckpt], typer.Option("--activation-checkpointing", help="Recompute activations in backward. [default: none]", rich_help_panel=o.NUM)] = None,
+    offload: Annotated[Optional[o.Offload], typer.Option("--offload", help="Move optimizer states (and parameters) to host RAM. [default: none]", rich_help_panel=o.NUM)] = None,
+    optimizer_dtype: o.OptimDType = None,
+    reduce_dtype: o.ReduceDType = None,
+    kernels: o.KernelsOpt = None,
+    attention_kernel: o.AttentionOpt = None,
+    spot: o.Spot = None,
+    region: o.Region = None,
+    usd_per_hour: o.UsdPerHour = None,
+    spot_mtbf_hours: o.SpotMtbf = None,
+    catalog_file: o.CatalogFile = None,
+    save: o.Save = None,
+    json_out: o.Json = False,
+) -> None:
+    job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
+                      lora_rank=lora_rank, tokens=tokens, instance=instance, gpu=gpu, gpus=gpus,
+                      gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps, strategy=strategy, tp=tp,
+                      pp=pp, micro_batch=micro_batch, global_batch=global_batch, seq_len=seq_len,
+                      precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
+                      optimizer_dtype=optimizer_dtype, reduce_dtype=reduce_dtype, kernels=kernels,
+                      attention_kernel=attention_kernel, spot=spot, region=region, usd_per_hour=usd_per_hour)
+    catalog = load_catalog(catalog_file)
+    spec = resolve_model(job)
+    setup = resolve(job, catalog, model=spec)
+    chosen_note = None
+    if job.micro_batch is None:
+        setup, chosen_note = largest_fitting_micro_batch(setup)
+    result = estimate_setup(setup, spot_mtbf_h=spot_mtbf_hours)
+    if chosen_note:
+        result.assumptions.insert(0, chosen_note)
+    if save is not None:
+        saved = job.model_copy(update={"model_spec": spec, "micro_batch": setup.micro_batch,
+                                       "global_batch": setup.global_batch, "seq_len": setup.seq_len,
+                                       "precision": setup.precision, "gpus": setup.n_gpus,
+                                       "gpus_per_node": setup.gpus_per_node})
+        save_job(saved, save)
+    if json_out:
+        emit_json(result)
+    else:
+        render_estimate(out, result)
+        if save is not None:
+            out.print(f"\nsaved job spec: {save}")

@@ -1,0 +1,54 @@
+"""The `trainready` command. Exit codes (every command): 0 success; 1 the command ran but its
+answer is negative (plan: nothing fits the constraints); 2 usage error (bad option, unknown
+name, impossible setup, unreadable file); 3 internal error (a bug: please report it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from trainready import __version__
+from trainready.errors import TrainreadyError
+
+from . import catalog_cmd, estimate_cmd, plan_cmd
+from .console import error
+
+app = typer.Typer(
+    name="trainready", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Plan, check, checkpoint and run LLM training on rented GPU nodes.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(catalog_cmd.app, name="catalog")
+app.command("estimate", help=estimate_cmd.HELP)(estimate_cmd.estimate)
+app.command("plan", help=plan_cmd.HELP)(plan_cmd.plan)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trainready {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """trainready"""
+
+
+def run() -> None:
+    as_json = "--json" in sys.argv
+    try:
+        app()
+    except TrainreadyError as exc:
+        error(str(exc), as_json=as_json, exit_code=exc.exit_code)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a bug: say so plainly, keep the traceback for who asks
+        if os.environ.get("TRAINREADY_DEBUG"):
+            raise
+        error(f"internal error: {type(exc).__name__}: {exc} (set TRAINREADY_DEBUG=1 for the traceback)",
+              as_json=as_json, exit_code=3)
+        sys.exit(3)

@@ -1,0 +1,90 @@
+"""`trainready plan`: search the catalog and rank setups by cost or time."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from trainready.catalog import load_catalog
+from trainready.plan.job import save_job
+from trainready.plan.search import PlanRequest, plan as run_plan
+from trainready.plan.setup import resolve_model
+
+from . import options as o
+from .console import emit_json, out
+from .render import render_plan
+
+HELP = """Which instance, how many nodes, which strategy: ranked by total cost (or time).
+
+Example: trainready plan --model llama-2-13b --method full --tokens 2e9
+
+Exit codes: 0 at least one setup fits, 1 nothing fits the constraints, 2 usage error, 3 internal error."""
+
+C = "Constraints"
+
+
+class RankBy(str, Enum):
+    cost = "cost"
+    time = "time"
+
+
+def plan(
+    job_path: o.JobPath = None,
+    model: o.ModelName = None,
+    model_config: o.ModelConfig = None,
+    params: o.Params = None,
+    method: o.MethodOpt = None,
+    lora_rank: o.LoraRank = None,
+    tokens: o.Tokens = None,
+    seq_len: o.SeqLen = None,
+    global_batch: o.GlobalBatch = None,
+    precision: o.PrecisionOpt = None,
+    optimizer_dtype: o.OptimDType = None,
+    kernels: o.KernelsOpt = None,
+    attention_kernel: o.AttentionOpt = None,
+    by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
+    top: Annotated[int, typer.Option("--top", min=1, max=100, help="Rows to show.", rich_help_panel=C)] = 5,
+    max_usd: Annotated[Optional[float], typer.Option("--max-usd", help="Budget for the whole run.", rich_help_panel=C)] = None,
+    deadline_hours: Annotated[Optional[float], typer.Option("--deadline-hours", help="Wall-clock limit.", rich_help_panel=C)] = None,
+    clouds: Annotated[Optional[str], typer.Option("--clouds", help="Comma-separated: aws,gcp,azure,lambda.", rich_help_panel=C)] = None,
+    instances: Annotated[Optional[str], typer.Option("--instances", help="Comma-separated instance types to consider.", rich_help_panel=C)] = None,
+    max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, max=1024, help="Most nodes per job.", rich_help_panel=C)] = 16,
+    min_gpu_mem: Annotated[Optional[float], typer.Option("--min-gpu-mem", help="Least GPU memory, GiB.", rich_help_panel=C)] = None,
+    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.5, help="Fraction of GPU memory kept free.", rich_help_panel=C)] = 0.10,
+    spot: o.Spot = None,
+    region: o.Region = None,
+    usd_per_hour: o.UsdPerHour = None,
+    spot_mtbf_hours: o.SpotMtbf = None,
+    catalog_file: o.CatalogFile = None,
+    save: o.Save = None,
+    json_out: o.Json = False,
+) -> None:
+    job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
+                      lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
+                      precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
+                      attention_kernel=attention_kernel, spot=spot, region=region, usd_per_hour=usd_per_hour)
+    catalog = load_catalog(catalog_file)
+    split = lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None  # noqa: E731
+    req = PlanRequest(job=job, by=by.value, top=top, max_usd=max_usd, deadline_hours=deadline_hours,
+                      clouds=split(clouds), instances=split(instances), max_nodes=max_nodes,
+                      min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, spot_mtbf_h=spot_mtbf_hours)
+    result = run_plan(req, catalog)
+    if save is not None and result.rows:
+        best = result.rows[0].estimate.setup
+        chosen = job.model_copy(update={
+            "model_spec": resolve_model(job), "instance": best.instance, "gpu": None, "gpus": best.gpus,
+            "gpus_per_node": best.gpus_per_node, "strategy": best.strategy, "tp": best.tp, "pp": best.pp,
+            "micro_batch": best.micro_batch, "global_batch": best.global_batch, "seq_len": best.seq_len,
+            "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
+            "offload": best.offload})
+        save_job(chosen, save)
+    if json_out:
+        emit_json(result)
+    else:
+        render_plan(out, result)
+        if save is not None and result.rows:
+            out.print(f"\nsaved the best row as a job spec: {save}  (next: trainready estimate --job {save})")
+    if not result.rows:
+        raise typer.Exit(1)

@@ -1,0 +1,181 @@
+"""Rich renderers: results in, tables out. No computation happens here."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+
+from trainready.catalog import Catalog, Gpu, Instance
+from trainready.plan.estimate import EstimateResult
+from trainready.plan.model_spec import ModelSpec
+from trainready.plan.search import PlanResult
+
+
+def _f(x: float | None, fmt: str = ",.1f", none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else (f"${x:,.0f}" if x >= 100 else f"${x:,.2f}")
+
+
+def _hours(h: float | None) -> str:
+    if h is None:
+        return "-"
+    return f"{h * 60:.0f} min" if h < 1 else (f"{h:,.1f} h" if h < 72 else f"{h / 24:,.1f} days")
+
+
+def _setup_line(e: EstimateResult) -> str:
+    s = e.setup
+    where = f"{s.nodes} x {s.instance}" if s.instance else f"{s.gpus} x {s.gpu}"
+    par = s.strategy + (f"+offload {s.offload}" if s.offload != "none" else "")
+    if s.tp > 1 or s.pp > 1:
+        par += f", tp {s.tp} x pp {s.pp} x dp {s.dp}"
+    method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
+    return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
+            f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}, ckpt {s.activation_checkpointing}")
+
+
+def render_estimate(con: Console, e: EstimateResult) -> None:
+    con.print(f"[bold]{e.model.name}[/] ({e.model.params / 1e9:,.2f}B parameters)")
+    con.print(_setup_line(e))
+    mem = Table(title="Memory per GPU (GiB)", title_justify="left")
+    for col in ("weights", "gradients", "optimizer", "activations", "other", "peak", "GPU", "fits"):
+        mem.add_column(col, justify="right")
+    p = e.memory.per_gpu_gib
+    fits = "[green]yes[/]" if e.memory.fits else "[red]NO[/]"
+    mem.add_row(_f(p.weights), _f(p.gradients), _f(p.optimizer), _f(p.activations), _f(p.other),
+                f"[bold]{_f(p.peak)}[/]", _f(e.memory.gpu_gib, ",.0f"), fits)
+    con.print(mem)
+    host = f"host RAM per node: {e.memory.host_gib:,.0f} GiB needed"
+    if e.memory.host_ram_gib:
+        host += f" of {e.memory.host_ram_gib:,.0f}" + ("" if e.memory.host_fits else " [red](too much)[/]")
+    con.print(f"peak at {e.memory.peak_phase}; persistent states {e.memory.states_gib:,.1f} GiB; {host}")
+    t = e.throughput
+    speed = Table(title="Speed", title_justify="left")
+    for col in ("tokens/s", "per GPU", "MFU", "HFU", "step", "compute", "exposed comm", "other", "bottleneck"):
+        speed.add_column(col, justify="right")
+    b = t.step_breakdown_s
+    speed.add_row(_f(t.tokens_per_s, ",.0f"), _f(t.tokens_per_s_per_gpu, ",.0f"), f"{t.mfu * 100:.1f}%",
+                  f"{t.hfu * 100:.1f}%", f"{t.step_time_s:,.2f} s", f"{b.compute:,.2f} s",
+                  f"{b.exposed_communication:,.2f} s", f"{b.other:,.2f} s", t.bottleneck)
+    con.print(speed)
+    c = e.cost
+    cost = Table(title="Time and cost", title_justify="left")
+    for col in ("train time", "steps", "$/node-hour", "total", "$/1B tokens", "spot $/h", "spot total"):
+        cost.add_column(col, justify="right")
+    flag = " [yellow](suspect)[/]" if c.pricing.suspect else ""
+    cost.add_row(_hours(e.time.train_hours), _f(e.time.steps, ",d"), _usd(c.usd_per_hour) + flag,
+                 _usd(c.total_usd), _usd(c.usd_per_billion_tokens), _usd(c.spot_usd_per_hour),
+                 _usd(c.spot_total_usd))
+    con.print(cost)
+    st = e.storage
+    have = "unknown" if st.hot_tier_have_gb_per_node is None else f"{st.hot_tier_have_gb_per_node:,.0f} GB"
+    con.print(f"checkpoints: {st.checkpoint_gb:,.0f} GB each ({st.checkpoint_gb_per_node:,.0f} GB per node), "
+              f"every {e.time.checkpoint_interval_s / 60:,.0f} min; hot tier needs "
+              f"{st.hot_tier_need_gb_per_node:,.0f} GB per node, has {have}; archive grows "
+              f"{st.archive_growth_gb_per_day:,.0f} GB/day; dataset reads {st.dataset_read_mb_per_s:,.2f} MB/s per node")
+    for w in e.warnings:
+        con.print(f"[yellow]warning:[/] {w}")
+    for a in e.assumptions:
+        con.print(f"[dim]assumed: {a}[/]")
+
+
+def render_plan(con: Console, r: PlanResult) -> None:
+    tokens = f"{r.tokens:,.0f} tokens" if r.tokens else "per 1B tokens"
+    con.print(f"[bold]{r.model}[/] ({r.params / 1e9:,.2f}B), {r.method}, {tokens}, ranked by {r.ranked_by}; "
+              f"{r.searched:,} configurations searched")
+    for n in r.notes:
+        con.print(f"[dim]{n}[/]")
+    if not r.rows:
+        con.print("[red]nothing fits the constraints[/]")
+    table = Table(title="Best setups", title_justify="left")
+    for col, just in (("#", "right"), ("instance", "left"), ("GPUs", "right"), ("strategy", "left"),
+                      ("micro x accum", "right"), ("ckpt", "left"), ("GiB/GPU", "right"), ("tokens/s", "right"),
+                      ("MFU", "right"), ("time", "right"), ("cost", "right"), ("spot", "right")):
+        table.add_column(col, justify=just)
+    for row in r.rows:
+        e, s = row.estimate, row.estimate.setup
+        strat = s.strategy + (f"+off:{s.offload}" if s.offload != "none" else "")
+        if s.tp > 1 or s.pp > 1:
+            strat += f" tp{s.tp} pp{s.pp}"
+        cost = _usd(e.cost.total_usd if r.tokens else e.cost.usd_per_billion_tokens)
+        if e.cost.pricing.suspect:
+            cost += " [yellow]?[/]"
+        table.add_row(str(row.rank), f"{s.nodes} x {s.instance}", str(s.gpus), strat,
+                      f"{s.micro_batch} x {s.grad_accum}", s.activation_checkpointing,
+                      f"{e.memory.per_gpu_gib.peak:,.1f}/{e.memory.gpu_gib:,.0f}",
+                      _f(e.throughput.tokens_per_s, ",.0f"), f"{e.throughput.mfu * 100:.0f}%",
+                      _hours(e.time.train_hours), cost, _usd(e.cost.spot_total_usd))
+    if r.rows:
+        con.print(table)
+        for row in r.rows:
+            con.print(f"  #{row.rank}: {row.why}")
+    if r.others:
+        con.print("[bold]Also fits[/] (best per instance, ranked lower): " + "; ".join(
+            f"{a.instance} x{a.nodes} {_usd(a.total_usd) if a.total_usd else ''}".strip() for a in r.others))
+    if r.excluded:
+        con.print("[bold]Excluded[/]")
+        for x in r.excluded:
+            con.print(f"  {x.instance}: {x.reason}")
+    if r.recipe:
+        rc = r.recipe
+        env = " ".join(f"{k}={v}" for k, v in rc.env.items())
+        con.print(Panel("\n".join(f"{env} {cmd}" for cmd in rc.torchrun), title="Launch (best row)",
+                        title_align="left"))
+        lexer = "json" if rc.config_kind == "deepspeed-json" else "python"
+        con.print(Panel(Syntax(rc.config, lexer, theme="ansi_dark", word_wrap=True), title=rc.config_kind,
+                        title_align="left"))
+        for n in rc.notes:
+            con.print(f"[dim]{n}[/]")
+
+
+def render_gpus(con: Console, gpus: list[Gpu]) -> None:
+    t = Table(title="GPUs (dense peak TFLOP/s)", title_justify="left")
+    for col in ("name", "GiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM GB/s", "GPU-GPU", "NVLink"):
+        t.add_column(col, justify="left" if col in ("name", "GPU-GPU") else "right")
+    for g in gpus:
+        tf = g.tflops
+        nv = f"{g.nvlink_links} x {g.nvlink_link_gbps:g} GB/s" if g.nvlink_links else "-"
+        t.add_row(g.name + (" [yellow]*[/]" if g.uncertain else ""), f"{g.memory_gib:g}", _f(tf.bf16, "g"),
+                  _f(tf.fp16, "g"), _f(tf.fp8, "g"), _f(tf.tf32, "g"), _f(tf.fp32, "g"), f"{g.hbm_gbps:g}",
+                  f"{g.gpu_link} {_f(g.gpu_gpu_gbps_bidir, 'g')} GB/s", nv)
+    con.print(t)
+    for g in gpus:
+        if g.uncertain:
+            con.print(f"[yellow]*[/] {g.name}: {g.uncertain}")
+    con.print("[dim]sources: `trainready catalog gpus --json`[/]")
+
+
+def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
+    t = Table(title="Instance types", title_justify="left")
+    for col in ("cloud", "name", "GPUs", "vCPU", "RAM GiB", "NVMe", "net Gbps", "EFA", "topology",
+                "on-demand $/h", "spot $/h", "region"):
+        t.add_column(col, justify="right" if col in ("vCPU", "RAM GiB", "net Gbps", "EFA", "on-demand $/h", "spot $/h") else "left")
+    for i in items:
+        od, sp = i.price_for("on-demand"), i.price_for("spot")
+        nvme = "-" if i.nvme_count is None else ("none" if i.nvme_count == 0 else f"{i.nvme_count} x {i.nvme_gb:g} GB")
+
+        def price(p):
+            if p is None or p.usd_per_hour is None:
+                return "unknown" if p is not None else "-"
+            return f"{p.usd_per_hour:,.2f}" + (" [yellow]suspect[/]" if p.suspect else "")
+        t.add_row(i.cloud, i.name, f"{i.gpu_count} x {i.gpu}", _f(i.vcpus, "d"), _f(i.ram_gib, ",.0f"), nvme,
+                  _f(i.network_gbps, "g", "unknown"), _f(i.efa_interfaces, "d"), i.topology, price(od), price(sp),
+                  (od or sp).region if (od or sp) else "-")
+    con.print(t)
+    con.print("[dim]prices: SkyPilot catalog snapshot, late 2025; `--json` gives every value's source and the "
+              "expected NVLink matrix[/]")
+
+
+def render_models(con: Console, models: list[ModelSpec]) -> None:
+    t = Table(title="Model presets", title_justify="left")
+    for col in ("name", "params", "layers", "hidden", "heads (kv)", "ffn", "mlp", "vocab", "tied"):
+        t.add_column(col, justify="left" if col in ("name", "mlp") else "right")
+    for m in models:
+        t.add_row(m.name, f"{m.param_count() / 1e9:,.2f}B", str(m.num_layers), str(m.hidden_size),
+                  f"{m.num_heads} ({m.num_kv_heads})", str(m.ffn_hidden_size), m.mlp, str(m.vocab_size),
+                  "yes" if m.tied_embeddings else "no")
+    con.print(t)

@@ -1,0 +1,90 @@
+"""Activation memory: bytes saved for backward per token and layer, by implementation.
+
+Counted tensor by tensor (what autograd saves), after Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", Sec. 4.1: 34sbh + 5as^2b per layer
+with dropout and without FlashAttention), adapted to what today's stacks run:
+
+* FlashAttention keeps Q, K, V, the output and a log-sum-exp, never the s x s scores;
+* no dropout (LLM fine-tuning and most pre-training use none) -> no masks;
+* GQA: K and V are num_kv_heads / num_heads of Q;
+* SwiGLU saves gate, silu(gate), up and their product (4 x ffn) instead of GELU's 2 x ffn;
+* "eager" (Hugging Face style PyTorch modules) RMSNorm upcasts to fp32 and saves the fp32
+  input and the normalized value, and the attention output is copied once more (transpose +
+  contiguous) before the output projection; "fused" kernels (Megatron, llm-foundry, TE)
+  save only the norm input and output.
+* LoRA: frozen base linears save nothing for their weight gradient; each adapted linear
+  saves its own copy of its input in the adapter dtype (PEFT keeps adapters in fp32).
+
+`korthikanti_layer_bytes` reproduces the paper's formula exactly (dropout, no Flash) and is
+what the benchmark holds this module to.
+"""
+
+from __future__ import annotations
+
+from .model_spec import ModelSpec
+
+ADAPTER_BYTES = 4  # PEFT casts adapter inputs to the adapter dtype, fp32 by default
+
+
+def _norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int) -> int:
+    """Saved by one norm plus its output as the next linear's input (bytes per hidden unit)."""
+    if kernels == "eager" and model.norm == "rmsnorm":
+        if residual_bytes == 4:  # autocast: fp32 input, fp32 normalized, bf16 copy for the linear
+            return 4 + 4 + act_bytes
+        return 4 + act_bytes + act_bytes  # fp32 upcast, normalized in bf16, weighted output
+    return residual_bytes + act_bytes
+
+
+def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
+                          method: str = "full", dropout: bool = False, flash: bool = True,
+                          seq_len: int = 0) -> float:
+    """Bytes of activations one transformer block saves per token (no recomputation)."""
+    d, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.ffn_hidden_size
+    a = act_bytes
+    norm = _norm_bytes(model, kernels, residual_bytes, a)
+    attn = a * (q + 2 * kv) + a * q  # Q, K, V and the attention output (saved by Flash)
+    if kernels == "eager":
+        attn += a * q  # transpose + contiguous copy fed to the output projection
+    if not flash:  # s x s scores per head: softmax output, plus dropout mask and output
+        attn += (a + ((1 + a) if dropout else 0)) * model.num_heads * seq_len
+    if model.mlp == "swiglu":
+        mlp = 4 * a * f
+    else:
+        mlp = 2 * a * f
+    total = model.norms_per_layer * norm * d + attn + mlp
+    if dropout:
+        total += 2 * d  # masks after attention and after the MLP (1 byte each)
+    if method in ("lora", "qlora"):
+        total += _lora_delta(model, kernels, a)
+    return float(total)
+
+
+def _lora_delta(model: ModelSpec, kernels: str, a: int) -> int:
+    """Change in saved bytes when the base linears are frozen and every linear has an adapter."""
+    d, q, f = model.hidden_size, model.q_dim, model.ffn_hidden_size
+    removed = model.norms_per_layer * a * d  # norm outputs: only frozen linears read them
+    removed += a * q if kernels == "eager" else 0  # the extra copy before o_proj
+    removed += a * f  # the input of the down projection (SwiGLU product / GELU output)
+    added = sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims())
+    return added - removed
+
+
+def layer_input_bytes(model: ModelSpec, residual_bytes: int) -> int:
+    """What full recomputation keeps per token and layer: the block's input."""
+    return residual_bytes * model.hidden_size
+
+
+def final_norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int) -> int:
+    return _norm_bytes(model, kernels, residual_bytes, act_bytes) * model.hidden_size if model.final_norm else 0
+
+
+def loss_bytes_per_token(model: ModelSpec, act_bytes: int) -> int:
+    """Peak of the logits and cross-entropy buffers per token: low-precision logits kept for
+    the output, fp32 log-softmax saved for backward, and two fp32 gradient buffers while the
+    loss is differentiated (measured on H200: 14 bytes x vocab with bf16)."""
+    return (act_bytes + 12) * model.vocab_size
+
+
+def korthikanti_layer_bytes(model: ModelSpec, seq_len: int) -> float:
+    """sbh(34 + 5as/h) / (sb): the paper's per-token, per-layer figure (fp16, dropout, no Flash)."""
+    return model.hidden_size * (34 + 5 * model.num_heads * seq_len / model.hidden_size)

@@ -1,0 +1,263 @@
+"""`estimate`: one fully specified setup in, memory, speed, time and cost out (pure)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from trainready.catalog import Price
+
+from . import reliability as rel
+from .memory import GiB, MemoryResult, estimate_memory, param_counts
+from .performance import StepResult, estimate_step
+from .setup import Setup
+from .storage import StoragePlan, storage_plan
+
+ESTIMATE_SCHEMA_VERSION = 1
+SPOT_ASSUMPTION = (f"spot: one interruption per node per {rel.SPOT_NODE_MTBF_H:g} h assumed "
+                   f"(no public per-type rate; override with --spot-mtbf-hours), "
+                   f"{rel.RESTART_S['spot'] / 60:g} min to resume")
+
+
+class ModelInfo(BaseModel):
+    name: str
+    params: int
+    derived: str | None = None
+    source: str = ""
+
+
+class SetupInfo(BaseModel):
+    instance: str | None
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+    dp: int
+    tp: int
+    pp: int
+    strategy: str
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+    seq_len: int
+    tokens_per_step: int
+    precision: str
+    optimizer_dtype: str
+    activation_checkpointing: str
+    offload: str
+    method: str
+    lora_rank: int | None
+    kernels: str
+    attention_kernel: str
+    inter_node_gbps: float | None
+    spot: bool
+
+
+class MemoryParts(BaseModel):
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+    peak: float
+
+
+class MemoryInfo(BaseModel):
+    per_gpu_gib: MemoryParts
+    gpu_gib: float
+    fits: bool
+    headroom_gib: float
+    peak_phase: str = Field(description="backward-start or backward-end")
+    states_gib: float = Field(description="weights + all gradients + optimizer, persistent")
+    host_gib: float = Field(description="host RAM per node the job needs")
+    host_ram_gib: float | None = Field(description="host RAM per node the instance has")
+    host_fits: bool | None
+
+
+class StepBreakdown(BaseModel):
+    compute: float
+    exposed_communication: float
+    other: float
+
+
+class ThroughputInfo(BaseModel):
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    hfu: float
+    step_time_s: float
+    step_breakdown_s: StepBreakdown
+    communication_s: float
+    model_flops_per_token: float
+    total_flops: float | None = Field(description="FLOPs executed by all GPUs for --tokens (causal attention, recompute)")
+    bottleneck: str
+
+
+class TimeInfo(BaseModel):
+    compute_hours: float | None
+    train_hours: float | None
+    steps: int | None
+    checkpoint_interval_s: float
+    checkpoint_stall_s: float
+    overhead_fraction: float
+
+
+class PricingInfo(BaseModel):
+    region: str | None = None
+    model: str | None = None
+    as_of: str | None = None
+    suspect: bool = False
+    note: str | None = None
+    source: str | None = None
+
+
+class CostInfo(BaseModel):
+    usd_per_hour: float | None = Field(description="per node")
+    usd_per_hour_total: float | None
+    total_usd: float | None
+    usd_per_billion_tokens: float | None
+    spot_usd_per_hour: float | None
+    spot_hours: float | None
+    spot_total_usd: float | None
+    spot_overhead_fraction: float | None
+    pricing: PricingInfo
+    spot_pricing: PricingInfo | None
+
+
+class EstimateResult(BaseModel):
+    schema_version: int = ESTIMATE_SCHEMA_VERSION
+    model: ModelInfo
+    setup: SetupInfo
+    memory: MemoryInfo
+    throughput: ThroughputInfo
+    time: TimeInfo
+    cost: CostInfo
+    storage: StoragePlan
+    assumptions: list[str]
+    warnings: list[str]
+
+
+def _price(s: Setup, model: str) -> Price | None:
+    if s.instance is None:
+        return None
+    return s.instance.price_for(model, s.region) or (s.instance.price_for(model) if s.region is None else None)
+
+
+def _pricing_info(p: Price | None) -> PricingInfo:
+    if p is None:
+        return PricingInfo()
+    return PricingInfo(region=p.region, model=p.model, as_of=p.as_of, suspect=p.suspect, note=p.note,
+                       source=p.source)
+
+
+def _bottleneck(step: StepResult) -> str:
+    parts = {"compute": step.compute_s, "communication": step.exposed_comm_s, "overheads": step.other_s}
+    share = {k: v / step.step_s for k, v in parts.items()}
+    if share["communication"] >= 0.2:
+        return "communication"
+    if share["overheads"] >= 0.2:
+        return "overheads (pipeline bubble, CPU launch or offload)"
+    return "compute"
+
+
+def checkpoint_stall_s(s: Setup, mem: MemoryResult) -> float:
+    """Blocked time per async checkpoint: copying this GPU's share to pinned host memory."""
+    pcie = (s.gpu.pcie_gbps_per_dir or 16.0) * 0.8 * 1e9
+    return mem.checkpoint_bytes / s.n_gpus / pcie
+
+
+def estimate_setup(s: Setup, *, spot_mtbf_h: float | None = None, memory_margin: float = 0.0) -> EstimateResult:
+    mem = estimate_memory(s)
+    step = estimate_step(s)
+    return assemble(s, mem, step, spot_mtbf_h=spot_mtbf_h, memory_margin=memory_margin)
+
+
+def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: float | None = None,
+             memory_margin: float = 0.0) -> EstimateResult:
+    m = s.model
+    gpu_gib = s.gpu.memory_gib
+    limit = gpu_gib * (1 - memory_margin)
+    stall = checkpoint_stall_s(s, mem)
+    od = rel.reliability(stall, rel.job_mtbf_h(s.nodes, s.gpus_per_node, False), spot=False)
+    sp = rel.reliability(stall, rel.job_mtbf_h(s.nodes, s.gpus_per_node, True, spot_mtbf_h), spot=True)
+    tps = step.tokens_per_s
+    compute_h = s.tokens / tps / 3600 if s.tokens else None
+    train_h = compute_h * (1 + od.overhead) if compute_h is not None else None
+    steps = int(-(-s.tokens // s.tokens_per_step)) if s.tokens else None
+    od_price, spot_price = _price(s, "on-demand"), _price(s, "spot")
+    per_node = s.usd_per_hour or (od_price.usd_per_hour if od_price else None)
+    if s.spot and spot_price is not None and spot_price.usd_per_hour and not s.usd_per_hour:
+        per_node = spot_price.usd_per_hour
+    spot_rate = spot_price.usd_per_hour if spot_price else None
+    total_rate = per_node * s.nodes if per_node else None
+    spot_hours = compute_h * (1 + sp.overhead) if compute_h is not None else None
+    hours_for_cost = spot_hours if s.spot else train_h
+    total = total_rate * hours_for_cost if (total_rate and hours_for_cost is not None) else None
+    spot_total = spot_rate * s.nodes * spot_hours if (spot_rate and spot_hours is not None) else None
+    per_btok = total_rate / (tps * 3600) * 1e9 * (1 + (sp.overhead if s.spot else od.overhead)) if total_rate else None
+    interval = sp.interval_s if s.spot else od.interval_s
+    warnings = list(s.notes)
+    assumptions = [
+        f"efficiency factors for {s.gpu.arch} (see docs/planner.md); kernels={s.kernels}, attention={s.attention_kernel}",
+        f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "
+        f"{interval / 60:.0f} min (Young/Daly)",
+    ]
+    if s.spot or spot_rate:
+        assumptions.append(SPOT_ASSUMPTION)
+    if m.derived:
+        assumptions.append(m.derived)
+    if s.instance is None:
+        assumptions.append(f"no instance given: {s.gpus_per_node} x {s.gpu.name} per node, no price")
+    if od_price and od_price.suspect:
+        warnings.append(f"on-demand price of {s.instance.name} is marked suspect: {od_price.note}")
+    if spot_price and spot_price.suspect:
+        warnings.append(f"spot price of {s.instance.name} is marked suspect: {spot_price.note}")
+    if od_price and od_price.usd_per_hour is None and not s.usd_per_hour:
+        warnings.append(f"no on-demand price for {s.instance.name} in the catalog ({od_price.note or 'unknown'}); give --usd-per-hour")
+    ram = s.instance.ram_gib if s.instance else None
+    host_gib = mem.host_per_node / GiB
+    fits = mem.peak / GiB <= limit
+    if not fits:
+        warnings.append(f"does not fit: {mem.peak / GiB:.1f} GiB per GPU needed, {gpu_gib:.0f} GiB available")
+    st = storage_plan(s, mem.checkpoint_bytes, interval, tps)
+    if st.hot_tier_fits is False:
+        warnings.append(f"hot tier too small: {st.hot_tier_need_gb_per_node:,.0f} GB per node needed for "
+                        f"{s.keep_hot}+1 checkpoints, {st.hot_tier_have_gb_per_node:,.0f} GB of NVMe")
+    total_flops = step.hardware_flops_per_token * s.tokens if s.tokens else None
+    return EstimateResult(
+        model=ModelInfo(name=m.name, params=m.param_count(), derived=m.derived, source=m.source),
+        setup=SetupInfo(instance=s.instance.name if s.instance else None, gpu=s.gpu.name, nodes=s.nodes,
+                        gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp,
+                        strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
+                        global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
+                        precision=s.precision, optimizer_dtype=s.optimizer_dtype,
+                        activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,
+                        lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels,
+                        attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,
+                        spot=s.spot),
+        memory=MemoryInfo(
+            per_gpu_gib=MemoryParts(weights=mem.weights / GiB, gradients=mem.gradients / GiB,
+                                    optimizer=mem.optimizer / GiB, activations=mem.activations / GiB,
+                                    other=mem.other / GiB, peak=mem.peak / GiB),
+            gpu_gib=gpu_gib, fits=fits, headroom_gib=gpu_gib - mem.peak / GiB, peak_phase=mem.phase,
+            states_gib=mem.states_full / GiB, host_gib=host_gib, host_ram_gib=ram,
+            host_fits=None if ram is None else host_gib <= ram),
+        throughput=ThroughputInfo(
+            tokens_per_s=tps, tokens_per_s_per_gpu=tps / s.n_gpus, mfu=step.mfu, hfu=step.hfu,
+            step_time_s=step.step_s,
+            step_breakdown_s=StepBreakdown(compute=step.compute_s, exposed_communication=step.exposed_comm_s,
+                                           other=step.other_s),
+            communication_s=step.comm_s, model_flops_per_token=step.model_flops_per_token,
+            total_flops=total_flops, bottleneck=_bottleneck(step)),
+        time=TimeInfo(compute_hours=compute_h, train_hours=train_h, steps=steps,
+                      checkpoint_interval_s=interval, checkpoint_stall_s=od.stall_s,
+                      overhead_fraction=sp.overhead if s.spot else od.overhead),
+        cost=CostInfo(usd_per_hour=per_node, usd_per_hour_total=total_rate, total_usd=total,
+                      usd_per_billion_tokens=per_btok, spot_usd_per_hour=spot_rate, spot_hours=spot_hours,
+                      spot_total_usd=spot_total, spot_overhead_fraction=sp.overhead if spot_rate else None,
+                      pricing=_pricing_info(spot_price if s.spot else od_price),
+                      spot_pricing=_pricing_info(spot_price) if spot_price else None),
+        storage=st, assumptions=assumptions, warnings=warnings)
+
+
+def params_per_gpu(s: Setup) -> float:
+    return param_counts(s).local

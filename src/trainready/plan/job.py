@@ -1,0 +1,95 @@
+"""The job spec: what a user wants to train, where and how. Written once (`plan --save`,
+`estimate --save`) and read by later commands (`--job job.toml`).
+
+File format (TOML, versioned): every field of `JobSpec` at top level, plus a `[model]`
+table with the resolved shape, so the file is self-contained. See docs/job-spec.md.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainready.errors import UsageError
+
+from .model_spec import ModelSpec
+
+JOB_SCHEMA_VERSION = 1
+
+Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+Checkpointing = Literal["none", "selective", "full"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+Method = Literal["full", "lora", "qlora"]
+
+
+class JobSpec(BaseModel):
+    """A training job. Unset (None) fields are chosen by `plan` or defaulted by `estimate`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="preset name (see `trainready catalog models`)")
+    model_config_path: str | None = Field(None, description="Hugging Face config.json read offline")
+    params: float | None = Field(None, gt=0, description="generic dense decoder of this many parameters")
+    model_spec: ModelSpec | None = Field(None, description="resolved shape (written by --save)")
+    method: Method = "full"
+    lora_rank: int = Field(16, gt=0)
+    instance: str | None = None
+    gpu: str | None = None
+    gpus: int | None = Field(None, gt=0, description="total GPUs")
+    gpus_per_node: int | None = Field(None, gt=0)
+    inter_node_gbps: float | None = Field(None, gt=0)
+    strategy: Strategy = "fsdp"
+    tp: int = Field(1, gt=0)
+    pp: int = Field(1, gt=0)
+    micro_batch: int | None = Field(None, gt=0, description="sequences per GPU per forward")
+    global_batch: int | None = Field(None, gt=0, description="sequences per optimizer step")
+    seq_len: int | None = Field(None, gt=0)
+    precision: Precision | None = None
+    optimizer_dtype: Literal["fp32", "bf16"] = "fp32"
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    gather_dtype: Literal["bf16", "fp32"] = "bf16"
+    activation_checkpointing: Checkpointing = "none"
+    offload: Offload = "none"
+    kernels: Literal["eager", "fused"] = "eager"
+    attention_kernel: Literal["sdpa", "flash2", "flash1"] = "sdpa"
+    tokens: float | None = Field(None, gt=0, description="training tokens")
+    spot: bool = False
+    region: str | None = None
+    usd_per_hour: float | None = Field(None, gt=0, description="price per node-hour, overrides the catalog")
+    keep_hot: int = Field(2, ge=1, description="checkpoints kept on the hot tier")
+
+
+def save_job(job: JobSpec, path: str | Path) -> None:
+    data: dict[str, Any] = {"schema_version": JOB_SCHEMA_VERSION, "kind": "trainready-job"}
+    body = job.model_dump(exclude_none=True, exclude={"model_spec"})
+    data.update(body)
+    if job.model_spec is not None:
+        data["model_spec"] = job.model_spec.model_dump(exclude_none=True, exclude_defaults=False)
+    try:
+        Path(path).write_text(tomli_w.dumps(data))
+    except OSError as exc:
+        raise UsageError(f"cannot write job file {path}: {exc.strerror or exc}") from None
+
+
+def load_job(path: str | Path) -> JobSpec:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read job file {p}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{p}: not valid TOML: {exc}") from None
+    version = data.pop("schema_version", None)
+    if version != JOB_SCHEMA_VERSION:
+        raise UsageError(f"{p}: schema_version {version!r} is not supported (expected {JOB_SCHEMA_VERSION})")
+    data.pop("kind", None)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        msgs = [f"{p}: field '{'.'.join(str(x) for x in e['loc'])}': {e['msg']}" for e in exc.errors()]
+        raise UsageError("\n".join(msgs)) from None

@@ -1,0 +1,183 @@
+"""Per-GPU memory at the training step's peak, and host RAM per node.
+
+Model states (full fine-tuning, mixed precision): we count 16 bytes per parameter of
+persistent state -- fp32 master weights 4, fp32 gradients 4, Adam m and v 8 -- which is
+how PyTorch AMP, FSDP (reduce in fp32) and DeepSpeed's bf16 mode keep them (the ZeRO
+paper's 16 = 2 + 2 + 12 assumes fp16 gradients instead). On top sits the 2-byte bf16
+working copy of the weights that the matmuls read: in full for DDP and ZeRO-1/2 (the
+autocast cache or DeepSpeed's bf16 params), per gathered unit for ZeRO-3/FSDP. DDP
+therefore peaks at 18 bytes/param of states, DeepSpeed's estimator's figure.
+
+The peak is the larger of two moments, both seen in the H200 measurements:
+* start of backward: states + all saved activations + logits/loss buffers; gradients are
+  not yet allocated when each step starts from `zero_grad(set_to_none=True)` and there is
+  no accumulation;
+* end of backward: states with all gradients + one layer's activations being
+  (re)computed + the activation gradients in flight.
+Then allocator fragmentation, the CUDA context and NCCL buffers (see efficiency.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import efficiency as eff
+from .activations import (final_norm_bytes, layer_bytes_per_token, layer_input_bytes,
+                          loss_bytes_per_token)
+from .setup import MIXED, Setup
+
+GiB = 1024**3
+NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
+PROCESS_HOST_GIB = 3.0  # host RAM of one training process (CUDA/torch runtime, Python), assumed
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCounts:
+    local: float  # parameters held by this GPU before sharding (worst pipeline stage, 1/tp)
+    block: float  # one transformer block, 1/tp
+    embed: float  # embedding/head parameters on the worst stage, 1/tp
+    trainable: float  # trainable parameters local to this GPU (adapters for LoRA)
+    quantized: float  # of `local`, weights stored in NF4 (QLoRA)
+
+
+def param_counts(s: Setup) -> ParamCounts:
+    m = s.model
+    layers = m.num_layers // s.pp
+    block = m.block_params() / s.tp
+    if s.pp == 1:
+        embed = m.embedding_params() + (m.hidden_size if m.final_norm else 0)
+    else:  # first stage holds the input embedding, last the head; count the larger
+        e = m.embedding_dim or m.hidden_size
+        inp = m.vocab_size * e + (m.max_seq_len or 0) * m.hidden_size * (m.position == "learned")
+        embed = max(inp, m.vocab_size * e)
+    embed /= s.tp
+    local = layers * block + embed
+    if s.method == "full":
+        return ParamCounts(local, block, embed, local, 0.0)
+    adapters = layers * sum(s.lora_rank * (i + o) for i, o in m.linear_layer_dims()) / s.tp
+    linear = layers * (m.attention_params() + m.mlp_params()) / s.tp
+    return ParamCounts(local, block, embed, adapters, linear if s.method == "qlora" else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryResult:
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+    peak: float  # bytes per GPU at the peak, as nvidia-smi would show
+    allocated_peak: float  # torch.cuda.max_memory_allocated equivalent
+    reserved_peak: float  # torch.cuda.max_memory_reserved equivalent
+    phase: str  # "backward-start" | "backward-end"
+    states_full: float  # weights + all gradients + optimizer (persistent)
+    host_per_node: float  # host RAM per node the job needs
+    host_offloaded_per_gpu: float
+    checkpoint_bytes: float  # one checkpoint of the whole job (all ranks)
+
+
+def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer, host-offloaded) bytes per GPU for the model states."""
+    dp = s.dp
+    z3 = s.strategy == "zero3"
+    units = 2 * (2 * pc.block + pc.embed) if z3 else 0.0  # gathered bf16 units + root
+    if s.method != "full":
+        base_linear_bytes = NF4_BYTES if s.method == "qlora" else 2.0
+        base = pc.quantized * base_linear_bytes + (pc.local - pc.quantized) * 2.0
+        if z3:
+            base = base / dp + units
+        a = pc.trainable  # adapters: fp32 weights, grads, Adam (tiny, replicated)
+        return base + 4 * a, 4 * a, 8 * a, 0.0
+    pure = s.optimizer_dtype == "bf16"
+    mixed = s.precision in MIXED
+    w_b, g_b, o_b = (2, 2, 4) if pure else (4, 4, 8)  # master/param, grad, Adam states
+    working = 2.0 * pc.local if (mixed and not pure and not z3) else 0.0
+    shard_opt = dp if s.strategy != "ddp" else 1
+    shard_grad = dp if s.strategy in ("zero2", "zero3") else 1
+    shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
+    weights = w_b * pc.local / shard_w + working + units
+    grads = g_b * pc.local / shard_grad
+    optim = o_b * pc.local / shard_opt
+    if s.offload == "none":
+        return weights, grads, optim, 0.0
+    host = (w_b + g_b + o_b) * pc.local / dp  # master, fp32 grads and Adam live in host RAM
+    if s.offload == "optimizer":
+        gpu_weights = (2.0 * pc.local if not z3 else 2.0 * pc.local / dp + units)
+        return gpu_weights, 2.0 * pc.local / dp, 0.0, host
+    return units, 2.0 * pc.block, 0.0, host  # optimizer+params: only gathered units stay
+
+
+def _residual_bytes(s: Setup) -> int:
+    if s.precision == "fp32":
+        return 4
+    # DDP runs autocast over fp32 parameters: the residual stream stays fp32.
+    full_amp = s.strategy == "ddp" and s.method == "full" and s.optimizer_dtype == "fp32"
+    return 4 if full_amp else 2
+
+
+def activation_parts(s: Setup) -> tuple[float, float, float, float]:
+    """(saved activations, one layer's activations, loss buffers, layer-input bytes) per
+    micro-batch on the worst pipeline stage, bytes per GPU."""
+    m = s.model
+    a = 4 if s.precision == "fp32" else 2
+    r = _residual_bytes(s)
+    tokens = s.micro_batch * s.seq_len
+    per_layer = layer_bytes_per_token(m, kernels=s.kernels, residual_bytes=r, act_bytes=a,
+                                      method=s.method, seq_len=s.seq_len) / s.tp
+    layer = per_layer * tokens
+    in_flight = min(s.pp, s.grad_accum)  # 1F1B: the first stage holds pp micro-batches
+    layers = m.num_layers // s.pp * in_flight
+    if s.checkpointing == "full":
+        saved = layers * tokens * layer_input_bytes(m, r) / s.tp
+    else:  # with FlashAttention, selective recompute saves nothing more (no s x s scores)
+        saved = layers * layer
+    loss = tokens * (loss_bytes_per_token(m, a) + final_norm_bytes(m, s.kernels, r, a)) / s.tp
+    if s.pp > 1:  # the loss lives on the last stage, which holds one micro-batch
+        last = m.num_layers // s.pp * (layer if s.checkpointing != "full" else tokens * layer_input_bytes(m, r) / s.tp)
+        saved, loss = max(saved, last + loss), 0.0 if saved > last + loss else loss
+    return saved, layer, loss, layer_input_bytes(m, r) * tokens
+
+
+def checkpoint_bytes(s: Setup) -> float:
+    """One checkpoint: fp32 master weights + Adam states of the trainable parameters
+    (adapters only for LoRA: the frozen base is not saved)."""
+    m = s.model
+    if s.method == "full":
+        per = 8 if s.optimizer_dtype == "bf16" else 12
+        return per * m.param_count()
+    adapters = m.num_layers * sum(s.lora_rank * (i + o) for i, o in m.linear_layer_dims())
+    return 12 * adapters
+
+
+def estimate_memory(s: Setup) -> MemoryResult:
+    pc = param_counts(s)
+    weights, grads, optim, host_off = _states(s, pc)
+    saved, layer, loss, _ = activation_parts(s)
+    grad_bytes = 2 if (s.optimizer_dtype == "bf16" and s.method == "full") else 4
+    head_grads = 0.0 if s.method != "full" else grad_bytes * pc.embed / (
+        s.dp if s.strategy in ("zero2", "zero3") else 1)
+    grads_at_start = grads if s.grad_accum > 1 else head_grads
+    start = weights + optim + grads_at_start + saved + loss
+    unit_grads = 4 * pc.block if s.strategy == "zero3" else 0.0  # unsharded before reduce-scatter
+    end_acts = 2 * layer + unit_grads  # one layer (re)computed + activation grads in flight
+    end = weights + optim + grads + end_acts
+    if start >= end:
+        phase, acts, g_at_peak = "backward-start", saved + loss, grads_at_start
+    else:
+        phase, acts, g_at_peak = "backward-end", end_acts, grads
+    allocated = max(start, end)
+    frag = eff.FRAGMENTATION["zero3" if s.strategy == "zero3" else "default"]
+    reserved = allocated * (1 + frag)
+    fixed = (eff.CUDA_CONTEXT_GIB + (eff.NCCL_BUFFERS_GIB if s.n_gpus > 1 else 0.0)) * GiB
+    peak = reserved + fixed
+    ckpt = checkpoint_bytes(s)
+    # async save stages each rank's share in pinned host memory (offloaded states are there already)
+    staging = ckpt / s.n_gpus if s.offload == "none" else 0.0
+    pinned = 2 * 2 * pc.block if s.offload != "none" else 0.0
+    host_per_gpu = host_off + staging + pinned + PROCESS_HOST_GIB * GiB
+    return MemoryResult(weights=weights, gradients=g_at_peak, optimizer=optim, activations=acts,
+                        other=peak - weights - g_at_peak - optim - acts, peak=peak,
+                        allocated_peak=allocated, reserved_peak=reserved, phase=phase,
+                        states_full=weights + grads + optim,
+                        host_per_node=host_per_gpu * s.gpus_per_node, host_offloaded_per_gpu=host_off,
+                        checkpoint_bytes=ckpt)

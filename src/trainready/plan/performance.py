@@ -1,0 +1,341 @@
+"""Step time: FLOPs and bytes counted from the shapes, divided by achievable peaks.
+
+Per micro-batch on one GPU:
+* GEMMs: forward, input-gradient and weight-gradient matmul of every linear layer and the
+  output head, each at `gemm * K / (K + k0)` of the dense peak (efficiency.py); frozen
+  LoRA base weights skip the weight-gradient matmul.
+* attention: causal FlashAttention, forward 2*s*q_dim FLOPs per token and layer, backward
+  2.5x that (it recomputes the scores), at the measured attention efficiency.
+* memory-bound kernels (norms, activations, residual adds, RoPE, loss): bytes moved over
+  achievable HBM bandwidth, counted per operation for eager or fused kernels.
+* recompute: full checkpointing runs each block's forward twice.
+* a CPU floor: eager PyTorch cannot issue a block's kernels faster than a few ms.
+Per step: micro-batches x the above, + optimizer (memory-bound), + exposed communication
+(ring collectives, intra-node links vs the node's network, overlap with compute), + the
+pipeline bubble.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import efficiency as eff
+from .memory import NF4_BYTES, param_counts
+from .setup import Setup
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    step_s: float
+    compute_s: float  # GPU compute per step (all micro-batches, incl. recompute, optimizer)
+    exposed_comm_s: float
+    other_s: float  # pipeline bubble, offload transfers, CPU-bound stalls
+    comm_s: float  # total communication time (overlapped or not)
+    hardware_flops_per_token: float  # all GPUs, FLOPs executed (causal attention, recompute, TP splits)
+    model_flops_per_token: float  # MFU numerator per token (6N + attention, PaLM/MosaicML)
+    hfu_flops_per_token: float  # MFU's count plus recomputation (Korthikanti/MosaicML HFU)
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+
+
+# --- counting --------------------------------------------------------------------------
+def _gemms(s: Setup) -> list[tuple[int, int, int]]:
+    """(K, N, count) of one block's forward matmuls per token (M = tokens), TP-split."""
+    m, t = s.model, s.tp
+    d, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
+    up = 2 * f if m.mlp == "swiglu" else f
+    return [(d, (q + 2 * kv) // t, 1), (q // t, d, 1), (d, up // t, 1), (f // t, d, 1)]
+
+
+def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> float:
+    return flops / (peak * e.gemm * k / (k + e.gemm_k0))
+
+
+def model_flops_per_token(s: Setup) -> float:
+    """6N + 12*L*q_dim*s (PaLM/MosaicML), N = weights used in matmuls (blocks + head).
+    For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters."""
+    m = s.model
+    attn = 12 * m.num_layers * m.q_dim * s.seq_len
+    n = m.matmul_params()
+    if s.method == "full":
+        return 6 * n + attn
+    adapters = m.num_layers * sum(s.lora_rank * (i + o) for i, o in m.linear_layer_dims())
+    return 4 * n + 6 * adapters + attn
+
+
+def recompute_flops_per_token(s: Setup) -> float:
+    """Extra FLOPs per token of recomputation, counted like the MFU numerator."""
+    m = s.model
+    attn_fwd = 4 * m.num_layers * m.q_dim * s.seq_len
+    if s.checkpointing == "full":
+        return 2 * m.num_layers * (m.attention_params() + m.mlp_params()) + attn_fwd
+    if s.checkpointing == "selective":
+        return attn_fwd
+    return 0.0
+
+
+def _elementwise_bytes_per_token_layer(s: Setup) -> float:
+    """HBM bytes moved by non-matmul kernels of one block, forward + backward."""
+    m = s.model
+    d, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
+    eager = s.kernels == "eager"
+    # norm: fused = read x, write y; backward read x, dy, write dx (10 bytes/elem at bf16).
+    # eager HF RMSNorm: upcast, pow, mean, mul, downcast, weight mul, and their backward.
+    norm = (100 if (eager and m.norm == "rmsnorm") else 10) * d
+    residual = 2 * 12 * d  # two adds, forward and backward gradient accumulation
+    if m.mlp == "swiglu":
+        act = (26 if eager else 16) * f
+    else:
+        act = 10 * f
+    rope = ((40 if eager else 8) * (q + kv)) if m.position == "rope" else 0
+    copies = 8 * q if eager else 0  # attention output transpose+contiguous, fwd and bwd
+    total = m.norms_per_layer * norm + residual + act + rope + copies
+    return total * (2 if s.precision == "fp32" else 1) / s.tp
+
+
+def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> tuple[float, float, float]:
+    """LoRA adapters of one block: (forward s, backward s, FLOPs).
+
+    Eager (PEFT): adapters are fp32, so each adapted linear casts its input to fp32, runs two
+    fp32 matmuls (x A, then B) and adds the fp32 result to the bf16 base output before
+    casting back: forward 6*in + 28*out bytes, backward 20*in + 24*out bytes per token
+    (counted from PEFT's LoraLayer.forward and autograd), matmuls at the fp32 peak.
+    Fused (bf16 adapters, e.g. torchtune): scale-and-add only, 10*out + 15*out bytes.
+    """
+    dims = s.model.linear_layer_dims()
+    sum_in = sum(i for i, _ in dims) / s.tp
+    sum_out = sum(o for _, o in dims) / s.tp
+    flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)
+    hbm = s.gpu.hbm_gbps * 1e9 * e.memory  # large contiguous elementwise kernels
+    if s.kernels == "eager":
+        rate = (s.gpu.peak_tflops("fp32") or peak / 1e12 / 16) * 1e12 * 0.9
+        fwd_bytes, bwd_bytes = 6 * sum_in + 28 * sum_out, 20 * sum_in + 24 * sum_out
+    else:
+        rate = peak * e.gemm * 0.5  # skinny (rank-r) matmuls
+        fwd_bytes, bwd_bytes = 10 * sum_out, 15 * sum_out
+    fwd = flops_fwd / rate + tokens * fwd_bytes / hbm
+    bwd = 2 * flops_fwd / rate + tokens * bwd_bytes / hbm
+    return fwd, bwd, 3 * flops_fwd
+
+
+def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float) -> float:
+    """Fraction of `peak_flops` the attention kernel reaches for this head dim and length."""
+    base, s0 = e.attention, e.attention_s0
+    if s.attention_kernel != "sdpa" and s.gpu.arch in ("ampere", *eff.AMPERE_KERNEL_SPEEDUP):
+        tflops = eff.ATTENTION_KERNELS[s.attention_kernel] * eff.A100_PEAK_TFLOPS
+        tflops *= eff.AMPERE_KERNEL_SPEEDUP.get(s.gpu.arch, 1.0)
+        base, s0 = tflops * 1e12 / peak_flops, eff.ARCH["ampere"].attention_s0
+    hd = e.attention_hd64 if s.model.hd <= 64 else 1.0
+    return base * hd * s.seq_len / (s.seq_len + s0)
+
+
+@dataclass(frozen=True, slots=True)
+class _MicroBatch:
+    fwd_s: float  # one forward (no recompute)
+    bwd_s: float  # backward (incl. recompute)
+    hw_flops: float
+
+
+def _micro_batch_time(s: Setup) -> _MicroBatch:
+    m, gpu = s.model, s.gpu
+    e = eff.ARCH.get(gpu.arch, eff.ARCH["other"])
+    prec = "fp16" if s.precision == "fp16" else ("fp32" if s.precision == "fp32" else "bf16")
+    peak = (gpu.peak_tflops("tf32" if prec == "fp32" else prec) or 1.0) * 1e12
+    gemm_peak = (gpu.peak_tflops("fp8") or peak / 1e12) * 1e12 if s.precision == "fp8" else peak
+    tokens = s.micro_batch * s.seq_len
+    layers = m.num_layers // s.pp
+    frozen = s.method != "full"
+    fwd = bwd = flops = 0.0
+    for k, n, count in _gemms(s):
+        f_flops = 2 * tokens * k * n * count
+        fwd += _gemm_time(f_flops, k, gemm_peak, e)
+        bwd += _gemm_time(f_flops, n, gemm_peak, e)  # input gradient: K = out features
+        flops += 2 * f_flops
+        if not frozen:
+            bwd += _gemm_time(f_flops, tokens, gemm_peak, e)  # weight gradient: K = tokens
+            flops += f_flops
+    if frozen:
+        a_fwd, a_bwd, a_flops = _adapter_time(s, tokens, peak, e)
+        fwd += a_fwd
+        bwd += a_bwd
+        flops += a_flops
+    attn_eff = attention_efficiency(s, e, peak)
+    attn_fwd_flops = 2 * tokens * s.seq_len * m.q_dim / s.tp  # causal: half of 4*s*q_dim
+    attn_fwd = attn_fwd_flops / (peak * attn_eff)
+    fwd += attn_fwd
+    bwd += 2.5 * attn_fwd
+    flops += 3.5 * attn_fwd_flops
+    mem_eff = eff.EAGER_MEMORY_EFFICIENCY if s.kernels == "eager" else e.memory
+    elem = _elementwise_bytes_per_token_layer(s) * tokens / (gpu.hbm_gbps * 1e9 * mem_eff)
+    fwd += 0.4 * elem
+    bwd += 0.6 * elem
+    if s.method == "qlora":  # NF4 -> bf16 dequantization before each use of a weight
+        deq = param_counts(s).quantized / layers * (NF4_BYTES + 2) / (gpu.hbm_gbps * 1e9 * e.memory)
+        fwd += deq
+        bwd += deq
+    recompute = {"full": fwd, "selective": attn_fwd}.get(s.checkpointing, 0.0)
+    recompute_flops = {"full": flops / 3 if not frozen else flops / 2,
+                       "selective": attn_fwd_flops}.get(s.checkpointing, 0.0)
+    fwd_total = layers * fwd
+    bwd_total = layers * (bwd + recompute)
+    flops_total = layers * (flops + recompute_flops)
+    # output head and loss on the last stage (counted for every stage: the slowest sets the pace)
+    head_flops = 2 * tokens * m.hidden_size * m.vocab_size / s.tp
+    head_k = m.hidden_size
+    fwd_total += _gemm_time(head_flops, head_k, peak, e)
+    bwd_total += _gemm_time(head_flops, m.vocab_size / s.tp, peak, e)
+    flops_total += 2 * head_flops
+    if not frozen:
+        bwd_total += _gemm_time(head_flops, tokens, peak, e)
+        flops_total += head_flops
+    a = 4 if s.precision == "fp32" else 2
+    loss = tokens * (a + 12 + 8) * m.vocab_size / s.tp / (gpu.hbm_gbps * 1e9 * e.memory)
+    fwd_total += 0.4 * loss
+    bwd_total += 0.6 * loss
+    return _MicroBatch(fwd_total, bwd_total, flops_total)
+
+
+# --- communication ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Links:
+    intra_gbps: float  # collective bandwidth per GPU inside a node, GB/s (one direction)
+    node_net_gbps: float | None  # a node's network, GB/s achievable
+
+
+def links(s: Setup) -> Links:
+    gpu = s.gpu
+    topo = s.instance.topology if s.instance else ("nvswitch" if gpu.has_nvlink else "pcie")
+    if topo in ("nvswitch", "nvlink-mesh") and gpu.nvlink_links and gpu.nvlink_link_gbps:
+        intra = gpu.nvlink_links * gpu.nvlink_link_gbps * eff.NVLINK_EFFICIENCY
+    else:
+        intra = (gpu.pcie_gbps_per_dir or 16.0) * eff.PCIE_P2P_EFFICIENCY
+    net = s.inter_node_gbps / 8 * eff.NETWORK_EFFICIENCY if s.inter_node_gbps else None
+    return Links(intra, net)
+
+
+def collective_s(kind: str, nbytes: float, ranks: int, ranks_per_node: int, ln: Links,
+                 net_share: float = 1.0) -> float:
+    """Ring collective on a buffer of `nbytes` (the full, unsharded size) over `ranks`.
+
+    Data each GPU moves over its links: (n-1)/n of the buffer; data each node moves over
+    its network: (k-1)/k of it for k nodes (NCCL's hierarchical rings/trees). All-reduce
+    is reduce-scatter + all-gather: twice either.
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    per_node = max(1, min(ranks, ranks_per_node))
+    nodes = -(-ranks // per_node)
+    t = nbytes * (ranks - 1) / ranks / (ln.intra_gbps * 1e9)
+    if nodes > 1 and ln.node_net_gbps:
+        t = max(t, nbytes * (nodes - 1) / nodes / (ln.node_net_gbps * 1e9 * net_share))
+    if kind == "allreduce":
+        t *= 2
+    return t + eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * ranks
+
+
+def _dp_layout(s: Setup) -> tuple[int, float]:
+    """(data-parallel ranks per node, share of the node's network one DP group gets)."""
+    gpus_per_stage_node = s.gpus_per_node // s.pp if s.pp > s.nodes else s.gpus_per_node
+    per_node = max(1, min(s.dp, max(1, gpus_per_stage_node) // s.tp))
+    groups = max(1, s.gpus_per_node // per_node)
+    return per_node, 1.0 / groups
+
+
+# --- the step ----------------------------------------------------------------------------
+def estimate_step(s: Setup) -> StepResult:
+    m, gpu = s.model, s.gpu
+    e = eff.ARCH.get(gpu.arch, eff.ARCH["other"])
+    hbm = gpu.hbm_gbps * 1e9 * e.memory
+    mb = _micro_batch_time(s)
+    pc = param_counts(s)
+    ln = links(s)
+    layers = m.num_layers // s.pp
+    full = s.method == "full"
+    mixed_amp = s.strategy == "ddp" and full and s.precision != "fp32" and s.optimizer_dtype == "fp32"
+    cast = 6 * pc.local / hbm if mixed_amp else 0.0  # autocast re-casts fp32 weights each forward
+    tokens = s.micro_batch * s.seq_len
+
+    # tensor parallel: 2 all-reduces of the activations per block forward, 2 backward
+    tp_s = 0.0
+    if s.tp > 1:
+        ar = collective_s("allreduce", tokens * m.hidden_size * 2, s.tp, s.tp, ln)
+        n_ar = 4 + (2 if s.checkpointing == "full" else 0)
+        tp_s = layers * n_ar * ar
+
+    # data parallel
+    per_node, share = _dp_layout(s)
+    dp = s.dp
+    g_bytes = 4 if s.reduce_dtype == "fp32" else 2
+    train = pc.trainable
+    base_bytes = (NF4_BYTES if s.method == "qlora" else 2.0)
+    gather_bytes = (4.0 if s.gather_dtype == "fp32" else 2.0) * pc.local if full else base_bytes * pc.local
+    coll = lambda kind, nbytes: collective_s(kind, nbytes, dp, per_node, ln, share)  # noqa: E731
+    exposed_mb = overlapped_mb = exposed_step = comm_total = 0.0
+    if dp > 1:
+        if s.strategy in ("ddp", "zero1"):
+            ar = coll("allreduce", g_bytes * train)
+            comm_total += ar
+            exposed_step += max(0.0, ar - mb.bwd_s) + ar / max(1, layers)
+            overlapped_step = min(ar, mb.bwd_s)
+            overlapped_mb += overlapped_step / s.grad_accum
+            if s.strategy == "zero1":
+                ag = coll("allgather", 2.0 * train)
+                comm_total += ag
+                exposed_step += ag
+        elif s.strategy == "zero2":
+            rs = coll("reducescatter", g_bytes * train)
+            ag = coll("allgather", 2.0 * train)
+            comm_total += s.grad_accum * rs + ag
+            exposed_mb += max(0.0, rs - mb.bwd_s) + rs / max(1, layers)
+            overlapped_mb += min(rs, mb.bwd_s)
+            exposed_step += ag
+        else:  # zero3 / FSDP: gather before forward and backward, reduce-scatter grads
+            ag = coll("allgather", gather_bytes)
+            rs = coll("reducescatter", g_bytes * train)
+            comm_total += s.grad_accum * (2 * ag + rs)
+            exposed_mb += max(0.0, ag - mb.fwd_s) + max(0.0, ag + rs - mb.bwd_s)
+            exposed_mb += (ag + rs) / max(1, layers)  # first gather, last reduce: nothing to hide behind
+            overlapped_mb += min(ag, mb.fwd_s) + min(ag + rs, mb.bwd_s)
+    contention = eff.OVERLAP_CONTENTION * overlapped_mb
+
+    # pipeline: activations to the next stage and gradients back, per micro-batch
+    p2p = 0.0
+    if s.pp > 1:
+        hop = ln.intra_gbps if s.nodes == 1 else min(ln.intra_gbps, (ln.node_net_gbps or ln.intra_gbps))
+        p2p = 2 * tokens * m.hidden_size * 2 / s.tp / (hop * 1e9)
+
+    compute_mb = mb.fwd_s + mb.bwd_s + cast + contention
+    cpu_mb = layers * eff.CPU_S_PER_LAYER[s.kernels] * (1.33 if s.checkpointing == "full" else 1.0)
+    cpu_stall_mb = max(0.0, cpu_mb - compute_mb)
+
+    # optimizer and gradient accumulation (memory-bound), or the CPU optimizer with offload
+    shard = dp if (s.strategy != "ddp") else 1
+    opt_bytes = 16 if s.optimizer_dtype == "bf16" and full else 32
+    optimizer = train / shard * opt_bytes / hbm
+    accum_adds = (s.grad_accum - 1) * train / (shard if s.strategy in ("zero2", "zero3") else 1) * 12 / hbm
+    offload_s = 0.0
+    if s.offload != "none":
+        pcie = (gpu.pcie_gbps_per_dir or 16.0) * 1e9 * eff.PCIE_COPY_EFFICIENCY
+        node_params = train / dp * s.gpus_per_node
+        optimizer = node_params * 30 / (eff.HOST_OPTIMIZER_GBPS * 1e9) + (4 + 2) * train / dp / pcie
+        if s.offload == "optimizer+params":
+            fetch = (2 * 2 * pc.local / dp + 4 * train / dp) / pcie
+            offload_s = s.grad_accum * max(0.0, fetch - 0.5 * compute_mb)
+
+    compute = s.grad_accum * compute_mb + optimizer + accum_adds
+    exposed = s.grad_accum * (exposed_mb + tp_s + p2p) + exposed_step
+    bubble = (s.pp - 1) * (compute_mb + exposed_mb + tp_s + p2p) if s.pp > 1 else 0.0
+    other = bubble + s.grad_accum * cpu_stall_mb + offload_s
+    step = compute + exposed + other
+    tokens_step = s.global_batch * s.seq_len
+    tps = tokens_step / step
+    prec = {"fp32": "tf32"}.get(s.precision, s.precision)
+    peak = (gpu.peak_tflops(prec) or gpu.peak_tflops("bf16") or gpu.peak_tflops("fp16")) * 1e12
+    mfpt = model_flops_per_token(s)
+    hfpt = mfpt + recompute_flops_per_token(s)
+    hw_per_token = mb.hw_flops * s.grad_accum * s.n_gpus / tokens_step
+    return StepResult(step_s=step, compute_s=compute, exposed_comm_s=exposed, other_s=other,
+                      comm_s=comm_total + s.grad_accum * (tp_s + p2p), hardware_flops_per_token=hw_per_token,
+                      model_flops_per_token=mfpt, hfu_flops_per_token=hfpt, tokens_per_s=tps,
+                      mfu=mfpt * tps / (s.n_gpus * peak), hfu=hfpt * tps / (s.n_gpus * peak))

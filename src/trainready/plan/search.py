@@ -1,0 +1,421 @@
+"""`plan`: search instance types x node counts x strategies x micro-batch x checkpointing,
+drop what does not fit (with a safety margin) or breaks a constraint, rank what is left.
+
+The search is pure: the catalog and the request in, ranked rows and exclusions out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from trainready.catalog import Catalog, Instance
+from trainready.errors import UsageError
+
+from .estimate import EstimateResult, assemble
+from .job import JobSpec
+from .memory import GiB, estimate_memory
+from .performance import estimate_step
+from .recipe import Recipe, recipe_for
+from .setup import Setup, default_precision, default_seq_len, resolve_model
+
+PLAN_SCHEMA_VERSION = 1
+NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+STRATEGIES: tuple[tuple[str, str], ...] = (
+    ("ddp", "none"), ("zero1", "none"), ("zero2", "none"), ("zero3", "none"),
+    ("zero2", "optimizer"), ("zero3", "optimizer"), ("zero3", "optimizer+params"))
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+TP_MIN_PARAMS = 10e9  # tensor parallelism considered from this size up
+PP_MIN_PARAMS = 30e9  # pipeline parallelism likewise
+TIE = 0.005  # within 0.5%, the simpler configuration (earlier in the search order) wins
+COMPLEXITY = 0.05  # TP/PP or offload must be 5% better than a plain data-parallel setup to be chosen
+
+
+class PlanRequest(BaseModel):
+    """What to plan for: the job (model, method, tokens, batch) and the constraints."""
+
+    job: JobSpec
+    by: Literal["cost", "time"] = "cost"
+    top: int = Field(5, ge=1, le=100)
+    max_usd: float | None = Field(None, gt=0)
+    deadline_hours: float | None = Field(None, gt=0)
+    clouds: list[str] | None = None
+    instances: list[str] | None = None
+    max_nodes: int = Field(16, ge=1, le=1024)
+    min_gpu_mem_gib: float | None = Field(None, gt=0)
+    memory_margin: float = Field(0.10, ge=0, lt=0.9, description="fraction of GPU memory kept free")
+    spot_mtbf_h: float | None = Field(None, gt=0)
+
+
+class PlanRow(BaseModel):
+    rank: int
+    why: str
+    estimate: EstimateResult
+
+
+class Exclusion(BaseModel):
+    instance: str
+    reason: str
+
+
+class Alternative(BaseModel):
+    instance: str
+    nodes: int
+    total_usd: float | None
+    train_hours: float | None
+    tokens_per_s: float
+
+
+class PlanResult(BaseModel):
+    schema_version: int = PLAN_SCHEMA_VERSION
+    model: str
+    params: int
+    method: str
+    tokens: float | None
+    ranked_by: str
+    global_batch: int
+    seq_len: int
+    rows: list[PlanRow]
+    excluded: list[Exclusion]
+    others: list[Alternative] = Field(description="instances that fit but rank below the shown rows (their best)")
+    recipe: Recipe | None
+    searched: int = Field(description="configurations evaluated")
+    notes: list[str]
+
+
+@dataclass
+class _Best:
+    setup: Setup
+    mem: object
+    step: object
+    score: float
+
+
+@dataclass
+class _InstanceLog:
+    fitted: int = 0
+    smallest_peak_gib: float = float("inf")
+    smallest_at: str = ""
+    smallest_parts: str = ""
+    host: str = ""  # why an offloaded configuration that fit the GPU was dropped
+    network: str = ""
+    batch: str = ""
+    price: str = ""
+    constraint: list[str] = field(default_factory=list)
+
+
+def _global_batch(job: JobSpec, seq_len: int) -> int:
+    if job.global_batch:
+        return job.global_batch
+    target = max(1, round(1_048_576 / seq_len))
+    return 1 << (target.bit_length() - 1) if target & (target - 1) else target  # power of two
+
+
+def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: int) -> Setup | None:
+    gpu = catalog.gpu_of(inst)
+    precision = job.precision or default_precision(gpu)
+    if not gpu.peak_tflops(precision) and precision != "fp32":
+        return None
+    return Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
+                 tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
+                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=job.reduce_dtype,
+                 gather_dtype=job.gather_dtype, checkpointing="none", offload="none", method=job.method,
+                 lora_rank=job.lora_rank, kernels=job.kernels, attention_kernel=job.attention_kernel,
+                 inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
+                 region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot)
+
+
+def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int]]:
+    m = s.model
+    n = m.param_count()
+    tps = [t for t in (1, 2, 4, 8) if t <= s.gpus_per_node and (t == 1 or n >= TP_MIN_PARAMS)
+           and m.num_heads % t == 0 and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)]
+    pps = [p for p in (1, 2, 4, 8) if p == 1 or (n >= PP_MIN_PARAMS and m.num_layers % p == 0)]
+    return [(t, p) for t in tps for p in pps if (nodes * s.gpus_per_node) % (t * p) == 0]
+
+
+def _fits(s: Setup, limit_gib: float) -> tuple[bool, object]:
+    mem = estimate_memory(s)
+    return mem.peak / GiB <= limit_gib, mem
+
+
+def _largest_fitting(s: Setup, per_dp: int, limit_gib: float):
+    """Largest micro-batch dividing the per-rank batch that fits (memory grows with it)."""
+    options = [mb for mb in MICRO_BATCHES if per_dp % mb == 0]
+    best = None
+    lo, hi = 0, len(options) - 1
+    smallest = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        cand = s.with_(micro_batch=options[mid], grad_accum=per_dp // options[mid])
+        ok, mem = _fits(cand, limit_gib)
+        if mid == 0:
+            smallest = mem
+        if ok:
+            best = (cand, mem)
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    if smallest is None and options:
+        smallest = estimate_memory(s.with_(micro_batch=options[0], grad_accum=per_dp // options[0]))
+    return best, smallest
+
+
+def largest_fitting_micro_batch(s: Setup) -> tuple[Setup, str]:
+    """For `estimate` without --micro-batch: the largest micro-batch dividing the per-GPU
+    batch that fits the GPU (micro-batch 1 if none does)."""
+    per_dp = s.global_batch // s.dp
+    chosen = s.with_(micro_batch=1, grad_accum=per_dp)
+    fits = False
+    for mb in (m for m in MICRO_BATCHES if per_dp % m == 0):
+        cand = s.with_(micro_batch=mb, grad_accum=per_dp // mb)
+        if estimate_memory(cand).peak / GiB > s.gpu.memory_gib:
+            break
+        chosen, fits = cand, True
+    if fits:
+        return chosen, f"micro-batch {chosen.micro_batch}: the largest that fits (no --micro-batch given)"
+    return chosen, "micro-batch 1 (no --micro-batch given): even that does not fit"
+
+
+def _score(req: PlanRequest, s: Setup, tps: float) -> tuple[float, float | None, float]:
+    """(rank key, total usd or None, hours or usd-per-token proxy)."""
+    price = req.job.usd_per_hour
+    if price is None and s.instance is not None:
+        p = s.instance.price_for("spot" if req.job.spot else "on-demand", req.job.region)
+        if p is None and req.job.region is None:
+            p = s.instance.price_for("spot" if req.job.spot else "on-demand")
+        price = p.usd_per_hour if p else None
+    tokens = req.job.tokens or 1e9
+    hours = tokens / tps / 3600
+    usd = price * s.nodes * hours if price else None
+    if req.by == "time":
+        return hours, usd, hours
+    return (usd if usd is not None else float("inf")), usd, hours
+
+
+def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model, seq_len: int,
+                       gb: int) -> tuple[list[_Best], _InstanceLog, int]:
+    log = _InstanceLog()
+    base = _base_setup(req.job, catalog, inst, model, seq_len)
+    if base is None:
+        log.batch = f"--precision {req.job.precision} is not supported on {inst.gpu}"
+        return [], log, 0
+    limit = base.gpu.memory_gib * (1 - req.memory_margin)
+    results: list[_Best] = []
+    searched = 0
+    for nodes in NODE_COUNTS:
+        if nodes > req.max_nodes:
+            break
+        if nodes > 1 and base.inter_node_gbps is None:
+            log.network = ("its network bandwidth is not in the catalog, so only 1 node was planned "
+                           "(give --inter-node-gbps)")
+            break
+        fitted_here = False
+        for strategy, offload in STRATEGIES:
+            if offload != "none" and fitted_here:
+                continue  # offload only when nothing fits without it
+            for tp, pp in _parallel_options(base, nodes):
+                if pp > 1 and strategy not in ("ddp", "zero1"):
+                    continue  # ZeRO-2/3 do not combine with pipeline stages (DeepSpeed, FSDP)
+                n = nodes * base.gpus_per_node
+                dp = n // (tp * pp)
+                if gb % dp:
+                    log.batch = log.batch or f"global batch {gb} is not divisible by data-parallel size {dp}"
+                    continue
+                per_dp = gb // dp
+                for ckpt in ("none", "full"):
+                    s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, strategy=strategy, offload=offload,
+                                   checkpointing=ckpt)
+                    searched += 1
+                    best, smallest = _largest_fitting(s, per_dp, limit)
+                    if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
+                        log.smallest_peak_gib = smallest.peak / GiB
+                        log.smallest_at = f"{nodes} node(s), {strategy}{'+offload ' + offload if offload != 'none' else ''}, tp{tp} pp{pp}, ckpt {ckpt}"
+                        parts = {"weights": smallest.weights, "gradients": smallest.gradients,
+                                 "optimizer": smallest.optimizer, "activations": smallest.activations}
+                        top = sorted(parts.items(), key=lambda kv: -kv[1])[:2]
+                        log.smallest_parts = ", ".join(f"{k} {v / GiB:,.1f}" for k, v in top)
+                    if best is None:
+                        continue
+                    cand, mem = best
+                    if offload != "none" and inst.ram_gib and mem.host_per_node / GiB > inst.ram_gib * 0.9:
+                        log.host = log.host or (f"offloading needs {mem.host_per_node / GiB:,.0f} GiB of host RAM "
+                                                f"per node at {nodes} node(s); {inst.name} has {inst.ram_gib:,.0f}")
+                        continue
+                    step = estimate_step(cand)
+                    key, usd, hours = _score(req, cand, step.tokens_per_s)
+                    if req.by == "cost" and usd is None:
+                        model_name = "spot" if req.job.spot else "on-demand"
+                        p = inst.price_for(model_name)
+                        log.price = (f"no {model_name} price in the catalog"
+                                     + (f" ({p.note})" if p is not None and p.note else "")
+                                     + "; give --usd-per-hour" + ("" if req.job.spot else " or try --spot"))
+                        continue
+                    log.fitted += 1
+                    fitted_here = True
+                    if req.max_usd is not None and usd is not None and usd > req.max_usd:
+                        log.constraint.append(f"${usd:,.0f} > --max-usd {req.max_usd:,.0f}")
+                        continue
+                    if req.deadline_hours is not None and hours > req.deadline_hours:
+                        log.constraint.append(f"{hours:,.1f} h > --deadline-hours {req.deadline_hours:g}")
+                        continue
+                    results.append(_Best(cand, mem, step, key))
+    return results, log, searched
+
+
+def _states_tb(model, method: str) -> float:
+    per = 16 if method == "full" else 2
+    return per * model.param_count() / 1e12
+
+
+def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model, catalog: Catalog) -> str:
+    gpu = catalog.gpu_of(inst)
+    if log.price:
+        return "fits, but " + log.price
+    if log.fitted == 0:
+        if log.smallest_peak_gib == float("inf"):
+            return log.batch or log.network or "no configuration could be formed"
+        limit = gpu.memory_gib * (1 - req.memory_margin)
+        if log.host and log.smallest_peak_gib <= limit:
+            return log.host + (f"; {log.network}" if log.network else "")
+        nodes_needed = _nodes_needed(req, inst, model, catalog)
+        tail = ""
+        if nodes_needed:
+            tail = f" -> needs >= {nodes_needed} nodes"
+            if inst.network_gbps:
+                tail += f" over {inst.network_gbps:g} Gbps"
+                if nodes_needed > req.max_nodes:
+                    tail += f" (more than --max-nodes {req.max_nodes})"
+                tail += "; communication-bound" if _comm_bound(req, inst, model, catalog, nodes_needed) else ""
+        within = "on 1 node" if log.network else f"within --max-nodes {req.max_nodes}"
+        if req.job.method == "full":
+            head = (f"full training of {model.param_count() / 1e9:.0f}B holds ~{_states_tb(model, 'full'):,.2f} TB "
+                    f"of model states; {inst.gpu_count}x{gpu.memory_gib:g} GiB cannot hold them {within}")
+        else:
+            head = (f"{req.job.method} of {model.param_count() / 1e9:.0f}B does not fit "
+                    f"{inst.gpu_count}x{gpu.memory_gib:g} GiB {within}")
+        return (f"{head} (least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
+                f"largest parts {log.smallest_parts} GiB){tail}"
+                + (f"; {log.host}" if log.host else "") + (f"; {log.network}" if log.network else ""))
+    if log.constraint:
+        return "fits, but " + sorted(set(log.constraint), key=log.constraint.index)[0]
+    return "fits, ranked below the shown rows"
+
+
+def _zero3_at(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: int):
+    """The leanest plain configuration at `nodes`: ZeRO-3, full recompute, smallest micro-batch."""
+    seq_len = req.job.seq_len or default_seq_len(model)
+    base = _base_setup(req.job, catalog, inst, model, seq_len)
+    if base is None:
+        return None
+    n = nodes * inst.gpu_count
+    gb = max(_global_batch(req.job, seq_len), n)
+    return base.with_(nodes=nodes, dp=n, strategy="zero3", checkpointing="full", micro_batch=1,
+                      grad_accum=max(1, gb // n), inter_node_gbps=base.inter_node_gbps or 100.0)
+
+
+def _nodes_needed(req: PlanRequest, inst: Instance, model, catalog: Catalog) -> int | None:
+    limit = catalog.gpu_of(inst).memory_gib * (1 - req.memory_margin)
+    nodes = 1
+    while nodes <= 1024:
+        s = _zero3_at(req, inst, model, catalog, nodes)
+        if s is None:
+            return None
+        if estimate_memory(s).peak / GiB <= limit:
+            return nodes
+        nodes *= 2
+    return None
+
+
+def _comm_bound(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: int) -> bool:
+    step = estimate_step(_zero3_at(req, inst, model, catalog, nodes))
+    return step.exposed_comm_s / step.step_s > 0.3
+
+
+def _adjusted(c: _Best) -> float:
+    """Score with a handicap for what a user must build or buy extra: tensor/pipeline
+    parallelism needs Megatron-style code, offload needs host RAM and a CPU optimizer."""
+    penalty = 1.0 + COMPLEXITY * ((c.setup.tp > 1 or c.setup.pp > 1) + (c.setup.offload != "none"))
+    return c.score * penalty
+
+
+def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult) -> str:
+    mem_pct = est.memory.per_gpu_gib.peak / est.memory.gpu_gib * 100
+    comm_pct = est.throughput.step_breakdown_s.exposed_communication / est.throughput.step_time_s * 100
+    facts = f"MFU {est.throughput.mfu * 100:.0f}%, {mem_pct:.0f}% of GPU memory, {est.throughput.bottleneck}-bound"
+    if comm_pct >= 1:
+        facts += f" (exposed comm {comm_pct:.0f}%)"
+    if rank == 1:
+        return ("cheapest" if by == "cost" else "fastest") + " that fits; " + facts
+    if by == "cost":
+        rel = (best.score / first.score - 1) * 100 if first.score not in (0, float("inf")) else 0
+        speed = first.step.tokens_per_s and best.step.tokens_per_s / first.step.tokens_per_s
+        return f"+{rel:.0f}% cost vs #1, {speed:.2f}x its speed; " + facts
+    rel = (best.score / first.score - 1) * 100
+    return f"+{rel:.0f}% time vs #1; " + facts
+
+
+def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
+    job = req.job
+    model = resolve_model(job)
+    seq_len = job.seq_len or default_seq_len(model)
+    gb = _global_batch(job, seq_len)
+    wanted = None
+    if req.instances:
+        wanted = {catalog.instance(name).name for name in req.instances}
+    clouds = {c.lower() for c in req.clouds} if req.clouds else None
+    if clouds:
+        known = {i.cloud for i in catalog.instances.values()}
+        bad = clouds - known
+        if bad:
+            raise UsageError(f"unknown cloud(s) {sorted(bad)}; valid: {', '.join(sorted(known))}")
+    candidates: list[_Best] = []
+    excluded: list[Exclusion] = []
+    searched = 0
+    for inst in sorted(catalog.instances.values(), key=lambda i: i.name):
+        if wanted is not None and inst.name not in wanted:
+            continue
+        if clouds and inst.cloud not in clouds:
+            continue
+        gpu = catalog.gpu_of(inst)
+        if req.min_gpu_mem_gib and gpu.memory_gib < req.min_gpu_mem_gib:
+            excluded.append(Exclusion(instance=inst.name, reason=f"{gpu.memory_gib:g} GiB per GPU < --min-gpu-mem {req.min_gpu_mem_gib:g}"))
+            continue
+        found, log, n = _evaluate_instance(req, catalog, inst, model, seq_len, gb)
+        searched += n
+        if not found:
+            excluded.append(Exclusion(instance=inst.name, reason=_exclusion_reason(req, inst, log, model, catalog)))
+        candidates.extend(found)
+    # best configuration per (instance, nodes), then the top rows overall
+    best_per: dict[tuple[str, int], _Best] = {}
+    for c in candidates:  # candidates come in order of simplicity: keep the first unless clearly better
+        key = (c.setup.instance.name, c.setup.nodes)
+        if key not in best_per or _adjusted(c) < _adjusted(best_per[key]) * (1 - TIE):
+            best_per[key] = c
+    ranked = sorted(best_per.values(), key=lambda c: (c.score, -c.step.tokens_per_s))
+    rows: list[PlanRow] = []
+    for i, c in enumerate(ranked[: req.top], start=1):
+        est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,
+                       memory_margin=req.memory_margin)
+        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est), estimate=est))
+    shown = {r.estimate.setup.instance for r in rows}
+    others: list[Alternative] = []
+    for c in ranked:
+        name = c.setup.instance.name
+        if name in shown or any(o.instance == name for o in others):
+            continue
+        _, usd, hours = _score(req, c.setup, c.step.tokens_per_s)
+        others.append(Alternative(instance=name, nodes=c.setup.nodes, total_usd=usd if job.tokens else None,
+                                  train_hours=hours if job.tokens else None, tokens_per_s=c.step.tokens_per_s))
+    notes = [f"global batch {gb} sequences of {seq_len} tokens ({gb * seq_len:,} tokens per step)"
+             + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)")]
+    if not job.tokens:
+        notes.append("no --tokens: costs are per 1B tokens")
+    if any(r.estimate.cost.pricing.suspect for r in rows):
+        notes.append("some prices are marked suspect in the catalog: verify them before buying")
+    return PlanResult(model=model.name, params=model.param_count(), method=job.method, tokens=job.tokens,
+                      ranked_by=req.by, global_batch=gb, seq_len=seq_len, rows=rows, excluded=excluded,
+                      others=others,
+                      recipe=recipe_for(ranked[0].setup) if ranked else None, searched=searched, notes=notes)

@@ -1,0 +1,207 @@
+"""Resolve a JobSpec against the catalog into one fully specified, validated setup.
+
+Every impossible combination is a UsageError that names the rule it breaks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from trainready.catalog import Catalog, Gpu, Instance
+from trainready.errors import UsageError
+
+from .hf_config import load_hf_config
+from .job import JobSpec
+from .model_spec import ModelSpec
+from .presets import generic_model, preset
+
+MIXED = ("bf16", "fp16", "fp8")
+TOKENS_PER_STEP_TARGET = 1_048_576  # default global batch: ~1M tokens per optimizer step
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """One concrete configuration: everything the memory and speed models need."""
+
+    model: ModelSpec
+    gpu: Gpu
+    instance: Instance | None
+    nodes: int
+    gpus_per_node: int
+    dp: int
+    tp: int
+    pp: int
+    strategy: str  # ddp | zero1 | zero2 | zero3
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    precision: str
+    optimizer_dtype: str
+    reduce_dtype: str
+    gather_dtype: str
+    checkpointing: str
+    offload: str
+    method: str
+    lora_rank: int
+    kernels: str
+    attention_kernel: str
+    inter_node_gbps: float | None
+    tokens: float | None = None
+    spot: bool = False
+    region: str | None = None
+    usd_per_hour: float | None = None
+    keep_hot: int = 2
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def n_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy != "ddp"
+
+    def with_(self, **changes) -> "Setup":
+        return replace(self, **changes)
+
+
+def resolve_model(job: JobSpec) -> ModelSpec:
+    given = [x for x in (job.model, job.model_config_path, job.params) if x is not None]
+    if job.model_spec is not None and not given:
+        return job.model_spec
+    if len(given) > 1:
+        raise UsageError("give one of --model, --model-config or --params, not several")
+    if job.model is not None:
+        return preset(job.model)
+    if job.model_config_path is not None:
+        return load_hf_config(job.model_config_path)
+    if job.params is not None:
+        return generic_model(job.params)
+    if job.model_spec is not None:
+        return job.model_spec
+    raise UsageError("no model given: use --model NAME, --model-config config.json or --params 13e9")
+
+
+def default_precision(gpu: Gpu) -> str:
+    return "bf16" if gpu.peak_tflops("bf16") else "fp16"
+
+
+def default_seq_len(model: ModelSpec) -> int:
+    return min(model.max_seq_len or 2048, 4096)
+
+
+def default_global_batch(seq_len: int, dp: int, micro_batch: int) -> int:
+    """About 1M tokens per step, rounded up to a multiple of micro_batch x dp."""
+    unit = micro_batch * dp
+    target = max(1, round(TOKENS_PER_STEP_TARGET / seq_len))
+    return max(unit, math.ceil(target / unit) * unit)
+
+
+def _normalize_strategy(strategy: str) -> str:
+    return "zero3" if strategy == "fsdp" else strategy
+
+
+def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int) -> None:
+    if model.num_heads % tp:
+        raise UsageError(f"--tp {tp} must divide the number of attention heads ({model.num_heads})")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise UsageError(f"--tp {tp} must divide, or be a multiple of, the KV heads ({model.num_kv_heads})")
+    if tp > gpus_per_node:
+        raise UsageError(f"--tp {tp} exceeds the {gpus_per_node} GPUs per node: tensor parallelism must stay inside a node")
+    if model.num_layers % pp:
+        raise UsageError(f"--pp {pp} must divide the number of layers ({model.num_layers})")
+
+
+def _check_precision(gpu: Gpu, precision: str, optimizer_dtype: str) -> None:
+    if precision in ("bf16", "fp16", "fp8") and not gpu.peak_tflops(precision):
+        have = [p for p in ("bf16", "fp16", "fp8") if gpu.peak_tflops(p)]
+        raise UsageError(f"--precision {precision} is not supported on {gpu.name}; use one of: {', '.join(have + ['fp32'])}")
+    if optimizer_dtype == "bf16" and precision != "bf16":
+        raise UsageError("--optimizer-dtype bf16 (pure bf16 training) needs --precision bf16")
+
+
+def _check_offload(strategy: str, offload: str, method: str) -> None:
+    if offload == "optimizer" and strategy == "ddp":
+        raise UsageError("--offload optimizer needs a ZeRO stage (zero1, zero2 or zero3), not ddp")
+    if offload == "optimizer+params" and strategy != "zero3":
+        raise UsageError("--offload optimizer+params needs --strategy zero3 (or fsdp)")
+
+
+def _placement(job: JobSpec, catalog: Catalog) -> tuple[Gpu, Instance | None, int, int]:
+    """(gpu, instance, gpus_per_node, nodes) from --instance/--gpu, --gpus, --gpus-per-node."""
+    if job.instance and job.gpu:
+        inst = catalog.instance(job.instance)
+        gpu = catalog.gpu(job.gpu)
+        if gpu.name != inst.gpu:
+            raise UsageError(f"--gpu {job.gpu} contradicts --instance {inst.name}, which has {inst.gpu}; give one of them")
+    if job.instance:
+        inst = catalog.instance(job.instance)
+        gpu = catalog.gpu_of(inst)
+        per_node = job.gpus_per_node or inst.gpu_count
+        if per_node > inst.gpu_count:
+            raise UsageError(f"--gpus-per-node {per_node} is more than {inst.name} has ({inst.gpu_count})")
+    elif job.gpu:
+        inst = None
+        gpu = catalog.gpu(job.gpu)
+        per_node = job.gpus_per_node or min(8, job.gpus or 8)
+    else:
+        raise UsageError("no hardware given: use --instance TYPE or --gpu NAME (see `trainready catalog`)")
+    total = job.gpus or per_node
+    if total < per_node:
+        per_node = total
+    if total % per_node:
+        raise UsageError(f"--gpus {total} is not a whole number of nodes of {per_node} GPUs")
+    return gpu, inst, per_node, total // per_node
+
+
+def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -> Setup:
+    """Validate a fully specified job (micro-batch may still be None: defaults to 1)."""
+    model = model or resolve_model(job)
+    gpu, inst, per_node, nodes = _placement(job, catalog)
+    strategy = _normalize_strategy(job.strategy)
+    _check_parallel(model, job.tp, job.pp, per_node)
+    n_gpus = per_node * nodes
+    if n_gpus % (job.tp * job.pp):
+        raise UsageError(f"{n_gpus} GPUs are not divisible by --tp {job.tp} x --pp {job.pp}")
+    dp = n_gpus // (job.tp * job.pp)
+    precision = job.precision or default_precision(gpu)
+    _check_precision(gpu, precision, job.optimizer_dtype)
+    _check_offload(strategy, job.offload, job.method)
+    seq_len = job.seq_len or default_seq_len(model)
+    notes: list[str] = []
+    if model.position == "learned" and model.max_seq_len and seq_len > model.max_seq_len:
+        raise UsageError(f"--seq-len {seq_len} exceeds {model.name}'s learned position table ({model.max_seq_len})")
+    if model.max_seq_len and seq_len > model.max_seq_len:
+        notes.append(f"seq_len {seq_len} is beyond {model.name}'s trained context ({model.max_seq_len})")
+    micro = job.micro_batch or 1
+    global_batch = job.global_batch or default_global_batch(seq_len, dp, micro)
+    if global_batch % (micro * dp):
+        raise UsageError(f"global batch {global_batch} is not divisible by micro-batch {micro} x data-parallel "
+                         f"size {dp} = {micro * dp}; nearest valid: "
+                         f"{max(micro * dp, global_batch // (micro * dp) * micro * dp)} or "
+                         f"{(global_batch // (micro * dp) + 1) * micro * dp}")
+    accum = global_batch // (micro * dp)
+    if job.pp > 1 and accum < job.pp:
+        notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
+    inter = job.inter_node_gbps or (inst.network_gbps if inst else None)
+    if nodes > 1 and inter is None:
+        raise UsageError(f"{nodes} nodes need an inter-node bandwidth: the catalog does not know it for "
+                         f"{inst.name if inst else gpu.name}; give --inter-node-gbps")
+    return Setup(model=model, gpu=gpu, instance=inst, nodes=nodes, gpus_per_node=per_node, dp=dp, tp=job.tp,
+                 pp=job.pp, strategy=strategy, micro_batch=micro, grad_accum=accum, seq_len=seq_len,
+                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=job.reduce_dtype,
+                 gather_dtype=job.gather_dtype,
+                 checkpointing=job.activation_checkpointing, offload=job.offload, method=job.method,
+                 lora_rank=job.lora_rank, kernels=job.kernels,
+                 attention_kernel=job.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
+                 spot=job.spot, region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
+                 notes=tuple(notes))
