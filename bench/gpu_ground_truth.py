@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import platform
+import sys
 import time
 import traceback
 
@@ -87,13 +88,23 @@ def bench_attention() -> list[dict]:
 
 
 def _llama(shape: dict, dtype: torch.dtype):
+    if shape.get("arch") == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(vocab_size=shape["vocab"], n_embd=shape["d"], n_layer=shape["layers"],
+                            n_head=shape["heads"], n_positions=shape.get("positions", 2048),
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                            attn_implementation="sdpa")
+        with torch.device("cuda"):
+            return GPT2LMHeadModel(config).to(dtype)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=shape["vocab"], hidden_size=shape["d"], intermediate_size=shape["ffn"],
         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
         num_key_value_heads=shape["kv_heads"], max_position_embeddings=8192,
-        tie_word_embeddings=False, attn_implementation="sdpa", use_cache=False,
+        tie_word_embeddings=shape.get("tied", False), attention_bias=shape.get("bias", False),
+        attn_implementation="sdpa", use_cache=False,
     )
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(dtype)
@@ -137,7 +148,8 @@ def run_step_row(row: dict) -> dict:
                 os.environ.setdefault("MASTER_PORT", "29512")
                 dist.init_process_group("nccl", rank=0, world_size=1)
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for layer in model.model.layers:
+            blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
+            for layer in blocks:
                 fully_shard(layer, mp_policy=mp)
             fully_shard(model, mp_policy=mp)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -215,10 +227,53 @@ def step_rows() -> list[dict]:
     return rows
 
 
+# Held out: measured after the model's efficiency factors were fixed, never used to set them.
+LLAMA3_8B = {"name": "llama-3-8b", "vocab": 128256, "d": 4096, "ffn": 14336, "layers": 32, "heads": 32,
+             "kv_heads": 8}
+LLAMA32_3B = {"name": "llama-3.2-3b", "vocab": 128256, "d": 3072, "ffn": 8192, "layers": 28, "heads": 24,
+              "kv_heads": 8, "tied": True}
+QWEN_15B = {"name": "qwen2-1.5b", "vocab": 151936, "d": 1536, "ffn": 8960, "layers": 28, "heads": 12,
+            "kv_heads": 2, "tied": True, "bias": True}
+MISTRAL_7B = {"name": "mistral-7b", "vocab": 32000, "d": 4096, "ffn": 14336, "layers": 32, "heads": 32,
+              "kv_heads": 8}
+GPT2_13B = {"name": "gpt2-1.3b", "arch": "gpt2", "vocab": 50257, "d": 2048, "ffn": 8192, "layers": 24,
+            "heads": 16, "kv_heads": 16, "positions": 2048}
+
+
+def heldout_rows() -> list[dict]:
+    return [
+        {"shape": LLAMA3_8B, "mode": "pure_bf16", "micro_batch": 1, "seq": 4096},
+        {"shape": LLAMA3_8B, "mode": "pure_bf16", "micro_batch": 2, "seq": 8192, "checkpointing": "full"},
+        {"shape": QWEN_15B, "mode": "amp", "micro_batch": 4, "seq": 4096},
+        {"shape": LLAMA32_3B, "mode": "fsdp", "micro_batch": 2, "seq": 4096},
+        {"shape": MISTRAL_7B, "mode": "lora", "micro_batch": 1, "seq": 4096, "lora_rank": 8},
+        {"shape": GPT2_13B, "mode": "amp", "micro_batch": 8, "seq": 2048},
+        {"shape": GPT2_13B, "mode": "amp", "micro_batch": 16, "seq": 2048, "checkpointing": "full"},
+    ]
+
+
+def _isolated(which: str, index: int) -> dict:
+    """Run one row in a fresh process: nothing (FSDP state, caches) carries into the next."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, __file__, "--one", which, str(index)], capture_output=True, text=True)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"ok": False, "error": (proc.stderr or proc.stdout)[-800:]}
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--one":
+        rows = step_rows() if sys.argv[2] == "calibration" else heldout_rows()
+        print(json.dumps(run_step_row(rows[int(sys.argv[3])])))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--skip-micro", action="store_true", help="only the training steps")
+    parser.add_argument("--set", choices=("calibration", "heldout"), default="calibration",
+                        help="which training-step rows to run")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure (this script is for a GPU machine)")
@@ -249,9 +304,10 @@ def main() -> None:
         report["attention"] = bench_attention()
         print("attention done", flush=True)
     report["steps"] = []
-    for row in step_rows():
+    report["set"] = args.set
+    for index, row in enumerate(step_rows() if args.set == "calibration" else heldout_rows()):
         t0 = time.time()
-        res = run_step_row(row)
+        res = _isolated(args.set, index)
         res["shape"] = row["shape"]["name"]
         report["steps"].append(res)
         with open(args.out, "w") as fh:

@@ -62,7 +62,7 @@ def _mpt(name: str, layers: int, d: int, heads: int, vocab: int, seq: int) -> Mo
     # llm-foundry benchmark configs: GELU 4x MLP, LayerNorm and linear biases, learned
     # positions sized to the sequence, tied embeddings (this reproduces their NumParams).
     return ModelSpec(name=name, family="mpt", vocab_size=vocab, hidden_size=d, num_layers=layers,
-                     num_heads=heads, num_kv_heads=heads, ffn_hidden_size=4 * d, mlp="gelu",
+                     num_heads=heads, num_kv_heads=heads, ffn_hidden_size=4 * d, mlp="gelu", activation="gelu",
                      norm="layernorm", position="learned", max_seq_len=seq, tied_embeddings=True,
                      qkv_bias=True, out_bias=True, mlp_bias=True)
 
@@ -113,16 +113,45 @@ def torchtune_rows(ref: Path) -> list[Row]:
     return rows
 
 
+DEVICE_SHAPES = {
+    "llama-0.9b": ModelSpec(name="llama-0.9b", vocab_size=32000, hidden_size=2048, ffn_hidden_size=5632,
+                            num_layers=16, num_heads=16, num_kv_heads=8),
+    "llama-2-7b": preset("llama-2-7b"),
+    "llama-3-8b": preset("llama-3-8b"),
+    "mistral-7b": preset("mistral-7b"),
+    "llama-3.2-3b": ModelSpec(name="llama-3.2-3b", vocab_size=128256, hidden_size=3072, num_layers=28,
+                              num_heads=24, num_kv_heads=8, ffn_hidden_size=8192, tied_embeddings=True),
+    "qwen2-1.5b": ModelSpec(name="qwen2-1.5b", vocab_size=151936, hidden_size=1536, num_layers=28, num_heads=12,
+                            num_kv_heads=2, ffn_hidden_size=8960, tied_embeddings=True, qkv_bias=True,
+                            out_bias=True),
+    "gpt2-1.3b": ModelSpec(name="gpt2-1.3b", family="gpt", vocab_size=50257, hidden_size=2048, num_layers=24,
+                           num_heads=16, num_kv_heads=16, ffn_hidden_size=8192, mlp="gelu",
+                           activation="gelu_tanh_composed", norm="layernorm",  # HF GPT-2: gelu_new
+                           position="learned", max_seq_len=2048, tied_embeddings=True, qkv_bias=True,
+                           out_bias=True, mlp_bias=True),
+}
+DEVICE_FILES = {"gpu_ground_truth_h200_2026-11-29.json": "H200 measured",
+                "gpu_heldout_h200_2026-11-29.json": "H200 held out"}
+
+
 def device_rows() -> list[Row]:
-    path = ROOT / "bench" / "data" / "gpu_ground_truth_h200_2026-11-29.json"
-    data = json.loads(path.read_text())
-    shapes = {
-        "llama-0.9b": ModelSpec(name="llama-0.9b", vocab_size=32000, hidden_size=2048, ffn_hidden_size=5632,
-                                num_layers=16, num_heads=16, num_kv_heads=8),
-        "llama-2-7b": preset("llama-2-7b"),
-    }
     rows = []
+    for fname, label in DEVICE_FILES.items():
+        rows += _device_file(ROOT / "bench" / "data" / fname, label)
+    return rows
+
+
+def _device_file(path: Path, label: str) -> list[Row]:
+    data = json.loads(path.read_text())
+    rows = []
+    leaked_gib = 0.0
     for r in data["steps"]:
+        # The 2026-11-29 script kept each FSDP2 row's module alive into the next row: that
+        # row's steady state holds exactly the FSDP model's fp32 parameters more (0.9B: 3.30
+        # GiB, seen as llama-2-7b's two rows differing by it; 3.2B: 11.97 GiB, seen as
+        # mistral-7b's steady state minus its bf16 weights and adapters). Subtract it.
+        # The script now runs each row in its own process.
+        carried, leaked_gib = leaked_gib, (r["params"] * 4 / 2**30 if r.get("mode") == "fsdp" and r.get("ok") else 0.0)
         if not r.get("ok"):
             continue
         mode = r["mode"]
@@ -131,9 +160,12 @@ def device_rows() -> list[Row]:
                       precision="bf16", optimizer_dtype="bf16" if mode == "pure_bf16" else "fp32",
                       method="lora" if mode == "lora" else "full", lora_rank=r.get("lora_rank", 16),
                       activation_checkpointing=r.get("checkpointing", "none"), kernels="eager")
-        label = f"{r['shape']} {mode} mb{r['micro_batch']} s{r['seq']} ckpt={r.get('checkpointing', 'none')}"
-        rows.append(Row(f"H200 measured {data['date']}", label, job, shapes[r["shape"]],
-                        tok_s_gpu=r["tokens_per_s"], mem_gib=r["max_reserved_gib"]))
+        label_row = f"{r['shape']} {mode} mb{r['micro_batch']} s{r['seq']} ckpt={r.get('checkpointing', 'none')}"
+        model = DEVICE_SHAPES[r["shape"]]
+        if model.param_count() != r["params"]:
+            raise SystemExit(f"parameter count mismatch for {r['shape']}: {model.param_count()} vs {r['params']}")
+        rows.append(Row(f"{label} {data['date']}", label_row, job, model,
+                        tok_s_gpu=r["tokens_per_s"], mem_gib=r["max_reserved_gib"] - carried))
     return rows
 
 
@@ -145,7 +177,8 @@ def megatron_rows(ref: Path) -> list[tuple[str, JobSpec, ModelSpec, float, float
                 continue
             L, h, a, s, V = int(r["layers"]), int(r["hidden"]), int(r["heads"]), int(r["seq_len"]), int(r["vocab"])
             model = ModelSpec(name=r["model"], family="gpt", vocab_size=V, hidden_size=h, num_layers=L,
-                              num_heads=a, num_kv_heads=a, ffn_hidden_size=4 * h, mlp="gelu", norm="layernorm",
+                              num_heads=a, num_kv_heads=a, ffn_hidden_size=4 * h, mlp="gelu", activation="gelu",
+                              norm="layernorm",
                               position="learned", max_seq_len=s, tied_embeddings=True, qkv_bias=True,
                               out_bias=True, mlp_bias=True)
             tp, pp, dp = int(r["tp"]), int(r["pp"]), int(r["dp"])
@@ -180,13 +213,16 @@ def main() -> None:
     print(__doc__.split("Usage:")[0].strip().split("\n\n", 1)[1])
     print()
     rows = mosaic_rows(ref) + torchtune_rows(ref) + device_rows()
-    tput, mem = [], []
+    tput, mem, flat = [], [], []
     for row in rows:
         setup = resolve(row.job, CATALOG, model=row.model)
         step = estimate_step(setup)
         pred_tps = step.tokens_per_s / setup.n_gpus
         if row.tok_s_gpu:
             tput.append((ape(pred_tps, row.tok_s_gpu), row, pred_tps, row.tok_s_gpu))
+            # the rule of thumb: 6 N FLOPs per token at 50% of the dense peak
+            peak = setup.gpu.peak_tflops("bf16") * 1e12
+            flat.append(ape(0.5 * peak / (6 * row.model.param_count()), row.tok_s_gpu))
         if row.mem_gib:
             m = estimate_memory(setup)
             pred = (m.allocated_peak if row.mem_kind == "allocated" else m.reserved_peak) / GiB
@@ -199,6 +235,7 @@ def main() -> None:
     for gpu in ("a100-80gb", "h100-80gb", "h200"):
         sel = [e for e, r, *_ in tput if r.job.gpu == gpu]
         print(f"  {gpu:16s}{summary(sel)}")
+    print(f"  for scale, 6ND at 50% MFU on the same rows: {summary(flat)}")
     print("  worst rows:")
     for e, r, p, m in sorted(tput, key=lambda x: -x[0])[: args.worst]:
         print(f"    {e:5.1f}%  pred {p:9.0f}  meas {m:9.0f}  {r.source}: {r.label}")

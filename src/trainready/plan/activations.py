@@ -8,6 +8,8 @@ with dropout and without FlashAttention), adapted to what today's stacks run:
 * no dropout (LLM fine-tuning and most pre-training use none) -> no masks;
 * GQA: K and V are num_kv_heads / num_heads of Q;
 * SwiGLU saves gate, silu(gate), up and their product (4 x ffn) instead of GELU's 2 x ffn;
+  the tanh GELU that Hugging Face writes out as elementwise ops (`gelu_new`, GPT-2) saves
+  3 x ffn more in eager mode;
 * "eager" (Hugging Face style PyTorch modules) RMSNorm upcasts to fp32 and saves the fp32
   input and the normalized value, and the attention output is copied once more (transpose +
   contiguous) before the output projection; "fused" kernels (Megatron, llm-foundry, TE)
@@ -51,6 +53,8 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
         mlp = 4 * a * f
     else:
         mlp = 2 * a * f
+        if model.activation == "gelu_tanh_composed" and kernels == "eager":
+            mlp += 3 * a * f  # x^3's input, tanh output, (1 + tanh) and 0.5x saved by the ops
     total = model.norms_per_layer * norm * d + attn + mlp
     if dropout:
         total += 2 * d  # masks after attention and after the MLP (1 byte each)

@@ -38,6 +38,15 @@ class _Config:
         return default if value is None else value
 
 
+def _gelu_kind(name: str) -> str:
+    """How the MLP activation runs in eager PyTorch (Hugging Face ACT2FN names)."""
+    if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh_composed"):
+        return "gelu_tanh_composed"  # written out as elementwise ops in transformers
+    if name == "relu":
+        return "relu"
+    return "gelu"  # gelu, gelu_pytorch_tanh, quick_gelu...: one kernel
+
+
 def _llama_like(c: _Config, family: str) -> dict:
     heads = c.need("num_attention_heads")
     spec = dict(
@@ -62,6 +71,7 @@ def _gpt2(c: _Config) -> dict:
     return dict(family="gpt", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("n_layer", "num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
                 ffn_hidden_size=c.get("n_inner", 4 * d), mlp="gelu", norm="layernorm", position="learned",
+                activation=_gelu_kind(c.get("activation_function", "gelu_new")),
                 max_seq_len=c.need("n_positions", "max_position_embeddings"), tied_embeddings=True,
                 qkv_bias=True, out_bias=True, mlp_bias=True)
 
@@ -72,6 +82,7 @@ def _gpt_neox(c: _Config) -> dict:
     return dict(family="gpt_neox", vocab_size=c.need("vocab_size"), hidden_size=c.need("hidden_size"),
                 num_layers=c.need("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
                 ffn_hidden_size=c.need("intermediate_size"), mlp="gelu", norm="layernorm",
+                activation=_gelu_kind(c.get("hidden_act", "gelu")),
                 tied_embeddings=c.get("tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
                 mlp_bias=True, max_seq_len=c.get("max_position_embeddings", None))
 
@@ -91,6 +102,7 @@ def _mpt(c: _Config) -> dict:
     ffn = ffn_cfg.get("ffn_hidden_size") or int(c.need("expansion_ratio") * d)
     return dict(family="mpt", vocab_size=c.need("vocab_size"), hidden_size=d, num_layers=c.need("n_layers"),
                 num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, mlp=mlp,
+                activation="silu" if mlp == "swiglu" else "gelu",
                 norm="layernorm-nobias" if no_bias else "layernorm",
                 position="learned" if learned else ("alibi" if alibi else "rope"),
                 max_seq_len=c.need("max_seq_len"), tied_embeddings=c.get("tie_word_embeddings", True),
@@ -110,8 +122,8 @@ def _falcon(c: _Config) -> dict:
     bias = bool(c.get("bias", False))
     return dict(family="falcon", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("num_hidden_layers", "n_layer"), num_heads=heads, num_kv_heads=kv,
-                ffn_hidden_size=c.get("ffn_hidden_size", 4 * d), mlp="gelu", norm="layernorm",
-                norms_per_layer=norms, position="alibi" if c.get("alibi", False) else "rope",
+                ffn_hidden_size=c.get("ffn_hidden_size", 4 * d), mlp="gelu", activation="gelu",
+                norm="layernorm", norms_per_layer=norms, position="alibi" if c.get("alibi", False) else "rope",
                 tied_embeddings=c.get("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias,
                 mlp_bias=bias, max_seq_len=c.get("max_position_embeddings", None))
 
@@ -127,6 +139,7 @@ def _opt(c: _Config) -> dict:
     return dict(family="opt", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
                 ffn_hidden_size=c.need("ffn_dim"), mlp="gelu", norm="layernorm", position="learned",
+                activation=_gelu_kind(c.get("activation_function", "relu")),
                 max_seq_len=c.need("max_position_embeddings") + 2, tied_embeddings=True,
                 embedding_dim=wep if wep != d else None, qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                 final_norm=final)
@@ -137,7 +150,7 @@ def _bloom(c: _Config) -> dict:
     heads = c.need("n_head", "num_attention_heads")
     return dict(family="bloom", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("n_layer", "num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
-                ffn_hidden_size=4 * d, mlp="gelu", norm="layernorm", position="alibi",
+                ffn_hidden_size=4 * d, mlp="gelu", activation="gelu", norm="layernorm", position="alibi",
                 tied_embeddings=True, qkv_bias=True, out_bias=True, mlp_bias=True,
                 extra_params=2 * d)  # word_embeddings_layernorm
 

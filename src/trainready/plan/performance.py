@@ -86,6 +86,8 @@ def _elementwise_bytes_per_token_layer(s: Setup) -> float:
     residual = 2 * 12 * d  # two adds, forward and backward gradient accumulation
     if m.mlp == "swiglu":
         act = (26 if eager else 16) * f
+    elif m.activation == "gelu_tanh_composed" and eager:
+        act = 100 * f  # ~8 elementwise kernels forward (pow, mul, add, mul, tanh, add, mul, mul) and their backward
     else:
         act = 10 * f
     rope = ((40 if eager else 8) * (q + kv)) if m.position == "rope" else 0
