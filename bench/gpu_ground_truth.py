@@ -56,7 +56,7 @@ def bench_gemm() -> list[dict]:
     for m, k, n in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        t = _sync_time(lambda: a @ b)
+        t = _sync_time(lambda a=a, b=b: a @ b)
         rows.append({"m": m, "k": k, "n": n, "seconds": t, "tflops": 2 * m * k * n / t / 1e12})
         del a, b
     return rows
@@ -74,7 +74,7 @@ def bench_attention() -> list[dict]:
                 for _ in range(3)
             )
 
-            def step():
+            def step(q=q, k=k, v=v):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
                 out.backward(torch.ones_like(out))
 
@@ -196,7 +196,7 @@ def run_step_row(row: dict) -> dict:
                        "trace": traceback.format_exc()[-1500:]})
         return result
     finally:
-        del model, opt
+        model = opt = None  # noqa: F841 (drop the references before collecting)
         gc.collect()
         torch.cuda.empty_cache()
 

@@ -269,7 +269,8 @@ def main() -> None:
         step = estimate_step(setup)
         pred = step.tokens_per_s / setup.n_gpus * fpt / 1e12
         errs.append(ape(pred, meas))
-        print(f"  {name:11s} tp{job.tp} pp{job.pp} dp{setup.dp:3d}  pred {pred:6.1f}  meas {meas:6.1f}  ({(pred / meas - 1) * 100:+.0f}%)")
+        signed = (pred / meas - 1) * 100
+        print(f"  {name:11s} tp{job.tp} pp{job.pp} dp{setup.dp:3d}  pred {pred:6.1f}  meas {meas:6.1f}  ({signed:+.0f}%)")
     print(f"  {summary(errs)}")
 
 

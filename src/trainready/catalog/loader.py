@@ -33,12 +33,12 @@ class Catalog:
     _instance_keys: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for gpu in self.gpus.values():
-            for alias in (gpu.name, gpu.display_name, *gpu.aliases):
-                if alias:
-                    self._gpu_keys.setdefault(normalize_name(alias), gpu.name)
+        self._gpu_keys.update(_gpu_aliases(self.gpus))
         for inst in self.instances.values():
             self._instance_keys[normalize_name(inst.name)] = inst.name
+
+    def __repr__(self) -> str:
+        return f"Catalog({len(self.gpus)} GPUs, {len(self.instances)} instance types)"
 
     def gpu(self, name: str) -> Gpu:
         key = self._gpu_keys.get(normalize_name(name))
@@ -110,14 +110,14 @@ def _validation_message(exc: ValidationError, text: str, label: str, prefix: tup
     return "\n".join(msgs)
 
 
-def _parse_entries(data: dict, text: str, label: str, user: bool) -> tuple[dict, dict]:
+def _entries(data: dict, label: str) -> dict[str, list]:
     version = data.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
         raise UsageError(f"{label}: schema_version {version} is not supported (this trainready reads {SCHEMA_VERSION})")
     unknown = set(data) - {"schema_version", "gpu", "instance"}
     if unknown:
         raise UsageError(f"{label}: unknown top-level key(s) {sorted(unknown)}; expected [[gpu]] and [[instance]] tables")
-    return {"gpu": data.get("gpu", []), "instance": data.get("instance", [])}, {}
+    return {"gpu": data.get("gpu", []), "instance": data.get("instance", [])}
 
 
 def _build(kind: str, raw: dict, text: str, label: str, index: int):
@@ -130,7 +130,7 @@ def _build(kind: str, raw: dict, text: str, label: str, index: int):
 
 def _merge_into(gpus: dict, instances: dict, text: str, label: str, user: bool) -> None:
     data = _read_toml(text, label)
-    entries, _ = _parse_entries(data, text, label, user)
+    entries = _entries(data, label)
     for idx, raw in enumerate(entries["gpu"]):
         raw = dict(raw)
         name = raw.get("name")
@@ -148,18 +148,29 @@ def _merge_into(gpus: dict, instances: dict, text: str, label: str, user: bool) 
                 if isinstance(p, dict):
                     p.setdefault("source", f"user catalog {label}")
             if name in instances:
-                base = instances[name].model_dump(exclude_defaults=True)
+                base = instances[name].model_dump(exclude_defaults=True, exclude={"expected_nvlink"})
                 prices = {(p["region"], p["model"]): p for p in base.get("price", [])}
                 for p in raw.get("price", []):
                     if isinstance(p, dict) and "region" in p and "model" in p:
                         prices[(p["region"], p["model"])] = p
                 raw = {**base, **raw, "price": list(prices.values())}
+        if isinstance(raw.get("gpu"), str):  # accept any GPU alias, store the canonical name
+            raw["gpu"] = _gpu_aliases(gpus).get(normalize_name(raw["gpu"]), raw["gpu"])
         inst = _build("instance", raw, text, label, idx)
         if inst.gpu not in gpus:
             line = _locate(text, ("instance", idx, "gpu"))
             where = f"{label}:{line}" if line else label
             raise UnknownNameError("GPU", inst.gpu, gpus, f"({where}: field 'instance.gpu')")
         instances[inst.name] = inst
+
+
+def _gpu_aliases(gpus: dict[str, Gpu]) -> dict[str, str]:
+    index: dict[str, str] = {}
+    for gpu in gpus.values():
+        for alias in (gpu.name, gpu.display_name, *gpu.aliases):
+            if alias:
+                index.setdefault(normalize_name(alias), gpu.name)
+    return index
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]
 Topology = Literal["nvswitch", "nvlink-mesh", "pcie", "single"]
@@ -101,6 +101,7 @@ class Instance(_Strict):
                         raise ValueError(f"nvlink_matrix is not symmetric at GPU{i}-GPU{j}")
         return self
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def expected_nvlink(self) -> list[list[int]] | None:
         """NVLink count between every GPU pair (0 = none), or None where unknown."""
@@ -125,3 +126,17 @@ class Instance(_Strict):
         if region is not None:
             matches = [p for p in matches if p.region == region]
         return matches[0] if matches else None
+
+
+class GpuList(BaseModel):
+    """`trainready catalog gpus --json`"""
+
+    schema_version: int = 1
+    gpus: list[Gpu]
+
+
+class InstanceList(BaseModel):
+    """`trainready catalog instances --json`"""
+
+    schema_version: int = 1
+    instances: list[Instance]

@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from trainready.catalog import load_catalog
-from trainready.plan.presets import presets
+from trainready.catalog.schema import GpuList, InstanceList
+from trainready.plan.presets import ModelEntry, ModelList, presets
 
 from . import options as o
 from .console import emit_json, out
@@ -24,7 +25,7 @@ def gpus(catalog_file: o.CatalogFile = None, json_out: o.Json = False) -> None:
     cat = load_catalog(catalog_file)
     items = sorted(cat.gpus.values(), key=lambda g: g.name)
     if json_out:
-        emit_json({"schema_version": 1, "gpus": [g.model_dump() for g in items]})
+        emit_json(GpuList(gpus=items))
     else:
         render_gpus(out, items)
 
@@ -39,8 +40,7 @@ def instances(cloud: Cloud = "", catalog_file: o.CatalogFile = None, json_out: o
         clouds = sorted({i.cloud for i in cat.instances.values()})
         raise UsageError(f"unknown cloud '{cloud}'; valid: {', '.join(clouds)}")
     if json_out:
-        emit_json({"schema_version": 1, "instances": [
-            {**i.model_dump(), "expected_nvlink": i.expected_nvlink} for i in items]})
+        emit_json(InstanceList(instances=items))
     else:
         render_instances(out, items, cat)
 
@@ -49,7 +49,6 @@ def instances(cloud: Cloud = "", catalog_file: o.CatalogFile = None, json_out: o
 def models(json_out: o.Json = False) -> None:
     items = list(presets().values())
     if json_out:
-        emit_json({"schema_version": 1, "models": [
-            {**m.model_dump(exclude_none=True), "params": m.param_count()} for m in items]})
+        emit_json(ModelList(models=[ModelEntry(params=m.param_count(), **m.model_dump()) for m in items]))
     else:
         render_models(out, items)

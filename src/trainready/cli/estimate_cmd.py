@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -10,8 +9,8 @@ import typer
 from trainready.catalog import load_catalog
 from trainready.plan.estimate import estimate_setup
 from trainready.plan.job import save_job
-from trainready.plan.setup import resolve, resolve_model
 from trainready.plan.search import largest_fitting_micro_batch
+from trainready.plan.setup import resolve, resolve_model
 
 from . import options as o
 from .console import emit_json, out

@@ -9,7 +9,8 @@ import typer
 
 from trainready.catalog import load_catalog
 from trainready.plan.job import save_job
-from trainready.plan.search import PlanRequest, plan as run_plan
+from trainready.plan.search import PlanRequest
+from trainready.plan.search import plan as run_plan
 from trainready.plan.setup import resolve_model
 
 from . import options as o

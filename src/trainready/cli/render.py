@@ -153,7 +153,8 @@ def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
     t = Table(title="Instance types", title_justify="left")
     for col in ("cloud", "name", "GPUs", "vCPU", "RAM GiB", "NVMe", "net Gbps", "EFA", "topology",
                 "on-demand $/h", "spot $/h", "region"):
-        t.add_column(col, justify="right" if col in ("vCPU", "RAM GiB", "net Gbps", "EFA", "on-demand $/h", "spot $/h") else "left")
+        numeric = ("vCPU", "RAM GiB", "net Gbps", "EFA", "on-demand $/h", "spot $/h")
+        t.add_column(col, justify="right" if col in numeric else "left")
     for i in items:
         od, sp = i.price_for("on-demand"), i.price_for("spot")
         nvme = "-" if i.nvme_count is None else ("none" if i.nvme_count == 0 else f"{i.nvme_count} x {i.nvme_gb:g} GB")

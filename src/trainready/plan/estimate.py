@@ -212,7 +212,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     if spot_price and spot_price.suspect:
         warnings.append(f"spot price of {s.instance.name} is marked suspect: {spot_price.note}")
     if od_price and od_price.usd_per_hour is None and not s.usd_per_hour:
-        warnings.append(f"no on-demand price for {s.instance.name} in the catalog ({od_price.note or 'unknown'}); give --usd-per-hour")
+        warnings.append(f"no on-demand price for {s.instance.name} in the catalog "
+                        f"({od_price.note or 'unknown'}); give --usd-per-hour")
     ram = s.instance.ram_gib if s.instance else None
     host_gib = mem.host_per_node / GiB
     fits = mem.peak / GiB <= limit

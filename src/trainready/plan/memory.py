@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import efficiency as eff
-from .activations import (final_norm_bytes, layer_bytes_per_token, layer_input_bytes,
-                          loss_bytes_per_token)
+from .activations import final_norm_bytes, layer_bytes_per_token, layer_input_bytes, loss_bytes_per_token
 from .setup import MIXED, Setup
 
 GiB = 1024**3
@@ -36,6 +35,7 @@ class ParamCounts:
     local: float  # parameters held by this GPU before sharding (worst pipeline stage, 1/tp)
     block: float  # one transformer block, 1/tp
     embed: float  # embedding/head parameters on the worst stage, 1/tp
+    largest_embedding: float  # the larger of input embedding and (untied) head, 1/tp: one FSDP unit
     trainable: float  # trainable parameters local to this GPU (adapters for LoRA)
     quantized: float  # of `local`, weights stored in NF4 (QLoRA)
 
@@ -51,12 +51,14 @@ def param_counts(s: Setup) -> ParamCounts:
         inp = m.vocab_size * e + (m.max_seq_len or 0) * m.hidden_size * (m.position == "learned")
         embed = max(inp, m.vocab_size * e)
     embed /= s.tp
+    e = m.embedding_dim or m.hidden_size
+    largest = (m.vocab_size * e + (m.max_seq_len or 0) * m.hidden_size * (m.position == "learned")) / s.tp
     local = layers * block + embed
     if s.method == "full":
-        return ParamCounts(local, block, embed, local, 0.0)
+        return ParamCounts(local, block, embed, largest, local, 0.0)
     adapters = layers * sum(s.lora_rank * (i + o) for i, o in m.linear_layer_dims()) / s.tp
     linear = layers * (m.attention_params() + m.mlp_params()) / s.tp
-    return ParamCounts(local, block, embed, adapters, linear if s.method == "qlora" else 0.0)
+    return ParamCounts(local, block, embed, largest, adapters, linear if s.method == "qlora" else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,14 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, host-offloaded) bytes per GPU for the model states."""
     dp = s.dp
     z3 = s.strategy == "zero3"
-    units = 2 * (2 * pc.block + pc.embed) if z3 else 0.0  # gathered bf16 units + root
+    # ZeRO-3 keeps two gathered blocks (current + prefetched) and one embedding unit (the
+    # recipe wraps the input embedding and the output head as their own FSDP units: at the
+    # peak only one is gathered) in their storage dtype: bf16, or NF4 for QLoRA's linears
+    block_bytes = 2.0 * pc.block
+    if s.method == "qlora":
+        linear_per_block = pc.quantized / (s.model.num_layers // s.pp)
+        block_bytes = NF4_BYTES * linear_per_block + 2.0 * (pc.block - linear_per_block)
+    units = (2 * block_bytes + 2.0 * pc.largest_embedding) if z3 else 0.0
     if s.method != "full":
         base_linear_bytes = NF4_BYTES if s.method == "qlora" else 2.0
         base = pc.quantized * base_linear_bytes + (pc.local - pc.quantized) * 2.0

@@ -36,7 +36,8 @@ class ModelSpec(BaseModel):
     max_seq_len: int | None = Field(None, gt=0, description="context the model was built for; learned positions use it")
     final_norm: bool = True
     embedding_dim: int | None = Field(None, gt=0, description="OPT-style word embedding size when it differs from hidden_size")
-    extra_params: int = Field(0, ge=0, description="parameters outside the blocks not covered above (e.g. an embedding LayerNorm)")
+    extra_params: int = Field(0, ge=0, description="parameters outside the blocks not covered above "
+                                                   "(e.g. an embedding LayerNorm)")
     aliases: list[str] = []
     source: str = ""
     derived: str | None = Field(None, description="how the shape was derived when it is not a published one")

@@ -6,9 +6,22 @@ import functools
 import tomllib
 from importlib import resources
 
+from pydantic import BaseModel
+
 from trainready.errors import UnknownNameError, UsageError, normalize_name
 
 from .model_spec import ModelSpec
+
+
+class ModelEntry(ModelSpec):
+    params: int
+
+
+class ModelList(BaseModel):
+    """`trainready catalog models --json`"""
+
+    schema_version: int = 1
+    models: list[ModelEntry]
 
 
 @functools.lru_cache(maxsize=1)

@@ -41,7 +41,7 @@ def _env(s: Setup) -> tuple[dict[str, str], list[str]]:
 
 def _fsdp2(s: Setup) -> str:
     reduce = "torch.float32" if s.reduce_dtype == "fp32" else "torch.bfloat16"
-    param = "torch.bfloat16" if s.precision in ("bf16", "fp8") else ("torch.float16" if s.precision == "fp16" else "torch.float32")
+    param = {"bf16": "torch.bfloat16", "fp8": "torch.bfloat16", "fp16": "torch.float16"}.get(s.precision, "torch.float32")
     lines = [
         "import torch",
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, CPUOffloadPolicy",
@@ -55,6 +55,8 @@ def _fsdp2(s: Setup) -> str:
                   "    model.model.layers[i] = checkpoint_wrapper(block)"]
     lines += ["for block in model.model.layers:  # one FSDP unit per transformer block",
               "    fully_shard(block, **kw)",
+              "fully_shard(model.model.embed_tokens, **kw)  # embeddings and head: units of their own",
+              "fully_shard(model.lm_head, **kw)",
               "fully_shard(model, **kw)",
               "optim = torch.optim.AdamW(model.parameters(), lr=..., fused=True)"]
     if s.tp > 1:

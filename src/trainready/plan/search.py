@@ -232,7 +232,8 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     best, smallest = _largest_fitting(s, per_dp, limit)
                     if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
                         log.smallest_peak_gib = smallest.peak / GiB
-                        log.smallest_at = f"{nodes} node(s), {strategy}{'+offload ' + offload if offload != 'none' else ''}, tp{tp} pp{pp}, ckpt {ckpt}"
+                        off = f"+offload {offload}" if offload != "none" else ""
+                        log.smallest_at = f"{nodes} node(s), {strategy}{off}, tp{tp} pp{pp}, ckpt {ckpt}"
                         parts = {"weights": smallest.weights, "gradients": smallest.gradients,
                                  "optimizer": smallest.optimizer, "activations": smallest.activations}
                         top = sorted(parts.items(), key=lambda kv: -kv[1])[:2]
@@ -277,13 +278,10 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
     if log.fitted == 0:
         if log.smallest_peak_gib == float("inf"):
             return log.batch or log.network or "no configuration could be formed"
-        limit = gpu.memory_gib * (1 - req.memory_margin)
-        if log.host and log.smallest_peak_gib <= limit:
-            return log.host + (f"; {log.network}" if log.network else "")
         nodes_needed = _nodes_needed(req, inst, model, catalog)
         tail = ""
         if nodes_needed:
-            tail = f" -> needs >= {nodes_needed} nodes"
+            tail = f", which needs >= {nodes_needed} nodes"
             if inst.network_gbps:
                 tail += f" over {inst.network_gbps:g} Gbps"
                 if nodes_needed > req.max_nodes:
@@ -296,9 +294,12 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
         else:
             head = (f"{req.job.method} of {model.param_count() / 1e9:.0f}B does not fit "
                     f"{inst.gpu_count}x{gpu.memory_gib:g} GiB {within}")
-        return (f"{head} (least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
-                f"largest parts {log.smallest_parts} GiB){tail}"
-                + (f"; {log.host}" if log.host else "") + (f"; {log.network}" if log.network else ""))
+        if log.host and log.smallest_peak_gib <= gpu.memory_gib * (1 - req.memory_margin):
+            detail = f"even with ZeRO-3{tail}; {log.host}"
+        else:
+            detail = (f"(least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
+                      f"largest parts {log.smallest_parts} GiB){tail}")
+        return f"{head} {detail}" + (f"; {log.network}" if log.network else "")
     if log.constraint:
         return "fits, but " + sorted(set(log.constraint), key=log.constraint.index)[0]
     return "fits, ranked below the shown rows"
@@ -318,14 +319,12 @@ def _zero3_at(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: 
 
 def _nodes_needed(req: PlanRequest, inst: Instance, model, catalog: Catalog) -> int | None:
     limit = catalog.gpu_of(inst).memory_gib * (1 - req.memory_margin)
-    nodes = 1
-    while nodes <= 1024:
+    for nodes in [*range(1, 65), 96, 128, 192, 256, 384, 512, 768, 1024]:
         s = _zero3_at(req, inst, model, catalog, nodes)
         if s is None:
             return None
         if estimate_memory(s).peak / GiB <= limit:
             return nodes
-        nodes *= 2
     return None
 
 
@@ -381,7 +380,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             continue
         gpu = catalog.gpu_of(inst)
         if req.min_gpu_mem_gib and gpu.memory_gib < req.min_gpu_mem_gib:
-            excluded.append(Exclusion(instance=inst.name, reason=f"{gpu.memory_gib:g} GiB per GPU < --min-gpu-mem {req.min_gpu_mem_gib:g}"))
+            reason = f"{gpu.memory_gib:g} GiB per GPU < --min-gpu-mem {req.min_gpu_mem_gib:g}"
+            excluded.append(Exclusion(instance=inst.name, reason=reason))
             continue
         found, log, n = _evaluate_instance(req, catalog, inst, model, seq_len, gb)
         searched += n

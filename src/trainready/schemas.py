@@ -1,0 +1,51 @@
+"""JSON Schemas of everything trainready writes, generated from the pydantic models.
+
+`python -m trainready.schemas DIR` writes them; docs/schemas/ holds the committed copies and
+a test fails when the code and the committed schemas disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from trainready.catalog.schema import GpuList, InstanceList
+from trainready.plan.estimate import EstimateResult
+from trainready.plan.job import JobSpec
+from trainready.plan.presets import ModelList
+from trainready.plan.search import PlanResult
+
+
+class ErrorBody(BaseModel):
+    message: str
+    exit_code: int
+
+
+class ErrorOutput(BaseModel):
+    """What `--json` prints on stdout when a command fails (the message also goes to stderr)."""
+
+    schema_version: int = 1
+    error: ErrorBody
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "estimate": EstimateResult, "plan": PlanResult, "job": JobSpec, "catalog-gpus": GpuList,
+    "catalog-instances": InstanceList, "catalog-models": ModelList, "error": ErrorOutput,
+}
+
+
+def render(name: str) -> str:
+    return json.dumps(SCHEMAS[name].model_json_schema(mode="serialization"), indent=2, sort_keys=True) + "\n"
+
+
+def write(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in SCHEMAS:
+        (directory / f"{name}.schema.json").write_text(render(name))
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas"))

@@ -1,0 +1,67 @@
+"""`plan`: search, ranking, exclusions with reasons, constraints, recipe."""
+
+import pytest
+
+from trainready.errors import UsageError
+from trainready.plan.job import JobSpec
+from trainready.plan.search import PlanRequest, plan
+
+
+def run(catalog, **kw):
+    job_kw = {k: kw.pop(k) for k in list(kw) if k in JobSpec.model_fields}
+    job_kw.setdefault("model", "llama-2-13b")
+    job_kw.setdefault("tokens", 2e9)
+    return plan(PlanRequest(job=JobSpec(**job_kw), **kw), catalog)
+
+
+def test_ranked_by_cost_with_reasons_and_recipe(catalog):
+    r = run(catalog)
+    assert len(r.rows) == 5
+    costs = [row.estimate.cost.total_usd for row in r.rows]
+    assert costs == sorted(costs)
+    assert r.rows[0].why.startswith("cheapest")
+    for row in r.rows:
+        assert row.estimate.memory.per_gpu_gib.peak <= row.estimate.memory.gpu_gib * 0.9 + 1e-9
+    assert r.recipe is not None and r.recipe.torchrun[0].startswith("torchrun")
+    assert r.searched > 100 and r.schema_version == 1
+    shown = {row.estimate.setup.instance for row in r.rows}
+    listed = shown | {x.instance for x in r.excluded} | {a.instance for a in r.others}
+    assert len(listed) == len(catalog.instances)  # every instance is accounted for
+
+
+def test_ranked_by_time(catalog):
+    r = run(catalog, by="time", top=3)
+    hours = [row.estimate.time.train_hours for row in r.rows]
+    assert hours == sorted(hours) and r.rows[0].why.startswith("fastest")
+
+
+def test_70b_full_on_g5_explains_why_not(catalog):
+    r = run(catalog, model="llama-2-70b", instances=["g5.48xlarge", "p4de.24xlarge"], max_nodes=1)
+    reasons = {x.instance: x.reason for x in r.excluded}
+    g5 = reasons["g5.48xlarge"]
+    assert "1.10 TB of model states" in g5 and "even with ZeRO-3, which needs >= " in g5 and "nodes over 100 Gbps" in g5
+    assert "host RAM" in g5  # offloading would need more than its 768 GiB
+
+
+def test_constraints(catalog):
+    cheap = run(catalog, top=1).rows[0].estimate.cost.total_usd
+    r = run(catalog, max_usd=cheap * 0.5)
+    assert not r.rows and any("--max-usd" in x.reason for x in r.excluded)
+    r = run(catalog, deadline_hours=3, by="time")
+    assert all(row.estimate.time.train_hours <= 3 for row in r.rows)
+    r = run(catalog, clouds=["aws"], min_gpu_mem_gib=70)
+    assert all(row.estimate.setup.instance.startswith("p") for row in r.rows)
+    assert all(row.estimate.memory.gpu_gib >= 70 for row in r.rows)
+    with pytest.raises(UsageError, match="unknown cloud"):
+        run(catalog, clouds=["oracle"])
+
+
+def test_lora_plans_fit_small_gpus(catalog):
+    r = run(catalog, model="llama-3-8b", method="qlora", instances=["g5.xlarge", "g6.12xlarge"])
+    assert r.rows and r.rows[0].estimate.setup.method == "qlora"
+
+
+def test_spot_ranking_uses_spot_prices(catalog):
+    r = run(catalog, spot=True, top=3)
+    for row in r.rows:
+        assert row.estimate.cost.pricing.model == "spot"
