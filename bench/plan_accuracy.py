@@ -229,19 +229,19 @@ def main() -> None:
             mem.append((ape(pred, row.mem_gib), row, pred, row.mem_gib))
 
     print("Throughput, tokens/s/GPU (target: median <= 8%, p90 <= 20%)")
-    print(f"  all rows        {summary([e for e, *_ in tput])}")
+    print(f"  {'all rows':30s} {summary([e for e, *_ in tput])}")
     for src in sorted({r.source for _, r, *_ in tput}):
-        print(f"  {src:16.16s}{summary([e for e, r, *_ in tput if r.source == src])}")
+        print(f"  {src:30.30s} {summary([e for e, r, *_ in tput if r.source == src])}")
     for gpu in ("a100-80gb", "h100-80gb", "h200"):
         sel = [e for e, r, *_ in tput if r.job.gpu == gpu]
-        print(f"  {gpu:16s}{summary(sel)}")
+        print(f"  {gpu:30s} {summary(sel)}")
     print(f"  for scale, 6ND at 50% MFU on the same rows: {summary(flat)}")
     print("  worst rows:")
     for e, r, p, m in sorted(tput, key=lambda x: -x[0])[: args.worst]:
         print(f"    {e:5.1f}%  pred {p:9.0f}  meas {m:9.0f}  {r.source}: {r.label}")
 
     print("\nPeak memory per GPU (target: median <= 15%)")
-    print(f"  all rows        {summary([e for e, *_ in mem])}")
+    print(f"  {'all rows':30s} {summary([e for e, *_ in mem])}")
     for e, r, p, m in sorted(mem, key=lambda x: -x[0]):
         print(f"    {e:5.1f}%  pred {p:6.2f} GiB  meas {m:6.2f} GiB ({r.mem_kind})  {r.source}: {r.label}")
 
