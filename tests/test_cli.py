@@ -112,3 +112,13 @@ def test_bad_user_catalog_names_file_line_field(tmp_path):
     bad.write_text('[[instance]]\nname = "onprem"\ncloud = "dc"\ngpu = "a100-80gb"\ngpu_count = -1\ntopology = "nvswitch"\n')
     out = cli("catalog", "instances", "--catalog", bad)
     assert out.returncode == 2 and f"{bad}:5" in out.stderr and "gpu_count" in out.stderr
+
+
+def test_planning_commands_need_no_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from trainready.cli.main import app\n"
+            "app(['estimate', '--model', 'llama-2-7b', '--gpu', 'a100-80gb', '--json'], standalone_mode=False)\n"
+            "app(['catalog', 'gpus', '--json'], standalone_mode=False)\n"
+            "app(['plan', '--model', 'llama-2-7b', '--instances', 'p4d.24xlarge', '--json'], standalone_mode=False)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.syntax import Syntax
@@ -24,7 +25,12 @@ def _usd(x: float | None) -> str:
 def _hours(h: float | None) -> str:
     if h is None:
         return "-"
-    return f"{h * 60:.0f} min" if h < 1 else (f"{h:,.1f} h" if h < 72 else f"{h / 24:,.1f} days")
+    return f"{h * 60:.0f} min" if h < 1 else (f"{h:,.1f} h" if h < 72 else f"{h / 24:,.1f} d")
+
+
+def _table(title: str) -> Table:
+    """A compact table: fits 80 columns for the commands' usual widths."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
 
 
 def _setup_line(e: EstimateResult) -> str:
@@ -41,9 +47,9 @@ def _setup_line(e: EstimateResult) -> str:
 def render_estimate(con: Console, e: EstimateResult) -> None:
     con.print(f"[bold]{e.model.name}[/] ({e.model.params / 1e9:,.2f}B parameters)")
     con.print(_setup_line(e))
-    mem = Table(title="Memory per GPU (GiB)", title_justify="left")
-    for col in ("weights", "gradients", "optimizer", "activations", "other", "peak", "GPU", "fits"):
-        mem.add_column(col, justify="right")
+    mem = _table("Memory per GPU (GiB)")
+    for col in ("weights", "grads", "optimizer", "activations", "other", "peak", "GPU", "fits"):
+        mem.add_column(col, justify="right", no_wrap=True)
     p = e.memory.per_gpu_gib
     fits = "[green]yes[/]" if e.memory.fits else "[red]NO[/]"
     mem.add_row(_f(p.weights), _f(p.gradients), _f(p.optimizer), _f(p.activations), _f(p.other),
@@ -54,18 +60,20 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
         host += f" of {e.memory.host_ram_gib:,.0f}" + ("" if e.memory.host_fits else " [red](too much)[/]")
     con.print(f"peak at {e.memory.peak_phase}; persistent states {e.memory.states_gib:,.1f} GiB; {host}")
     t = e.throughput
-    speed = Table(title="Speed", title_justify="left")
-    for col in ("tokens/s", "per GPU", "MFU", "HFU", "step", "compute", "exposed comm", "other", "bottleneck"):
-        speed.add_column(col, justify="right")
+    speed = _table("Speed")
+    for col in ("tokens/s", "per GPU", "MFU", "HFU", "step s", "compute", "comm", "other"):
+        speed.add_column(col, justify="right", no_wrap=True)
     b = t.step_breakdown_s
     speed.add_row(_f(t.tokens_per_s, ",.0f"), _f(t.tokens_per_s_per_gpu, ",.0f"), f"{t.mfu * 100:.1f}%",
-                  f"{t.hfu * 100:.1f}%", f"{t.step_time_s:,.2f} s", f"{b.compute:,.2f} s",
-                  f"{b.exposed_communication:,.2f} s", f"{b.other:,.2f} s", t.bottleneck)
+                  f"{t.hfu * 100:.1f}%", f"{t.step_time_s:,.2f}", f"{b.compute:,.2f}",
+                  f"{b.exposed_communication:,.2f}", f"{b.other:,.2f}")
     con.print(speed)
+    con.print(f"bottleneck: {t.bottleneck} (comm = exposed communication; {t.communication_s:,.2f} s "
+              f"of communication per step in all)")
     c = e.cost
-    cost = Table(title="Time and cost", title_justify="left")
-    for col in ("train time", "steps", "$/node-hour", "total", "$/1B tokens", "spot $/h", "spot total"):
-        cost.add_column(col, justify="right")
+    cost = _table("Time and cost")
+    for col in ("train time", "steps", "$/node-h", "total", "$/1B tok", "spot $/h", "spot total"):
+        cost.add_column(col, justify="right", no_wrap=True)
     flag = " [yellow](suspect)[/]" if c.pricing.suspect else ""
     cost.add_row(_hours(e.time.train_hours), _f(e.time.steps, ",d"), _usd(c.usd_per_hour) + flag,
                  _usd(c.total_usd), _usd(c.usd_per_billion_tokens), _usd(c.spot_usd_per_hour),
@@ -83,6 +91,17 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
         con.print(f"[dim]assumed: {a}[/]")
 
 
+def _how(e: EstimateResult) -> str:
+    s = e.setup
+    how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
+    if s.tp > 1 or s.pp > 1:
+        how += f", tp {s.tp} x pp {s.pp}"
+    how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
+    if s.activation_checkpointing != "none":
+        how += f", {s.activation_checkpointing} recompute"
+    return how
+
+
 def render_plan(con: Console, r: PlanResult) -> None:
     tokens = f"{r.tokens:,.0f} tokens" if r.tokens else "per 1B tokens"
     con.print(f"[bold]{r.model}[/] ({r.params / 1e9:,.2f}B), {r.method}, {tokens}, ranked by {r.ranked_by}; "
@@ -91,28 +110,23 @@ def render_plan(con: Console, r: PlanResult) -> None:
         con.print(f"[dim]{n}[/]")
     if not r.rows:
         con.print("[red]nothing fits the constraints[/]")
-    table = Table(title="Best setups", title_justify="left")
-    for col, just in (("#", "right"), ("instance", "left"), ("GPUs", "right"), ("strategy", "left"),
-                      ("micro x accum", "right"), ("ckpt", "left"), ("GiB/GPU", "right"), ("tokens/s", "right"),
-                      ("MFU", "right"), ("time", "right"), ("cost", "right"), ("spot", "right")):
-        table.add_column(col, justify=just)
+    table = _table("Best setups")
+    cost_label = "cost" if r.tokens else "$/1B tok"
+    for col in ("#", "nodes x instance", "GiB/GPU", "tok/s", "MFU", "time", cost_label, "spot"):
+        table.add_column(col, justify="left" if col == "nodes x instance" else "right", no_wrap=True)
     for row in r.rows:
         e, s = row.estimate, row.estimate.setup
-        strat = s.strategy + (f"+off:{s.offload}" if s.offload != "none" else "")
-        if s.tp > 1 or s.pp > 1:
-            strat += f" tp{s.tp} pp{s.pp}"
         cost = _usd(e.cost.total_usd if r.tokens else e.cost.usd_per_billion_tokens)
         if e.cost.pricing.suspect:
-            cost += " [yellow]?[/]"
-        table.add_row(str(row.rank), f"{s.nodes} x {s.instance}", str(s.gpus), strat,
-                      f"{s.micro_batch} x {s.grad_accum}", s.activation_checkpointing,
-                      f"{e.memory.per_gpu_gib.peak:,.1f}/{e.memory.gpu_gib:,.0f}",
+            cost += "[yellow]?[/]"
+        table.add_row(str(row.rank), f"{s.nodes} x {s.instance}",
+                      f"{e.memory.per_gpu_gib.peak:,.0f}/{e.memory.gpu_gib:,.0f}",
                       _f(e.throughput.tokens_per_s, ",.0f"), f"{e.throughput.mfu * 100:.0f}%",
                       _hours(e.time.train_hours), cost, _usd(e.cost.spot_total_usd))
     if r.rows:
         con.print(table)
         for row in r.rows:
-            con.print(f"  #{row.rank}: {row.why}")
+            con.print(f"  #{row.rank} [bold]{_how(row.estimate)}[/]: {row.why}")
     if r.others:
         con.print("[bold]Also fits[/] (best per instance, ranked lower): " + "; ".join(
             f"{a.instance} x{a.nodes} {_usd(a.total_usd) if a.total_usd else ''}".strip() for a in r.others))
@@ -133,7 +147,7 @@ def render_plan(con: Console, r: PlanResult) -> None:
 
 
 def render_gpus(con: Console, gpus: list[Gpu]) -> None:
-    t = Table(title="GPUs (dense peak TFLOP/s)", title_justify="left")
+    t = _table("GPUs (dense peak TFLOP/s)")
     for col in ("name", "GiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM GB/s", "GPU-GPU", "NVLink"):
         t.add_column(col, justify="left" if col in ("name", "GPU-GPU") else "right")
     for g in gpus:
@@ -150,7 +164,7 @@ def render_gpus(con: Console, gpus: list[Gpu]) -> None:
 
 
 def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
-    t = Table(title="Instance types", title_justify="left")
+    t = _table("Instance types")
     for col in ("cloud", "name", "GPUs", "vCPU", "RAM GiB", "NVMe", "net Gbps", "EFA", "topology",
                 "on-demand $/h", "spot $/h", "region"):
         numeric = ("vCPU", "RAM GiB", "net Gbps", "EFA", "on-demand $/h", "spot $/h")
@@ -172,7 +186,7 @@ def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
 
 
 def render_models(con: Console, models: list[ModelSpec]) -> None:
-    t = Table(title="Model presets", title_justify="left")
+    t = _table("Model presets")
     for col in ("name", "params", "layers", "hidden", "heads (kv)", "ffn", "mlp", "vocab", "tied"):
         t.add_column(col, justify="left" if col in ("name", "mlp") else "right")
     for m in models:

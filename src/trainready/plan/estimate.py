@@ -185,8 +185,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     steps = int(-(-s.tokens // s.tokens_per_step)) if s.tokens else None
     od_price, spot_price = _price(s, "on-demand"), _price(s, "spot")
     per_node = s.usd_per_hour or (od_price.usd_per_hour if od_price else None)
-    if s.spot and spot_price is not None and spot_price.usd_per_hour and not s.usd_per_hour:
-        per_node = spot_price.usd_per_hour
+    if s.spot and not s.usd_per_hour:
+        per_node = spot_price.usd_per_hour if spot_price else None
     spot_rate = spot_price.usd_per_hour if spot_price else None
     total_rate = per_node * s.nodes if per_node else None
     spot_hours = compute_h * (1 + sp.overhead) if compute_h is not None else None
@@ -214,6 +214,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     if od_price and od_price.usd_per_hour is None and not s.usd_per_hour:
         warnings.append(f"no on-demand price for {s.instance.name} in the catalog "
                         f"({od_price.note or 'unknown'}); give --usd-per-hour")
+    if s.spot and spot_price is None and s.instance is not None and not s.usd_per_hour:
+        warnings.append(f"no spot price for {s.instance.name} in the catalog: the spot cost is unknown")
     ram = s.instance.ram_gib if s.instance else None
     host_gib = mem.host_per_node / GiB
     fits = mem.peak / GiB <= limit
