@@ -1,6 +1,6 @@
 """Hypothesis properties of the memory and compute model."""
 
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from trainready.catalog import load_catalog
@@ -34,7 +34,7 @@ def _setup(model, gpu, gpus=8, **kw):
     return resolve(job, CATALOG, model=model)
 
 
-@settings(max_examples=150, deadline=None)
+
 @given(model=models, mb=st.integers(1, 16), seq=st.sampled_from([512, 1024, 2048, 4096]),
        strategy=st.sampled_from(["ddp", "zero1", "zero2", "zero3"]), **common)
 def test_memory_grows_with_micro_batch_and_sequence(model, mb, seq, strategy, gpu, ckpt, method, kernels):
@@ -49,7 +49,7 @@ def test_memory_grows_with_micro_batch_and_sequence(model, mb, seq, strategy, gp
     assert longer.peak >= base.peak
 
 
-@settings(max_examples=150, deadline=None)
+
 @given(model=models, mb=st.integers(1, 8), gpus=st.sampled_from([2, 4, 8, 16, 64]), **common)
 def test_higher_zero_stage_never_raises_memory(model, mb, gpus, gpu, ckpt, method, kernels):
     # Tensor memory (what ZeRO shards). The reported peak also adds the allocator overhead
@@ -66,7 +66,7 @@ def test_higher_zero_stage_never_raises_memory(model, mb, gpus, gpu, ckpt, metho
     assert all(b <= a + 1 for a, b in zip(peaks, peaks[1:], strict=False)), peaks
 
 
-@settings(max_examples=100, deadline=None)
+
 @given(model=models, mb=st.integers(1, 4), g1=st.sampled_from([1, 2, 4, 8, 16]), factor=st.sampled_from([2, 4, 8]),
        strategy=st.sampled_from(["ddp", "zero2", "zero3"]), **common)
 def test_more_gpus_never_lower_total_flops(model, mb, g1, factor, strategy, gpu, ckpt, method, kernels):

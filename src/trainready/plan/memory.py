@@ -167,7 +167,9 @@ def estimate_memory(s: Setup) -> MemoryResult:
         s.dp if s.strategy in ("zero2", "zero3") else 1)
     grads_at_start = grads if s.grad_accum > 1 else head_grads
     start = weights + optim + grads_at_start + saved + loss
-    unit_grads = 4 * pc.block if s.strategy == "zero3" else 0.0  # unsharded before reduce-scatter
+    # ZeRO-3: one unit's fp32 weight gradients, unsharded until reduce-scattered (a frozen
+    # LoRA base has none)
+    unit_grads = 4 * pc.block if (s.strategy == "zero3" and s.method == "full") else 0.0
     end_acts = 2 * layer + unit_grads  # one layer (re)computed + activation grads in flight
     end = weights + optim + grads + end_acts
     if start >= end:
