@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 from trainready.catalog import Price
 
 from . import reliability as rel
-from .memory import GiB, MemoryResult, estimate_memory, param_counts
+from .memory import GiB, MemoryResult, estimate_memory
 from .performance import StepResult, estimate_step
 from .setup import Setup
 from .storage import StoragePlan, storage_plan
@@ -261,6 +261,3 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                       spot_pricing=_pricing_info(spot_price) if spot_price else None),
         storage=st, assumptions=assumptions, warnings=warnings)
 
-
-def params_per_gpu(s: Setup) -> float:
-    return param_counts(s).local

@@ -66,10 +66,6 @@ class Setup:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
-    @property
-    def sharded(self) -> bool:
-        return self.strategy != "ddp"
-
     def with_(self, **changes) -> "Setup":
         return replace(self, **changes)
 
