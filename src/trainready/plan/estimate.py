@@ -139,7 +139,7 @@ class EstimateResult(BaseModel):
 def _price(s: Setup, model: str) -> Price | None:
     if s.instance is None:
         return None
-    return s.instance.price_for(model, s.region) or (s.instance.price_for(model) if s.region is None else None)
+    return s.instance.price_for(model, s.region)
 
 
 def _pricing_info(p: Price | None) -> PricingInfo:

@@ -56,7 +56,7 @@ def param_counts(s: Setup) -> ParamCounts:
     local = layers * block + embed
     if s.method == "full":
         return ParamCounts(local, block, embed, largest, local, 0.0)
-    adapters = layers * sum(s.lora_rank * (i + o) for i, o in m.linear_layer_dims()) / s.tp
+    adapters = layers * m.lora_params_per_layer(s.lora_rank) / s.tp
     linear = layers * (m.attention_params() + m.mlp_params()) / s.tp
     return ParamCounts(local, block, embed, largest, adapters, linear if s.method == "qlora" else 0.0)
 
@@ -154,7 +154,7 @@ def checkpoint_bytes(s: Setup) -> float:
     if s.method == "full":
         per = 8 if s.optimizer_dtype == "bf16" else 12
         return per * m.param_count()
-    adapters = m.num_layers * sum(s.lora_rank * (i + o) for i, o in m.linear_layer_dims())
+    adapters = m.num_layers * m.lora_params_per_layer(s.lora_rank)
     return 12 * adapters
 
 

@@ -130,3 +130,7 @@ class ModelSpec(BaseModel):
         else:
             dims += [(d, f), (f, d)]
         return dims
+
+    def lora_params_per_layer(self, rank: int) -> int:
+        """Adapter parameters of one block with rank-`rank` LoRA on every linear layer."""
+        return sum(rank * (i + o) for i, o in self.linear_layer_dims())

@@ -60,7 +60,7 @@ def model_flops_per_token(s: Setup) -> float:
     n = m.matmul_params()
     if s.method == "full":
         return 6 * n + attn
-    adapters = m.num_layers * sum(s.lora_rank * (i + o) for i, o in m.linear_layer_dims())
+    adapters = m.num_layers * m.lora_params_per_layer(s.lora_rank)
     return 4 * n + 6 * adapters + attn
 
 

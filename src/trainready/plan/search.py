@@ -184,8 +184,6 @@ def _score(req: PlanRequest, s: Setup, tps: float) -> tuple[float, float | None,
     price = req.job.usd_per_hour
     if price is None and s.instance is not None:
         p = s.instance.price_for("spot" if req.job.spot else "on-demand", req.job.region)
-        if p is None and req.job.region is None:
-            p = s.instance.price_for("spot" if req.job.spot else "on-demand")
         price = p.usd_per_hour if p else None
     tokens = req.job.tokens or 1e9
     hours = tokens / tps / 3600
