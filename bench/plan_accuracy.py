@@ -62,7 +62,7 @@ def _mpt(name: str, layers: int, d: int, heads: int, vocab: int, seq: int) -> Mo
     # llm-foundry benchmark configs: GELU 4x MLP, LayerNorm and linear biases, learned
     # positions sized to the sequence, tied embeddings (this reproduces their NumParams).
     return ModelSpec(name=name, family="mpt", vocab_size=vocab, hidden_size=d, num_layers=layers,
-                     num_heads=heads, num_kv_heads=heads, ffn_hidden_size=4 * d, mlp="gelu", activation="gelu",
+                     num_heads=heads, num_kv_heads=heads, ffn_hidden_size=4 * d, mlp="gelu",
                      norm="layernorm", position="learned", max_seq_len=seq, tied_embeddings=True,
                      qkv_bias=True, out_bias=True, mlp_bias=True)
 
@@ -177,8 +177,7 @@ def megatron_rows(ref: Path) -> list[tuple[str, JobSpec, ModelSpec, float, float
                 continue
             L, h, a, s, V = int(r["layers"]), int(r["hidden"]), int(r["heads"]), int(r["seq_len"]), int(r["vocab"])
             model = ModelSpec(name=r["model"], family="gpt", vocab_size=V, hidden_size=h, num_layers=L,
-                              num_heads=a, num_kv_heads=a, ffn_hidden_size=4 * h, mlp="gelu", activation="gelu",
-                              norm="layernorm",
+                              num_heads=a, num_kv_heads=a, ffn_hidden_size=4 * h, mlp="gelu", norm="layernorm",
                               position="learned", max_seq_len=s, tied_embeddings=True, qkv_bias=True,
                               out_bias=True, mlp_bias=True)
             tp, pp, dp = int(r["tp"]), int(r["pp"]), int(r["dp"])

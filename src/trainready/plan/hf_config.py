@@ -102,7 +102,6 @@ def _mpt(c: _Config) -> dict:
     ffn = ffn_cfg.get("ffn_hidden_size") or int(c.need("expansion_ratio") * d)
     return dict(family="mpt", vocab_size=c.need("vocab_size"), hidden_size=d, num_layers=c.need("n_layers"),
                 num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, mlp=mlp,
-                activation="silu" if mlp == "swiglu" else "gelu",
                 norm="layernorm-nobias" if no_bias else "layernorm",
                 position="learned" if learned else ("alibi" if alibi else "rope"),
                 max_seq_len=c.need("max_seq_len"), tied_embeddings=c.get("tie_word_embeddings", True),
@@ -122,7 +121,7 @@ def _falcon(c: _Config) -> dict:
     bias = bool(c.get("bias", False))
     return dict(family="falcon", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("num_hidden_layers", "n_layer"), num_heads=heads, num_kv_heads=kv,
-                ffn_hidden_size=c.get("ffn_hidden_size", 4 * d), mlp="gelu", activation="gelu",
+                ffn_hidden_size=c.get("ffn_hidden_size", 4 * d), mlp="gelu",
                 norm="layernorm", norms_per_layer=norms, position="alibi" if c.get("alibi", False) else "rope",
                 tied_embeddings=c.get("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias,
                 mlp_bias=bias, max_seq_len=c.get("max_position_embeddings", None))
@@ -150,7 +149,7 @@ def _bloom(c: _Config) -> dict:
     heads = c.need("n_head", "num_attention_heads")
     return dict(family="bloom", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("n_layer", "num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
-                ffn_hidden_size=4 * d, mlp="gelu", activation="gelu", norm="layernorm", position="alibi",
+                ffn_hidden_size=4 * d, mlp="gelu", norm="layernorm", position="alibi",
                 tied_embeddings=True, qkv_bias=True, out_bias=True, mlp_bias=True,
                 extra_params=2 * d)  # word_embeddings_layernorm
 

@@ -44,15 +44,11 @@ def param_counts(s: Setup) -> ParamCounts:
     m = s.model
     layers = m.num_layers // s.pp
     block = m.block_params() / s.tp
-    if s.pp == 1:
-        embed = m.embedding_params() + (m.hidden_size if m.final_norm else 0)
-    else:  # first stage holds the input embedding, last the head; count the larger
-        e = m.embedding_dim or m.hidden_size
-        inp = m.vocab_size * e + (m.max_seq_len or 0) * m.hidden_size * (m.position == "learned")
-        embed = max(inp, m.vocab_size * e)
-    embed /= s.tp
+    # the input embedding (+ learned positions) is at least as large as the head: with
+    # pipeline stages it is the worst stage's share, and it is ZeRO-3's largest single unit
     e = m.embedding_dim or m.hidden_size
     largest = (m.vocab_size * e + (m.max_seq_len or 0) * m.hidden_size * (m.position == "learned")) / s.tp
+    embed = (m.embedding_params() + (m.hidden_size if m.final_norm else 0)) / s.tp if s.pp == 1 else largest
     local = layers * block + embed
     if s.method == "full":
         return ParamCounts(local, block, embed, largest, local, 0.0)

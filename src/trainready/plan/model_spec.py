@@ -23,9 +23,10 @@ class ModelSpec(BaseModel):
     head_dim: int | None = Field(None, gt=0, description="default hidden_size / num_heads")
     ffn_hidden_size: int = Field(gt=0, description="MLP intermediate size (per projection for SwiGLU)")
     mlp: Literal["swiglu", "gelu"] = "swiglu"
-    activation: Literal["silu", "gelu", "gelu_tanh_composed", "relu"] = "silu"
-    """gelu_tanh_composed: the tanh GELU written as ~8 elementwise ops (Hugging Face
-    `gelu_new`, GPT-2): in eager mode each op is a kernel and several save tensors."""
+    activation: Literal["silu", "gelu", "gelu_tanh_composed", "relu"] | None = None
+    """None: the MLP's usual one (silu for SwiGLU, gelu otherwise). gelu_tanh_composed: the
+    tanh GELU written as ~8 elementwise ops (Hugging Face `gelu_new`, GPT-2): in eager mode
+    each op is a kernel and several save tensors."""
     norm: Literal["rmsnorm", "layernorm", "layernorm-nobias"] = "rmsnorm"
     norms_per_layer: int = Field(2, ge=1, le=2)
     qkv_bias: bool = False
@@ -48,7 +49,7 @@ class ModelSpec(BaseModel):
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; give head_dim")
-        if (self.mlp == "swiglu") != (self.activation == "silu"):
+        if self.activation is not None and (self.mlp == "swiglu") != (self.activation == "silu"):
             raise ValueError("SwiGLU MLPs use silu; GELU-style MLPs use gelu, gelu_tanh_composed or relu")
         if self.position == "learned" and self.max_seq_len is None:
             raise ValueError("learned positions need max_seq_len")

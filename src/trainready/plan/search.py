@@ -136,6 +136,11 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int]]:
     return [(t, p) for t in tps for p in pps if (nodes * s.gpus_per_node) % (t * p) == 0]
 
 
+def _limit_gib(req: PlanRequest, gpu) -> float:
+    """GPU memory a setup may use: the card less the safety margin."""
+    return gpu.memory_gib * (1 - req.memory_margin)
+
+
 def _fits(s: Setup, limit_gib: float) -> tuple[bool, object]:
     mem = estimate_memory(s)
     return mem.peak / GiB <= limit_gib, mem
@@ -200,7 +205,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
     if base is None:
         log.batch = f"--precision {req.job.precision} is not supported on {inst.gpu}"
         return [], log, 0
-    limit = base.gpu.memory_gib * (1 - req.memory_margin)
+    limit = _limit_gib(req, base.gpu)
     results: list[_Best] = []
     searched = 0
     for nodes in NODE_COUNTS:
@@ -292,7 +297,7 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
         else:
             head = (f"{req.job.method} of {model.param_count() / 1e9:.0f}B does not fit "
                     f"{inst.gpu_count}x{gpu.memory_gib:g} GiB {within}")
-        if log.host and log.smallest_peak_gib <= gpu.memory_gib * (1 - req.memory_margin):
+        if log.host and log.smallest_peak_gib <= _limit_gib(req, gpu):
             detail = f"even with ZeRO-3{tail}; {log.host}"
         else:
             detail = (f"(least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
@@ -316,7 +321,7 @@ def _zero3_at(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: 
 
 
 def _nodes_needed(req: PlanRequest, inst: Instance, model, catalog: Catalog) -> int | None:
-    limit = catalog.gpu_of(inst).memory_gib * (1 - req.memory_margin)
+    limit = _limit_gib(req, catalog.gpu_of(inst))
     for nodes in [*range(1, 65), 96, 128, 192, 256, 384, 512, 768, 1024]:
         s = _zero3_at(req, inst, model, catalog, nodes)
         if s is None:
