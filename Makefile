@@ -33,9 +33,10 @@ demo: $(VENV)/.base
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest -q
 
-bench: $(VENV)/.base
+bench: $(VENV)/.dev
 	$(BIN)/python bench/plan_accuracy.py
 	$(BIN)/python bench/plan_speed.py
+	$(BIN)/python bench/ckpt_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis demo-job.toml

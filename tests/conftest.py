@@ -15,3 +15,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def catalog():
     return load_catalog()
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """moto's standalone S3 server on 127.0.0.1, for the whole session."""
+    from s3server import MotoServer
+
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto, monkeypatch, request):
+    """A fresh bucket on the local S3 server; AWS variables point every client at it."""
+    import re
+
+    import boto3
+
+    for key, value in {"AWS_ENDPOINT_URL_S3": moto.url, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") or "bucket"
+    boto3.client("s3", endpoint_url=moto.url).create_bucket(Bucket=name)
+    return name

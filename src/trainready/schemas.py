@@ -17,6 +17,8 @@ from trainready.plan.estimate import EstimateResult
 from trainready.plan.job import JobSpec
 from trainready.plan.presets import ModelList
 from trainready.plan.search import PlanResult
+from trainready.store.inspect import CheckpointListing, PruneResult, PullResult, VerifyReport
+from trainready.store.manifest import Lease, Manifest
 
 
 class ErrorBody(BaseModel):
@@ -34,6 +36,8 @@ class ErrorOutput(BaseModel):
 SCHEMAS: dict[str, type[BaseModel]] = {
     "estimate": EstimateResult, "plan": PlanResult, "job": JobSpec, "catalog-gpus": GpuList,
     "catalog-instances": InstanceList, "catalog-models": ModelList, "error": ErrorOutput,
+    "ckpt-ls": CheckpointListing, "ckpt-verify": VerifyReport, "ckpt-pull": PullResult, "ckpt-prune": PruneResult,
+    "ckpt-manifest": Manifest, "ckpt-lease": Lease,
 }
 
 

@@ -1,6 +1,7 @@
 """The `trainready` command. Exit codes (every command): 0 success; 1 the command ran but its
-answer is negative (plan: nothing fits the constraints); 2 usage error (bad option, unknown
-name, impossible setup, unreadable file); 3 internal error (a bug: please report it)."""
+answer is negative (plan: nothing fits the constraints; ckpt: a checkpoint is damaged); 2 usage
+error (bad option, unknown name, impossible setup, unreadable file or location); 3 internal
+error (a bug: please report it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import typer
 from trainready import __version__
 from trainready.errors import TrainreadyError
 
-from . import catalog_cmd, estimate_cmd, plan_cmd
+from . import catalog_cmd, ckpt_cmd, estimate_cmd, plan_cmd
 from .console import error
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(catalog_cmd.app, name="catalog")
+app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("estimate", help=estimate_cmd.HELP)(estimate_cmd.estimate)
 app.command("plan", help=plan_cmd.HELP)(plan_cmd.plan)
 

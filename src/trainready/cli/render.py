@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
 from rich import box
 from rich.console import Console
 from rich.panel import Panel
@@ -12,6 +15,9 @@ from trainready.catalog import Catalog, Gpu, Instance
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.search import PlanResult
+
+if TYPE_CHECKING:  # the store loads only for `ckpt`
+    from trainready.store.inspect import CheckpointListing, PruneResult, PullResult, VerifyReport
 
 
 def _f(x: float | None, fmt: str = ",.1f", none: str = "-") -> str:
@@ -194,3 +200,84 @@ def render_models(con: Console, models: list[ModelSpec]) -> None:
                   f"{m.num_heads} ({m.num_kv_heads})", str(m.ffn_hidden_size), m.mlp, str(m.vocab_size),
                   "yes" if m.tied_embeddings else "no")
     con.print(t)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return "-"  # unreachable
+
+
+def _age(unix: float | None, now: float | None = None) -> str:
+    if unix is None:
+        return "-"
+    s = max((now or time.time()) - unix, 0.0)
+    return f"{s:.0f} s" if s < 90 else (f"{s / 60:.0f} min" if s < 5400 else _hours(s / 3600))
+
+
+def render_ckpt_list(con: Console, listing: CheckpointListing) -> None:
+    items = listing.checkpoints
+    if not items:
+        con.print(f"no checkpoints in {listing.url}")
+        return
+    t = _table(f"Checkpoints in {listing.url} ({items[0].tier})")  # one tier per location: said once
+    for col in ("step", "gen", "commit", "check", "size", "files", "world", "age", "run"):
+        t.add_column(col, justify="right" if col in ("step", "gen", "size", "files", "world", "age") else "left",
+                     no_wrap=col != "run")
+    for c in items:
+        committed = "[green]yes[/]" if c.committed else "[yellow]no[/]"
+        verified = "-" if c.verified is None else ("[green]ok[/]" if c.verified else "[red]FAILED[/]")
+        world = "-" if c.world_size is None else str(c.world_size) + (f" (node {c.node})" if c.node is not None else "")
+        t.add_row(f"{c.step:,}", str(c.generation), committed, verified, _size(c.size_bytes), str(c.files),
+                  world, _age(c.created_unix), c.run_id or "-")
+    con.print(t)
+    for c in items:
+        if c.problem:
+            con.print(f"  {c.name}: " + (c.problem if not c.committed else f"[red]{c.problem}[/]"))
+    done = [c for c in items if c.committed]
+    line = f"{len(done)} committed ({_size(sum(c.size_bytes for c in done))})"
+    if len(done) < len(items):
+        line += f", {len(items) - len(done)} not committed (being written, or debris from an interrupted save)"
+    bad = [c for c in done if c.verified is False]
+    if bad:
+        line += f"; [red]{len(bad)} failed the size check[/] (details: trainready ckpt verify)"
+    con.print(line)
+
+
+def render_ckpt_verify(con: Console, report: VerifyReport) -> None:
+    how = "sizes and SHA-256 checksums" if report.checksums else "sizes only"
+    if not report.checkpoints:
+        con.print(f"[red]{report.problem}[/]")
+        return
+    t = _table(f"Verified in {report.url} ({how})")
+    for col in ("name", "files", "size", "result"):
+        t.add_column(col, justify="right" if col in ("files", "size") else "left", no_wrap=True)
+    for c in report.checkpoints:
+        t.add_row(c.name, str(c.files), _size(c.size_bytes), "[green]ok[/]" if c.ok else f"[red]{len(c.problems)} problem(s)[/]")
+    con.print(t)
+    for c in report.checkpoints:
+        for p in c.problems:
+            con.print(f"[red]{c.name}[/]: {p}")
+    bad = sum(not c.ok for c in report.checkpoints)
+    con.print(f"[green]all {len(report.checkpoints)} intact[/]" if not bad
+              else f"[red]{bad} of {len(report.checkpoints)} damaged[/]")
+
+
+def render_ckpt_pull(con: Console, r: PullResult) -> None:
+    con.print(f"pulled {r.name} ({r.files} files, {_size(r.size_bytes)}, every checksum matched) from {r.url} "
+              f"to {r.path} in {r.seconds:,.1f} s")
+
+
+def render_ckpt_prune(con: Console, r: PruneResult) -> None:
+    verb = "would delete" if r.dry_run else "deleted"
+    con.print(f"{verb} {len(r.deleted)}: " + (", ".join(r.deleted) or "nothing"))
+    con.print(f"kept {len(r.kept)}: " + (", ".join(r.kept) or "nothing"))
+    for name in r.broken:
+        con.print(f"[yellow]warning:[/] {name} is committed but fails the size check: kept, not counted toward "
+                  f"--keep {r.keep} (trainready ckpt verify {r.url} for details)")
+    if r.dry_run:
+        con.print("[dim]dry run: nothing was deleted[/]")

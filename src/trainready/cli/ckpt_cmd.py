@@ -1,0 +1,87 @@
+"""`trainready ckpt ls|verify|pull|prune`: checkpoints seen from outside a job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import options as o
+from .console import emit_json, out
+from .render import render_ckpt_list, render_ckpt_prune, render_ckpt_pull, render_ckpt_verify
+
+WHERE = ("URL is a local directory (a node's hot tier, or a local archive) or an fsspec URL such as "
+         "s3://bucket/prefix (AWS_ENDPOINT_URL_S3 for other S3 endpoints) or file:///path.")
+CODES = ("Exit codes: 0 ok; 1 a checkpoint is damaged (verify, ls --verify, pull); 2 usage error (bad option, "
+         "no such step (with the nearest steps), location missing or unreadable, pull target exists); "
+         "3 internal error.")
+
+app = typer.Typer(no_args_is_help=True, help=f"List, verify, copy and prune checkpoints. {WHERE}\n\n{CODES}")
+
+Url = Annotated[str, typer.Argument(metavar="URL", help="Local directory or fsspec URL (s3://bucket/prefix).", show_default=False)]
+
+
+@app.command("ls", short_help="Every checkpoint, committed or not, with size, age and run.", help=f"Every checkpoint directory, committed or not, oldest first. {WHERE}\n\n{CODES}")
+def ls(url: Url,
+       verify: Annotated[bool, typer.Option("--verify", help="Check every file's size against the manifest (no data read); exit 1 if one is off.")] = False,
+       json_out: o.Json = False) -> None:
+    from trainready.store.inspect import list_checkpoints
+
+    listing = list_checkpoints(url, verify=verify)
+    if json_out:
+        emit_json(listing)
+    else:
+        render_ckpt_list(out, listing)
+    if any(c.verified is False for c in listing.checkpoints):
+        raise typer.Exit(1)
+
+
+@app.command("verify", short_help="Check files against the manifest: sizes and SHA-256.", help="Check committed checkpoints (all, or those at --step): every file present, with its "
+             f"size and SHA-256 as the manifest says. {WHERE}\n\n{CODES}")
+def verify(url: Url,
+           step: Annotated[Optional[int], typer.Option("--step", min=0, help="Only the checkpoint(s) at this step. [default: every committed one]")] = None,
+           checksums: Annotated[bool, typer.Option("--checksums/--no-checksums", help="Read every file and compare its SHA-256 (--no-checksums: sizes only, fast).")] = True,
+           json_out: o.Json = False) -> None:
+    from trainready.store.inspect import verify_checkpoints
+
+    report = verify_checkpoints(url, step=step, checksums=checksums)
+    if json_out:
+        emit_json(report)
+    else:
+        render_ckpt_verify(out, report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("pull", short_help="Copy one checkpoint to a local directory, checksummed and atomic.", help="Copy the committed checkpoint at --step (its newest generation) to TO/<name>: every "
+             "file checked against its SHA-256, the manifest written last, then an atomic rename; an existing "
+             f"target is never overwritten. {WHERE}\n\n{CODES}")
+def pull(url: Url,
+         step: Annotated[int, typer.Option("--step", min=0, help="Step to copy.", show_default=False)],
+         to: Annotated[Path, typer.Option("--to", help="Directory to copy into (created if missing).", show_default=False)],
+         json_out: o.Json = False) -> None:
+    from trainready.store.inspect import pull as run_pull
+
+    result = run_pull(url, step, to)
+    if json_out:
+        emit_json(result)
+    else:
+        render_ckpt_pull(out, result)
+
+
+@app.command("prune", short_help="Delete old checkpoints and debris, keeping the newest --keep.", help="Delete all but the newest --keep committed checkpoints, plus uncommitted debris older "
+             "than the newest committed one (a newer one may still be being written). The newest committed "
+             "checkpoint is never deleted; only checkpoints that pass the size check count toward --keep, and "
+             f"those that fail it are left alone. {WHERE}\n\n{CODES}")
+def prune(url: Url,
+          keep: Annotated[int, typer.Option("--keep", min=1, help="Committed checkpoints to keep.", show_default=False)],
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")] = False,
+          json_out: o.Json = False) -> None:
+    from trainready.store.inspect import prune as run_prune
+
+    result = run_prune(url, keep, dry_run=dry_run)
+    if json_out:
+        emit_json(result)
+    else:
+        render_ckpt_prune(out, result)
