@@ -21,9 +21,9 @@ $(VENV)/.base: pyproject.toml | $(BIN)/python
 	touch $@
 
 # Tests and later subsystems: pinned torch plus the dev tools.
-$(VENV)/.dev: pyproject.toml $(VENV)/.base
+$(VENV)/.dev: pyproject.toml constraints-dev.txt $(VENV)/.base
 	$(BIN)/pip install -q $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -c constraints-dev.txt -e ".[dev]"
 	touch $@
 
 demo: $(VENV)/.base
