@@ -140,6 +140,8 @@ def main() -> int:
                        "final_step": args.steps, "digest": final_digest, "position": position.index,
                        "generation": mgr.generation}, handle)
     if world > 1:
+        del mgr, state, optimizer  # nothing holding tensors of pending gloo work at exit
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 

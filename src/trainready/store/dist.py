@@ -44,6 +44,11 @@ class DistContext:
     def nodes(self) -> int:
         return len(set(self.node_of_rank))
 
+    def release(self) -> None:
+        if self.group is not None and dist.is_initialized():
+            dist.destroy_process_group(self.group)
+        self.group = None
+
     def barrier(self) -> None:
         if self.group is not None:
             dist.barrier(group=self.group)

@@ -177,6 +177,7 @@ class CheckpointManager:
         """Checkpoint `state` as of `step`. Returns once the state is staged (async) or committed
         on the hot tier (sync); False when skipped (this step already saved, or busy with when_busy='skip')."""
         self._raise_background_errors()
+        self._check_open()
         if not isinstance(step, int) or step < 0:
             raise BadStateError(f"step must be a non-negative int, got {step!r}")
         if step in self._saved:
@@ -235,6 +236,10 @@ class CheckpointManager:
         if self._chore is not None:
             self._chore.result()
             self._chore = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("this CheckpointManager is closed; create a new one")
 
     def _raise_background_errors(self) -> None:
         if self._replicator is not None and self._replicator.status.fatal is not None:
@@ -299,6 +304,7 @@ class CheckpointManager:
     def restore_details(self, state: dict[str, Any], *, step: int | None = None) -> RestoreResult | None:
         from .restore import restore_newest
 
+        self._check_open()
         self.wait_for_saves()
         result = restore_newest(self, state, step)
         if result is not None:
@@ -343,6 +349,7 @@ class CheckpointManager:
                     pool.shutdown(wait=True)
             if self._replicator is not None:
                 self._replicator.stop()
+            self.ctx.release()  # our gloo group, so no pending work outlives the interpreter
 
     def _at_exit(self) -> None:
         """Never exit silently with a save unwritten or an error unreported (close() was not called)."""
