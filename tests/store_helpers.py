@@ -30,7 +30,7 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_job(args: list[str], *, nodes: int = 1, per_node: int = 1, env: dict[str, str] | None = None,
-            rank_env: dict[int, dict[str, str]] | None = None, timeout: float = 120) -> list[int]:
+            rank_env: dict[int, dict[str, str]] | None = None, timeout: float = 120, grace: float = 0.5) -> list[int]:
     """Run the worker on nodes x per_node ranks; returns every rank's exit code."""
     world = nodes * per_node
     port = free_port()
@@ -48,7 +48,9 @@ def run_job(args: list[str], *, nodes: int = 1, per_node: int = 1, env: dict[str
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs):
         if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
-            time.sleep(0.5)
+            stop = time.monotonic() + grace  # the others may still be exiting on their own
+            while any(p.poll() is None for p in procs) and time.monotonic() < stop:
+                time.sleep(0.05)
             for other in procs:
                 if other.poll() is None:
                     other.kill()

@@ -127,9 +127,11 @@ def test_disk_full_is_a_clear_error_and_keeps_committed_checkpoints(tmp_path, mo
             mgr.save(2, {"model": {"w": torch.full((4,), 2.0)}})
     monkeypatch.delenv("TRAINREADY_FAULT")
     loaded = {"model": {"w": torch.zeros(4)}}
-    with CheckpointManager(tmp_path / "hot") as mgr:
+    with CheckpointManager(tmp_path / "hot", async_save=False) as mgr:
         assert mgr.restore(loaded) == 1
-    assert torch.equal(loaded["model"]["w"], torch.ones(4))
+        assert torch.equal(loaded["model"]["w"], torch.ones(4))
+        assert mgr.save(2, {"model": {"w": torch.full((4,), 2.0)}}) is True  # space freed: saving works again
+        assert mgr.restore(loaded) == 2
     assert not [p for p in os.listdir(tmp_path / "hot") if p.startswith(".tmp-")]  # cleaned at start
 
 

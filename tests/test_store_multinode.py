@@ -55,3 +55,14 @@ def test_fsdp2_sharded_state_round_trips_and_reshards_to_one_process(tmp_path):
                     "--out", str(tmp_path / "b.json")]) == [0]
     b = result(tmp_path / "b.json")
     assert (b["restored"], b["tier"]) == (4, "archive") and b["digest"] == job.reference_digest(5)
+
+
+def test_disk_full_on_one_rank_fails_every_rank_cleanly_instead_of_hanging(tmp_path):
+    args = ["--hot", str(tmp_path / "hot"), "--sync", "--steps", "3"]
+    codes = run_job(args, per_node=2, rank_env={1: {"TRAINREADY_FAULT": "hot.data_written:enospc#2"}}, timeout=60,
+                    grace=15)
+    assert codes == [1, 1]  # both ranks raised StorageFullError; neither hung in a collective
+    from trainready.store.manifest import checkpoint_name
+
+    assert (tmp_path / "hot" / checkpoint_name(1, 1) / "manifest.json").exists()
+    assert not (tmp_path / "hot" / checkpoint_name(2, 1)).exists()

@@ -190,7 +190,11 @@ class CheckpointManager:
         snap = take_snapshot(step, state, {**self.metadata, **(metadata or {})}, self._stager)
         self._saved.add(step)
         if self._executor is None or self._preempting():
-            self._commit(snap)
+            try:
+                self._commit(snap)
+            except BaseException:
+                self._saved.discard(step)  # not committed: saving this step again must work
+                raise
         else:
             self._inflight = self._executor.submit(self._commit_in_background, snap)
         if self._preempting():
@@ -227,6 +231,7 @@ class CheckpointManager:
         try:
             self._commit(snap)
         except BaseException as exc:
+            self._saved.discard(snap.step)
             self._errors.append(exc)
 
     def _await_inflight(self) -> None:

@@ -78,8 +78,10 @@ def restore_newest(mgr: CheckpointManager, state: dict[str, Any], step: int | No
         if not problems:
             try:
                 notes = load_into(state, mgr.hot.path(name), ctx)
-            except Exception as exc:  # a checkpoint that cannot be loaded is skipped, like a corrupt one
-                notes, problem = [], redact(f"{type(exc).__name__}: {exc}")
+            except BaseException as exc:  # one that cannot be loaded is skipped, like a corrupt one
+                if not isinstance(exc, Exception) and type(exc).__name__ != "CheckpointException":
+                    raise  # KeyboardInterrupt, SystemExit (DCP's CheckpointException is a BaseException)
+                notes, problem = [], redact(f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             problems = [p for p in ctx.all_gather(problem) if p]
             if not problems:
                 for note in notes:

@@ -19,7 +19,7 @@ from trainready import __version__
 from . import codec
 from .dcp_io import TENSOR_INDEX, save_tensors
 from .dist import DistContext
-from .errors import BadStateError
+from .errors import BadStateError, CheckpointError, StorageFullError
 from .faults import fault_point
 from .manifest import FileEntry, Manifest, checkpoint_name, sha256_file
 from .tiers import HotTier, as_store_error, fsync_dir, write_durable
@@ -129,10 +129,15 @@ def write_hot(snap: Snapshot, hot: HotTier, ctx: DistContext, run_id: str, gener
     ctx.barrier()
     try:
         tmp.mkdir(parents=True, exist_ok=True)
+        # DCP: a failure on any rank is raised on every rank
         written = save_tensors(snap.tensors, tmp, ctx.group, ctx.node_of_rank if ctx.nodes > 1 else None)
-        mine = dict(written.files)
-        shared = ctx.broadcast(json.dumps(snap.skeleton, allow_nan=False).encode())
-        node_index = ctx.broadcast(written.node_index)
+    except BaseException as exc:
+        raise store_error(exc, hot.root) from None
+    mine = dict(written.files)
+    shared = ctx.broadcast(json.dumps(snap.skeleton, allow_nan=False).encode())
+    node_index = ctx.broadcast(written.node_index)
+    error: CheckpointError | None = None
+    try:
         if ctx.node_leader:
             mine.update(_write_file(tmp, STATE_JSON, shared))
             if ctx.node != 0:
@@ -144,15 +149,48 @@ def write_hot(snap: Snapshot, hot: HotTier, ctx: DistContext, run_id: str, gener
         if ctx.node_leader:
             fsync_dir(tmp)
     except OSError as exc:
-        raise as_store_error(exc, hot.root) from exc
-    gathered = ctx.all_gather((ctx.node, mine))   # every rank's files are durable past this point
-    manifest = ctx.broadcast(_manifest(snap, gathered, ctx, run_id, generation))
+        error = as_store_error(exc, hot.root)
+    # every rank's files are durable past this point (or every rank learns which one failed)
+    gathered = ctx.all_gather((ctx.node, mine, _describe(error)))
+    _raise_first(error, [g[2] for g in gathered])
+    manifest = ctx.broadcast(_manifest(snap, [(n, f) for n, f, _ in gathered], ctx, run_id, generation))
     if ctx.node_leader:
-        check_fence()
-        hot.commit(tmp, name, manifest)
-    ctx.barrier()
+        try:
+            check_fence()
+            hot.commit(tmp, name, manifest)
+        except CheckpointError as exc:
+            error = exc
+    _raise_first(error, ctx.all_gather(_describe(error)))
     fault_point("hot.committed")
     return manifest
+
+
+def _describe(error: CheckpointError | None) -> tuple[str, str] | None:
+    return (type(error).__name__, str(error)) if error is not None else None
+
+
+def _raise_first(mine: CheckpointError | None, everyone: list[tuple[str, str] | None]) -> None:
+    """Raise on every rank if any rank failed: our own error, else the first rank's."""
+    if mine is not None:
+        raise mine
+    for described in everyone:
+        if described is not None:
+            kind, message = described
+            raise (StorageFullError if kind == "StorageFullError" else CheckpointError)(f"another rank: {message}")
+
+
+def store_error(exc: BaseException, where: Any) -> BaseException:
+    """Our error for a failed DCP write: ENOSPC anywhere becomes StorageFullError."""
+    if isinstance(exc, CheckpointError):
+        return exc
+    if isinstance(exc, OSError):
+        return as_store_error(exc, where)
+    for cause, _trace in getattr(exc, "failures", {}).values():  # DCP's CheckpointException
+        if isinstance(cause, OSError):
+            return as_store_error(cause, where)
+    if not isinstance(exc, Exception) and type(exc).__name__ != "CheckpointException":
+        return exc  # KeyboardInterrupt, SystemExit: not ours to rename
+    return CheckpointError(f"writing tensors failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
 
 
 def _write_file(directory: Any, name: str, data: bytes) -> dict[str, tuple[str, int]]:
