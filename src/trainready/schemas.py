@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from trainready.catalog.schema import GpuList, InstanceList
+from trainready.check.bundle import BundleManifest
+from trainready.check.findings import CheckReport
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.job import JobSpec
 from trainready.plan.presets import ModelList
@@ -37,7 +39,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "estimate": EstimateResult, "plan": PlanResult, "job": JobSpec, "catalog-gpus": GpuList,
     "catalog-instances": InstanceList, "catalog-models": ModelList, "error": ErrorOutput,
     "ckpt-ls": CheckpointListing, "ckpt-verify": VerifyReport, "ckpt-pull": PullResult, "ckpt-prune": PruneResult,
-    "ckpt-manifest": Manifest, "ckpt-lease": Lease,
+    "ckpt-manifest": Manifest, "ckpt-lease": Lease, "check": CheckReport, "check-bundle": BundleManifest,
 }
 
 

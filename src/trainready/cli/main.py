@@ -13,7 +13,7 @@ import typer
 from trainready import __version__
 from trainready.errors import TrainreadyError
 
-from . import catalog_cmd, ckpt_cmd, estimate_cmd, plan_cmd
+from . import catalog_cmd, check_cmd, ckpt_cmd, estimate_cmd, plan_cmd
 from .console import error
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(catalog_cmd.app, name="catalog")
+app.add_typer(check_cmd.app, name="check")
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("estimate", help=estimate_cmd.HELP)(estimate_cmd.estimate)
 app.command("plan", help=plan_cmd.HELP)(plan_cmd.plan)

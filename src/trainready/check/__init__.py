@@ -1,0 +1,1 @@
+"""GPU-node readiness checks."""

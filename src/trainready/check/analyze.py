@@ -1,0 +1,44 @@
+"""From a bundle (live or on disk) to a report: work out the instance, build the context, run
+every check. Pure apart from reading the catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainready.catalog import load_catalog
+from trainready.errors import UnknownNameError
+
+from .bundle import Bundle
+from .context import Context, JobNeeds
+from .findings import CheckReport
+from .registry import run_checks
+
+
+def job_needs(job_path: Path) -> JobNeeds:
+    """What a planned job (plan --save) needs from one node: host RAM and checkpoint space."""
+    from trainready.plan.estimate import estimate_setup
+    from trainready.plan.job import load_job
+    from trainready.plan.setup import resolve
+
+    job = load_job(job_path)
+    result = estimate_setup(resolve(job, load_catalog()))
+    return JobNeeds(host_ram_gib=result.memory.host_gib, checkpoint_gib=result.storage.checkpoint_gb_per_node * 1e9 / 1024**3,
+                    description=f"{job_path.name}: {result.model.name}, {result.setup.strategy}")
+
+
+def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | None = None, deep: bool = False,
+            live: bool = False) -> CheckReport:
+    catalog = load_catalog()
+    name = instance_type or (bundle.text("instance-type.txt") or "").strip() or None
+    instance = gpu = None
+    if name:
+        try:
+            instance = catalog.instance(name)
+        except UnknownNameError:
+            if instance_type:  # given by the user: a usage error; detected: unknown to us, check without
+                raise
+            instance = None
+        if instance is not None:
+            gpu = catalog.gpu_of(instance)
+    ctx = Context(bundle=bundle, instance=instance, gpu=gpu, job=job, live=live)
+    return CheckReport.build(instance.name if instance else name, bundle.source, run_checks(ctx, deep))

@@ -1,0 +1,270 @@
+"""Host checks: CPU, memory, storage tiers, network (EFA, NCCL settings), CUDA runtime."""
+
+from __future__ import annotations
+
+from .context import Context
+from .findings import Finding, skip
+from .parsers import system
+from .probes import cuda_summary
+from .registry import check
+
+GIB = 1024**3
+
+
+@check("cpu.vcpu-per-gpu", "cpu")
+def vcpu_per_gpu(ctx: Context) -> Finding:
+    text = ctx.bundle.text("lscpu.txt")
+    if text is None:
+        return skip("cpu.vcpu-per-gpu", "cpu", ctx.bundle.why_missing("lscpu.txt"))
+    cpus = system.parse_lscpu(text).cpus
+    gpus = ctx.gpu_count or _gpus_seen(ctx)
+    if not cpus:
+        return skip("cpu.vcpu-per-gpu", "cpu", "CPU count not found in lscpu output")
+    if not gpus:
+        return Finding(id="cpu.vcpu-per-gpu", area="cpu", status="pass", observed=f"{cpus} vCPUs, no GPUs",
+                       expected=">= 8 vCPUs per GPU", reason="no GPUs to feed")
+    per = cpus / gpus
+    finding = Finding(id="cpu.vcpu-per-gpu", area="cpu", status="pass", observed=f"{cpus} vCPUs for {gpus} GPUs ({per:.1f} each)",
+                      expected=">= 8 vCPUs per GPU")
+    if ctx.instance and ctx.instance.vcpus and cpus < ctx.instance.vcpus:
+        finding.status = "fail"
+        finding.reason = f"{cpus} vCPUs visible, {ctx.instance.name} has {ctx.instance.vcpus} (a cgroup/container limit?)"
+        finding.advice = "give the container all CPUs (docker --cpus / Kubernetes requests)"
+    elif per < 8:
+        finding.status = "warn"
+        finding.reason = "fewer than 8 vCPUs per GPU: data loading and tokenization may starve the GPUs"
+        finding.advice = "pre-tokenize and pack data into shards (trainready data), keep num_workers <= vCPUs/GPU - 1"
+    else:
+        finding.reason = "enough CPU for data-loader workers"
+    return finding
+
+
+def _gpus_seen(ctx: Context) -> int | None:
+    from .parsers import nvsmi
+
+    text = ctx.bundle.text("nvidia-smi-query-gpu.csv")
+    return len(nvsmi.parse_query_gpu(text).rows) if text else None
+
+
+@check("mem.host", "mem")
+def host_memory(ctx: Context) -> Finding:
+    text = ctx.bundle.text("meminfo.txt")
+    if text is None:
+        return skip("mem.host", "mem", ctx.bundle.why_missing("meminfo.txt"))
+    info = system.parse_meminfo(text)
+    if not info.total_bytes:
+        return skip("mem.host", "mem", "MemTotal not found in /proc/meminfo")
+    total = info.total_bytes / GIB
+    gpus = ctx.gpu_count or _gpus_seen(ctx) or 0
+    observed = f"{total:.0f} GiB" + (f" ({total / gpus:.0f} GiB per GPU)" if gpus else "")
+    finding = Finding(id="mem.host", area="mem", status="pass", observed=observed,
+                      expected=ctx.expect(f"{ctx.instance.ram_gib:g} GiB" if ctx.instance and ctx.instance.ram_gib else "unknown"))
+    if ctx.instance and ctx.instance.ram_gib and total < 0.9 * ctx.instance.ram_gib:
+        finding.status = "fail"
+        finding.reason = f"{total:.0f} GiB visible, {ctx.instance.name} has {ctx.instance.ram_gib:g} GiB"
+        finding.advice = "a container memory limit? raise it; else this is not the instance you pay for"
+    elif ctx.job and ctx.job.host_ram_gib and ctx.job.host_ram_gib > (info.available_bytes or info.total_bytes) / GIB:
+        finding.status = "fail"
+        finding.reason = f"the job needs {ctx.job.host_ram_gib:.0f} GiB of host RAM ({ctx.job.description}), " \
+                         f"{(info.available_bytes or info.total_bytes) / GIB:.0f} GiB available"
+        finding.advice = "use less offload (ZeRO-3 without CPU offload, more nodes) or a larger instance"
+    else:
+        finding.reason = "host memory as expected" + (f"; the job's {ctx.job.host_ram_gib:.0f} GiB fits" if ctx.job and ctx.job.host_ram_gib else "")
+    return finding
+
+
+@check("storage.hot-tier", "storage")
+def hot_tier(ctx: Context) -> Finding:
+    text = ctx.bundle.text("lsblk.json")
+    if text is None:
+        return skip("storage.hot-tier", "storage", ctx.bundle.why_missing("lsblk.json"))
+    devices = system.parse_lsblk_json(text).devices
+    local = [d for d in devices if d.is_instance_store or (d.is_nvme and not _is_ebs(d))]
+    want = ctx.instance.nvme_count if ctx.instance else None
+    unmounted = [d for d in local if not _mounted(d)]
+    observed = f"{len(local)} local NVMe device(s)" + (f", {len(unmounted)} unmounted/unassembled" if unmounted else "")
+    finding = Finding(id="storage.hot-tier", area="storage", status="pass", observed=observed,
+                      expected=ctx.expect(f"{want} NVMe instance-store device(s), assembled and mounted" if want else
+                                          "no local NVMe" if want == 0 else "unknown"))
+    if want and len(local) < want:
+        finding.status, finding.reason = "fail", f"{len(local)} of {want} instance-store NVMe devices present"
+        finding.advice = "instance store lost? stop/start the instance"
+    elif local and unmounted:
+        names = " ".join(f"/dev/{d.name}" for d in unmounted)
+        finding.status = "fail" if len(unmounted) == len(local) else "warn"
+        finding.reason = f"local NVMe not in use: {names} (a fast hot tier for checkpoints going unused)"
+        finding.advice = (f"sudo mdadm --create /dev/md0 --level=0 --raid-devices={len(unmounted)} {names} && "
+                          "sudo mkfs.xfs /dev/md0 && sudo mkdir -p /scratch && sudo mount /dev/md0 /scratch")
+    elif not local:
+        finding.status = "warn" if want is None else "pass"
+        finding.reason = "no local NVMe: checkpoints go to network storage (slower saves)" if want is None else "none expected"
+        finding.advice = "" if want == 0 else "choose an instance with instance-store NVMe for the hot tier, or accept slower saves"
+    else:
+        finding.reason = "local NVMe mounted"
+    need = ctx.job.checkpoint_gib * (ctx.job.keep_checkpoints + 1) if ctx.job and ctx.job.checkpoint_gib else None
+    if need and finding.status == "pass":
+        free = _free_gib(local)
+        if free is not None and free < need:
+            finding.status = "fail"
+            finding.reason = f"{free:.0f} GiB on local NVMe, checkpoints need {need:.0f} GiB ({ctx.job.keep_checkpoints}+1 kept)"
+            finding.advice = "lower keep_hot or use an instance with more local NVMe"
+    return finding
+
+
+def _is_ebs(device) -> bool:
+    return "Elastic Block Store" in (device.model or "")
+
+
+def _mounted(device) -> bool:
+    return bool(device.mountpoints) or any(_mounted(c) for c in device.children)
+
+
+def _free_gib(devices) -> float | None:
+    total = sum(d.size_bytes or 0 for d in devices)
+    return total / GIB if total else None
+
+
+SHARED_TYPES = ("lustre", "nfs", "nfs4", "fuse.mountpoint-s3", "fuse.s3fs", "fuse.gcsfuse", "beegfs", "gpfs", "wekafs")
+
+
+@check("storage.shared", "storage")
+def shared_storage(ctx: Context) -> Finding:
+    text = ctx.bundle.text("mounts.txt")
+    if text is None:
+        return skip("storage.shared", "storage", ctx.bundle.why_missing("mounts.txt"))
+    mounts = system.parse_mounts(text)
+    shared = mounts.of_type(SHARED_TYPES)
+    if not shared:
+        return Finding(id="storage.shared", area="storage", status="warn", observed="no shared filesystem mounted",
+                       expected="a shared filesystem (FSx Lustre, EFS/NFS) or an S3 archive for checkpoints",
+                       reason="without shared storage a lost node loses its checkpoints unless they go to S3",
+                       advice="use CheckpointManager(archive='s3://...') or mount FSx for Lustre / EFS")
+    desc = ", ".join(f"{m.mountpoint} ({m.fstype})" for m in shared[:4])
+    return Finding(id="storage.shared", area="storage", status="pass", observed=desc, expected="a shared filesystem",
+                   reason="shared storage mounted (throughput is measured with --deep)")
+
+
+@check("net.efa", "net")
+def efa(ctx: Context) -> Finding:
+    want = ctx.instance.efa_interfaces if ctx.instance else None
+    text = ctx.bundle.text("fi_info-p-efa.txt")
+    if ctx.instance is not None and not want:
+        return Finding(id="net.efa", area="net", status="pass", observed="not applicable",
+                       expected=f"no EFA on {ctx.instance.name}", reason="instance type without EFA")
+    devices = system.parse_fi_info(text).device_count if text is not None else 0
+    listing = ctx.bundle.text("sys-class-infiniband.txt") or ""
+    rdmap = len([line for line in listing.splitlines() if line.startswith("rdmap")])
+    software = ctx.bundle.text("efa-software.txt") or ""
+    has_libfabric = "present" in "".join(line for line in software.splitlines() if "libfabric" in line)
+    has_plugin = "present" in "".join(line for line in software.splitlines() if "nccl-net" in line)
+    found = max(devices, rdmap)
+    observed = f"{found} EFA device(s); libfabric {'found' if has_libfabric else 'not found'}; " \
+               f"aws-ofi-nccl {'found' if has_plugin else 'not found'}"
+    if want is None and found == 0:
+        return skip("net.efa", "net", "instance type unknown and no EFA device found", "pass --instance TYPE")
+    finding = Finding(id="net.efa", area="net", status="pass", observed=observed,
+                      expected=f"{want} EFA device(s), libfabric, aws-ofi-nccl" if want else "EFA devices with libfabric and aws-ofi-nccl")
+    if want and found < want:
+        finding.status = "fail"
+        finding.reason = (f"{found} of {want} EFA devices: multi-node NCCL falls back to TCP sockets (several x slower). "
+                          "EFA is SRD over libfabric, not RoCE/InfiniBand")
+        finding.advice = ("launch with EFA interfaces attached (InterfaceType=efa on every network card), in a cluster "
+                          "placement group, security group allowing all traffic to and from itself; install the EFA driver")
+    elif not has_libfabric or not has_plugin:
+        finding.status = "fail" if (ctx.instance and ctx.instance.efa_interfaces) else "warn"
+        finding.reason = "EFA device present but " + " and ".join(
+            x for x, ok in (("libfabric", has_libfabric), ("the aws-ofi-nccl plugin", has_plugin)) if not ok) + " not found"
+        finding.advice = "install the EFA installer (libfabric) and aws-ofi-nccl, or use a Deep Learning AMI"
+    else:
+        finding.reason = "EFA devices and software present"
+    return finding
+
+
+def _bad_env(env: dict[str, str], efa_node: bool) -> list[str]:
+    bad = []
+    rules = [("NCCL_P2P_DISABLE", "1", "disables NVLink/PCIe peer-to-peer: intra-node all-reduce through host memory"),
+             ("NCCL_SHM_DISABLE", "1", "disables shared-memory transport"),
+             ("CUDA_LAUNCH_BLOCKING", "1", "serializes every kernel launch (debug only): large slowdown"),
+             ("NCCL_BLOCKING_WAIT", "1", "blocks the CPU in every collective"),
+             ("NCCL_DEBUG", "TRACE", "TRACE logging slows collectives")]
+    for key, value, why in rules:
+        if env.get(key, "").upper() == value:
+            bad.append(f"{key}={env[key]}: {why}")
+    if efa_node:
+        if env.get("NCCL_IB_DISABLE") == "1" and env.get("FI_PROVIDER", "efa") != "efa":
+            bad.append("NCCL_IB_DISABLE=1 without EFA: cross-node traffic over sockets")
+        if env.get("NCCL_NET", "").lower() == "socket":
+            bad.append("NCCL_NET=Socket on an EFA node: TCP instead of EFA")
+        if env.get("FI_PROVIDER") and env["FI_PROVIDER"] != "efa":
+            bad.append(f"FI_PROVIDER={env['FI_PROVIDER']}: libfabric will not use EFA")
+        if env.get("FI_EFA_USE_DEVICE_RDMA") == "0":
+            bad.append("FI_EFA_USE_DEVICE_RDMA=0: GPUDirect RDMA off (p4d/p5 support it)")
+    return bad
+
+
+@check("net.nccl-env", "net")
+def nccl_env(ctx: Context) -> Finding:
+    text = ctx.bundle.text("env.txt")
+    log_text = ctx.bundle.text("nccl-debug.log")
+    if text is None and log_text is None:
+        return skip("net.nccl-env", "net", ctx.bundle.why_missing("env.txt"))
+    efa_node = bool(ctx.instance and ctx.instance.efa_interfaces)
+    bad = _bad_env(system.parse_env(text) if text else {}, efa_node)
+    log_note = ""
+    if log_text:
+        log = system.parse_nccl_debug(log_text)
+        if log.transport == "socket":
+            bad.append("nccl-debug.log shows NET/Socket: cross-node traffic over TCP"
+                       + (" (the aws-ofi-nccl plugin was not found)" if log.plugin_missing else ""))
+        log_note = f"; log transport: {log.transport}"
+    finding = Finding(id="net.nccl-env", area="net", status="pass",
+                      observed=(f"{len(bad)} setting(s) that hurt" if bad else "no harmful NCCL/CUDA settings") + log_note,
+                      expected="no settings that disable fast transports", reason="; ".join(bad)[:500] or "nothing found")
+    if bad:
+        finding.status = "fail" if any("Socket" in b or "P2P" in b or "EFA" in b for b in bad) else "warn"
+        finding.advice = ("unset the variables named; for EFA: FI_PROVIDER=efa, aws-ofi-nccl on LD_LIBRARY_PATH, and a "
+                          "security group that allows all traffic to and from itself")
+    return finding
+
+
+@check("cuda.runtime", "cuda")
+def cuda_runtime(ctx: Context) -> Finding:
+    data = cuda_summary(ctx.bundle)
+    if data is None:
+        return skip("cuda.runtime", "cuda", ctx.bundle.why_missing("cuda.json"), "pip install 'trainready[torch]'")
+    if "unparsable" in data:
+        return skip("cuda.runtime", "cuda", f"cuda.json unparsable: {data['unparsable']}")
+    if not data.get("torch"):
+        return skip("cuda.runtime", "cuda", "torch is not installed", "pip install 'trainready[torch]' (your CUDA build)")
+    if not data.get("cuda_available"):
+        expected_gpus = ctx.gpu_count
+        status = "fail" if expected_gpus else "skip"
+        return Finding(id="cuda.runtime", area="cuda", status=status, observed=f"torch {data['torch']}: CUDA not available",
+                       expected=f"torch sees {expected_gpus} GPUs" if expected_gpus else "a GPU",
+                       reason=data.get("reason", ""), advice="install a CUDA build of torch matching the driver"
+                       if expected_gpus else "")
+    count = data.get("device_count", 0)
+    want = ctx.gpu_count
+    finding = Finding(id="cuda.runtime", area="cuda", status="pass", observed=f"torch {data['torch']} sees {count} GPUs",
+                      expected=ctx.expect(f"{want} GPUs"))
+    if want and count < want:
+        finding.status, finding.reason = "fail", f"torch sees {count} of {want} GPUs"
+        finding.advice = "check CUDA_VISIBLE_DEVICES and the container's --gpus setting"
+    else:
+        finding.reason = "torch sees every GPU"
+    return finding
+
+
+@check("cuda.graphs", "cuda")
+def cuda_graphs(ctx: Context) -> Finding:
+    data = cuda_summary(ctx.bundle)
+    graphs = (data or {}).get("graphs")
+    if not graphs:
+        reason = "no CUDA device to capture on" if data else ctx.bundle.why_missing("cuda.json")
+        return skip("cuda.graphs", "cuda", reason)
+    if graphs.get("ok"):
+        return Finding(id="cuda.graphs", area="cuda", status="pass", observed="captured and replayed; result matches eager",
+                       expected="capture + replay == eager", reason=f"max abs diff {graphs.get('max_abs_diff', 0):.2e}")
+    return Finding(id="cuda.graphs", area="cuda", status="fail", observed=graphs.get("error", "replay differs from eager"),
+                   expected="capture + replay == eager", reason="CUDA graphs broken: torch.compile(mode='reduce-overhead') "
+                   "and CUDA-graph NCCL paths will fail", advice="update the driver / torch build pair")

@@ -1,0 +1,165 @@
+"""Probes: run the commands and read the files a check needs, into a bundle.
+
+Side effects come in through `Runner`, so tests can collect on any machine. Every probe has a
+short timeout; a missing tool is recorded (exit_code None), never an error."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .bundle import MANIFEST, Bundle, BundleManifest, ProbeRecord
+
+QUERY_FIELDS = ("index,name,memory.total,driver_version,pcie.link.gen.current,pcie.link.gen.max,"
+                "pcie.link.width.current,pcie.link.width.max,clocks_throttle_reasons.active,"
+                "ecc.errors.uncorrected.volatile.total,ecc.errors.uncorrected.aggregate.total")
+ENV_PREFIXES = ("NCCL_", "FI_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_", "RDMAV_", "UCX_", "NVIDIA_", "LD_LIBRARY_PATH",
+                "MASTER_", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_", "OFI_NCCL_")
+SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+
+
+@dataclass
+class Result:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+Runner = Callable[[list[str], float], Result]
+
+
+def run_command(argv: list[str], timeout_s: float) -> Result:
+    started = time.monotonic()
+    if shutil.which(argv[0]) is None:
+        return Result(None, "", f"{argv[0]}: command not found", 0.0)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace")
+    except subprocess.TimeoutExpired:
+        return Result(124, "", f"timed out after {timeout_s:.0f}s", time.monotonic() - started)
+    except OSError as exc:
+        return Result(None, "", str(exc), time.monotonic() - started)
+    return Result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+COMMANDS: dict[str, list[str]] = {
+    "nvidia-smi-topo-m.txt": ["nvidia-smi", "topo", "-m"],
+    "nvidia-smi-nvlink-s.txt": ["nvidia-smi", "nvlink", "-s"],
+    "nvidia-smi-q.txt": ["nvidia-smi", "-q"],
+    "nvidia-smi-query-gpu.csv": ["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv"],
+    "fi_info-p-efa.txt": ["fi_info", "-p", "efa"],
+    "ibstat.txt": ["ibstat"],
+    "ibv_devinfo.txt": ["ibv_devinfo"],
+    "lscpu.txt": ["lscpu"],
+    "lsblk.json": ["lsblk", "-J", "-b", "-o", "NAME,TYPE,SIZE,MODEL,MOUNTPOINT,FSTYPE"],
+    "kernel-xid.txt": ["dmesg", "--ctime"],
+    "cuda.json": [sys.executable, "-m", "trainready.check.cuda_probe"],
+}
+
+
+def _filtered_env(environ: dict[str, str]) -> str:
+    keep = sorted(k for k in environ if k.startswith(ENV_PREFIXES) and not any(w in k.upper() for w in SECRET_WORDS))
+    return "".join(f"{k}={environ[k]}\n" for k in keep)
+
+
+def _listing(path: str) -> str:
+    root = Path(path)
+    if not root.is_dir():
+        return f"{path}: not present\n"
+    return "".join(f"{entry.name}\n" for entry in sorted(root.iterdir()))
+
+
+EFA_PATHS = ("/opt/amazon/efa/lib/libfabric.so", "/opt/amazon/efa/lib64/libfabric.so", "/usr/lib64/libfabric.so.1",
+             "/usr/lib/x86_64-linux-gnu/libfabric.so.1", "/opt/amazon/ofi-nccl/lib/libnccl-net.so",
+             "/opt/aws-ofi-nccl/lib/libnccl-net.so", "/usr/local/lib/libnccl-net.so",
+             "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so")
+
+
+def _efa_software() -> str:
+    return "".join(f"{'present' if os.path.exists(p) else 'absent'} {p}\n" for p in EFA_PATHS)
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text(errors="replace")
+
+
+def detect_instance_type(timeout_s: float = 1.0) -> str | None:
+    """EC2 only, live only: DMI says Amazon, then IMDSv2 with a short timeout."""
+    try:
+        vendor = _read("/sys/devices/virtual/dmi/id/sys_vendor").strip()
+    except OSError:
+        return None
+    if "Amazon" not in vendor or os.environ.get("TRAINREADY_NO_IMDS"):
+        return None
+    import urllib.request
+
+    try:
+        token_req = urllib.request.Request("http://169.254.169.254/latest/api/token", method="PUT",
+                                           headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        token = urllib.request.urlopen(token_req, timeout=timeout_s).read().decode()
+        req = urllib.request.Request("http://169.254.169.254/latest/meta-data/instance-type",
+                                     headers={"X-aws-ec2-metadata-token": token})
+        return urllib.request.urlopen(req, timeout=timeout_s).read().decode().strip() or None
+    except Exception:
+        return None
+
+
+def collect(out: Path | None, runner: Runner = run_command, instance_type: str | None = None,
+            environ: dict[str, str] | None = None, timeout_s: float = 20.0) -> Bundle:
+    """Run every probe; write the bundle to `out` when given; return it."""
+    files: dict[str, str] = {}
+    records: list[ProbeRecord] = []
+    for name, argv in COMMANDS.items():
+        result = runner(argv, timeout_s)
+        text = result.stdout
+        if name == "kernel-xid.txt":
+            text = "".join(line + "\n" for line in result.stdout.splitlines() if "Xid" in line)
+            if result.exit_code not in (0, None):
+                text = f"unreadable: {result.stderr.strip()[:200]}\n"
+        if result.exit_code is not None and (text or name == "kernel-xid.txt"):
+            files[name] = text
+        records.append(ProbeRecord(file=name, command=" ".join(argv), exit_code=result.exit_code,
+                                   duration_s=round(result.duration_s, 3), timestamp_unix=time.time(),
+                                   error=result.stderr.strip()[:300] if result.exit_code != 0 else ""))
+    readers: dict[str, Callable[[], str]] = {
+        "meminfo.txt": lambda: _read("/proc/meminfo"), "mounts.txt": lambda: _read("/proc/mounts"),
+        "env.txt": lambda: _filtered_env(dict(os.environ if environ is None else environ)),
+        "sys-class-infiniband.txt": lambda: _listing("/sys/class/infiniband"), "efa-software.txt": _efa_software,
+    }
+    for name, read in readers.items():
+        started = time.monotonic()
+        try:
+            files[name] = read()
+            error = ""
+        except OSError as exc:
+            error = str(exc)
+        records.append(ProbeRecord(file=name, command=name, exit_code=0 if not error else 1, error=error,
+                                   duration_s=round(time.monotonic() - started, 3), timestamp_unix=time.time()))
+    if instance_type:
+        files["instance-type.txt"] = instance_type + "\n"
+    manifest = BundleManifest(hostname=socket.gethostname(), probes=records)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text)
+        (out / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n")
+    return Bundle(files, manifest, str(out) if out else "live")
+
+
+def cuda_summary(bundle: Bundle) -> dict | None:
+    text = bundle.text("cuda.json")
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {"unparsable": text[:120]}
+    return data if isinstance(data, dict) else {"unparsable": text[:120]}

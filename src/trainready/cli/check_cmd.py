@@ -1,0 +1,60 @@
+"""`trainready check [collect]`: is this node what was paid for, and ready to train?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import options as o
+from .console import emit_json, out
+
+CODES = "Exit codes: 0 no failure, 1 at least one check failed, 2 usage error, 3 internal error."
+HELP = f"""Probe this node (or analyze a bundle) and report every finding with a fix.
+
+Example: trainready check --instance p4d.24xlarge      trainready check --bundle ./node7
+
+{CODES}"""
+
+app = typer.Typer(help=HELP, invoke_without_command=True, no_args_is_help=False)
+
+Instance = Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type (else instance-type.txt in the bundle, or detected on EC2 when live).")]
+
+
+@app.callback(invoke_without_command=True)
+def check(ctx: typer.Context,
+          bundle: Annotated[Optional[Path], typer.Option("--bundle", help="Analyze this bundle directory instead of this machine.")] = None,
+          instance: Instance = None,
+          job: Annotated[Optional[Path], typer.Option("--job", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
+          json_out: o.Json = False) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    from trainready.check.analyze import analyze, job_needs
+    from trainready.check.bundle import Bundle
+    from trainready.check.probes import collect, detect_instance_type
+
+    needs = job_needs(job) if job else None
+    if bundle is not None:
+        report = analyze(Bundle.load(bundle), instance, needs)
+    else:
+        instance = instance or detect_instance_type()
+        report = analyze(collect(None, instance_type=instance), instance, needs, live=True)
+    if json_out:
+        emit_json(report)
+    else:
+        from .render_check import render_check
+
+        render_check(out, report)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+@app.command("collect", help=f"Save every probe's raw output into a bundle directory (analyze it with --bundle).\n\n{CODES}")
+def collect_cmd(out_dir: Annotated[Path, typer.Option("--out", help="Bundle directory to write.")],
+                instance: Instance = None) -> None:
+    from trainready.check.probes import collect, detect_instance_type
+
+    bundle = collect(out_dir, instance_type=instance or detect_instance_type())
+    ran = sum(1 for p in bundle.manifest.probes if p.exit_code is not None)
+    out.print(f"bundle written to {out_dir}: {len(bundle.files)} files, {ran} of {len(bundle.manifest.probes)} probes ran")
