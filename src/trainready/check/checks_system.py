@@ -140,8 +140,27 @@ def shared_storage(ctx: Context) -> Finding:
                        reason="without shared storage a lost node loses its checkpoints unless they go to S3",
                        advice="use CheckpointManager(archive='s3://...') or mount FSx for Lustre / EFS")
     desc = ", ".join(f"{m.mountpoint} ({m.fstype})" for m in shared[:4])
-    return Finding(id="storage.shared", area="storage", status="pass", observed=desc, expected="a shared filesystem",
-                   reason="shared storage mounted (throughput is measured with --deep)")
+    finding = Finding(id="storage.shared", area="storage", status="pass", observed=desc, expected="a shared filesystem",
+                      reason="shared storage mounted (throughput: --deep --shared-dir PATH)")
+    measured = _deep_result(ctx, "shared")
+    if measured and "write_gbps" in measured:
+        finding.observed += f"; {measured['directory']}: write {measured['write_gbps']:.2f} GB/s, read {measured['read_gbps']:.2f} GB/s"
+        finding.reason = "shared storage mounted and measured"
+        if measured["write_gbps"] < 0.2:
+            finding.status, finding.reason = "warn", "shared storage slower than 0.2 GB/s: checkpoint uploads will lag"
+            finding.advice = "raise the file system's throughput (FSx: more capacity/throughput tier) or archive to S3"
+    return finding
+
+
+def _deep_result(ctx: Context, key: str) -> dict | None:
+    import json
+
+    text = ctx.bundle.text("deep.json")
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data.get(key) if isinstance(data, dict) else None
 
 
 @check("net.efa", "net")

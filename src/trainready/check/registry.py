@@ -21,7 +21,7 @@ def check(check_id: str, area: str, deep: bool = False) -> Callable[[CheckFn], C
 
 
 def run_checks(ctx: Context, deep: bool) -> list[Finding]:
-    from . import checks_gpu, checks_system  # noqa: F401  (registration)
+    from . import checks_deep, checks_gpu, checks_system  # noqa: F401  (registration)
 
     findings = []
     for check_id, (area, fn, deep_only) in sorted(CHECKS.items()):

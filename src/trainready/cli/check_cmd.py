@@ -19,6 +19,9 @@ Example: trainready check --instance p4d.24xlarge      trainready check --bundle
 
 app = typer.Typer(help=HELP, invoke_without_command=True, no_args_is_help=False)
 
+Deep = Annotated[bool, typer.Option("--deep", help="Also measure: bf16 GEMM, all-reduce bus bandwidth (all local GPUs; under torchrun the whole job, across nodes), hot/shared storage bandwidth.")]
+HotDir = Annotated[Optional[Path], typer.Option("--hot-dir", help="Directory on the hot tier (local NVMe) to measure with --deep.")]
+SharedDir = Annotated[Optional[Path], typer.Option("--shared-dir", help="Directory on shared storage to measure with --deep.")]
 Instance = Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type (else instance-type.txt in the bundle, or detected on EC2 when live).")]
 
 
@@ -27,6 +30,7 @@ def check(ctx: typer.Context,
           bundle: Annotated[Optional[Path], typer.Option("--bundle", help="Analyze this bundle directory instead of this machine.")] = None,
           instance: Instance = None,
           job: Annotated[Optional[Path], typer.Option("--job", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
+          deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
           json_out: o.Json = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -36,10 +40,15 @@ def check(ctx: typer.Context,
 
     needs = job_needs(job) if job else None
     if bundle is not None:
-        report = analyze(Bundle.load(bundle), instance, needs)
+        report = analyze(Bundle.load(bundle), instance, needs, deep=deep)
     else:
         instance = instance or detect_instance_type()
-        report = analyze(collect(None, instance_type=instance), instance, needs, live=True)
+        live = collect(None, instance_type=instance)
+        if deep:
+            rank = _add_deep(live, hot_dir, shared_dir)
+            if rank != 0:  # under torchrun: every rank measured, rank 0 reports
+                return
+        report = analyze(live, instance, needs, deep=deep, live=True)
     if json_out:
         emit_json(report)
     else:
@@ -50,11 +59,40 @@ def check(ctx: typer.Context,
         raise typer.Exit(1)
 
 
+def _add_deep(bundle, hot_dir: Path | None, shared_dir: Path | None) -> int:
+    """Run the --deep measurements into the bundle; returns this process's rank (0 alone)."""
+    import json
+    import os
+
+    from trainready.check.deep import run_deep
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank = 0
+    if distributed:
+        import torch
+        import torch.distributed as dist
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        rank = dist.get_rank()
+    try:
+        bundle.files["deep.json"] = json.dumps(run_deep(str(hot_dir) if hot_dir else None,
+                                                        str(shared_dir) if shared_dir else None))
+    finally:
+        if distributed:
+            dist.barrier()
+            dist.destroy_process_group()
+    return rank
+
+
 @app.command("collect", help=f"Save every probe's raw output into a bundle directory (analyze it with --bundle).\n\n{CODES}")
 def collect_cmd(out_dir: Annotated[Path, typer.Option("--out", help="Bundle directory to write.")],
-                instance: Instance = None) -> None:
+                instance: Instance = None, deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None) -> None:
     from trainready.check.probes import collect, detect_instance_type
 
     bundle = collect(out_dir, instance_type=instance or detect_instance_type())
+    if deep and _add_deep(bundle, hot_dir, shared_dir) == 0:
+        (out_dir / "deep.json").write_text(bundle.files["deep.json"] + "\n")
     ran = sum(1 for p in bundle.manifest.probes if p.exit_code is not None)
     out.print(f"bundle written to {out_dir}: {len(bundle.files)} files, {ran} of {len(bundle.manifest.probes)} probes ran")

@@ -1,0 +1,71 @@
+"""`check --deep`: measurements judged against the catalog, the CPU analogue (gloo), storage
+bandwidth, and the multi-node form under torchrun (two local processes over gloo)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from check_bundles import make_bundle
+
+from trainready.check.analyze import analyze
+from trainready.check.bundle import Bundle
+from trainready.check.deep import allreduce_local, storage_bandwidth
+
+
+def _deep_findings(tmp_path, kind, deep):
+    directory = make_bundle(kind, tmp_path, replace={"deep.json": json.dumps(deep)})
+    report = analyze(Bundle.load(directory), deep=True)
+    return {f.id: f for f in report.checks}
+
+
+@pytest.mark.parametrize(("busbw", "status"), [(235.0, "pass"), (120.0, "warn"), (40.0, "fail")])
+def test_allreduce_judged_against_nvswitch_expectation(tmp_path, busbw, status):
+    deep = {"allreduce": {"backend": "nccl", "world_size": 8, "busbw_gbps": busbw, "rows": []}}
+    found = _deep_findings(tmp_path, "p4d", deep)["nccl.allreduce"]
+    assert found.status == status, found
+    assert "231" in found.expected  # 0.77 x 12 links x 25 GB/s, the ~230 GB/s nccl-tests shows on 8x A100
+
+
+@pytest.mark.parametrize(("tflops", "status"), [(250.0, "pass"), (150.0, "warn"), (60.0, "fail")])
+def test_gemm_judged_against_the_datasheet_peak(tmp_path, tflops, status):
+    found = _deep_findings(tmp_path, "p4d", {"gemm": {"tflops": tflops, "size": 8192}})["gpu.matmul"]
+    assert found.status == status, found
+
+
+def test_deep_checks_skip_with_a_reason_without_measurements(tmp_path):
+    found = _deep_findings(tmp_path, "p4d", {"gemm": {"skipped": "no CUDA device"}})
+    assert found["gpu.matmul"].status == "skip" and "no CUDA" in found["gpu.matmul"].reason
+    assert found["nccl.allreduce"].status == "skip" and found["storage.hot-tier-bandwidth"].status == "skip"
+    quick = {f.id: f for f in analyze(Bundle.load(make_bundle("p4d", tmp_path))).checks}
+    assert quick["gpu.matmul"].status == "skip" and "--deep" in quick["gpu.matmul"].reason
+
+
+def test_gloo_allreduce_is_the_cpu_analogue_and_not_judged():
+    result = allreduce_local(max_mib=4)
+    assert result["backend"] == "gloo" and result["world_size"] == 2
+    sizes = [r["size_bytes"] for r in result["rows"]]
+    assert sizes == [1 << 20, 2 << 20, 4 << 20]
+    for row in result["rows"]:  # nccl-tests' definitions: busbw = algbw x 2(n-1)/n
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (2 - 1) / 2)
+        assert row["algbw_gbps"] == pytest.approx(row["size_bytes"] / (row["time_us"] / 1e6) / 1e9)
+
+
+def test_storage_bandwidth_writes_reads_and_cleans_up(tmp_path):
+    result = storage_bandwidth(tmp_path, size_mib=32)
+    assert result["bytes"] == 32 << 20 and result["write_gbps"] > 0 and result["read_gbps"] > 0
+    assert list(tmp_path.iterdir()) == []
+    assert "skipped" in storage_bandwidth(tmp_path / "absent")
+
+
+def test_deep_under_torchrun_measures_the_whole_world(tmp_path):
+    env = {**os.environ, "TRAINREADY_NO_IMDS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "trainready", "check", "--deep", "--hot-dir", str(tmp_path), "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    report = json.loads(proc.stdout)  # only rank 0 prints
+    found = {c["id"]: c for c in report["checks"]}
+    assert "gloo, 2 ranks" in found["nccl.allreduce"]["observed"]
+    assert found["storage.hot-tier-bandwidth"]["status"] in ("pass", "warn")
