@@ -45,8 +45,15 @@ def _body(text: str) -> str:
     return "\n".join(lines)
 
 
+COPIES = Path(__file__).resolve().parent / "fixtures" / "check" / "reference"
+
+
+def _shared_path(name: str) -> Path:
+    return SHARED / name if (SHARED / name).is_file() else COPIES / name
+
+
 def shared(name: str) -> str:
-    path = SHARED / name
+    path = _shared_path(name)
     if not path.is_file():
         pytest.skip(f"shared reference fixture not available: {path}")
     return _body(path.read_text())
@@ -520,7 +527,7 @@ def _own_texts(*names: str) -> list[str]:
 
 
 def _shared_texts(*names: str) -> list[str]:
-    return [_body((SHARED / n).read_text()) for n in names if (SHARED / n).is_file()]
+    return [_body(_shared_path(n).read_text()) for n in names if _shared_path(n).is_file()]
 
 
 PARSERS: dict[str, ParserCase] = {
