@@ -283,3 +283,45 @@ def test_live_check_smoke():
     assert_well_formed(data)
     no_crash(by_id)
     assert data["source"] == "live"
+
+
+def test_pending_row_remap_and_remap_failure_from_smi_q(tmp_path):
+    from pathlib import Path
+
+    sample = (Path(__file__).parent / "fixtures" / "check" / "nvidia-smi-q_H100_550.txt").read_text()
+    directory = make_bundle("p5", tmp_path, replace={"nvidia-smi-q.txt": sample})
+    _, by_id = findings(directory)
+    ecc = by_id["gpu.ecc"]
+    assert ecc.status == "warn" and "GPU 2" in ecc.reason and "pending" in ecc.reason, ecc
+    failed = sample.replace("Remapping Failure Occurred        : No", "Remapping Failure Occurred        : Yes", 1)
+    assert failed != sample
+    directory = make_bundle("p5", tmp_path, replace={"nvidia-smi-q.txt": failed})
+    _, by_id = findings(directory)
+    assert by_id["gpu.ecc"].status == "fail" and "no spare rows" in by_id["gpu.ecc"].reason
+
+
+def test_hot_tier_free_space_against_the_jobs_checkpoints(tmp_path):
+    from trainready.check.context import JobNeeds
+    from trainready.check.parsers.system import parse_df
+
+    df = ("Filesystem Type 1B-blocks Avail Mounted on\n/dev/root ext4 214748364800 107374182400 /\n"
+          "/dev/md0 xfs 7680000000000 300000000000 /scratch\n")
+    directory = make_bundle("p4d", tmp_path, replace={"df.txt": df})
+    tight = analyze(Bundle.load(directory), job=JobNeeds(checkpoint_gib=200, keep_checkpoints=2))
+    hot = {f.id: f for f in tight.checks}["storage.hot-tier"]
+    assert hot.status == "fail" and "279 GiB free on /scratch" in hot.reason and "600 GiB" in hot.reason, hot
+    roomy = analyze(Bundle.load(directory), job=JobNeeds(checkpoint_gib=50, keep_checkpoints=2))
+    assert {f.id: f for f in roomy.checks}["storage.hot-tier"].status == "pass"
+    for junk in ("", "\x00\xff garbage", df[:40], "a b c d e f\n" * 3):
+        assert isinstance(parse_df(junk).entries, list)
+
+
+def test_model_options_check_host_ram_for_offload():
+    code, _, by_id = cli_report("--bundle", BUNDLES / "p4d", "--model", "llama-2-70b", "--strategy", "zero3",
+                                "--offload", "optimizer")
+    assert by_id["mem.host"]["status"] == "pass" and "GiB fits" in by_id["mem.host"]["reason"]
+    code, _, by_id = cli_report("--bundle", BUNDLES / "g5", "--instance", "g5.12xlarge", "--model", "llama-2-70b",
+                                "--strategy", "zero3", "--offload", "optimizer")
+    assert by_id["mem.host"]["status"] == "fail" and "needs" in by_id["mem.host"]["reason"], by_id["mem.host"]
+    proc = cli("check", "--bundle", BUNDLES / "cpu-only", "--model", "llama-2-7b")
+    assert proc.returncode == 2 and "--instance" in proc.stderr

@@ -3,10 +3,9 @@ every check. Pure apart from reading the catalog."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from trainready.catalog import load_catalog
 from trainready.errors import UnknownNameError
+from trainready.plan.job import JobSpec
 
 from .bundle import Bundle
 from .context import Context, JobNeeds
@@ -14,16 +13,14 @@ from .findings import CheckReport
 from .registry import run_checks
 
 
-def job_needs(job_path: Path) -> JobNeeds:
-    """What a planned job (plan --save) needs from one node: host RAM and checkpoint space."""
+def job_needs(job: JobSpec) -> JobNeeds:
+    """What a job (plan --save, or --model/--method/--strategy) needs from one node: host RAM and checkpoint space."""
     from trainready.plan.estimate import estimate_setup
-    from trainready.plan.job import load_job
     from trainready.plan.setup import resolve
 
-    job = load_job(job_path)
     result = estimate_setup(resolve(job, load_catalog()))
     return JobNeeds(host_ram_gib=result.memory.host_gib, checkpoint_gib=result.storage.checkpoint_gb_per_node * 1e9 / 1024**3,
-                    description=f"{job_path.name}: {result.model.name}, {result.setup.strategy}")
+                    description=f"{result.model.name}, {result.setup.method}, {result.setup.strategy}")
 
 
 def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | None = None, deep: bool = False,

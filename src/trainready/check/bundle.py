@@ -30,6 +30,7 @@ FILES: dict[str, str] = {
     "meminfo.txt": "/proc/meminfo",
     "lsblk.json": "lsblk -J -b -o NAME,TYPE,SIZE,MODEL,MOUNTPOINT,FSTYPE",
     "mounts.txt": "/proc/mounts",
+    "df.txt": "df -B1 --output=source,fstype,size,avail,target (free space per file system)",
     "env.txt": "environment variables that matter to training (NCCL_*, FI_*, CUDA_*, ...), values of secrets dropped",
     "instance-type.txt": "instance type (EC2 DMI/IMDSv2, or given)",
     "nccl-debug.log": "optional: a training log with NCCL_DEBUG=INFO",

@@ -131,8 +131,46 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+def _memory_repairs(ctx: Context) -> tuple[list[str], list[str]]:
+    """From `nvidia-smi -q`: (failures, warnings) about retired pages and remapped rows."""
+    text = ctx.bundle.text("nvidia-smi-q.txt")
+    if not text:
+        return [], []
+    fails, warns = [], []
+    for gpu in nvsmi.parse_smi_q(text).gpus:
+        rows, pages = gpu.remapped_rows, gpu.retired_pages
+        if rows.failure_occurred:
+            fails.append(f"GPU {gpu.index}: row remapping failed (no spare rows left)")
+        if rows.pending or pages.pending:
+            warns.append(f"GPU {gpu.index}: a {'row remap' if rows.pending else 'page retirement'} is pending until the GPU is reset")
+        if rows.uncorrectable:
+            warns.append(f"GPU {gpu.index}: {rows.uncorrectable} rows remapped after uncorrectable errors")
+        if pages.double_bit:
+            warns.append(f"GPU {gpu.index}: {pages.double_bit} pages retired after double-bit errors")
+    return fails, warns
+
+
+def _with_repairs(finding: Finding, ctx: Context) -> Finding:
+    fails, warns = _memory_repairs(ctx)
+    if fails:
+        finding.status = "fail"
+        finding.reason = "; ".join([*fails, finding.reason])[:500]
+        finding.advice = "the GPU has run out of spare memory rows: drain the node / stop-start the instance (RMA)"
+    elif warns and finding.status == "pass":
+        finding.status = "warn"
+        finding.reason = "; ".join(warns)[:500]
+        finding.advice = "reset the GPUs (nvidia-smi -r, or reboot) so pending repairs take effect, then re-check"
+    elif warns:
+        finding.reason = "; ".join([finding.reason, *warns])[:500]
+    return finding
+
+
 @check("gpu.ecc", "gpu")
 def gpu_ecc(ctx: Context) -> Finding:
+    return _with_repairs(_ecc_counts(ctx), ctx)
+
+
+def _ecc_counts(ctx: Context) -> Finding:
     rows = _rows(ctx)
     if not rows:
         return _no_query("gpu.ecc", ctx)

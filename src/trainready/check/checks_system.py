@@ -103,11 +103,13 @@ def hot_tier(ctx: Context) -> Finding:
         finding.reason = "local NVMe mounted"
     need = ctx.job.checkpoint_gib * (ctx.job.keep_checkpoints + 1) if ctx.job and ctx.job.checkpoint_gib else None
     if need and finding.status == "pass":
-        free = _free_gib(local)
+        free, where = _free_gib(ctx, local)
         if free is not None and free < need:
             finding.status = "fail"
-            finding.reason = f"{free:.0f} GiB on local NVMe, checkpoints need {need:.0f} GiB ({ctx.job.keep_checkpoints}+1 kept)"
-            finding.advice = "lower keep_hot or use an instance with more local NVMe"
+            finding.reason = f"{free:.0f} GiB free on {where}, checkpoints need {need:.0f} GiB ({ctx.job.keep_checkpoints}+1 kept)"
+            finding.advice = "free space, lower keep_hot, or use an instance with more local NVMe"
+        elif free is not None:
+            finding.reason += f"; {free:.0f} GiB free on {where} for {need:.0f} GiB of checkpoints"
     return finding
 
 
@@ -119,9 +121,18 @@ def _mounted(device) -> bool:
     return bool(device.mountpoints) or any(_mounted(c) for c in device.children)
 
 
-def _free_gib(devices) -> float | None:
+def _free_gib(ctx: Context, devices) -> tuple[float | None, str]:
+    """Free space where the local NVMe is mounted (df); without df, the devices' size as an upper bound."""
+    mountpoints = [m for d in devices for dev in [d, *d.children] for m in dev.mountpoints]
+    text = ctx.bundle.text("df.txt")
+    if text and mountpoints:
+        df = system.parse_df(text)
+        entries = [e for e in (df.find(m) for m in mountpoints) if e is not None]
+        if entries:
+            best = max(entries, key=lambda e: e.avail_bytes)
+            return best.avail_bytes / GIB, best.target
     total = sum(d.size_bytes or 0 for d in devices)
-    return total / GIB if total else None
+    return (total / GIB if total else None), "local NVMe (size; df not collected)"
 
 
 SHARED_TYPES = ("lustre", "nfs", "nfs4", "fuse.mountpoint-s3", "fuse.s3fs", "fuse.gcsfuse", "beegfs", "gpfs", "wekafs")

@@ -61,6 +61,7 @@ COMMANDS: dict[str, list[str]] = {
     "lscpu.txt": ["lscpu"],
     "lsblk.json": ["lsblk", "-J", "-b", "-o", "NAME,TYPE,SIZE,MODEL,MOUNTPOINT,FSTYPE"],
     "kernel-xid.txt": ["dmesg", "--ctime"],
+    "df.txt": ["df", "-B1", "--output=source,fstype,size,avail,target"],
     "cuda.json": [sys.executable, "-m", "trainready.check.cuda_probe"],
 }
 

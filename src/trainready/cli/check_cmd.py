@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trainready.errors import UsageError
+
 from . import options as o
 from .console import emit_json, out
 
@@ -30,6 +32,9 @@ def check(ctx: typer.Context,
           bundle: Annotated[Optional[Path], typer.Option("--bundle", help="Analyze this bundle directory instead of this machine.")] = None,
           instance: Instance = None,
           job: Annotated[Optional[Path], typer.Option("--job", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
+          model: o.ModelName = None, method: o.MethodOpt = None,
+          strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="With --model: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]")] = None,
+          offload: Annotated[Optional[o.Offload], typer.Option("--offload", help="With --model: optimizer states (and parameters) in host RAM.")] = None,
           deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
           json_out: o.Json = False) -> None:
     if ctx.invoked_subcommand is not None:
@@ -38,7 +43,14 @@ def check(ctx: typer.Context,
     from trainready.check.bundle import Bundle
     from trainready.check.probes import collect, detect_instance_type
 
-    needs = job_needs(job) if job else None
+    needs = None
+    if model and not instance:  # the node the job would run on: the bundle's, or this one's
+        loaded = Bundle.load(bundle) if bundle is not None else None
+        instance = ((loaded.text("instance-type.txt") or "").strip() if loaded else detect_instance_type()) or None
+    if job or model:
+        if not (instance or job):
+            raise UsageError("--model needs the instance type: pass --instance TYPE (e.g. p4d.24xlarge)")
+        needs = job_needs(o.build_job(job, model=model, method=method, strategy=strategy, offload=offload, instance=instance))
     if bundle is not None:
         report = analyze(Bundle.load(bundle), instance, needs, deep=deep)
     else:

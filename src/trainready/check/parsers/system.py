@@ -1214,3 +1214,44 @@ def _parse_nccl_tests(text: str) -> NcclTests:
 def parse_nccl_tests(text: Text) -> NcclTests:
     """nccl-tests output (all_reduce_perf and friends), with or without `srun -l` rank prefixes."""
     return _guard(_parse_nccl_tests, text, lambda p: NcclTests(problems=[p]))
+
+
+class DfEntry(_Frozen):
+    source: str
+    fstype: str
+    size_bytes: int
+    avail_bytes: int
+    target: str
+
+
+class Df(_Parsed):
+    entries: list[DfEntry] = []
+
+    def find(self, path: str) -> DfEntry | None:
+        """The file system holding `path` (longest mount-point prefix)."""
+        best = None
+        for entry in self.entries:
+            prefix = entry.target.rstrip("/") + "/"
+            if (path + "/").startswith(prefix) or entry.target == "/":
+                if best is None or len(entry.target) > len(best.target):
+                    best = entry
+        return best
+
+
+def _parse_df(text: str) -> Df:
+    entries, problems = [], _Problems()
+    for line in _lines(text):
+        cells = line.split()
+        if not cells or cells[0] in ("Filesystem", "Source"):
+            continue
+        if len(cells) < 5 or _int(cells[2]) is None or _int(cells[3]) is None:
+            problems.add("not a df line", line)
+            continue
+        entries.append(DfEntry(source=cells[0], fstype=cells[1], size_bytes=_int(cells[2]), avail_bytes=_int(cells[3]),
+                               target=" ".join(cells[4:])))
+    return Df(entries=entries, problems=problems.done())
+
+
+def parse_df(text: Text) -> Df:
+    """`df -B1 --output=source,fstype,size,avail,target`."""
+    return _guard(_parse_df, text, lambda problem: Df(problems=[problem]))
