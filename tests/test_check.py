@@ -325,3 +325,28 @@ def test_model_options_check_host_ram_for_offload():
     assert by_id["mem.host"]["status"] == "fail" and "needs" in by_id["mem.host"]["reason"], by_id["mem.host"]
     proc = cli("check", "--bundle", BUNDLES / "cpu-only", "--model", "llama-2-7b")
     assert proc.returncode == 2 and "--instance" in proc.stderr
+
+
+def test_slow_nvlink_and_unmounted_lustre_are_named(tmp_path):
+    directory = make_bundle("p4d", tmp_path, replace={
+        NVLINK: lambda text: text.replace("Link 7: 25 GB/s", "Link 7: 12.5 GB/s", 1),
+        "fstab.txt": "fs-0abc.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh /data lustre defaults,noatime,_netdev 0 0\n",
+        "filesystems.txt": "nodev\tsysfs\n\text4\n\txfs\nnodev\tnfs4\n",
+    })
+    _, by_id = findings(directory)
+    links = by_id["gpu.nvlink-links"]
+    assert links.status == "fail" and "link 7 at 12.5 GB/s" in links.reason, links
+    shared = by_id["storage.shared"]
+    assert shared.status == "fail" and "/data" in shared.observed and "no kernel support for lustre" in shared.observed
+
+
+def test_check_runs_without_torch(tmp_path):
+    # torch blocked: the GPU/CUDA checks skip with why, the command still answers
+    blocker = tmp_path / "torch.py"
+    blocker.write_text("raise ImportError('torch blocked for this test')\n")
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TRAINREADY_NO_IMDS": "1", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "trainready", "check", "--json"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr[-1000:]
+    found = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert found["cuda.runtime"]["status"] == "skip" and "torch" in found["cuda.runtime"]["reason"]

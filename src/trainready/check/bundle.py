@@ -30,6 +30,8 @@ FILES: dict[str, str] = {
     "meminfo.txt": "/proc/meminfo",
     "lsblk.json": "lsblk -J -b -o NAME,TYPE,SIZE,MODEL,MOUNTPOINT,FSTYPE",
     "mounts.txt": "/proc/mounts",
+    "fstab.txt": "/etc/fstab (file systems the node is meant to mount)",
+    "filesystems.txt": "/proc/filesystems (file system types the kernel supports: lustre, nfs4, ...)",
     "df.txt": "df -B1 --output=source,fstype,size,avail,target (free space per file system)",
     "env.txt": "environment variables that matter to training (NCCL_*, FI_*, CUDA_*, ...), values of secrets dropped",
     "instance-type.txt": "instance type (EC2 DMI/IMDSv2, or given)",

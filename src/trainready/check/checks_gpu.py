@@ -369,14 +369,19 @@ def nvlink_links(ctx: Context) -> Finding:
         return skip("gpu.nvlink-links", "gpu", "no NVLink status parsed" + (f": {status.problems[0]}" if status.problems else ""),
                     "run `nvidia-smi nvlink -s` by hand")
     want = ctx.gpu.nvlink_links if ctx.gpu else None
+    speed = ctx.gpu.nvlink_link_gbps if ctx.gpu else None
     inactive, counts = [], {}
     for index, gpu in sorted(status.gpus.items()):
         active = [link for link in gpu.links if link.active]
         counts[index] = len(active)
         inactive += [f"GPU{index} link {link.id}" for link in gpu.links if not link.active]
+        if speed:  # a link that trained at a lower rate is as bad as a missing one for all-reduce
+            inactive += [f"GPU{index} link {link.id} at {link.speed_gbps:g} GB/s (want {speed:g})"
+                         for link in active if link.speed_gbps is not None and link.speed_gbps < 0.9 * speed]
     observed = "active links per GPU: " + ", ".join(sorted({str(c) for c in counts.values()}))
     finding = Finding(id="gpu.nvlink-links", area="gpu", status="pass", observed=observed,
-                      expected=f"{want} active links per GPU" if want else "every link active")
+                      expected=f"{want} active links per GPU at {speed:g} GB/s" if want and speed else
+                      f"{want} active links per GPU" if want else "every link active")
     few = {i: c for i, c in counts.items() if want and c < want}
     if status.problems and not inactive:  # snipped or garbled output: cannot count what is not there
         finding.status = "warn"

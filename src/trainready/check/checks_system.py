@@ -100,6 +100,8 @@ def hot_tier(ctx: Context) -> Finding:
         finding.reason = "no local NVMe: checkpoints go to network storage (slower saves)" if want is None else "none expected"
         finding.advice = "" if want == 0 else "choose an instance with instance-store NVMe for the hot tier, or accept slower saves"
     else:
+        mounted = sorted({f"{m} ({dev.fstype or '?'})" for d in local for dev in [d, *d.children] for m in dev.mountpoints})
+        finding.observed += f"; mounted: {', '.join(mounted)}" if mounted else ""
         finding.reason = "local NVMe mounted"
     need = ctx.job.checkpoint_gib * (ctx.job.keep_checkpoints + 1) if ctx.job and ctx.job.checkpoint_gib else None
     if need and finding.status == "pass":
@@ -145,6 +147,14 @@ def shared_storage(ctx: Context) -> Finding:
         return skip("storage.shared", "storage", ctx.bundle.why_missing("mounts.txt"))
     mounts = system.parse_mounts(text)
     shared = mounts.of_type(SHARED_TYPES)
+    missing = _fstab_unmounted(ctx, mounts)
+    if missing:
+        return Finding(id="storage.shared", area="storage", status="fail", observed="; ".join(missing[:3]),
+                       expected="every shared filesystem in /etc/fstab mounted",
+                       reason="a shared filesystem the node is configured for is not mounted" +
+                       ("" if all("client present" in m for m in missing) else " and its client is missing"),
+                       advice="install the client (FSx Lustre: lustre-client matching the kernel; EFS: amazon-efs-utils / "
+                              "nfs-utils), then `sudo mount -a`")
     if not shared:
         return Finding(id="storage.shared", area="storage", status="warn", observed="no shared filesystem mounted",
                        expected="a shared filesystem (FSx Lustre, EFS/NFS) or an S3 archive for checkpoints",
@@ -161,6 +171,25 @@ def shared_storage(ctx: Context) -> Finding:
             finding.status, finding.reason = "warn", "shared storage slower than 0.2 GB/s: checkpoint uploads will lag"
             finding.advice = "raise the file system's throughput (FSx: more capacity/throughput tier) or archive to S3"
     return finding
+
+
+def _fstab_unmounted(ctx: Context, mounts) -> list[str]:
+    """Shared filesystems listed in /etc/fstab but not mounted, with whether the kernel knows the type."""
+    fstab = ctx.bundle.text("fstab.txt")
+    if not fstab:
+        return []
+    known = set((ctx.bundle.text("filesystems.txt") or "").split())
+    mounted = {m.mountpoint for m in mounts.entries}
+    missing = []
+    for line in fstab.splitlines():
+        cells = line.split()
+        if len(cells) < 3 or cells[0].startswith("#") or not cells[2].startswith(("lustre", "nfs", "efs")):
+            continue
+        if cells[1] not in mounted and "noauto" not in (cells[3] if len(cells) > 3 else ""):
+            kernel_type = "nfs4" if cells[2] == "efs" else cells[2]
+            client = "client present" if kernel_type in known or not known else "no kernel support for " + kernel_type
+            missing.append(f"{cells[1]} ({cells[2]} from {cells[0]}) not mounted, {client}")
+    return missing
 
 
 def _deep_result(ctx: Context, key: str) -> dict | None:

@@ -132,6 +132,7 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
                                    error=result.stderr.strip()[:300] if result.exit_code != 0 else ""))
     readers: dict[str, Callable[[], str]] = {
         "meminfo.txt": lambda: _read("/proc/meminfo"), "mounts.txt": lambda: _read("/proc/mounts"),
+        "fstab.txt": lambda: _read("/etc/fstab"), "filesystems.txt": lambda: _read("/proc/filesystems"),
         "env.txt": lambda: _filtered_env(dict(os.environ if environ is None else environ)),
         "sys-class-infiniband.txt": lambda: _listing("/sys/class/infiniband"), "efa-software.txt": _efa_software,
     }
