@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,8 +119,12 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
     """Run every probe; write the bundle to `out` when given; return it."""
     files: dict[str, str] = {}
     records: list[ProbeRecord] = []
+    # In parallel: four nvidia-smi calls and the CUDA probe each take seconds on an 8-GPU node,
+    # and the quick check has a 10 s budget.
+    with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
+        results = dict(zip(COMMANDS, pool.map(lambda argv: runner(argv, timeout_s), COMMANDS.values()), strict=True))
     for name, argv in COMMANDS.items():
-        result = runner(argv, timeout_s)
+        result = results[name]
         text = result.stdout
         if name == "kernel-xid.txt":
             text = "".join(line + "\n" for line in result.stdout.splitlines() if "Xid" in line)
