@@ -350,3 +350,11 @@ def test_check_runs_without_torch(tmp_path):
     assert proc.returncode in (0, 1), proc.stderr[-1000:]
     found = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
     assert found["cuda.runtime"]["status"] == "skip" and "torch" in found["cuda.runtime"]["reason"]
+
+
+def test_unparsable_output_is_shown_in_the_finding():
+    bundle = Bundle({"lscpu.txt": "garbage here\n", "meminfo.txt": "Mem: lots\n", "lsblk.json": "{not json"}, source="t")
+    by_id = {f.id: f for f in analyze(bundle).checks}
+    assert "garbage here" in by_id["cpu.vcpu-per-gpu"].reason
+    assert "Mem: lots" in by_id["mem.host"].reason
+    assert "{not json" in by_id["storage.hot-tier"].reason

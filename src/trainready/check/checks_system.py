@@ -11,15 +11,25 @@ from .registry import check
 GIB = 1024**3
 
 
+def _unparsed(parsed, text: str) -> str:
+    """What could not be read, shown: the parser's first problem, else the first line."""
+    problems = getattr(parsed, "problems", None) or []
+    if problems:
+        return f": {problems[0]}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "(empty)")
+    return f": first line {first[:120]!r}"
+
+
 @check("cpu.vcpu-per-gpu", "cpu")
 def vcpu_per_gpu(ctx: Context) -> Finding:
     text = ctx.bundle.text("lscpu.txt")
     if text is None:
         return skip("cpu.vcpu-per-gpu", "cpu", ctx.bundle.why_missing("lscpu.txt"))
-    cpus = system.parse_lscpu(text).cpus
+    lscpu = system.parse_lscpu(text)
+    cpus = lscpu.cpus
     gpus = ctx.gpu_count or _gpus_seen(ctx)
     if not cpus:
-        return skip("cpu.vcpu-per-gpu", "cpu", "CPU count not found in lscpu output")
+        return skip("cpu.vcpu-per-gpu", "cpu", "CPU count not found in lscpu output" + _unparsed(lscpu, text))
     if not gpus:
         return Finding(id="cpu.vcpu-per-gpu", area="cpu", status="pass", observed=f"{cpus} vCPUs, no GPUs",
                        expected=">= 8 vCPUs per GPU", reason="no GPUs to feed")
@@ -53,7 +63,7 @@ def host_memory(ctx: Context) -> Finding:
         return skip("mem.host", "mem", ctx.bundle.why_missing("meminfo.txt"))
     info = system.parse_meminfo(text)
     if not info.total_bytes:
-        return skip("mem.host", "mem", "MemTotal not found in /proc/meminfo")
+        return skip("mem.host", "mem", "MemTotal not found in /proc/meminfo" + _unparsed(info, text))
     total = info.total_bytes / GIB
     gpus = ctx.gpu_count or _gpus_seen(ctx) or 0
     observed = f"{total:.0f} GiB" + (f" ({total / gpus:.0f} GiB per GPU)" if gpus else "")
@@ -78,7 +88,10 @@ def hot_tier(ctx: Context) -> Finding:
     text = ctx.bundle.text("lsblk.json")
     if text is None:
         return skip("storage.hot-tier", "storage", ctx.bundle.why_missing("lsblk.json"))
-    devices = system.parse_lsblk_json(text).devices
+    lsblk = system.parse_lsblk_json(text)
+    devices = lsblk.devices
+    if not devices:
+        return skip("storage.hot-tier", "storage", "no block devices parsed from lsblk.json" + _unparsed(lsblk, text))
     local = [d for d in devices if d.is_instance_store or (d.is_nvme and not _is_ebs(d))]
     want = ctx.instance.nvme_count if ctx.instance else None
     unmounted = [d for d in local if not _mounted(d)]
