@@ -7,22 +7,9 @@ PCIe-only nodes ~ 0.6 x the PCIe per-direction bandwidth, across nodes ~ 0.8 x t
 
 from __future__ import annotations
 
-import json
-
 from .context import Context
 from .findings import Finding, skip
 from .registry import check
-
-
-def _deep(ctx: Context, key: str) -> dict | None:
-    text = ctx.bundle.text("deep.json")
-    if text is None:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return {"error": f"deep.json unparsable: {text[:80]!r}"}
-    return data.get(key) if isinstance(data, dict) else {"error": "deep.json is not an object"}
 
 
 def _judge(finding: Finding, ratio: float, what: str, advice: str) -> Finding:
@@ -35,7 +22,7 @@ def _judge(finding: Finding, ratio: float, what: str, advice: str) -> Finding:
 
 @check("gpu.matmul", "gpu", deep=True)
 def matmul(ctx: Context) -> Finding:
-    data = _deep(ctx, "gemm")
+    data = ctx.deep("gemm")
     if data is None:
         return skip("gpu.matmul", "gpu", "no deep.json (run with --deep)", "trainready check --deep")
     if "tflops" not in data:
@@ -75,7 +62,7 @@ def expected_busbw(ctx: Context, world: int) -> tuple[float, str] | None:
 
 @check("nccl.allreduce", "nccl", deep=True)
 def allreduce(ctx: Context) -> Finding:
-    data = _deep(ctx, "allreduce")
+    data = ctx.deep("allreduce")
     if data is None:
         return skip("nccl.allreduce", "nccl", "no deep.json (run with --deep)", "trainready check --deep")
     if "busbw_gbps" not in data:
@@ -98,7 +85,7 @@ def allreduce(ctx: Context) -> Finding:
 
 @check("storage.hot-tier-bandwidth", "storage", deep=True)
 def hot_tier_bandwidth(ctx: Context) -> Finding:
-    data = _deep(ctx, "hot_tier")
+    data = ctx.deep("hot_tier")
     if data is None:
         return skip("storage.hot-tier-bandwidth", "storage", "not measured (run with --deep --hot-dir PATH)",
                     "trainready check --deep --hot-dir /scratch")

@@ -13,10 +13,8 @@ NO_GPU_ADVICE = "install the NVIDIA driver (nvidia-smi must run), or run on a GP
 
 
 def _rows(ctx: Context) -> list | None:
-    text = ctx.bundle.text(QUERY)
-    if text is None:
-        return None
-    return nvsmi.parse_query_gpu(text).rows
+    query = ctx.parsed(QUERY, nvsmi.parse_query_gpu)
+    return None if query is None else query.rows
 
 
 def _no_query(check_id: str, ctx: Context) -> Finding:
@@ -95,8 +93,7 @@ def gpu_model(ctx: Context) -> Finding:
 @check("gpu.driver", "gpu")
 def gpu_driver(ctx: Context) -> Finding:
     rows = _rows(ctx)
-    q_text = ctx.bundle.text("nvidia-smi-q.txt")
-    smi_q = nvsmi.parse_smi_q(q_text) if q_text else None
+    smi_q = ctx.parsed("nvidia-smi-q.txt", nvsmi.parse_smi_q)
     drivers = sorted({r.driver_version for r in rows or [] if r.driver_version})
     if not drivers and smi_q is not None and smi_q.driver_version:
         drivers = [smi_q.driver_version]
@@ -133,11 +130,11 @@ def _int(value: str | None) -> int | None:
 
 def _memory_repairs(ctx: Context) -> tuple[list[str], list[str]]:
     """From `nvidia-smi -q`: (failures, warnings) about retired pages and remapped rows."""
-    text = ctx.bundle.text("nvidia-smi-q.txt")
-    if not text:
+    smi_q = ctx.parsed("nvidia-smi-q.txt", nvsmi.parse_smi_q)
+    if smi_q is None:
         return [], []
     fails, warns = [], []
-    for gpu in nvsmi.parse_smi_q(text).gpus:
+    for gpu in smi_q.gpus:
         rows, pages = gpu.remapped_rows, gpu.retired_pages
         if rows.failure_occurred:
             fails.append(f"GPU {gpu.index}: row remapping failed (no spare rows left)")

@@ -50,10 +50,10 @@ def vcpu_per_gpu(ctx: Context) -> Finding:
 
 
 def _gpus_seen(ctx: Context) -> int | None:
-    from .parsers import nvsmi
+    from .checks_gpu import _rows
 
-    text = ctx.bundle.text("nvidia-smi-query-gpu.csv")
-    return len(nvsmi.parse_query_gpu(text).rows) if text else None
+    rows = _rows(ctx)
+    return len(rows) if rows is not None else None
 
 
 @check("mem.host", "mem")
@@ -176,7 +176,7 @@ def shared_storage(ctx: Context) -> Finding:
     desc = ", ".join(f"{m.mountpoint} ({m.fstype})" for m in shared[:4])
     finding = Finding(id="storage.shared", area="storage", status="pass", observed=desc, expected="a shared filesystem",
                       reason="shared storage mounted (throughput: --deep --shared-dir PATH)")
-    measured = _deep_result(ctx, "shared")
+    measured = ctx.deep("shared")
     if measured and "write_gbps" in measured:
         finding.observed += f"; {measured['directory']}: write {measured['write_gbps']:.2f} GB/s, read {measured['read_gbps']:.2f} GB/s"
         finding.reason = "shared storage mounted and measured"
@@ -203,17 +203,6 @@ def _fstab_unmounted(ctx: Context, mounts) -> list[str]:
             client = "client present" if kernel_type in known or not known else "no kernel support for " + kernel_type
             missing.append(f"{cells[1]} ({cells[2]} from {cells[0]}) not mounted, {client}")
     return missing
-
-
-def _deep_result(ctx: Context, key: str) -> dict | None:
-    import json
-
-    text = ctx.bundle.text("deep.json")
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return data.get(key) if isinstance(data, dict) else None
 
 
 @check("net.efa", "net")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from trainready.catalog.schema import Gpu, Instance
 
@@ -26,6 +29,21 @@ class Context:
     gpu: Gpu | None
     job: JobNeeds | None = None
     live: bool = False
+    _parsed: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def parsed(self, name: str, parser: Callable[[str], Any]) -> Any:
+        """`parser(file text)`, parsed once per analysis (several checks read the same file); None if absent."""
+        if name not in self._parsed:
+            text = self.bundle.text(name)
+            self._parsed[name] = None if text is None else parser(text)
+        return self._parsed[name]
+
+    def deep(self, key: str) -> dict | None:
+        """One section of deep.json; None without --deep results, {"error": ...} if unreadable."""
+        data = self.parsed("deep.json", _json_or_error)
+        if data is None:
+            return None
+        return data.get(key) if "error" not in data else data
 
     @property
     def gpu_count(self) -> int | None:
@@ -33,3 +51,11 @@ class Context:
 
     def expect(self, text: str) -> str:
         return text if self.instance else "unknown (pass --instance TYPE)"
+
+
+def _json_or_error(text: str) -> dict:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {"error": f"deep.json unparsable: {text[:80]!r}"}
+    return data if isinstance(data, dict) else {"error": "deep.json is not an object"}
