@@ -183,13 +183,13 @@ class CheckpointManager:
         if step in self._saved:
             return False
         if self._inflight is not None and not self._inflight.done():
-            if self.when_busy == "skip" and not self._preempting():
+            if self.when_busy == "skip" and not self.preempted:
                 return False
             self._await_inflight()
         self._raise_background_errors()
         snap = take_snapshot(step, state, {**self.metadata, **(metadata or {})}, self._stager)
         self._saved.add(step)
-        if self._executor is None or self._preempting():
+        if self._executor is None or self.preempted:
             try:
                 self._commit(snap)
             except BaseException:
@@ -197,7 +197,7 @@ class CheckpointManager:
                 raise
         else:
             self._inflight = self._executor.submit(self._commit_in_background, snap)
-        if self._preempting():
+        if self.preempted:
             self._finish_preemption()
         return True
 
@@ -400,9 +400,6 @@ class CheckpointManager:
     @property
     def preempted(self) -> bool:
         return bool(self._preempt and self._preempt["signalled"])
-
-    def _preempting(self) -> bool:
-        return self.preempted
 
     def _finish_preemption(self) -> None:
         started = self._preempt["at"] or time.monotonic()
