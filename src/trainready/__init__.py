@@ -4,3 +4,10 @@ Importing the package is cheap and needs no torch: subsystems load on first use.
 """
 
 __version__ = "0.1.0"
+
+
+def init(**kwargs):  # noqa: ANN003, ANN201 - the signature lives in trainready.run.session.init
+    """Start a training session (see trainready.run.session.init); imports torch."""
+    from trainready.run.session import init as _init
+
+    return _init(**kwargs)

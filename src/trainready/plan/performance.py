@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from . import efficiency as eff
 from .memory import NF4_BYTES, param_counts
+from .model_spec import ModelSpec
 from .setup import Setup
 
 
@@ -53,14 +54,18 @@ def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> fl
 
 
 def model_flops_per_token(s: Setup) -> float:
+    return flops_per_token(s.model, s.seq_len, s.method, s.lora_rank)
+
+
+def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank: int = 16) -> float:
     """6N + 12*L*q_dim*s (PaLM/MosaicML), N = weights used in matmuls (blocks + head).
-    For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters."""
-    m = s.model
-    attn = 12 * m.num_layers * m.q_dim * s.seq_len
+    For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters.
+    The MFU numerator: what `trainready run` divides by the GPUs' peak."""
+    attn = 12 * m.num_layers * m.q_dim * seq_len
     n = m.matmul_params()
-    if s.method == "full":
+    if method == "full":
         return 6 * n + attn
-    adapters = m.num_layers * m.lora_params_per_layer(s.lora_rank)
+    adapters = m.num_layers * m.lora_params_per_layer(lora_rank)
     return 4 * n + 6 * adapters + attn
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 
 ENV = "TRAINREADY_FAULT"
+MARKER_ENV = "TRAINREADY_FAULT_MARKER"  # a file a hanging point appends "POINT PID" to
 HANG_S = 3600.0
 
 # Every point the store passes, in the order a save reaches them (the soak sweeps them all).
@@ -74,4 +75,8 @@ def fault_point(name: str) -> None:
         if action == "eio":
             raise OSError(errno.EIO, f"Input/output error (injected at {name})")
         if action == "hang":
+            marker = os.environ.get(MARKER_ENV)
+            if marker:  # tests wait for this file, then kill whatever they like mid-point
+                with open(marker, "a") as f:
+                    f.write(f"{name} {os.getpid()}\n")
             time.sleep(HANG_S)

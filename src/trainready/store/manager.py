@@ -80,6 +80,7 @@ class CheckpointManager:
         self._chore: Future | None = None
         self._saved: set[int] = set()
         self._preempt: dict[str, Any] | None = None
+        self.last_commit: tuple[int, float] | None = None  # (step, seconds) of the newest hot commit
         self._closed = False
         self.run_id, self.generation = self._claim(run_id)
         self._replicator = None
@@ -203,6 +204,7 @@ class CheckpointManager:
 
     def _commit(self, snap: Any) -> Manifest:
         manifest = write_hot(snap, self.hot, self.ctx, self.run_id, self.generation, self._check_hot_fence)
+        self.last_commit = (snap.step, manifest.save_seconds)  # what a final synchronous save would cost
         name = checkpoint_name(snap.step, self.generation)
         if self._replicator is not None:
             self._replicator.submit(name, manifest)  # it applies retention once the upload is done

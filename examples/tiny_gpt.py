@@ -1,0 +1,172 @@
+"""A small GPT trained with the trainready session API: DDP over gloo (CPU) or NCCL (GPU).
+
+    python examples/tiny_gpt.py --steps 40                       # one process
+    trainready run --nproc-per-node 2 -- python examples/tiny_gpt.py --steps 40
+
+Seeded and resumable: the data position, RNG states, model, optimizer and LR schedule are in
+the checkpoint, so a run killed at any moment and started again with the same command ends
+with the same per-step losses and the same `final_state_sha256=` (rank 0's last stdout line)
+as a run never interrupted. The corpus is generated (a seeded word-level Markov chain), so
+nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import random
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import trainready
+from trainready.plan.model_spec import ModelSpec
+from trainready.store import Position, training_state
+
+VOCAB = 256  # bytes
+
+
+def make_corpus(n_bytes: int = 400_000, seed: int = 1234) -> torch.Tensor:
+    """Made-up words strung together by a seeded Markov chain: structure a model can learn."""
+    rng = random.Random(seed)
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    words = ["".join(rng.choice(letters[: rng.randint(6, 26)]) for _ in range(rng.randint(2, 8))) for _ in range(300)]
+    follow = {w: rng.sample(words, 6) for w in words}
+    out, word = [], rng.choice(words)
+    size = 0
+    while size < n_bytes:
+        word = rng.choice(follow[word]) if rng.random() < 0.85 else rng.choice(words)
+        piece = word + (". " if rng.random() < 0.1 else " ")
+        out.append(piece)
+        size += len(piece)
+    return torch.tensor(list("".join(out).encode()[:n_bytes]), dtype=torch.long)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, s, d)))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, d: int, layers: int, heads: int, seq_len: int, dropout: float):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.tok.weight  # tied
+        for module in self.modules():  # GPT-2's init: small weights, so the first loss is ~ln(256)
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The same shape for trainready's FLOP model (MFU)."""
+    return ModelSpec(name="tiny-gpt", family="gpt", vocab_size=VOCAB, hidden_size=args.d, num_layers=args.layers,
+                     num_heads=args.heads, num_kv_heads=args.heads, ffn_hidden_size=4 * args.d, mlp="gelu",
+                     norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True,
+                     position="learned", max_seq_len=args.seq_len)
+
+
+def batch_at(corpus: torch.Tensor, index: int, rank: int, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch depends only on the data position, so restoring the position restores the stream."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + index * 31 + rank)
+    starts = torch.randint(0, len(corpus) - args.seq_len - 1, (args.batch,), generator=g)
+    rows = torch.stack([corpus[s: s + args.seq_len + 1] for s in starts.tolist()])
+    if args.data_delay_ms:
+        time.sleep(args.data_delay_ms / 1000)  # a slow loader, for the scaling diagnosis demo
+    return rows[:, :-1], rows[:, 1:]
+
+
+def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for index, state in sorted(optimizer.state_dict()["state"].items()):
+        for key, value in sorted(state.items()):
+            h.update(f"{index}.{key}".encode())
+            h.update(value.detach().cpu().contiguous().numpy().tobytes() if torch.is_tensor(value) else repr(value).encode())
+    return h.hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per process per step")
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--d", type=int, default=192)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (fixed: results depend on it)")
+    ap.add_argument("--data-delay-ms", type=float, default=0.0)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    sess = trainready.init(total_steps=args.steps, model=model_spec(args), seq_len=args.seq_len)
+    torch.manual_seed(args.seed)
+    model = TinyGPT(args.d, args.layers, args.heads, args.seq_len, args.dropout).to(sess.device)
+    net = torch.nn.parallel.DistributedDataParallel(model) if sess.world_size > 1 else model
+    sess.watch(net)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    warmup = max(1, args.steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
+    position = Position()
+    state = training_state(net, optimizer, scheduler, position=position)
+    sess.restore(state)
+    corpus = make_corpus()
+    if sess.is_main:
+        params = sum(p.numel() for p in model.parameters())
+        print(f"tiny_gpt: {params / 1e6:.2f}M parameters, {sess.world_size} process(es), starting at step "
+              f"{sess.start_step} of {args.steps}", flush=True)
+
+    for step in range(sess.start_step, args.steps):
+        with sess.step(tokens=args.batch * args.seq_len) as t:
+            x, y = t.data(batch_at(corpus, position.index, sess.rank, args))
+            x, y = x.to(sess.device), y.to(sess.device)
+            loss = F.cross_entropy(net(x).view(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+            with t.optimizer():
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+            position.advance(args.batch * sess.world_size)
+            t.log(loss=loss.item(), lr=scheduler.get_last_lr()[0])
+        if sess.is_main:
+            print(f"step={step} loss={loss.item():.6f}", flush=True)
+        sess.maybe_save(step, state)
+    sess.finish()
+    if sess.is_main:
+        print(f"final_state_sha256={state_digest(model, optimizer)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

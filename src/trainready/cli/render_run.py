@@ -1,0 +1,131 @@
+"""Human and JSON output of `trainready run` and `trainready report`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .console import emit_json
+
+
+class RunOutcome(BaseModel):
+    """`trainready run --json` (docs/schemas/run-result.schema.json)."""
+
+    schema_version: int = 1
+    kind: str = "trainready-run-result"
+    exit_code: int
+    reason: str
+    message: str
+    run_dir: str
+    failed_ranks: list[dict[str, Any]]
+    log_tail: dict[str, list[str]]
+    log_files: list[str]
+    diagnoses: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def _diagnose(files: list[str]) -> Any:
+    try:
+        from trainready.run.diagnose import diagnose_files
+    except ImportError:
+        return None
+    from pathlib import Path
+
+    existing = [f for f in files if Path(f).exists()]
+    return diagnose_files(existing) if existing else None
+
+
+def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> int:
+    from trainready.run.launcher import Launcher
+    from trainready.run.live import LiveView
+    from trainready.run.summary import summarize
+
+    spec = configured.spec
+    for note in configured.notes:
+        console.print(f"trainready: {note}", highlight=False)
+    console.print(f"trainready: run directory {spec.run_dir}; price {configured.price_source}", highlight=False)
+    title = " ".join(spec.command)[:80]
+    view = LiveView(console, title, live=console.is_terminal and not json_out)
+    with view:
+        result = Launcher(spec, view.print, view.update).run()
+    report = _diagnose(result.log_files) if result.reason == "failed" else None
+    summary = summarize(spec.run_dir)
+    if json_out:
+        emit_json(RunOutcome(exit_code=result.exit_code, reason=result.reason, message=result.message,
+                             run_dir=str(spec.run_dir), failed_ranks=result.failed_ranks, log_tail=result.log_tail,
+                             log_files=result.log_files,
+                             diagnoses=[d.model_dump() for d in report.diagnoses] if report else [],
+                             summary=summary.model_dump()))
+    else:
+        _render_result(console, result, report)
+        render_summary(console, summary, brief=True)
+    return result.exit_code
+
+
+def _render_result(console: Console, result: Any, report: Any) -> None:
+    style = {"finished": "green", "failed": "bold red", "budget": "yellow", "signal": "yellow"}.get(result.reason, "cyan")
+    console.print(Text(f"trainready: {result.message} (exit {result.exit_code})", style=style))
+    for path, lines in result.log_tail.items():
+        console.print(Text(f"--- last lines of {path}", style="bold"))
+        for line in lines:
+            console.print(Text(line, style="dim"), soft_wrap=True)
+    if report is not None and report.diagnoses:
+        from .diagnose_cmd import render_diagnoses
+
+        render_diagnoses(console, report)
+
+
+def render_summary(console: Console, s: Any, brief: bool = False) -> None:
+    table = Table(title=None if brief else f"run {s.run_dir}", show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("status", f"{s.status}{f' (exit {s.exit_code})' if s.exit_code is not None else ''}"
+                   f"{f': {s.message}' if s.message and not brief else ''}"),
+        ("steps", f"{s.first_step}..{s.last_step}{f' of {s.total_steps}' if s.total_steps else ''} "
+                  f"({s.steps_logged} logged, {s.launches} launch(es), {s.worker_restarts} worker restart(s))"),
+        ("throughput", f"{_num(s.tokens_per_s_median)} tokens/s, {_num(s.step_s_median, 3)} s/step (median, after warm-up)"),
+        ("MFU", f"{100 * s.mfu_median:.1f}%" if s.mfu_median is not None else "n/a (no GPU peak or FLOP model)"),
+    ]
+    if s.shares is not None:
+        sh = s.shares
+        rows.append(("time went to", f"compute {sh.compute:.0%}, data wait {sh.data:.0%}, comm {sh.comm:.0%}, "
+                                     f"optimizer {sh.optimizer:.0%}, other {sh.other:.0%}"))
+    if s.loss_last is not None:
+        rows.append(("loss", f"{_num(s.loss_first, 4)} -> {_num(s.loss_last, 4)}"
+                             f"{f' ({s.nonfinite_losses} non-finite)' if s.nonfinite_losses else ''}"))
+    rows.append(("checkpoints", f"{s.checkpoints_saved} saved, newest step {s.last_checkpoint}, archived {s.last_archived}"))
+    if s.ckpt_interval:
+        rows.append(("interval", s.ckpt_interval))
+    c = s.cost
+    if c.usd_per_hour is not None:
+        rows.append(("cost", f"${c.spent_usd or 0:,.2f} at ${c.usd_per_hour:g}/h x {c.nnodes} node(s)"
+                             f"{f', projected ${c.projected_usd:,.2f}' if c.projected_usd is not None else ''}"
+                             f"{f', budget ${c.budget_usd:,.2f}' if c.budget_usd else ''}"))
+    for warning in s.warnings:
+        rows.append(("warning", warning))
+    for key, value in rows:
+        table.add_row(key, Text(str(value)))
+    console.print(table)
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render_scaling(console: Console, report: Any) -> None:
+    table = Table(title="scaling (weak: the same per-process batch at each count)")
+    for col in ("processes", "tokens/s", "per process", "efficiency", "step s", "data s", "comm s", "compute s",
+                "optimizer s", "other s"):
+        table.add_column(col, justify="right")
+    for p in report.points:
+        table.add_row(str(p.processes), _num(p.tokens_per_s), _num(p.tokens_per_s_per_process),
+                      f"{p.efficiency:.0%}" if p.efficiency is not None else "-", _num(p.step_s, 3), _num(p.data_s, 3),
+                      _num(p.comm_s, 3), _num(p.compute_s, 3), _num(p.optimizer_s, 3), _num(p.other_s, 3))
+    console.print(table)
+    for line in report.findings:
+        console.print(Text(f"- {line}"))

@@ -1,0 +1,91 @@
+"""`trainready run [options] -- python train.py ARGS`: launch on torchrun, watch, budget, resume.
+`trainready report RUN_DIR`: what a run did (finished or still running)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import options as o
+from .console import emit_json, err, out
+
+CODES = ("Exit codes: 0 training finished (or --emit/--scaling done); 1 a worker failed and --max-restarts ran out "
+         "(its last log lines and a diagnosis are shown); 2 usage error (bad option, missing script, unknown instance, "
+         "budget below one step, archive without credentials or unreachable), nothing started; 3 internal error; "
+         "4 stopped by the budget guard after a final checkpoint; 128+N interrupted by signal N (130 SIGINT, "
+         "143 SIGTERM) after a final checkpoint.")
+HELP = ("Run a training command on torchrun with checkpoints, telemetry, a live view and a budget guard. Workers get "
+        "their settings as TRAINREADY_* variables (trainready.init() reads them); the run directory holds run.json, "
+        "telemetry.jsonl, logs/ and summary.json. Run the same command again to resume.\n\n" + CODES)
+REPORT_HELP = ("Summarize a run directory: steps, throughput, MFU, where the time went, checkpoints, cost, how it "
+               "ended. Works while the run is going. Exit codes: 0 ok; 2 not a run directory; 3 internal error.")
+
+LAUNCH, CKPT, COST, MODES = "Launch", "Checkpoints", "Cost", "Other modes"
+
+
+def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMAND...", help="The training command, after `--`.", show_default=False)] = None,
+        nproc_per_node: Annotated[str, typer.Option("--nproc-per-node", help="Worker processes on this node: a number or 'gpu'.", rich_help_panel=LAUNCH)] = "1",
+        nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes in the job.", rich_help_panel=LAUNCH)] = 1,
+        node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank (0 on the first node).", rich_help_panel=LAUNCH)] = 0,
+        rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1.", rich_help_panel=LAUNCH)] = None,
+        rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="Rendezvous id, the same on every node.", rich_help_panel=LAUNCH)] = None,
+        max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the workers this many times after a failure (they resume from the newest checkpoint).", rich_help_panel=LAUNCH)] = 0,
+        run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory. [default: runs/<script name>]", rich_help_panel=LAUNCH)] = None,
+        grace: Annotated[float, typer.Option("--grace", min=1, help="Seconds from SIGINT/SIGTERM to exit: the final checkpoint and its upload (spot gives 120).", rich_help_panel=LAUNCH)] = 100.0,
+        show_ranks: Annotated[str, typer.Option("--show-ranks", help="Local ranks whose output is echoed here, e.g. 0 or 0,1 (all go to the logs).", rich_help_panel=LAUNCH)] = "0",
+        hot: Annotated[Optional[str], typer.Option("--hot", help="Hot checkpoint tier (the node's NVMe). [default: RUN_DIR/checkpoints]", rich_help_panel=CKPT)] = None,
+        archive: Annotated[Optional[str], typer.Option("--archive", help="Archive tier: a shared path or s3://bucket/prefix.", rich_help_panel=CKPT)] = None,
+        ckpt_every: Annotated[Optional[str], typer.Option("--ckpt-every", help="Checkpoint every N steps, or 'auto' (Young/Daly from the measured stall and the instance's MTBF). [default: at the end and when stopping]", rich_help_panel=CKPT)] = None,
+        keep_hot: Annotated[int, typer.Option("--keep-hot", min=1, help="Checkpoints kept on the hot tier.", rich_help_panel=CKPT)] = 2,
+        instance: Annotated[Optional[str], typer.Option("--instance", help="Instance type, for its price and MTBF (e.g. p4d.24xlarge).", rich_help_panel=COST)] = None,
+        spot: Annotated[bool, typer.Option("--spot", help="Spot capacity: spot price, shorter MTBF.", rich_help_panel=COST)] = False,
+        region: Annotated[Optional[str], typer.Option("--region", help="Region for the catalog price.", rich_help_panel=COST)] = None,
+        usd_per_hour: Annotated[Optional[float], typer.Option("--usd-per-hour", min=0.0, help="Price per node-hour (overrides the catalog).", rich_help_panel=COST)] = None,
+        budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", min=0.0, help="Stop with a final checkpoint before spending more than this (warnings at 50% and 80%).", rich_help_panel=COST)] = None,
+        mtbf_hours: Annotated[Optional[float], typer.Option("--mtbf-hours", min=0.0, help="The job's mean time between failures, for --ckpt-every auto. [default: catalog assumption]", rich_help_panel=COST)] = None,
+        job: Annotated[Optional[Path], typer.Option("--job", help="Job spec (plan --save): model for MFU, instance, price, step-time estimate.", rich_help_panel=COST)] = None,
+        scaling: Annotated[Optional[str], typer.Option("--scaling", help="Run briefly at each process count, e.g. 1,2,4,8, and report scaling efficiency and where time went.", rich_help_panel=MODES)] = None,
+        scaling_steps: Annotated[int, typer.Option("--scaling-steps", min=3, help="Steps per --scaling run (the first 2 are warm-up).", rich_help_panel=MODES)] = 12,
+        emit: Annotated[Optional[str], typer.Option("--emit", help="Print a launch file for this job instead of running: slurm, skypilot or torchrun.", rich_help_panel=MODES)] = None,
+        json_out: o.Json = False) -> None:
+    from trainready.run.configure import RunOptions, configure
+
+    opts = RunOptions(command=list(command or []), nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                      rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts, hot=hot, archive=archive,
+                      ckpt_every=ckpt_every, keep_hot=keep_hot, instance=instance, spot=spot, region=region,
+                      usd_per_hour=usd_per_hour, budget_usd=budget_usd, mtbf_hours=mtbf_hours, run_dir=run_dir, job=job,
+                      grace_s=grace, show_ranks=show_ranks)
+    if emit is not None:
+        from trainready.run.emit_cli import emit_for
+
+        text = emit_for(emit, opts)
+        if json_out:
+            emit_json({"schema_version": 1, "kind": emit, "text": text})
+        else:
+            out.file.write(text)
+        return
+    configured = configure(opts)
+    if scaling is not None:
+        from trainready.run.scaling import parse_counts, run_scaling
+
+        from .render_run import render_scaling
+
+        report = run_scaling(configured.spec, parse_counts(scaling), scaling_steps, quiet=json_out)
+        emit_json(report) if json_out else render_scaling(out, report)
+        raise typer.Exit(0 if report.ok else 1)
+    from .render_run import launch_and_render
+
+    code = launch_and_render(configured, json_out=json_out, console=err if json_out else out)
+    raise typer.Exit(code)
+
+
+def report(run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory (--run-dir of trainready run).", show_default=False)],
+           json_out: o.Json = False) -> None:
+    from trainready.run.summary import summarize
+
+    from .render_run import render_summary
+
+    summary = summarize(run_dir)
+    emit_json(summary) if json_out else render_summary(out, summary)

@@ -1,0 +1,1 @@
+"""Launching, watching and resuming training runs (torchrun underneath)."""

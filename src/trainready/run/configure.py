@@ -1,0 +1,131 @@
+"""From `trainready run` options (and an optional job spec) to a checked LaunchSpec.
+
+Everything that can be wrong before a worker starts is found here (preflight.py), so a bad
+script path, instance, price, budget or archive costs nothing."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainready.errors import UsageError
+
+from . import preflight
+from .launcher import LaunchSpec
+from .settings import RunSettings
+
+
+@dataclass
+class RunOptions:
+    command: list[str]
+    nproc_per_node: str = "1"
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    hot: str | None = None
+    archive: str | None = None
+    ckpt_every: str | None = None
+    keep_hot: int = 2
+    instance: str | None = None
+    spot: bool = False
+    region: str | None = None
+    usd_per_hour: float | None = None
+    budget_usd: float | None = None
+    mtbf_hours: float | None = None
+    run_dir: Path | None = None
+    job: Path | None = None
+    grace_s: float = 100.0
+    show_ranks: str = "0"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Configured:
+    spec: LaunchSpec
+    price_source: str
+    step_s_estimate: float | None
+    notes: list[str]
+
+
+def default_run_dir(command: list[str]) -> Path:
+    script = next((a for a in command[1:] if not a.startswith("-")), command[0] if command else "run")
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(script).stem) or "run"
+    return Path("runs") / stem
+
+
+def _nproc(value: str, gpus_per_node: int | None) -> int | str:
+    if value in ("gpu", "auto", "cpu"):
+        return value if gpus_per_node is None or value != "gpu" else gpus_per_node
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"--nproc-per-node {value!r}: a number >= 1, or 'gpu' (one per GPU)")
+    return int(value)
+
+
+def _ckpt_every(value: str | None) -> int | str | None:
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text == "auto":
+        return "auto"
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise UsageError(f"--ckpt-every {value!r}: a number of steps (>= 1) or 'auto' (Young/Daly from measured stalls)")
+
+
+def _from_job(path: Path, opts: RunOptions, notes: list[str]) -> tuple[float | None, float | None]:
+    """Fill unset options from the job spec; returns (FLOPs per token, estimated step seconds)."""
+    from trainready.catalog import load_catalog
+    from trainready.plan.estimate import estimate_setup
+    from trainready.plan.job import load_job
+    from trainready.plan.performance import model_flops_per_token
+    from trainready.plan.setup import resolve
+
+    job = load_job(path)
+    opts.instance = opts.instance or job.instance
+    opts.spot = opts.spot or job.spot
+    opts.region = opts.region or job.region
+    opts.usd_per_hour = opts.usd_per_hour or job.usd_per_hour
+    setup = resolve(job, load_catalog())
+    if opts.nnodes == 1 and setup.nodes > 1 and opts.rdzv_endpoint:
+        opts.nnodes = setup.nodes
+    result = estimate_setup(setup)
+    step_s = result.time.step_s if hasattr(result, "time") and hasattr(result.time, "step_s") else None
+    notes.append(f"job {path}: {setup.model.name}, {setup.n_gpus} x {setup.gpu.name}, {setup.strategy}; "
+                 f"plan estimate {step_s:.2f} s/step" if step_s else f"job {path}: {setup.model.name}")
+    return model_flops_per_token(setup), step_s
+
+
+def configure(opts: RunOptions) -> Configured:
+    preflight.check_command(opts.command)
+    preflight.check_rendezvous(opts.nnodes, opts.node_rank, opts.rdzv_endpoint)
+    if opts.max_restarts < 0:
+        raise UsageError(f"--max-restarts {opts.max_restarts}: must be >= 0")
+    notes: list[str] = []
+    flops, step_s = _from_job(opts.job, opts, notes) if opts.job else (None, None)
+    gpus_per_node = None
+    if opts.instance:
+        from trainready.catalog import load_catalog
+
+        gpus_per_node = load_catalog().instance(opts.instance).gpu_count
+    price = preflight.resolve_price(opts.instance, opts.spot, opts.usd_per_hour, opts.region)
+    preflight.check_budget(opts.budget_usd, price, opts.nnodes, step_s)
+    preflight.check_archive(opts.archive)
+    run_dir = (opts.run_dir or default_run_dir(opts.command)).resolve()
+    settings = RunSettings(
+        run_dir=run_dir, hot=opts.hot, archive=opts.archive, ckpt_every=_ckpt_every(opts.ckpt_every),
+        keep_hot=opts.keep_hot, budget_usd=opts.budget_usd, usd_per_hour=price.usd_per_hour, nnodes=opts.nnodes,
+        instance=opts.instance, spot=opts.spot, mtbf_h=opts.mtbf_hours, flops_per_token=flops, grace_s=opts.grace_s)
+    config: dict[str, Any] = {
+        "nproc_per_node": opts.nproc_per_node, "nnodes": opts.nnodes, "node_rank": opts.node_rank,
+        "rdzv_endpoint": opts.rdzv_endpoint, "max_restarts": opts.max_restarts, "hot": settings.hot_dir,
+        "archive": opts.archive, "ckpt_every": settings.ckpt_every, "instance": opts.instance, "spot": opts.spot,
+        "usd_per_hour": price.usd_per_hour, "price_source": price.source, "budget_usd": opts.budget_usd,
+        "job": str(opts.job) if opts.job else None}
+    spec = LaunchSpec(command=opts.command, settings=settings, nproc_per_node=_nproc(opts.nproc_per_node, gpus_per_node),
+                      nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
+                      rdzv_id=opts.rdzv_id, max_restarts=opts.max_restarts, show_ranks=opts.show_ranks, config=config)
+    return Configured(spec, price.source, step_s, notes)

@@ -1,0 +1,85 @@
+"""When workers fail for good: which rank, how, its last log lines, and what the logs say.
+
+torchrun ends with a ChildFailedError summary ("Root Cause (first observed failure)") naming
+each failed rank, its local rank and exit code; its per-rank logs are under
+RUN_DIR/logs/<rdzv-run-id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from .launcher import EXIT_FAILED, LaunchResult, LaunchSpec
+
+TAIL_LINES = 25
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+
+
+def failed_ranks(output: list[str]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    rank = None
+    for line in output:
+        if m := _RANK.match(line):
+            rank = {"rank": int(m.group(1)), "local_rank": int(m.group(2))}
+        elif (m := _EXIT.match(line)) and rank is not None:
+            rank.update(exit_code=int(m.group(1)), pid=int(m.group(2)))
+            if rank not in found:
+                found.append(rank)
+            rank = None
+    return found
+
+
+def latest_attempt(run_dir: Path) -> Path | None:
+    attempts = sorted((run_dir / "logs").glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
+    return attempts[-1] if attempts else None
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (often the kernel's OOM killer: host memory; see `dmesg`)" if code == -9 else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"
+
+
+def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> LaunchResult:
+    ranks = failed_ranks(output)
+    attempt = latest_attempt(spec.run_dir)
+    tails: dict[str, list[str]] = {}
+    files: list[str] = []
+    shown = ranks or [{"local_rank": int(p.name)} for p in sorted(attempt.iterdir()) if p.name.isdigit()] if attempt else ranks
+    for rank in shown:
+        if attempt is None:
+            break
+        for stream in ("stderr.log", "stdout.log"):
+            path = attempt / str(rank["local_rank"]) / stream
+            if path.exists():
+                files.append(str(path))
+                lines = _tail(path)
+                if lines and str(path) not in tails and (stream == "stderr.log" or not tails):
+                    tails[str(path)] = lines
+    restarts = spec.max_restarts
+    if ranks:
+        first = ranks[0]
+        what = describe_exit(first.get("exit_code", returncode))
+        message = (f"worker rank {first['rank']} (local rank {first['local_rank']}) failed: {what}"
+                   f"{f', after {restarts} restart(s)' if restarts else ''}")
+    else:
+        message = f"torchrun exited with {describe_exit(returncode)} before any worker reported (see launcher.log)"
+    return LaunchResult(EXIT_FAILED, "failed", message, failed_ranks=ranks, log_tail=tails,
+                        log_files=files + [str(spec.run_dir / "launcher.log")])

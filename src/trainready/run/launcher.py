@@ -1,0 +1,240 @@
+"""`trainready run`: start the user's command on torchrun, watch it, stop it cleanly.
+
+torchrun (torch.distributed.run) is the engine: it spawns the workers, restarts them up to
+--max-restarts times, writes per-rank logs (--log-dir/--redirects/--tee). This module adds:
+* the run directory (run.json, telemetry.jsonl, logs/, summary.json),
+* settings for the workers as TRAINREADY_* variables (settings.py),
+* the agent dies with the launcher (PR_SET_PDEATHSIG) and workers watch the launcher
+  (watchdog.py), so a SIGKILLed launcher leaves no orphan writing checkpoints,
+* SIGINT/SIGTERM forwarded as SIGTERM: workers save, upload and exit within --grace,
+* exit codes (EXIT_*) from what happened, and the failing worker's last lines when it fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .settings import RunSettings
+from .summary import summarize
+from .telemetry import FILE, TelemetryWriter, read_records
+from .watchdog import process_start_ticks
+
+RUN_SCHEMA_VERSION = 1
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BUDGET = 0, 1, 2, 3, 4
+PYTHONS = ("python", "python3", sys.executable, os.path.basename(sys.executable))
+
+
+@dataclass
+class LaunchSpec:
+    command: list[str]
+    settings: RunSettings
+    nproc_per_node: int | str = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    show_ranks: str = "0"  # local ranks echoed to the console (all go to the logs)
+    config: dict[str, Any] = field(default_factory=dict)  # what the user asked for, for run.json
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.settings.run_dir is not None
+        return self.settings.run_dir
+
+
+@dataclass
+class LaunchResult:
+    exit_code: int
+    reason: str  # finished | failed | budget | signal | max_steps
+    message: str
+    failed_ranks: list[dict[str, Any]] = field(default_factory=list)
+    log_tail: dict[str, list[str]] = field(default_factory=dict)
+    log_files: list[str] = field(default_factory=list)
+
+
+def torchrun_argv(spec: LaunchSpec) -> list[str]:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes),
+            "--nproc-per-node", str(spec.nproc_per_node), "--max-restarts", str(spec.max_restarts),
+            "--log-dir", str(spec.run_dir / "logs"), "--redirects", "3", "--tee", "3",
+            "--local-ranks-filter", spec.show_ranks, "--shutdown-timeout", str(int(spec.settings.grace_s)),
+            "--monitor-interval", "0.5"]
+    if spec.nnodes == 1 and not spec.rdzv_endpoint:
+        argv += ["--standalone"]  # c10d on a free local port: two runs on one machine never collide
+    else:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint or "",
+                 "--rdzv-id", spec.rdzv_id or "trainready", "--node-rank", str(spec.node_rank)]
+    cmd = list(spec.command)
+    if os.path.basename(cmd[0]) in PYTHONS or cmd[0] in PYTHONS:
+        rest = cmd[1:]
+        if rest[:1] == ["-m"]:
+            return argv + ["-m"] + rest[1:]
+        return argv + rest
+    return argv + ["--no-python"] + cmd
+
+
+def _die_with_parent() -> None:
+    """In the torchrun agent before exec: SIGKILL it when the launcher dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Launcher:
+    """One launch of a run (a run may be launched again with the same command: it resumes)."""
+
+    def __init__(self, spec: LaunchSpec, on_output: Callable[[str], None], on_records: Callable[[list], None]):
+        self.spec = spec
+        self.on_output, self.on_records = on_output, on_records
+        self.agent: subprocess.Popen | None = None
+        self.signalled: int | None = None
+        self.start_unix = time.time()
+        self.output_tail: list[str] = []
+        self._offset = 0
+
+    # ---- run.json ----------------------------------------------------------------------------
+
+    def _run_json(self) -> Path:
+        return self.spec.run_dir / "run.json"
+
+    def _read_info(self) -> dict[str, Any]:
+        try:
+            return json.loads(self._run_json().read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_info(self, info: dict[str, Any]) -> None:
+        tmp = self._run_json().with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(info, indent=2, default=str))
+        os.replace(tmp, self._run_json())
+
+    def _prior_billed_s(self, info: dict[str, Any]) -> float:
+        records, _ = read_records(self.spec.run_dir / FILE)
+        total = 0.0
+        for launch in info.get("launches", []):
+            start = launch.get("start_unix") or 0
+            end = launch.get("end_unix") or max((r["t"] for r in records if r["t"] >= start), default=start)
+            total += max(0.0, end - start)
+        return total
+
+    def _begin(self) -> dict[str, Any]:
+        run_dir = self.spec.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        info = self._read_info()
+        prior = self._prior_billed_s(info)
+        from .environment import describe_environment
+
+        info.setdefault("schema_version", RUN_SCHEMA_VERSION)
+        info.setdefault("kind", "trainready-run")
+        info["command"] = self.spec.command
+        info["config"] = self.spec.config
+        info["environment"] = describe_environment(self.spec.command)
+        info.setdefault("created_unix", self.start_unix)
+        info.setdefault("launches", []).append({
+            "start_unix": self.start_unix, "end_unix": None, "exit_code": None, "reason": None,
+            "pid": os.getpid(), "node_rank": self.spec.node_rank, "prior_billed_s": round(prior, 3)})
+        self._write_info(info)
+        (run_dir / "stop.json").unlink(missing_ok=True)
+        self.settings = self.spec.settings.model_copy(update={
+            "prior_s": prior, "launch_unix": self.start_unix, "launcher_pid": os.getpid(),
+            "launcher_start_ticks": process_start_ticks(os.getpid())})
+        _, self._offset = read_records(run_dir / FILE)  # the live view starts with this launch
+        return info
+
+    def _end(self, result: LaunchResult) -> None:
+        info = self._read_info()
+        launch = info["launches"][-1]
+        launch.update(end_unix=time.time(), exit_code=result.exit_code, reason=result.reason, message=result.message)
+        self._write_info(info)
+        TelemetryWriter(self.spec.run_dir, source="launcher").write(
+            "exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
+        (self.spec.run_dir / "summary.json").write_text(summarize(self.spec.run_dir).model_dump_json(indent=2))
+
+    # ---- running -----------------------------------------------------------------------------
+
+    def run(self) -> LaunchResult:
+        self._begin()
+        env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
+        TelemetryWriter(self.spec.run_dir, source="launcher").write(
+            "launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.agent = subprocess.Popen(torchrun_argv(self.spec), env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, preexec_fn=_die_with_parent)
+            pump = threading.Thread(target=self._pump, daemon=True)
+            pump.start()
+            while self.agent.poll() is None:
+                self._poll_telemetry()
+                time.sleep(0.25)
+            pump.join(timeout=5)
+            self._poll_telemetry()
+            result = self._outcome(self.agent.returncode)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        self._end(result)
+        return result
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.agent is None or self.agent.poll() is not None:
+            return
+        if self.signalled is None:
+            self.signalled = signum
+            self.on_output(f"trainready: {signal.Signals(signum).name}: asking the workers to save and stop "
+                           f"(up to {self.spec.settings.grace_s:.0f} s; signal again to stop at once)")
+            self.agent.send_signal(signal.SIGTERM)
+        else:
+            self.on_output("trainready: second signal: stopping now, without waiting for the checkpoint")
+            self.agent.kill()  # workers see their parent go and exit (watchdog)
+
+    def _pump(self) -> None:
+        assert self.agent is not None and self.agent.stdout is not None
+        with open(self.spec.run_dir / "launcher.log", "ab") as log:
+            for raw in iter(self.agent.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode(errors="replace").rstrip("\n")
+                self.output_tail = (self.output_tail + [line])[-400:]
+                self.on_output(line)
+
+    def _poll_telemetry(self) -> None:
+        records, self._offset = read_records(self.spec.run_dir / FILE, self._offset)
+        if records:
+            self.on_records(records)
+
+    # ---- outcome -----------------------------------------------------------------------------
+
+    def _outcome(self, returncode: int) -> LaunchResult:
+        stop = self._read_stop()
+        if stop is not None:
+            return LaunchResult(int(stop.get("exit_code", 0)), stop.get("reason", "stopped"), stop.get("message", ""))
+        if self.signalled is not None:
+            return LaunchResult(128 + self.signalled, "signal",
+                                f"interrupted by {signal.Signals(self.signalled).name} before the workers could save: "
+                                "the newest committed checkpoint is intact and the next run resumes from it")
+        if returncode == 0:
+            return LaunchResult(EXIT_OK, "finished", "training finished")
+        from .failure import explain_failure
+
+        return explain_failure(self.spec, self.output_tail, returncode)
+
+    def _read_stop(self) -> dict[str, Any] | None:
+        path = self.spec.run_dir / "stop.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,128 @@
+"""The launcher's live view, fed by telemetry records: a Rich panel on a terminal, a status
+line every STATUS_EVERY_S seconds otherwise (CI logs, `nohup`). Worker output scrolls above it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+STATUS_EVERY_S = 10.0
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+class LiveView:
+    def __init__(self, console: Console, title: str, live: bool):
+        self.console, self.title = console, title
+        self.step: dict[str, Any] | None = None
+        self.start: dict[str, Any] | None = None
+        self.events: list[str] = []
+        self.restarts = 0
+        self._live: Live | None = Live(console=console, refresh_per_second=4, transient=False) if live else None
+        self._last_status = 0.0
+
+    def __enter__(self) -> LiveView:
+        if self._live is not None:
+            self._live.start()
+            self._live.update(self.render())
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        if self._live is not None:
+            self._live.update(self.render())
+            self._live.stop()
+
+    def print(self, line: str) -> None:
+        """Worker output and launcher messages (above the panel when live)."""
+        self.console.print(Text(line), soft_wrap=True)
+
+    def update(self, records: list[dict[str, Any]]) -> None:
+        for r in records:
+            kind = r.get("type")
+            if kind == "step":
+                self.step = r
+            elif kind == "start":
+                self.start = r
+                if r.get("restart_count"):
+                    self.restarts = r["restart_count"]
+                    self._event(f"workers restarted (restart {r['restart_count']}), world size {r.get('world_size')}")
+            elif kind == "restore":
+                where = f"step {r['step']} from the {r.get('tier')} tier" if r.get("step") is not None else "nothing: fresh start"
+                self._event(f"restored {where}")
+            elif kind in ("ckpt_interval", "budget", "stop") and r.get("message"):
+                self._event(r["message"])
+        if self._live is not None:
+            self._live.update(self.render())
+        elif self.step is not None and time.monotonic() - self._last_status >= STATUS_EVERY_S:
+            self._last_status = time.monotonic()
+            self.console.print(self.status_line(), highlight=False)
+
+    def _event(self, message: str) -> None:
+        self.events = (self.events + [message])[-4:]
+        if self._live is None:
+            self.console.print(f"trainready: {message}", highlight=False)
+
+    def status_line(self) -> str:
+        s = self.step or {}
+        loss = (s.get("metrics") or {}).get("loss")
+        total = (self.start or {}).get("total_steps")
+        return (f"step {s.get('step')}{f'/{total}' if total else ''}"
+                f"{f'  loss {loss:.4f}' if isinstance(loss, (int, float)) else ''}"
+                f"  {s.get('tokens_per_s') or 0:,.0f} tok/s  MFU {_pct(s.get('mfu'))}"
+                f"  data wait {_pct(_share(s, 'data_s'))}  ETA {_dur(s.get('eta_s'))}  cost {_usd(s.get('cost_usd'))}")
+
+    def render(self) -> Panel:
+        s = self.step or {}
+        start = self.start or {}
+        grid = Table.grid(padding=(0, 2))
+        for _ in range(4):
+            grid.add_column()
+        loss = (s.get("metrics") or {}).get("loss")
+        total = start.get("total_steps")
+        ckpt = s.get("ckpt") or {}
+        saving = "saving" if ckpt.get("saving") else ("uploading" if ckpt.get("uploading") else "")
+        mfu = _pct(s.get("mfu")) if s.get("mfu") is not None else ("n/a (no GPU peak)" if not start.get("peak_tflops") else "-")
+        grid.add_row("step", f"{s.get('step', '-')}{f' / {total}' if total else ''}", "loss",
+                     f"{loss:.4f}" if isinstance(loss, (int, float)) else "-")
+        grid.add_row("tokens/s", f"{s.get('tokens_per_s') or 0:,.0f}", "MFU", mfu)
+        grid.add_row("data wait", _pct(_share(s, "data_s")), "comm", _pct(_share(s, "comm_s")))
+        grid.add_row("checkpoint", f"hot {ckpt.get('last_saved', '-')}  archived {ckpt.get('archived', '-')} {saving}".strip(),
+                     "ETA", _dur(s.get("eta_s")))
+        budget = start.get("budget_usd")
+        grid.add_row("cost", _usd(s.get("cost_usd")), "projected",
+                     f"{_usd(s.get('projected_usd'))}{f' (budget {_usd(budget)})' if budget else ''}")
+        parts: list[Any] = [grid]
+        if self.events:
+            parts.append(Text("\n".join(self.events), style="dim"))
+        world = start.get("world_size")
+        title = f"{self.title}  [{world} process{'es' if world != 1 else ''}]" if world else self.title
+        return Panel(Group(*parts), title=title, border_style="cyan")
+
+
+def _share(step: dict[str, Any], key: str) -> float | None:
+    interval = step.get("interval_s")
+    value = step.get(key)
+    if not interval or value is None:
+        return None
+    return min(1.0, value / interval)

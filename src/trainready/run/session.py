@@ -1,0 +1,421 @@
+"""The session API a training script uses: `sess = trainready.init()`.
+
+    sess = trainready.init(total_steps=1000)
+    step = sess.restore(state)                  # newest valid checkpoint, or None
+    for step in range(sess.start_step, 1000):
+        with sess.step(tokens=n) as t:
+            batch = t.data(next(it))            # time waiting for data
+            ...
+            t.log(loss=loss)
+        sess.maybe_save(step, state)
+    sess.finish()
+
+Every decision that must be the same on all ranks (save now? stop now?) is computed from
+the numbers all ranks exchange once per step (one small all-gather on a gloo group of its own),
+so ranks always agree without a second round. Telemetry is written by rank 0.
+Contract: one session per process, used from the training thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import statistics
+import sys
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from trainready.errors import UsageError
+
+from .budget import BudgetGuard, CostClock
+from .interval import IntervalChoice, choose_interval, job_mtbf
+from .settings import RunSettings
+from .telemetry import TelemetryWriter
+from .timing import CommWatch, StepTimer, StepTimes
+from .watchdog import start_watch
+
+log = logging.getLogger("trainready.run")
+
+EXIT_BUDGET = 4
+STOP_FILE = "stop.json"
+# per-rank numbers exchanged after every step, in this order
+_FIELDS = ("step_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now", "commit_s")
+_PACE_WINDOW = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    save: bool
+    stop: str | None  # "signal" | "budget" | "max_steps" | None
+
+
+class Session:
+    """See the module docstring. Build it with `trainready.init()`."""
+
+    def __init__(self, settings: RunSettings, *, flops_per_token: float | None = None, backend: str | None = None):
+        self.settings = settings
+        self._init_distributed(backend)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        self._group = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        self._watch = start_watch(settings.launcher_pid, settings.launcher_start_ticks,
+                                  watch_parent="TORCHELASTIC_RUN_ID" in os.environ)
+        self.telemetry = TelemetryWriter(settings.run_dir if self.rank == 0 else None, source="rank0")
+        self.flops_per_token = settings.flops_per_token or flops_per_token
+        self.gpu_name, self.peak_flops = _detect_peak(self.device, settings.peak_tflops)
+        launch = settings.launch_unix or time.time()
+        self.budget = BudgetGuard(settings.budget_usd, CostClock(settings.usd_per_hour, settings.nnodes,
+                                                                 settings.prior_s, launch))
+        mtbf_h, self._mtbf_note = job_mtbf(settings.nnodes, int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
+                                           settings.spot, settings.mtbf_h)
+        self._mtbf_h = mtbf_h
+        self.manager = self._make_manager()
+        self._signal: int | None = None
+        self._install_signal_handlers()
+        self.start_step = 0
+        self._next_step = 0
+        self._steps_this_launch = 0
+        self._since_save = 0
+        self._last_end = time.perf_counter()
+        self._pace: deque[float] = deque(maxlen=_PACE_WINDOW)
+        self._stalls: deque[float] = deque(maxlen=5)
+        self._commit_s = 0.0
+        self._interval: IntervalChoice | None = None
+        self._decision: Decision | None = None
+        self._comm_watch: CommWatch | None = None
+        self._last_saved: int | None = None
+        self._finished = False
+        self._start_record()
+
+    # ---- setup -------------------------------------------------------------------------------
+
+    def _init_distributed(self, backend: str | None) -> None:
+        if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+
+    def _make_manager(self) -> Any:
+        from trainready.store import CheckpointManager
+
+        return CheckpointManager(self.settings.hot_dir, self.settings.archive, keep_hot=self.settings.keep_hot,
+                                 async_save=self.settings.async_save)
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            if self._signal is not None:  # a second signal: stop waiting
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            self._signal = signum
+            log.warning("signal %s: saving a checkpoint after this step, then stopping", signal.Signals(signum).name)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handler)
+
+    def _start_record(self) -> None:
+        import socket
+
+        ident = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname()}
+        everyone = self._gather_objects(ident)
+        self.telemetry.write(
+            "start", world_size=self.world_size, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            backend=dist.get_backend() if dist.is_initialized() else None, device=str(self.device), gpu=self.gpu_name,
+            peak_tflops=self.peak_flops / 1e12 if self.peak_flops else None, flops_per_token=self.flops_per_token,
+            hot=self.settings.hot_dir, archive=_redacted(self.settings.archive), ckpt_every=self.settings.ckpt_every,
+            total_steps=self.settings.total_steps, budget_usd=self.settings.budget_usd,
+            usd_per_hour=self.settings.usd_per_hour, nnodes=self.settings.nnodes, workers=everyone,
+            run_id=self.manager.run_id, generation=self.manager.generation)
+
+    def _gather_objects(self, obj: Any) -> list[Any]:
+        if self._group is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    # ---- the API -----------------------------------------------------------------------------
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def restore(self, state: dict[str, Any]) -> int | None:
+        """Load the newest checkpoint that verifies into `state`; returns its step (the last one
+        completed) or None. Training continues at `sess.start_step`."""
+        result = self.manager.restore_details(state)
+        step = result.step if result else None
+        self.start_step = self._next_step = 0 if step is None else step + 1
+        self._last_saved = step
+        self.telemetry.write("restore", step=step, tier=result.tier if result else None,
+                             skipped=list(result.skipped) if result else [])
+        self._last_end = time.perf_counter()
+        return step
+
+    def watch(self, ddp_model: Any) -> Any:
+        """Time a DDP model's gradient all-reduce (a comm hook around the default one)."""
+        if self._comm_watch is None:
+            self._comm_watch = CommWatch()
+        if hasattr(ddp_model, "register_comm_hook"):
+            self._comm_watch.attach(ddp_model)
+        return ddp_model
+
+    @contextmanager
+    def step(self, tokens: float | None = None) -> Iterator[StepTimer]:
+        """Time one training step; `tokens`: tokens this rank processes in it."""
+        timer = StepTimer(tokens=tokens or 0, comm_watch=self._comm_watch)
+        timer.begin()
+        yield timer
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        times = timer.end()
+        self._after_step(times, timer.metrics)
+
+    def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
+        """Save when due (interval, auto interval, last step) or forced; on a stop (signal,
+        budget, max steps) save, wait for the upload, and exit. Returns whether it saved."""
+        decision = self._decision or Decision(save=self._fixed_interval_due(step), stop=None)
+        self._decision = None
+        last = self.settings.total_steps is not None and step >= self.settings.total_steps - 1
+        saved = False
+        if force or decision.save or last:
+            saved = self._save(step, state)
+        if decision.stop:
+            self._stop(step, decision.stop)
+        return saved
+
+    def finish(self) -> None:
+        """Wait for the last save and its upload, write the end record, release resources."""
+        if self._finished:
+            return
+        self._finished = True
+        self.manager.close()
+        self.telemetry.write("end", last_step=self._next_step - 1, steps_this_launch=self._steps_this_launch,
+                             last_saved=self._last_saved)
+        self.telemetry.close()
+        if self._group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._group)
+            self._group = None
+
+    # ---- per step ----------------------------------------------------------------------------
+
+    def _after_step(self, times: StepTimes, metrics: dict[str, Any]) -> None:
+        now_perf = time.perf_counter()
+        interval = now_perf - self._last_end
+        self._last_end = now_perf
+        mine = [times.step_s, times.data_s, times.comm_s, times.optimizer_s, times.tokens, interval,
+                float(self._signal or 0), time.time(), self._commit_s]
+        rows = self._exchange(mine)
+        step = self._next_step
+        self._next_step += 1
+        self._steps_this_launch += 1
+        self._since_save += 1
+        rank0 = dict(zip(_FIELDS, rows[0], strict=True))
+        self._pace.append(rank0["interval_s"])
+        pace = statistics.median(self._pace)
+        self._decision = self._decide(step, rows, pace)
+        self._record_step(step, rows, pace, times, metrics)
+
+    def _exchange(self, values: list[float]) -> list[list[float]]:
+        if self._group is None:
+            return [values]
+        mine = torch.tensor(values, dtype=torch.float64)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(out, mine, group=self._group)
+        return [t.tolist() for t in out]
+
+    def _decide(self, step: int, rows: list[list[float]], pace: float) -> Decision:
+        """The same inputs on every rank give the same decision."""
+        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
+        now = col["now"][0]
+        signals = [int(s) for s in col["signal"] if s]
+        if signals and self._signal is None:
+            self._signal = signals[0]  # another rank was signalled: stop together
+        if signals:
+            return Decision(save=True, stop="signal")
+        if self.settings.max_steps is not None and self._steps_this_launch >= self.settings.max_steps:
+            return Decision(save=False, stop="max_steps")
+        remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
+        final_save_s = self._final_save_estimate(max(col["commit_s"]), pace)
+        view = self.budget.assess(now, pace, final_save_s, remaining)
+        for warning in view.warnings:
+            self._warn("budget", warning, spent_usd=view.spent_usd, projected_usd=view.projected_usd)
+        if view.stop:
+            return Decision(save=True, stop="budget")
+        return Decision(save=self._interval_due(step, pace), stop=None)
+
+    def _final_save_estimate(self, commit_s: float, pace: float) -> float:
+        if commit_s <= 0:
+            commit_s = 2 * pace + 5.0  # nothing measured yet: be generous
+        return commit_s * (2 if self.settings.archive else 1)  # the upload takes about as long again
+
+    def _fixed_interval_due(self, step: int) -> bool:
+        every = self.settings.ckpt_every
+        return isinstance(every, int) and (step + 1) % every == 0
+
+    def _interval_due(self, step: int, pace: float) -> bool:
+        if self.settings.ckpt_every != "auto":
+            return self._fixed_interval_due(step)
+        if not self._stalls:  # measure a save's stall early: the second step of the launch
+            return self._steps_this_launch >= 2
+        if len(self._pace) < 3:
+            return False
+        choice = choose_interval(max(self._stalls), pace, self._mtbf_h, self._mtbf_note)
+        if self._interval is None or abs(choice.every_steps - self._interval.every_steps) > 0.2 * self._interval.every_steps:
+            self._interval = choice
+            if self.is_main:
+                log.warning("trainready: %s", choice.describe())
+            self.telemetry.write("ckpt_interval", every_steps=choice.every_steps, tau_s=round(choice.tau_s, 3),
+                                 stall_s=round(choice.stall_s, 4), step_s=round(choice.step_s, 4), mtbf_h=choice.mtbf_h,
+                                 assumption=choice.assumption, message=choice.describe())
+        return self._since_save >= self._interval.every_steps
+
+    def _record_step(self, step: int, rows: list[list[float]], pace: float, times: StepTimes,
+                     metrics: dict[str, Any]) -> None:
+        if not self.is_main or self.telemetry.path is None and not self.settings.live:
+            return
+        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
+        tokens = sum(col["tokens"])
+        interval = col["interval_s"][0]
+        tokens_per_s = tokens / interval if interval > 0 and tokens else None
+        mfu = None
+        if tokens_per_s and self.flops_per_token and self.peak_flops:
+            mfu = tokens_per_s * self.flops_per_token / (self.world_size * self.peak_flops)
+        remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
+        view = self.budget.assess(col["now"][0], pace, 0.0, remaining)
+        slowest = max(range(len(rows)), key=lambda r: col["step_s"][r])
+        status = self.manager.status()
+        self.telemetry.write(
+            "step", step=step, step_s=_r(times.step_s), interval_s=_r(interval),
+            data_s=_r(statistics.fmean(col["data_s"])), data_s_max=_r(max(col["data_s"])),
+            comm_s=_r(statistics.fmean(col["comm_s"])), optimizer_s=_r(statistics.fmean(col["optimizer_s"])),
+            compute_s=_r(max(0.0, statistics.fmean(col["step_s"]) - statistics.fmean(col["data_s"])
+                         - statistics.fmean(col["comm_s"]) - statistics.fmean(col["optimizer_s"]))),
+            tokens=tokens, tokens_per_s=_r(tokens_per_s), mfu=_r(mfu), slowest_rank=slowest,
+            cost_usd=_r(view.spent_usd), projected_usd=_r(view.projected_usd), eta_s=_r(view.eta_s),
+            ckpt={"last_saved": self._last_saved, "saving": status["saving"], "uploading": status["uploading"],
+                  "archived": _newest_step(self.manager)},
+            metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None})
+
+    def _warn(self, kind: str, message: str, **fields: Any) -> None:
+        if self.is_main:
+            log.warning("trainready: %s", message)
+            sys.stderr.write(f"trainready: {message}\n")
+        self.telemetry.write(kind, message=message, **fields)
+
+    # ---- saving and stopping -----------------------------------------------------------------
+
+    def _save(self, step: int, state: dict[str, Any]) -> bool:
+        t0 = time.perf_counter()
+        saved = self.manager.save(step, state)
+        stall = time.perf_counter() - t0
+        if saved:
+            self._stalls.append(stall)
+            self._since_save = 0
+            self._last_saved = step
+            commit = self.manager.last_commit
+            self._commit_s = commit[1] if commit else stall
+            self.telemetry.write("ckpt", step=step, stall_s=_r(stall), async_save=self.settings.async_save,
+                                 hot=self.settings.hot_dir)
+        return saved
+
+    def _stop(self, step: int, reason: str) -> None:
+        now = time.time()
+        messages = {
+            "signal": f"stopped by signal {signal.Signals(self._signal).name if self._signal else '?'} after step {step}, "
+                      f"with a checkpoint of step {self._last_saved}",
+            "budget": self.budget.stop_message(now, step) if self.settings.budget_usd else "budget",
+            "max_steps": f"stopped after {self._steps_this_launch} steps (max_steps)",
+        }
+        message = messages[reason]
+        remaining = max(1.0, self.settings.grace_s - 5.0)
+        upload_error = None
+        try:
+            self.manager.wait(timeout_s=remaining)
+        except Exception as exc:  # the checkpoint is committed on the hot tier; say what is missing
+            upload_error = str(exc)
+        exit_code = {"signal": 128 + (self._signal or signal.SIGTERM), "budget": EXIT_BUDGET, "max_steps": 0}[reason]
+        info = {"schema_version": 1, "reason": reason, "step": step, "checkpoint": self._last_saved,
+                "message": message, "exit_code": exit_code, "upload_error": upload_error,
+                "cost_usd": self.budget.clock.spent_usd(now)}
+        self.telemetry.write("stop", **info)
+        if self.is_main:
+            sys.stderr.write(f"trainready: {message}\n")
+        if self.local_rank == 0 and self.settings.run_dir is not None:  # every node's launcher reads its own
+            (self.settings.run_dir / STOP_FILE).write_text(json.dumps(info, indent=2))
+        self.finish()
+        # under the launcher every worker exits 0 (torchrun would restart a failure) and the
+        # launcher turns stop.json into the exit code; on its own the process exits with it
+        raise SystemExit(0 if self.settings.launcher_pid else exit_code)
+
+
+def _r(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _redacted(url: str | None) -> str | None:
+    from trainready.store.tiers import redact
+
+    return redact(url) if url else url
+
+
+def _newest_step(manager: Any) -> int | None:
+    rep = getattr(manager, "_replicator", None)
+    if rep is None:
+        return None
+    steps = [int(m.group(1)) for name in rep.status.archived if (m := re.match(r"step-(\d+)", name))]
+    return max(steps) if steps else None
+
+
+def _detect_peak(device: torch.device, given_tflops: float | None) -> tuple[str | None, float | None]:
+    if device.type != "cuda":
+        return None, given_tflops * 1e12 if given_tflops else None
+    name = torch.cuda.get_device_name(device)
+    if given_tflops:
+        return name, given_tflops * 1e12
+    from trainready.catalog import load_catalog
+
+    catalog = load_catalog()
+    for candidate in (name, name.replace("NVIDIA ", ""), *name.replace("NVIDIA ", "").split("-")[:1]):
+        try:
+            peak = catalog.gpu(candidate).peak_tflops("bf16")
+            return name, peak * 1e12 if peak else None
+        except UsageError:
+            continue
+    return name, None
+
+
+def init(*, model: Any = None, seq_len: int | None = None, flops_per_token: float | None = None,
+         backend: str | None = None, **settings: Any) -> Session:
+    """Start a session: settings from the launcher's TRAINREADY_* variables, overridden by
+    keyword arguments (any RunSettings field: hot, archive, ckpt_every, total_steps, ...).
+
+    model + seq_len (a trainready ModelSpec or preset name) give the FLOPs per token for MFU
+    through the planner's FLOP model; or pass flops_per_token directly."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if model is not None and flops_per_token is None:
+        flops_per_token = model_flops(model, seq_len)
+    return Session(RunSettings.from_env(**settings), flops_per_token=flops_per_token, backend=backend)
+
+
+def model_flops(model: Any, seq_len: int | None) -> float:
+    from trainready.plan.performance import flops_per_token
+    from trainready.plan.presets import preset
+
+    spec = preset(model) if isinstance(model, str) else model
+    if seq_len is None:
+        raise UsageError("init(model=...) needs seq_len= to count attention FLOPs")
+    return flops_per_token(spec, seq_len)

@@ -1,0 +1,190 @@
+"""What a run did, from its run directory: the launcher writes it as summary.json at the end,
+`trainready report` computes it for finished and running runs alike.
+
+Rates skip each launch's first WARMUP_STEPS steps (compilation, allocator growth, first save).
+Time shares are of the wall time between step ends, so they add up to 1 with `other`
+(checkpoint stalls, logging, anything outside `with sess.step()`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from trainready.errors import UsageError
+
+from .telemetry import FILE, read_records
+
+SUMMARY_SCHEMA_VERSION = 1
+WARMUP_STEPS = 2
+
+
+class TimeShares(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    data: float
+    compute: float
+    optimizer: float
+    comm: float
+    other: float
+
+
+class CostSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    spent_usd: float | None
+    projected_usd: float | None
+    budget_usd: float | None
+    usd_per_hour: float | None
+    nnodes: int
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SUMMARY_SCHEMA_VERSION
+    kind: Literal["trainready-run-summary"] = "trainready-run-summary"
+    run_dir: str
+    status: Literal["running", "finished", "stopped", "failed", "interrupted", "unknown"]
+    exit_code: int | None
+    message: str | None
+    command: list[str]
+    launches: int
+    worker_restarts: int
+    world_size: int | None
+    first_step: int | None
+    last_step: int | None
+    total_steps: int | None
+    steps_logged: int
+    tokens: float
+    wall_s: float | None
+    step_s_median: float | None
+    tokens_per_s_median: float | None
+    mfu_median: float | None
+    shares: TimeShares | None
+    loss_first: float | None
+    loss_last: float | None
+    nonfinite_losses: int
+    checkpoints_saved: int
+    last_checkpoint: int | None
+    last_archived: int | None
+    ckpt_interval: str | None
+    eta_s: float | None
+    cost: CostSummary
+    warnings: list[str]
+    stop: dict[str, Any] | None
+
+
+def load_run_info(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "run.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: unreadable ({exc})") from None
+
+
+def summarize(run_dir: Path) -> RunSummary:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"run directory {run_dir} does not exist")
+    info = load_run_info(run_dir)
+    records, _ = read_records(run_dir / FILE)
+    if not info and not records:
+        raise UsageError(f"{run_dir} is not a trainready run directory (no run.json, no {FILE})")
+    steps = [r for r in records if r["type"] == "step"]
+    starts = [r for r in records if r["type"] == "start"]
+    stop = next((r for r in reversed(records) if r["type"] == "stop"), None)
+    launches = info.get("launches", [])
+    last_launch = launches[-1] if launches else {}
+    return RunSummary(
+        run_dir=str(run_dir), status=_status(last_launch, records), exit_code=last_launch.get("exit_code"),
+        message=last_launch.get("message") or (stop or {}).get("message"), command=info.get("command", []),
+        launches=len(launches) or len({r.get("run_id") for r in starts} - {None}) or 0,
+        worker_restarts=sum(1 for r in starts if r.get("restart_count", 0) > 0),
+        world_size=starts[-1].get("world_size") if starts else None,
+        first_step=steps[0]["step"] if steps else None, last_step=steps[-1]["step"] if steps else None,
+        total_steps=starts[-1].get("total_steps") if starts else None, steps_logged=len(steps),
+        tokens=sum(r.get("tokens") or 0 for r in steps), wall_s=_wall(launches, records),
+        step_s_median=_median(_steady(steps, records), "interval_s"),
+        tokens_per_s_median=_median(_steady(steps, records), "tokens_per_s"),
+        mfu_median=_median(_steady(steps, records), "mfu"), shares=_shares(_steady(steps, records)),
+        loss_first=_loss(steps[0]) if steps else None, loss_last=_loss(steps[-1]) if steps else None,
+        nonfinite_losses=sum(1 for r in steps if "loss" in (r.get("metrics") or {}).get("nonfinite", [])),
+        checkpoints_saved=sum(1 for r in records if r["type"] == "ckpt"),
+        last_checkpoint=max((r["step"] for r in records if r["type"] == "ckpt"), default=None),
+        last_archived=steps[-1].get("ckpt", {}).get("archived") if steps else None,
+        ckpt_interval=next((r.get("message") for r in reversed(records) if r["type"] == "ckpt_interval"), None),
+        eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop),
+        warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
+        stop={k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")} if stop else None,
+    )
+
+
+def _status(launch: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    if launch and launch.get("exit_code") is None and launch.get("end_unix") is None:
+        return "running"
+    code = launch.get("exit_code")
+    reason = launch.get("reason")
+    if reason:
+        return {"finished": "finished", "budget": "stopped", "max_steps": "stopped", "signal": "interrupted",
+                "failed": "failed"}.get(reason, "unknown")
+    if code == 0:
+        return "finished"
+    if records and records[-1]["type"] == "end":
+        return "finished"
+    return "unknown" if code is None else "failed"
+
+
+def _steady(steps: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step records after each (re)start's warm-up."""
+    out, since_start = [], 0
+    for r in records:
+        if r["type"] in ("start", "restore"):
+            since_start = 0 if r["type"] == "start" else since_start
+        elif r["type"] == "step":
+            since_start += 1
+            if since_start > WARMUP_STEPS:
+                out.append(r)
+    return out or steps
+
+
+def _median(steps: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
+    return statistics.median(values) if values else None
+
+
+def _shares(steps: list[dict[str, Any]]) -> TimeShares | None:
+    total = sum(r.get("interval_s") or 0 for r in steps)
+    if total <= 0:
+        return None
+    parts = {k: sum(r.get(f"{k}_s") or 0 for r in steps) / total for k in ("data", "compute", "optimizer", "comm")}
+    other = max(0.0, 1.0 - sum(parts.values()))
+    return TimeShares(**{k: round(v, 4) for k, v in parts.items()}, other=round(other, 4))
+
+
+def _loss(record: dict[str, Any]) -> float | None:
+    value = (record.get("metrics") or {}).get("loss")
+    return value if isinstance(value, (int, float)) else None
+
+
+def _wall(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:
+    total = 0.0
+    for launch in launches:
+        start = launch.get("start_unix")
+        end = launch.get("end_unix") or max((r["t"] for r in records if r["t"] >= (start or 0)), default=start)
+        if start and end:
+            total += max(0.0, end - start)
+    return round(total, 3) if launches else None
+
+
+def _cost(starts: list[dict[str, Any]], steps: list[dict[str, Any]], stop: dict[str, Any] | None) -> CostSummary:
+    first = starts[-1] if starts else {}
+    spent = steps[-1].get("cost_usd") if steps else None
+    if stop and stop.get("cost_usd") is not None:
+        spent = max(spent or 0.0, stop["cost_usd"])
+    return CostSummary(spent_usd=spent, projected_usd=steps[-1].get("projected_usd") if steps else None,
+                       budget_usd=first.get("budget_usd"), usd_per_hour=first.get("usd_per_hour"),
+                       nnodes=first.get("nnodes") or 1)

@@ -1,0 +1,86 @@
+"""telemetry.jsonl: one JSON object per line, appended by rank 0 and by the launcher.
+
+Every record has `schema_version`, `type` and `t` (unix seconds); the types and their fields
+are documented in docs/run.md and docs/schemas/run-telemetry.schema.json. Non-finite numbers
+(a NaN loss) are written as null and named in `nonfinite`, so every line is strict JSON.
+Each record is one write() on an O_APPEND descriptor: the launcher and rank 0 can append to
+the same file, and a crash leaves at most one torn last line, which readers skip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TELEMETRY_SCHEMA_VERSION = 1
+FILE = "telemetry.jsonl"
+TYPES = ("launch", "start", "restore", "step", "ckpt", "ckpt_interval", "budget", "stop", "end", "exit")
+
+
+def _clean(record: dict[str, Any]) -> dict[str, Any]:
+    nonfinite = []
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            nonfinite.append(key)
+            value = None
+        elif isinstance(value, dict):
+            value = _clean(value)
+        out[key] = value
+    if nonfinite:
+        out["nonfinite"] = nonfinite
+    return out
+
+
+class TelemetryWriter:
+    """Appends records to RUN_DIR/telemetry.jsonl (or nowhere, when there is no run dir)."""
+
+    def __init__(self, run_dir: Path | None, source: str):
+        self.path = Path(run_dir) / FILE if run_dir else None
+        self.source = source
+        self._fd: int | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, type_: str, **fields: Any) -> dict[str, Any]:
+        record = _clean({"schema_version": TELEMETRY_SCHEMA_VERSION, "type": type_, "t": round(time.time(), 3),
+                         "source": self.source, **fields})
+        if self._fd is not None:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+            os.write(self._fd, line.encode())
+        return record
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_records(path: Path, since: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Complete records from byte offset `since`; returns them and the offset to continue from
+    (a line still being written is left for the next call)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(since)
+            data = f.read()
+    except FileNotFoundError:
+        return [], since
+    end = data.rfind(b"\n") + 1
+    records = list(_parse_lines(data[:end]))
+    return records, since + end
+
+
+def _parse_lines(data: bytes) -> Iterator[dict[str, Any]]:
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue  # torn by a crash: skip, never fail the reader
+        if isinstance(record, dict) and "type" in record:
+            yield record
