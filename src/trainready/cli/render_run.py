@@ -118,9 +118,8 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 
 def render_scaling(console: Console, report: Any) -> None:
-    table = Table(title="scaling (weak: the same per-process batch at each count)")
-    for col in ("processes", "tokens/s", "per process", "efficiency", "step s", "data s", "comm s", "compute s",
-                "optimizer s", "other s"):
+    table = Table(title="scaling (weak: the same batch per process); seconds per step", box=None)
+    for col in ("procs", "tok/s", "tok/s/proc", "eff", "step", "data", "comm", "compute", "optim", "other"):
         table.add_column(col, justify="right")
     for p in report.points:
         table.add_row(str(p.processes), _num(p.tokens_per_s), _num(p.tokens_per_s_per_process),

@@ -64,7 +64,8 @@ class BudgetGuard:
                 warnings.append(f"spent ${spent:.2f}, {fraction:.0%} of the ${self.budget_usd:.2f} budget")
         if projected is not None and projected > self.budget_usd and "projected" not in self._warned:
             self._warned.add("projected")
-            affordable = int(max(0.0, self.budget_usd - spent) / (rate * step_s)) if step_s > 0 else 0
+            left = self.budget_usd - spent - rate * final_save_s * MARGIN
+            affordable = int(max(0.0, left) / (rate * step_s * MARGIN)) if step_s > 0 else 0
             warnings.append(f"projected cost ${projected:.2f} is over the ${self.budget_usd:.2f} budget: "
                             f"the run will stop with a checkpoint after about {affordable} more steps")
         needed = rate * (step_s + final_save_s) * MARGIN

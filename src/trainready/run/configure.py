@@ -93,7 +93,7 @@ def _from_job(path: Path, opts: RunOptions, notes: list[str]) -> tuple[float | N
     if opts.nnodes == 1 and setup.nodes > 1 and opts.rdzv_endpoint:
         opts.nnodes = setup.nodes
     result = estimate_setup(setup)
-    step_s = result.time.step_s if hasattr(result, "time") and hasattr(result.time, "step_s") else None
+    step_s = result.throughput.step_time_s
     notes.append(f"job {path}: {setup.model.name}, {setup.n_gpus} x {setup.gpu.name}, {setup.strategy}; "
                  f"plan estimate {step_s:.2f} s/step" if step_s else f"job {path}: {setup.model.name}")
     return model_flops_per_token(setup), step_s
@@ -112,9 +112,13 @@ def configure(opts: RunOptions) -> Configured:
 
         gpus_per_node = load_catalog().instance(opts.instance).gpu_count
     price = preflight.resolve_price(opts.instance, opts.spot, opts.usd_per_hour, opts.region)
-    preflight.check_budget(opts.budget_usd, price, opts.nnodes, step_s)
-    preflight.check_archive(opts.archive)
     run_dir = (opts.run_dir or default_run_dir(opts.command)).resolve()
+    measured = preflight.measured_step_s(run_dir)
+    if measured is not None:
+        preflight.check_budget(opts.budget_usd, price, opts.nnodes, measured, "measured in this run's earlier launches")
+    else:
+        preflight.check_budget(opts.budget_usd, price, opts.nnodes, step_s, "the plan's estimate for --job")
+    preflight.check_archive(opts.archive)
     settings = RunSettings(
         run_dir=run_dir, hot=opts.hot, archive=opts.archive, ckpt_every=_ckpt_every(opts.ckpt_every),
         keep_hot=opts.keep_hot, budget_usd=opts.budget_usd, usd_per_hour=price.usd_per_hour, nnodes=opts.nnodes,

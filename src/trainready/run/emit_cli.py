@@ -14,7 +14,8 @@ def emit_for(kind: str, opts: RunOptions) -> str:
         near = closest(kind, EMIT_KINDS)
         raise UsageError(f"--emit {kind!r}: valid kinds are {', '.join(EMIT_KINDS)}"
                          f"{f'. Did you mean: {near[0]}?' if near else ''}")
-    preflight.check_command(opts.command)
+    if not opts.command:  # the script lives on the cluster: only its presence is checked here
+        raise UsageError("no training command: put it after `--`, e.g. trainready run --emit slurm -- python train.py")
     host, port = None, 29500
     if opts.rdzv_endpoint:
         preflight.check_rendezvous(max(opts.nnodes, 1), 0, opts.rdzv_endpoint)

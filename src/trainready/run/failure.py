@@ -20,17 +20,28 @@ _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 
 
 def failed_ranks(output: list[str]) -> list[dict[str, Any]]:
+    """Ranks in torchrun's failure summary, the root cause (first observed failure) first."""
     found: list[dict[str, Any]] = []
     rank = None
+    root = False
     for line in output:
+        if "Root Cause" in line:
+            root = True
+        elif line.startswith("Failures:"):
+            root = False
         if m := _RANK.match(line):
-            rank = {"rank": int(m.group(1)), "local_rank": int(m.group(2))}
+            rank = {"rank": int(m.group(1)), "local_rank": int(m.group(2)), "root_cause": root}
         elif (m := _EXIT.match(line)) and rank is not None:
             rank.update(exit_code=int(m.group(1)), pid=int(m.group(2)))
             if rank not in found:
                 found.append(rank)
             rank = None
-    return found
+    return sorted(found, key=lambda r: not r["root_cause"])
+
+
+# what a rank prints when a *peer* died: it is a victim, not the cause
+_VICTIM = re.compile(r"Connection closed by peer|Connection reset by peer|remote process exited|communicator was aborted"
+                     r"|Broken pipe|Socket Timeout|SIGTERM", re.IGNORECASE)
 
 
 def latest_attempt(run_dir: Path) -> Path | None:
@@ -74,6 +85,12 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
                 if lines and str(path) not in tails and (stream == "stderr.log" or not tails):
                     tails[str(path)] = lines
     restarts = spec.max_restarts
+    if ranks and attempt is not None:  # a rank whose own log shows the error goes first
+        def victim(rank: dict[str, Any]) -> bool:
+            lines = _tail(attempt / str(rank["local_rank"]) / "stderr.log", 60)
+            return rank.get("exit_code", 1) < 0 or any(_VICTIM.search(line) for line in lines)
+
+        ranks.sort(key=victim)
     if ranks:
         first = ranks[0]
         what = describe_exit(first.get("exit_code", returncode))

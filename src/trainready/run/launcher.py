@@ -135,6 +135,7 @@ class Launcher:
         run_dir.mkdir(parents=True, exist_ok=True)
         info = self._read_info()
         prior = self._prior_billed_s(info)
+        self._check_budget_left(prior)
         from .environment import describe_environment
 
         info.setdefault("schema_version", RUN_SCHEMA_VERSION)
@@ -154,6 +155,17 @@ class Launcher:
         _, self._offset = read_records(run_dir / FILE)  # the live view starts with this launch
         return info
 
+    def _check_budget_left(self, prior_s: float) -> None:
+        s = self.spec.settings
+        if s.budget_usd is None or s.usd_per_hour is None:
+            return
+        spent = prior_s * s.usd_per_hour * s.nnodes / 3600
+        if spent >= s.budget_usd * 0.999:
+            from trainready.errors import UsageError
+
+            raise UsageError(f"earlier launches of this run already spent ${spent:.2f} of the ${s.budget_usd:.2f} "
+                             f"budget ({prior_s:.0f} s billed): raise --budget-usd to continue from the last checkpoint")
+
     def _end(self, result: LaunchResult) -> None:
         info = self._read_info()
         launch = info["launches"][-1]
@@ -167,7 +179,9 @@ class Launcher:
 
     def run(self) -> LaunchResult:
         self._begin()
-        env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
+        # Workers of a restarted attempt read the previous attempt's keys from torchrun's shared
+        # rendezvous store and fail to connect (seen with gloo, torch 2.13): rank 0 hosts a fresh store instead.
+        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
         TelemetryWriter(self.spec.run_dir, source="launcher").write(
             "launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

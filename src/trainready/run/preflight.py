@@ -12,7 +12,6 @@ from trainready.errors import UsageError, closest
 
 from .launcher import PYTHONS
 
-MIN_BILLED_S = 60.0  # EC2 per-second billing has a one-minute minimum per start
 S3_TIMEOUT_S = 3
 
 
@@ -65,20 +64,27 @@ def resolve_price(instance: str | None, spot: bool, usd_per_hour: float | None, 
     return Price(price.usd_per_hour, f"catalog: {inst.name} {model} in {price.region}, as of {price.as_of}{suspect}")
 
 
-def check_budget(budget_usd: float | None, price: Price, nnodes: int, step_s_estimate: float | None) -> None:
+def check_budget(budget_usd: float | None, price: Price, nnodes: int, step_s: float | None, step_source: str) -> None:
+    """`step_s`: one step's time from the plan (--job) or from this run's earlier launches."""
     if budget_usd is None:
         return
     if price.usd_per_hour is None:
         raise UsageError("--budget-usd needs a price: give --instance TYPE (catalog price) or --usd-per-hour X")
     per_s = price.usd_per_hour * nnodes / 3600
-    floor = per_s * MIN_BILLED_S
-    if budget_usd < floor:
-        raise UsageError(f"--budget-usd {budget_usd:g} is below the one-minute minimum charge of {nnodes} node(s) at "
-                         f"${price.usd_per_hour:g}/h (${floor:.2f}): nothing could be trained")
-    if step_s_estimate is not None and budget_usd < per_s * (step_s_estimate + MIN_BILLED_S):
-        raise UsageError(f"--budget-usd {budget_usd:g} is below the cost of one step: the plan estimates "
-                         f"{step_s_estimate:.1f} s/step = ${per_s * step_s_estimate:.2f} plus the one-minute "
-                         f"minimum ${floor:.2f}")
+    if step_s is not None and budget_usd < per_s * step_s:
+        raise UsageError(f"--budget-usd {budget_usd:g} is below the cost of one step: {step_s:.2f} s/step ({step_source}) "
+                         f"x ${price.usd_per_hour:g}/h x {nnodes} node(s) = ${per_s * step_s:.2f}")
+
+
+def measured_step_s(run_dir: Path) -> float | None:
+    """Median step time of this run's earlier launches, if any."""
+    import statistics
+
+    from .telemetry import FILE, read_records
+
+    records, _ = read_records(run_dir / FILE)
+    steps = [r["interval_s"] for r in records if r.get("type") == "step" and r.get("interval_s")]
+    return statistics.median(steps) if steps else None
 
 
 def check_archive(url: str | None) -> None:

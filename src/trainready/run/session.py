@@ -90,7 +90,6 @@ class Session:
         self._last_end = time.perf_counter()
         self._pace: deque[float] = deque(maxlen=_PACE_WINDOW)
         self._stalls: deque[float] = deque(maxlen=5)
-        self._commit_s = 0.0
         self._interval: IntervalChoice | None = None
         self._decision: Decision | None = None
         self._comm_watch: CommWatch | None = None
@@ -215,8 +214,9 @@ class Session:
         now_perf = time.perf_counter()
         interval = now_perf - self._last_end
         self._last_end = now_perf
+        commit = self.manager.last_commit  # set when a (background) commit finishes
         mine = [times.step_s, times.data_s, times.comm_s, times.optimizer_s, times.tokens, interval,
-                float(self._signal or 0), time.time(), self._commit_s]
+                float(self._signal or 0), time.time(), commit[1] if commit else 0.0]
         rows = self._exchange(mine)
         step = self._next_step
         self._next_step += 1
@@ -248,17 +248,19 @@ class Session:
         if self.settings.max_steps is not None and self._steps_this_launch >= self.settings.max_steps:
             return Decision(save=False, stop="max_steps")
         remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
-        final_save_s = self._final_save_estimate(max(col["commit_s"]), pace)
-        view = self.budget.assess(now, pace, final_save_s, remaining)
+        commit_s = max(col["commit_s"])
+        view = self.budget.assess(now, pace, self._final_save_estimate(commit_s, pace), remaining)
         for warning in view.warnings:
             self._warn("budget", warning, spent_usd=view.spent_usd, projected_usd=view.projected_usd)
         if view.stop:
             return Decision(save=True, stop="budget")
-        return Decision(save=self._interval_due(step, pace), stop=None)
+        # with a budget, what the final checkpoint costs must be known early: save at the second step
+        measure = self.settings.budget_usd is not None and commit_s == 0 and self._steps_this_launch == 2
+        return Decision(save=measure or self._interval_due(step, pace), stop=None)
 
     def _final_save_estimate(self, commit_s: float, pace: float) -> float:
         if commit_s <= 0:
-            commit_s = 2 * pace + 5.0  # nothing measured yet: be generous
+            commit_s = 2 * pace + 1.0  # not measured yet (it is at the second step)
         return commit_s * (2 if self.settings.archive else 1)  # the upload takes about as long again
 
     def _fixed_interval_due(self, step: int) -> bool:
@@ -325,8 +327,6 @@ class Session:
             self._stalls.append(stall)
             self._since_save = 0
             self._last_saved = step
-            commit = self.manager.last_commit
-            self._commit_s = commit[1] if commit else stall
             self.telemetry.write("ckpt", step=step, stall_s=_r(stall), async_save=self.settings.async_save,
                                  hot=self.settings.hot_dir)
         return saved

@@ -1,0 +1,131 @@
+"""`trainready run --scaling 1,2,4,8`: the same job briefly at each process count.
+
+Weak scaling: every process keeps its batch, so ideally the step time stays flat and
+throughput grows with the count. Efficiency = tokens/s at N / (N/base x tokens/s at base).
+Where the lost time went is the growth of each part of the step over the smallest count:
+data wait, exposed communication, compute, optimizer, and other (outside `sess.step()`).
+Each point runs in its own fresh run directory (no checkpoints are resumed or kept).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from dataclasses import replace
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from trainready.errors import UsageError
+
+from .launcher import Launcher, LaunchSpec
+from .summary import WARMUP_STEPS
+from .telemetry import FILE, read_records
+
+PARTS = ("data", "comm", "compute", "optimizer", "other")
+ADVICE = {
+    "data": "the data loader does not keep up at this count: more loader workers, pinned memory, shards on local "
+            "NVMe or streamed from object storage (`trainready data`)",
+    "comm": "gradient communication is exposed: check links with `trainready check --deep` (NVLink, EFA), larger "
+            "DDP buckets or FSDP prefetch for overlap, bf16 reduction, a larger per-process batch",
+    "compute": "each process computes slower when more run: they share CPU cores, memory bandwidth or a throttled "
+               "GPU (see `trainready check`: vCPUs per GPU, clocks, PCIe)",
+    "optimizer": "the optimizer step grows: a non-sharded optimizer on a larger world, or CPU offload contention",
+    "other": "time outside the step grows: synchronization, logging or checkpoint stalls",
+}
+
+
+class ScalingPoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    processes: int
+    exit_code: int
+    steps_measured: int
+    tokens_per_s: float | None
+    tokens_per_s_per_process: float | None
+    efficiency: float | None
+    step_s: float | None
+    data_s: float | None
+    comm_s: float | None
+    compute_s: float | None
+    optimizer_s: float | None
+    other_s: float | None
+
+
+class ScalingReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = 1
+    kind: Literal["trainready-scaling"] = "trainready-scaling"
+    command: list[str]
+    steps_per_point: int
+    points: list[ScalingPoint]
+    findings: list[str]
+    ok: bool
+
+
+def parse_counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--scaling {text!r}: comma-separated process counts, e.g. 1,2,4,8") from None
+    if not counts or counts[0] < 1:
+        raise UsageError(f"--scaling {text!r}: process counts must be >= 1")
+    return counts
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def measure(run_dir, processes: int, exit_code: int) -> ScalingPoint:
+    records, _ = read_records(run_dir / FILE)
+    steps = [r for r in records if r["type"] == "step"][WARMUP_STEPS:]
+    col = {k: [r.get(f"{k}_s") or 0.0 for r in steps] for k in ("interval", "data", "comm", "compute", "optimizer")}
+    other = [max(0.0, i - d - c - p - o) for i, d, c, p, o in
+             zip(col["interval"], col["data"], col["comm"], col["compute"], col["optimizer"], strict=True)]
+    tps = _median([r["tokens_per_s"] for r in steps if r.get("tokens_per_s")])
+    return ScalingPoint(processes=processes, exit_code=exit_code, steps_measured=len(steps), tokens_per_s=tps,
+                        tokens_per_s_per_process=tps / processes if tps else None, efficiency=None,
+                        step_s=_median(col["interval"]), data_s=_median(col["data"]), comm_s=_median(col["comm"]),
+                        compute_s=_median(col["compute"]), optimizer_s=_median(col["optimizer"]), other_s=_median(other))
+
+
+def findings(points: list[ScalingPoint]) -> list[str]:
+    base = points[0]
+    out = []
+    for p in points[1:]:
+        if not (p.tokens_per_s and base.tokens_per_s and p.step_s and base.step_s):
+            out.append(f"{p.processes} processes: no measurement (exit code {p.exit_code})")
+            continue
+        lost = p.step_s - base.step_s
+        growth = {part: (getattr(p, f"{part}_s") or 0) - (getattr(base, f"{part}_s") or 0) for part in PARTS}
+        line = (f"{p.processes} vs {base.processes} processes: {p.tokens_per_s:,.0f} tokens/s, efficiency "
+                f"{p.efficiency:.0%}; step time {base.step_s:.3f} -> {p.step_s:.3f} s")
+        if lost > 0.02 * base.step_s:
+            worst = max(growth, key=growth.get)
+            split = ", ".join(f"{part} {growth[part]:+.3f} s" for part in PARTS if abs(growth[part]) >= 0.0005)
+            line += f" ({split}); most went to {worst}: {ADVICE[worst]}"
+        else:
+            line += ": scales as it should"
+        out.append(line)
+    return out
+
+
+def run_scaling(spec: LaunchSpec, counts: list[int], steps: int, quiet: bool = False) -> ScalingReport:
+    points = []
+    for n in counts:
+        run_dir = spec.run_dir / "scaling" / f"n{n}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        settings = spec.settings.model_copy(update={
+            "run_dir": run_dir, "hot": str(run_dir / "checkpoints"), "archive": None, "ckpt_every": None,
+            "max_steps": steps, "budget_usd": None})
+        sub = replace(spec, settings=settings, nproc_per_node=n, max_restarts=0)
+        say = (lambda _line: None) if quiet else print
+        say(f"trainready: scaling point: {n} process(es), {steps} steps")
+        result = Launcher(sub, say, lambda _records: None).run()
+        points.append(measure(run_dir, n, result.exit_code))
+    base = points[0]
+    for p in points:
+        if p.tokens_per_s and base.tokens_per_s:
+            p.efficiency = p.tokens_per_s / (base.tokens_per_s * p.processes / base.processes)
+    ok = all(p.exit_code == 0 and p.tokens_per_s for p in points)
+    return ScalingReport(command=spec.command, steps_per_point=steps, points=points, findings=findings(points), ok=ok)

@@ -1,0 +1,215 @@
+"""`trainready run` end to end: budget guard, signals, failures, bad input, standalone use,
+two torchrun agents with c10d rendezvous, --ckpt-every auto, report, scaling, emit."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+import textwrap
+
+import pytest
+from run_helpers import TINY_GPT, digest, env_for_run, records, run, run_cmd, start, wait_for
+
+from trainready.plan.job import JobSpec, save_job
+
+
+def trainready(*args: str, cwd, env=None, timeout=180) -> tuple[int, str]:
+    return run([sys.executable, "-m", "trainready", *args], cwd, env, timeout)
+
+
+def test_budget_guard_stops_with_a_checkpoint_then_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    price = ("--usd-per-hour", "3600", "--nproc-per-node", "2")  # $1 per second: the budget lasts seconds
+    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "9", steps=400), tmp_path)
+    assert code == 4, out[-3000:]
+    stop = json.loads((run_dir / "stop.json").read_text())
+    assert stop["reason"] == "budget" and stop["checkpoint"] == stop["step"]
+    assert stop["cost_usd"] <= 9.0
+    assert "budget guard: stopped after step" in out
+    warnings = [r["message"] for r in records(run_dir) if r["type"] == "budget"]
+    assert any("50%" in w for w in warnings) and any("80%" in w for w in warnings)
+    assert any("projected cost" in w for w in warnings)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["exit_code"] == 4
+
+    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "9", steps=400), tmp_path)
+    assert code == 2 and "already spent" in out and "Traceback" not in out
+
+    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "1000", steps=stop["step"] + 4), tmp_path)
+    assert code == 0, out[-3000:]
+    assert f"starting at step {stop['step'] + 1}" in out
+
+
+def test_sigterm_saves_and_exits_143_then_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = run_cmd(run_dir, "--nproc-per-node", "2", steps=200)
+    proc = start(cmd, tmp_path)
+    wait_for(lambda: any(r["type"] == "step" and r["step"] >= 5 for r in records(run_dir)), 90, "step 5")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    stop = json.loads((run_dir / "stop.json").read_text())
+    assert stop["reason"] == "signal" and stop["checkpoint"] == stop["step"] >= 5
+    assert "stopped by signal SIGTERM" in out
+    code, out = run(run_cmd(run_dir, "--nproc-per-node", "2", steps=stop["step"] + 3), tmp_path)
+    assert code == 0 and f"starting at step {stop['step'] + 1}" in out, out[-3000:]
+
+
+FAILING = textwrap.dedent("""
+    import trainready, torch
+    sess = trainready.init(total_steps=10)
+    model = torch.nn.Linear(4, 4)
+    state = {"model": model}
+    sess.restore(state)
+    for step in range(sess.start_step, 10):
+        with sess.step(tokens=4) as t:
+            model(t.data(torch.randn(2, 4))).sum().backward()
+        if step == 3 and sess.rank == 1:
+            raise ValueError(f"boom at step {step} on rank {sess.rank}")
+        sess.maybe_save(step, state)
+    sess.finish()
+""")
+
+
+def test_failing_worker_is_named_with_its_last_lines(tmp_path):
+    (tmp_path / "fail.py").write_text(FAILING)
+    run_dir = tmp_path / "run"
+    code, out = trainready("run", "--run-dir", str(run_dir), "--nproc-per-node", "2", "--max-restarts", "1", "--json",
+                           "--", "python", "fail.py", cwd=tmp_path)
+    assert code == 1
+    result = json.loads(out[out.index("{\n"):])
+    assert result["reason"] == "failed" and result["exit_code"] == 1
+    assert "worker rank 1" in result["message"] and "after 1 restart" in result["message"]
+    assert any("boom at step 3 on rank 1" in line for lines in result["log_tail"].values() for line in lines)
+    assert result["summary"]["worker_restarts"] == 1
+    assert [r["restart_count"] for r in records(run_dir) if r["type"] == "start"] == [0, 1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--", "python", "no_such_train.py"], "training script 'no_such_train.py' does not exist"),
+    (["--instance", "p4d.24xlarg", "--", "python", str(TINY_GPT)], "Did you mean: p4d.24xlarge"),
+    (["--budget-usd", "5", "--", "python", str(TINY_GPT)], "--budget-usd needs a price"),
+    (["--ckpt-every", "often", "--", "python", str(TINY_GPT)], "--ckpt-every 'often'"),
+    (["--nnodes", "2", "--", "python", str(TINY_GPT)], "needs --rdzv-endpoint"),
+    (["--nnodes", "2", "--rdzv-endpoint", "head", "--", "python", str(TINY_GPT)], "expected HOST:PORT"),
+    (["--nproc-per-node", "zero", "--", "python", str(TINY_GPT)], "--nproc-per-node 'zero'"),
+    ([], "no training command"),
+])
+def test_bad_input_is_a_clear_message_before_anything_starts(tmp_path, args, message):
+    code, out = trainready("run", "--run-dir", str(tmp_path / "run"), *args, cwd=tmp_path, timeout=60)
+    assert code == 2, out
+    assert message in out and "Traceback" not in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_budget_below_one_step_of_the_planned_job(tmp_path):
+    job = tmp_path / "job.toml"
+    save_job(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", strategy="zero3", micro_batch=1, seq_len=4096), job)
+    code, out = trainready("run", "--run-dir", str(tmp_path / "run"), "--job", str(job), "--budget-usd", "0.001",
+                           "--", "python", str(TINY_GPT), cwd=tmp_path, timeout=60)
+    assert code == 2 and "below the cost of one step" in out and "plan's estimate" in out, out
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["no-credentials", "unreachable", "no-bucket"])
+def test_archive_problems_are_found_before_start(tmp_path, moto, case):
+    env = env_for_run({"AWS_ENDPOINT_URL_S3": moto.url, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                       "AWS_EC2_METADATA_DISABLED": "true"})
+    want = {"no-credentials": "no AWS credentials found", "unreachable": "cannot reach the S3 endpoint",
+            "no-bucket": "does not exist"}[case]
+    if case == "no-credentials":
+        del env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+    if case == "unreachable":
+        env["AWS_ENDPOINT_URL_S3"] = f"http://127.0.0.1:{_closed_port()}"
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "trainready", "run", "--run-dir", str(tmp_path / "run"), "--archive",
+                           "s3://no-such-bucket-here/x", "--", "python", str(TINY_GPT)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert want in proc.stderr and "Traceback" not in proc.stderr
+    assert "testing-secret" not in proc.stderr + proc.stdout
+
+
+def test_plain_python_without_launcher(tmp_path):
+    code, out = run([sys.executable, str(TINY_GPT), "--steps", "4"], tmp_path, timeout=120)
+    assert code == 0 and digest(out), out[-2000:]
+    assert list((tmp_path / "checkpoints").glob("step-000000000003-*"))
+    code, out = run([sys.executable, str(TINY_GPT), "--steps", "6"], tmp_path, timeout=120)
+    assert code == 0 and "starting at step 4" in out
+
+
+def test_two_torchrun_agents_with_c10d_rendezvous(tmp_path):
+    port = _closed_port()
+    procs = [start([sys.executable, "-m", "trainready", "run", "--run-dir", str(tmp_path / f"node{n}"), "--nnodes", "2",
+                    "--node-rank", str(n), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
+                    "--nproc-per-node", "1", "--ckpt-every", "4", "--", "python", str(TINY_GPT), "--steps", "8"],
+                   tmp_path) for n in (0, 1)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    telemetry = [records(tmp_path / f"node{n}") for n in (0, 1)]
+    starts = [r for recs in telemetry for r in recs if r["type"] == "start"]
+    assert len(starts) == 1 and starts[0]["world_size"] == 2  # global rank 0 writes, on whichever node it landed
+    assert sum(1 for recs in telemetry for r in recs if r["type"] == "step") == 8
+    for n in (0, 1):  # each node's hot tier holds its checkpoints
+        assert list((tmp_path / f"node{n}" / "checkpoints").glob("step-000000000007-*"))
+    assert sum(1 for o in outs if digest(o)) == 1
+
+
+def test_ckpt_every_auto_says_what_it_chose(tmp_path):
+    run_dir = tmp_path / "run"
+    code, out = run(run_cmd(run_dir, "--ckpt-every", "auto", "--mtbf-hours", "0.002", "--spot", steps=16), tmp_path)
+    assert code == 0, out[-3000:]
+    chosen = [r for r in records(run_dir) if r["type"] == "ckpt_interval"]
+    assert chosen and "Young/Daly" in chosen[0]["message"] and "MTBF 0.002 h given" in chosen[0]["message"]
+    every = chosen[-1]["every_steps"]
+    saves = [r["step"] for r in records(run_dir) if r["type"] == "ckpt"]
+    assert saves[0] == 1  # the first save measures the stall
+    assert len(saves) >= 3 and every >= 1
+    assert "checkpoint every" in out
+
+
+def test_report_of_a_run_and_of_a_wrong_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    code, out = run(run_cmd(run_dir, "--usd-per-hour", "10", steps=6), tmp_path)
+    assert code == 0
+    code, out = trainready("report", str(run_dir), "--json", cwd=tmp_path)
+    summary = json.loads(out)
+    assert code == 0 and summary["schema_version"] == 1 and summary["status"] == "finished"
+    assert summary["last_step"] == 5 and summary["steps_logged"] == 6 and summary["tokens"] == 6 * 8 * 64
+    assert summary["cost"]["spent_usd"] > 0 and summary["shares"]["compute"] > 0.3
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["schema_version"] == 1 and info["environment"]["versions"]["torch"]
+    assert info["launches"][0]["exit_code"] == 0
+    code, out = trainready("report", str(run_dir), cwd=tmp_path)
+    assert code == 0 and "finished" in out and "tokens/s" in out
+    code, out = trainready("report", str(tmp_path), cwd=tmp_path)
+    assert code == 2 and "not a trainready run directory" in out
+
+
+def test_scaling_reports_efficiency_and_where_time_went(tmp_path):
+    code, out = trainready("run", "--run-dir", str(tmp_path / "run"), "--scaling", "1,2", "--scaling-steps", "5",
+                           "--json", "--", "python", str(TINY_GPT), "--data-delay-ms", "20", cwd=tmp_path)
+    assert code == 0, out[-3000:]
+    report = json.loads(out[out.index("{\n"):])
+    assert [p["processes"] for p in report["points"]] == [1, 2]
+    assert report["points"][0]["efficiency"] == 1.0 and 0 < report["points"][1]["efficiency"] < 1.5
+    assert report["points"][0]["data_s"] >= 0.018  # the delay shows up as data wait
+    assert report["findings"] and "2 vs 1 processes" in report["findings"][0]
+
+
+def test_emit_prints_a_launch_file(tmp_path):
+    code, out = trainready("run", "--emit", "slurm", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-endpoint",
+                           "head:29500", "--archive", "s3://b/run", "--", "python", "train.py", cwd=tmp_path)
+    assert code == 0 and "#SBATCH --nodes=2" in out and "trainready run" in out
+    code, out = trainready("run", "--emit", "slurmm", "--", "python", "train.py", cwd=tmp_path)
+    assert code == 2 and "Did you mean: slurm" in out
