@@ -13,6 +13,19 @@ import pytest
 from run_helpers import TINY_GPT, digest, env_for_run, records, run, run_cmd, start, wait_for
 
 from trainready.plan.job import JobSpec, save_job
+from trainready.run.records import RunInfo, RunOutcome, StopInfo, TelemetryLine
+from trainready.run.scaling import ScalingReport
+from trainready.run.summary import RunSummary
+
+
+def validate_run_dir(run_dir) -> None:
+    """Every file the run wrote matches its documented schema (docs/schemas/run-*.schema.json)."""
+    for line in (run_dir / "telemetry.jsonl").read_text().splitlines():
+        TelemetryLine.model_validate_json(line)
+    RunInfo.model_validate_json((run_dir / "run.json").read_text())
+    RunSummary.model_validate_json((run_dir / "summary.json").read_text())
+    if (run_dir / "stop.json").exists():
+        StopInfo.model_validate_json((run_dir / "stop.json").read_text())
 
 
 def trainready(*args: str, cwd, env=None, timeout=180) -> tuple[int, str]:
@@ -22,19 +35,20 @@ def trainready(*args: str, cwd, env=None, timeout=180) -> tuple[int, str]:
 def test_budget_guard_stops_with_a_checkpoint_then_resumes(tmp_path):
     run_dir = tmp_path / "run"
     price = ("--usd-per-hour", "3600", "--nproc-per-node", "2")  # $1 per second: the budget lasts seconds
-    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "9", steps=400), tmp_path)
+    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "15", steps=600), tmp_path)
     assert code == 4, out[-3000:]
     stop = json.loads((run_dir / "stop.json").read_text())
     assert stop["reason"] == "budget" and stop["checkpoint"] == stop["step"]
-    assert stop["cost_usd"] <= 9.0
+    assert stop["cost_usd"] <= 15.0
     assert "budget guard: stopped after step" in out
     warnings = [r["message"] for r in records(run_dir) if r["type"] == "budget"]
     assert any("50%" in w for w in warnings) and any("80%" in w for w in warnings)
     assert any("projected cost" in w for w in warnings)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["exit_code"] == 4
+    validate_run_dir(run_dir)
 
-    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "9", steps=400), tmp_path)
+    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "15", steps=600), tmp_path)
     assert code == 2 and "already spent" in out and "Traceback" not in out
 
     code, out = run(run_cmd(run_dir, *price, "--budget-usd", "1000", steps=stop["step"] + 4), tmp_path)
@@ -52,6 +66,7 @@ def test_sigterm_saves_and_exits_143_then_resumes(tmp_path):
     assert proc.returncode == 143, out[-3000:]
     stop = json.loads((run_dir / "stop.json").read_text())
     assert stop["reason"] == "signal" and stop["checkpoint"] == stop["step"] >= 5
+    validate_run_dir(run_dir)
     assert "stopped by signal SIGTERM" in out
     code, out = run(run_cmd(run_dir, "--nproc-per-node", "2", steps=stop["step"] + 3), tmp_path)
     assert code == 0 and f"starting at step {stop['step'] + 1}" in out, out[-3000:]
@@ -80,6 +95,8 @@ def test_failing_worker_is_named_with_its_last_lines(tmp_path):
                            "--", "python", "fail.py", cwd=tmp_path)
     assert code == 1
     result = json.loads(out[out.index("{\n"):])
+    RunOutcome.model_validate(result)
+    validate_run_dir(run_dir)
     assert result["reason"] == "failed" and result["exit_code"] == 1
     assert "worker rank 1" in result["message"] and "after 1 restart" in result["message"]
     assert any("boom at step 3 on rank 1" in line for lines in result["log_tail"].values() for line in lines)
@@ -187,6 +204,7 @@ def test_report_of_a_run_and_of_a_wrong_directory(tmp_path):
     assert code == 0 and summary["schema_version"] == 1 and summary["status"] == "finished"
     assert summary["last_step"] == 5 and summary["steps_logged"] == 6 and summary["tokens"] == 6 * 8 * 64
     assert summary["cost"]["spent_usd"] > 0 and summary["shares"]["compute"] > 0.3
+    validate_run_dir(run_dir)
     info = json.loads((run_dir / "run.json").read_text())
     assert info["schema_version"] == 1 and info["environment"]["versions"]["torch"]
     assert info["launches"][0]["exit_code"] == 0
@@ -201,6 +219,7 @@ def test_scaling_reports_efficiency_and_where_time_went(tmp_path):
                            "--json", "--", "python", str(TINY_GPT), "--data-delay-ms", "20", cwd=tmp_path)
     assert code == 0, out[-3000:]
     report = json.loads(out[out.index("{\n"):])
+    ScalingReport.model_validate(report)
     assert [p["processes"] for p in report["points"]] == [1, 2]
     assert report["points"][0]["efficiency"] == 1.0 and 0 < report["points"][1]["efficiency"] < 1.5
     assert report["points"][0]["data_s"] >= 0.018  # the delay shows up as data wait

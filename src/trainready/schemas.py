@@ -19,6 +19,10 @@ from trainready.plan.estimate import EstimateResult
 from trainready.plan.job import JobSpec
 from trainready.plan.presets import ModelList
 from trainready.plan.search import PlanResult
+from trainready.run.diagnose import DiagnosisReport
+from trainready.run.records import RunInfo, RunOutcome, StopInfo, TelemetryLine
+from trainready.run.scaling import ScalingReport
+from trainready.run.summary import RunSummary
 from trainready.store.inspect import CheckpointListing, PruneResult, PullResult, VerifyReport
 from trainready.store.manifest import Lease, Manifest
 
@@ -40,7 +44,10 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "catalog-instances": InstanceList, "catalog-models": ModelList, "error": ErrorOutput,
     "ckpt-ls": CheckpointListing, "ckpt-verify": VerifyReport, "ckpt-pull": PullResult, "ckpt-prune": PruneResult,
     "ckpt-manifest": Manifest, "ckpt-lease": Lease, "check": CheckReport, "check-bundle": BundleManifest,
+    "run-result": RunOutcome, "run-summary": RunSummary, "run-scaling": ScalingReport, "run-info": RunInfo,
+    "run-stop": StopInfo, "run-telemetry": TelemetryLine, "diagnose": DiagnosisReport,
 }
+ROOT_MODELS = {"job", "run-telemetry"}  # versioned inside the file / in each record rather than a top-level field
 
 
 def render(name: str) -> str:

@@ -13,7 +13,7 @@ import typer
 from trainready import __version__
 from trainready.errors import TrainreadyError
 
-from . import catalog_cmd, check_cmd, ckpt_cmd, estimate_cmd, plan_cmd, run_cmd
+from . import catalog_cmd, check_cmd, ckpt_cmd, diagnose_cmd, estimate_cmd, plan_cmd, run_cmd
 from .console import error
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.command("estimate", help=estimate_cmd.HELP)(estimate_cmd.estimate)
 app.command("plan", help=plan_cmd.HELP)(plan_cmd.plan)
 app.command("run", help=run_cmd.HELP, context_settings={"allow_interspersed_args": False})(run_cmd.run)
 app.command("report", help=run_cmd.REPORT_HELP)(run_cmd.report)
+app.command("diagnose", help=diagnose_cmd.HELP)(diagnose_cmd.diagnose)
 
 
 def _version(value: bool) -> None:

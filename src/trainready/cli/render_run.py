@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -12,36 +11,21 @@ from rich.text import Text
 from .console import emit_json
 
 
-class RunOutcome(BaseModel):
-    """`trainready run --json` (docs/schemas/run-result.schema.json)."""
-
-    schema_version: int = 1
-    kind: str = "trainready-run-result"
-    exit_code: int
-    reason: str
-    message: str
-    run_dir: str
-    failed_ranks: list[dict[str, Any]]
-    log_tail: dict[str, list[str]]
-    log_files: list[str]
-    diagnoses: list[dict[str, Any]]
-    summary: dict[str, Any]
-
-
-def _diagnose(files: list[str]) -> Any:
-    try:
-        from trainready.run.diagnose import diagnose_files
-    except ImportError:
-        return None
+def _diagnose(files: list[str], job_path: str | None) -> Any:
+    """What the failing ranks' logs say (with the job's memory estimate for an OOM)."""
     from pathlib import Path
 
+    from trainready.plan.job import load_job
+    from trainready.run.diagnose import diagnose_files
+
     existing = [f for f in files if Path(f).exists()]
-    return diagnose_files(existing) if existing else None
+    return diagnose_files(existing, job=load_job(job_path) if job_path else None) if existing else None
 
 
 def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> int:
     from trainready.run.launcher import Launcher
     from trainready.run.live import LiveView
+    from trainready.run.records import RunOutcome
     from trainready.run.summary import summarize
 
     spec = configured.spec
@@ -52,7 +36,7 @@ def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> i
     view = LiveView(console, title, live=console.is_terminal and not json_out)
     with view:
         result = Launcher(spec, view.print, view.update).run()
-    report = _diagnose(result.log_files) if result.reason == "failed" else None
+    report = _diagnose(result.log_files, spec.config.get("job")) if result.reason == "failed" else None
     summary = summarize(spec.run_dir)
     if json_out:
         emit_json(RunOutcome(exit_code=result.exit_code, reason=result.reason, message=result.message,

@@ -129,7 +129,9 @@ def configure(opts: RunOptions) -> Configured:
         "archive": opts.archive, "ckpt_every": settings.ckpt_every, "instance": opts.instance, "spot": opts.spot,
         "usd_per_hour": price.usd_per_hour, "price_source": price.source, "budget_usd": opts.budget_usd,
         "job": str(opts.job) if opts.job else None}
-    spec = LaunchSpec(command=opts.command, settings=settings, nproc_per_node=_nproc(opts.nproc_per_node, gpus_per_node),
+    nproc = _nproc(opts.nproc_per_node, gpus_per_node)
+    preflight.check_torch(nproc)
+    spec = LaunchSpec(command=opts.command, settings=settings, nproc_per_node=nproc,
                       nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
                       rdzv_id=opts.rdzv_id, max_restarts=opts.max_restarts, show_ranks=opts.show_ranks, config=config)
     return Configured(spec, price.source, step_s, notes)

@@ -21,6 +21,19 @@ class Price:
     source: str
 
 
+def check_torch(nproc_per_node: int | str) -> None:
+    """torchrun is torch's: without torch nothing can start; 'gpu' needs a GPU."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("trainready run needs PyTorch: pip install 'trainready[torch]' (or your CUDA build of torch)")
+    if nproc_per_node == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--nproc-per-node gpu: no CUDA GPU is visible here; give a number of processes")
+
+
 def check_command(command: list[str]) -> None:
     if not command:
         raise UsageError("no training command: put it after `--`, e.g. trainready run -- python train.py")

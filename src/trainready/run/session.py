@@ -390,7 +390,8 @@ def _detect_peak(device: torch.device, given_tflops: float | None) -> tuple[str 
     catalog = load_catalog()
     for candidate in (name, name.replace("NVIDIA ", ""), *name.replace("NVIDIA ", "").split("-")[:1]):
         try:
-            peak = catalog.gpu(candidate).peak_tflops("bf16")
+            gpu = catalog.gpu(candidate)
+            peak = gpu.peak_tflops("bf16") or gpu.peak_tflops("fp16")  # V100 has no bf16: it trains fp16
             return name, peak * 1e12 if peak else None
         except UsageError:
             continue

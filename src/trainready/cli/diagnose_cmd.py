@@ -1,0 +1,80 @@
+"""`trainready diagnose LOGFILE...`: explain failures in NCCL, torch, torchrun and training logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from . import options as o
+from .console import emit_json, out
+
+if TYPE_CHECKING:
+    from trainready.run.diagnose import DiagnosisReport
+
+CODES = ("Exit codes: 0 no known problem found; 1 at least one problem found (an error or a warning); "
+         "2 usage error (a log file missing or unreadable, a bad job file); 3 internal error.")
+HELP = f"""Explain known failures in NCCL, torch, torchrun and training logs, with fixes.
+
+LOGFILE is a file or a directory; a directory is read recursively for *.log, *.txt and *.jsonl files, such as the tree torchrun --log-dir writes (<run-id>_*/attempt_<n>/<local_rank>/stdout.log, stderr.log).
+
+Example: trainready diagnose train.log      trainready diagnose /tmp/torchelastic/ --job job.toml
+
+{CODES}"""
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow"}
+EVIDENCE_WIDTH = 160
+FILES_SHOWN = 8
+
+
+def diagnose(logfiles: Annotated[list[Path], typer.Argument(metavar="LOGFILE...", help="Log files or directories to read.", show_default=False)],
+             job: Annotated[Optional[Path], typer.Option("--job", help="A job spec (plan --save): an out-of-memory diagnosis then shows the plan's memory estimate and which changes would fit.")] = None,
+             json_out: o.Json = False) -> None:
+    from trainready.plan.job import load_job
+    from trainready.run.diagnose import diagnose_files
+
+    report = diagnose_files(list(logfiles), job=load_job(job) if job is not None else None)
+    if json_out:
+        emit_json(report)
+    else:
+        render_diagnoses(out, report)
+    if report.diagnoses:
+        raise typer.Exit(1)
+
+
+def _clip(text: str, width: int = EVIDENCE_WIDTH) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def render_diagnoses(console: Console, report: DiagnosisReport) -> None:
+    """Each diagnosis: severity and title, evidence lines, explanation, fixes; then the summary line.
+    Log text is printed as plain Text, never as Rich markup (logs are full of [rank0]-style brackets)."""
+    shown = ", ".join(report.files[:FILES_SHOWN]) + (f" (+{len(report.files) - FILES_SHOWN} more)"
+                                                      if len(report.files) > FILES_SHOWN else "")
+    console.print(Text(f"read: {shown}", style="dim"))
+    for diagnosis in report.diagnoses:
+        console.print()
+        heading = Text(f"{diagnosis.severity}: ", style=SEVERITY_STYLE[diagnosis.severity])
+        heading.append(diagnosis.title, style=SEVERITY_STYLE[diagnosis.severity])
+        heading.append(f"  [{diagnosis.id}" + (f", {diagnosis.count} lines]" if diagnosis.count > 1 else "]"), style="dim")
+        console.print(heading)
+        for ev in diagnosis.evidence:
+            console.print(Text(f"  {ev.file}:{ev.line}  {_clip(ev.text)}", style="dim"))
+        if diagnosis.count > len(diagnosis.evidence):
+            console.print(Text(f"  ... and {diagnosis.count - len(diagnosis.evidence)} more", style="dim"))
+        console.print(Padding(Text(diagnosis.explanation), (0, 0, 0, 2)))
+        fixes = Table.grid(padding=(0, 1))  # a hanging indent for each fix
+        fixes.add_column(no_wrap=True)
+        fixes.add_column()
+        for fix in diagnosis.fixes:
+            fixes.add_row(" -", Text(fix))
+        console.print(Padding(fixes, (0, 0, 0, 2)))
+    console.print()
+    style = "bold red" if any(d.severity == "error" for d in report.diagnoses) else \
+        "bold yellow" if report.diagnoses else "bold green"
+    console.print(Text(report.summary, style=style))

@@ -1,0 +1,199 @@
+"""The documented shapes of what `trainready run` writes: telemetry.jsonl records, run.json,
+stop.json and the `--json` result. docs/schemas/ holds their JSON Schemas; tests validate real
+files against these models, so a field added in code and not here fails the suite."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+Number = float | int
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1]
+    t: float = Field(description="unix time, seconds")
+    source: str = Field(description="rank0 or launcher")
+    nonfinite: list[str] | None = Field(None, description="fields that were NaN/inf, written as null")
+
+
+class Worker(BaseModel):
+    rank: int
+    pid: int
+    host: str
+
+
+class LaunchRecord(_Record):
+    type: Literal["launch"]
+    argv: list[str] = Field(description="the torchrun command line")
+    node_rank: int
+    prior_billed_s: float = Field(description="seconds billed by earlier launches of this run")
+
+
+class StartRecord(_Record):
+    type: Literal["start"]
+    world_size: int
+    restart_count: int = Field(description="torchrun's TORCHELASTIC_RESTART_COUNT: 0 on first start")
+    backend: str | None
+    device: str
+    gpu: str | None
+    peak_tflops: float | None
+    flops_per_token: float | None
+    hot: str
+    archive: str | None
+    ckpt_every: int | str | None
+    total_steps: int | None
+    budget_usd: float | None
+    usd_per_hour: float | None
+    nnodes: int
+    workers: list[Worker]
+    run_id: str
+    generation: int
+
+
+class RestoreRecord(_Record):
+    type: Literal["restore"]
+    step: int | None = Field(description="the checkpoint restored (last completed step), None: fresh start")
+    tier: str | None
+    skipped: list[str] = Field(description="newer checkpoints passed over, each with why")
+
+
+class CkptStatus(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    last_saved: int | None
+    saving: bool
+    uploading: str | None
+    archived: int | None
+
+
+class StepRecord(_Record):
+    type: Literal["step"]
+    step: int
+    step_s: float = Field(description="rank 0's time inside `with sess.step()`")
+    interval_s: float = Field(description="rank 0's wall time since the previous step ended (includes saves)")
+    data_s: float = Field(description="data wait, mean over ranks")
+    data_s_max: float
+    comm_s: float = Field(description="exposed communication, mean over ranks (where measurable)")
+    optimizer_s: float
+    compute_s: float
+    tokens: float = Field(description="tokens of this step, summed over ranks")
+    tokens_per_s: float | None
+    mfu: float | None = Field(description="model FLOPs utilization, 0-1; None without a FLOP model or GPU peak")
+    slowest_rank: int
+    cost_usd: float | None
+    projected_usd: float | None
+    eta_s: float | None
+    ckpt: CkptStatus
+    metrics: dict[str, Any] = Field(description="what the script passed to t.log() on rank 0")
+
+
+class CkptRecord(_Record):
+    type: Literal["ckpt"]
+    step: int
+    stall_s: float = Field(description="time training was blocked by the save")
+    async_save: bool
+    hot: str
+
+
+class IntervalRecord(_Record):
+    type: Literal["ckpt_interval"]
+    every_steps: int
+    tau_s: float
+    stall_s: float
+    step_s: float
+    mtbf_h: float
+    assumption: str
+    message: str
+
+
+class BudgetRecord(_Record):
+    type: Literal["budget"]
+    message: str
+    spent_usd: float | None
+    projected_usd: float | None
+
+
+class StopInfo(BaseModel):
+    """stop.json in the run directory, and the `stop` record."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1] = 1
+    reason: Literal["signal", "budget", "max_steps"]
+    step: int
+    checkpoint: int | None
+    message: str
+    exit_code: int
+    upload_error: str | None
+    cost_usd: float | None
+
+
+class StopRecord(StopInfo):
+    type: Literal["stop"]
+    t: float
+    source: str
+    nonfinite: list[str] | None = None
+
+
+class EndRecord(_Record):
+    type: Literal["end"]
+    last_step: int
+    steps_this_launch: int
+    last_saved: int | None
+
+
+class ExitRecord(_Record):
+    type: Literal["exit"]
+    exit_code: int
+    reason: str
+    message: str
+
+
+TelemetryRecord = Annotated[Union[LaunchRecord, StartRecord, RestoreRecord, StepRecord, CkptRecord, IntervalRecord,
+                                  BudgetRecord, StopRecord, EndRecord, ExitRecord], Field(discriminator="type")]
+
+
+class TelemetryLine(RootModel[TelemetryRecord]):
+    """One line of telemetry.jsonl."""
+
+
+class Launch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    start_unix: float
+    end_unix: float | None
+    exit_code: int | None
+    reason: str | None
+    message: str | None = None
+    pid: int
+    node_rank: int
+    prior_billed_s: float
+
+
+class RunInfo(BaseModel):
+    """run.json: what was run, where, and each launch's start, end and outcome."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1]
+    kind: Literal["trainready-run"]
+    command: list[str]
+    config: dict[str, Any] = Field(description="the launcher options as given (price source, checkpoint tiers, ...)")
+    environment: dict[str, Any] = Field(description="versions, host, platform, cwd, git commit of the script")
+    created_unix: float
+    launches: list[Launch]
+
+
+class RunOutcome(BaseModel):
+    """`trainready run --json`."""
+
+    schema_version: int = 1
+    kind: Literal["trainready-run-result"] = "trainready-run-result"
+    exit_code: int
+    reason: str = Field(description="finished | failed | budget | signal | max_steps")
+    message: str
+    run_dir: str
+    failed_ranks: list[dict[str, Any]]
+    log_tail: dict[str, list[str]] = Field(description="last lines of the failing ranks' logs, by file")
+    log_files: list[str]
+    diagnoses: list[dict[str, Any]] = Field(description="`trainready diagnose` findings for the failing logs")
+    summary: dict[str, Any] = Field(description="the run summary (run-summary schema)")

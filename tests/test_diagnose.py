@@ -1,0 +1,460 @@
+"""`trainready diagnose`: every rule against real captured logs (tests/fixtures/run/logs, sources in its
+README.md), healthy logs that must give nothing, directories, the JSON report, exit codes, rendering,
+the out-of-memory estimate for a job, and arbitrary input that must never raise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+from typer.testing import CliRunner
+
+from trainready.cli import diagnose_cmd
+from trainready.errors import UsageError
+from trainready.plan.job import JobSpec
+from trainready.run.diagnose import MAX_EVIDENCE, DiagnosisReport, diagnose_files, diagnose_text
+
+LOGS = Path(__file__).parent / "fixtures" / "run" / "logs"
+REFERENCE = Path("/work/shared/reference/fixtures")
+HEADER_KEYS = ("# SOURCE:", "# WHAT:", "# SYNTHETIC:", "# COMMAND:")
+
+
+def found(name: str, job: JobSpec | None = None) -> dict:
+    report = diagnose_files([LOGS / name], job=job)
+    return {d.id: d for d in report.diagnoses}
+
+
+EXPECTED = {
+    "nccl_watchdog_timeout.log": {"nccl.watchdog-timeout"},
+    "nccl_watchdog_timeout_desync.log": {"nccl.watchdog-timeout"},
+    "nccl_watchdog_timeout_old.log": {"nccl.watchdog-timeout"},
+    "nccl_socket_fallback_ec2.log": {"nccl.socket-fallback", "efa.ofi-init-failed"},
+    "nccl_socket_fallback_ddp.log": {"nccl.socket-fallback", "efa.ofi-init-failed"},
+    "efa_ofi_init_failed.log": {"efa.ofi-init-failed", "nccl.socket-fallback"},
+    "efa_ofi_no_provider.log": {"efa.ofi-init-failed"},
+    "nccl_shm_system_error.log": {"nccl.unhandled-system-error"},
+    "nccl_shm_warn.log": {"nccl.unhandled-system-error"},
+    "nccl_system_error_connect.log": {"nccl.unhandled-system-error"},
+    "nccl_connect_refused_warn.log": {"nccl.unhandled-system-error"},
+    "cuda_oom.log": {"cuda.oom"},
+    "cuda_oom_fragmented.log": {"cuda.oom"},
+    "cuda_oom_old_format.log": {"cuda.oom"},
+    "cuda_oom_old_mib.log": {"cuda.oom"},
+    "torchrun_sigkill.log": {"host.oom-killed"},
+    "torchrun_sigkill_peer_sigterm.log": {"host.oom-killed"},
+    "kernel_oom_killer.log": {"host.oom-killed"},
+    "rdzv_port_in_use.log": {"rdzv.port-in-use"},
+    "rdzv_port_in_use_old.log": {"rdzv.port-in-use"},
+    "rdzv_unreachable.log": {"rdzv.unreachable"},
+    "rdzv_unreachable_old.log": {"rdzv.unreachable"},
+    "rdzv_timeout.log": {"rdzv.timeout"},
+    "world_size_mismatch": {"dist.world-size-mismatch", "rdzv.timeout"},
+    "nccl_invalid_rank.log": {"dist.world-size-mismatch"},
+    "nccl_rank_checked_in_twice.log": {"dist.world-size-mismatch"},
+    "nan_loss_pretrain.log": {"train.nan-loss"},
+    "nan_loss_hf_trainer.log": {"train.nan-loss"},
+    "nan_loss_telemetry.jsonl": {"train.nan-loss"},
+    "nan_loss_json_nan.jsonl": {"train.nan-loss"},
+    "torchrun_logdir": {"torchrun.child-failed"},
+    "healthy_training.log": set(),
+    "healthy_nccl_efa.log": set(),
+    "healthy_nccl_tests_p5.log": set(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_fixture_gives_exactly_its_diagnoses(name):
+    assert set(found(name)) == EXPECTED[name]
+
+
+def test_every_fixture_is_covered_and_documented():
+    readme = (LOGS / "README.md").read_text()
+    for path in LOGS.iterdir():
+        if path.name != "README.md":
+            assert path.name in EXPECTED, f"{path.name}: add it to EXPECTED"
+            assert path.name in readme, f"{path.name}: list it in README.md"
+
+
+def test_fixture_headers_name_a_source_and_trigger_nothing():
+    for path in LOGS.rglob("*"):
+        if path.suffix not in (".log", ".jsonl"):
+            continue
+        lines = path.read_text().splitlines()
+        assert lines[0].startswith(("# SOURCE:", "# SYNTHETIC:")), path
+        header = "\n".join(line for line in lines if line.startswith(HEADER_KEYS))
+        assert diagnose_text(header) == [], f"{path}: its header lines match a rule"
+
+
+# ------------------------------------------------------------------------ NCCL watchdog
+
+def test_watchdog_timeout_details():
+    d = found("nccl_watchdog_timeout.log")["nccl.watchdog-timeout"]
+    assert d.severity == "error" and d.count == 3
+    assert d.details["rank"] == 1 and d.details["ranks"] == "0,1,2"
+    assert (d.details["collective"], d.details["seq"], d.details["timeout_ms"]) == ("ALLREDUCE", 808, 600000)
+    assert d.details["lagging_rank"] is None and "missing from this list" in d.explanation
+    assert any("TORCH_NCCL_TRACE_BUFFER_SIZE" in f for f in d.fixes)
+    assert any("NCCL_DEBUG=INFO" in f for f in d.fixes)
+    assert any("checkpoint" in f and "timeout" in f for f in d.fixes)
+
+
+def test_watchdog_names_the_rank_that_is_behind():
+    d = found("nccl_watchdog_timeout_desync.log")["nccl.watchdog-timeout"]
+    assert d.details["lagging_rank"] == "7" and d.details["timeout_ms"] == 1800000
+    assert "Rank 7" in d.explanation and "64088" in d.explanation
+    assert d.fixes[0].startswith("Read the log of rank 7")
+    old = found("nccl_watchdog_timeout_old.log")["nccl.watchdog-timeout"]
+    assert old.details["ranks"] == "1,2,3,6,7" and old.details["seq"] == 469508
+
+
+def test_watchdog_missing_rank_and_never_enqueued():
+    nranks = "\n".join(f"h:1:2 [{r}] NCCL INFO comm 0x1 rank {r} nranks 4 cudaDev {r} - Init COMPLETE" for r in range(4))
+    timeouts = "\n".join(f"[rank{r}]:[E1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+                         f"timeout: WorkNCCL(SeqNum=42, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=60000) "
+                         "ran for 60010 milliseconds before timing out." for r in (0, 1, 3))
+    (d,) = diagnose_text(nranks + "\n" + timeouts)
+    assert d.details["lagging_rank"] == "2" and d.details["world_size"] == 4
+    enqueued = "[rank2]:[E1] [PG ID 0 PG GUID 0(default_pg) Rank 2] Timeout at NCCL work: 40, last enqueued NCCL work: 41"
+    (d,) = diagnose_text(timeouts + "\n" + enqueued)
+    assert d.details["lagging_rank"] == "2" and "never enqueued" in d.explanation
+    other_group = "[rank0]:[E1] [PG ID 3 PG GUID 5 Rank 0] Timeout at NCCL work: 7, last enqueued NCCL work: 7"
+    (d,) = diagnose_text(timeouts + "\n" + enqueued + "\n" + other_group)
+    assert d.details["lagging_rank"] is None  # two process groups: their SeqNums do not compare
+
+
+# ----------------------------------------------------------------- network / EFA / sockets
+
+def test_socket_fallback_on_ec2():
+    d = found("nccl_socket_fallback_ec2.log")
+    fallback, ofi = d["nccl.socket-fallback"], d["efa.ofi-init-failed"]
+    assert fallback.severity == "warning" and fallback.details["interface"] == "ens3"
+    assert fallback.count == 7 and len(fallback.evidence) == MAX_EVIDENCE
+    assert ofi.severity == "warning" and "libnccl-net.so" in ofi.explanation  # only "plugin not found" lines
+    fixes = " ".join(fallback.fixes)
+    assert "aws-ofi-nccl" in fixes and "FI_PROVIDER=efa" in fixes and "fi_info -p efa" in fixes
+    assert "security group" in fixes and "itself" in fixes and "trainready check" in fixes
+    assert "47780" not in fixes and "4778" not in json.dumps([x.model_dump() for x in d.values()])
+
+
+def test_ofi_init_failure_and_the_fallback_it_causes():
+    d = found("efa_ofi_init_failed.log")
+    ofi = d["efa.ofi-init-failed"]
+    assert ofi.severity == "error" and ofi.details["fell_back_to_socket"] == "yes"
+    assert "empty list" in ofi.details["reason"] and "EFA device is not visible" in ofi.explanation
+    assert "ncclCollNetPlugin" not in " ".join(e.text for e in ofi.evidence)  # harmless plugin INFO lines
+    fixes = " ".join(ofi.fixes)
+    assert "/opt/amazon/ofi-nccl/lib" in fixes and "/opt/aws-ofi-nccl/lib" in fixes and "FI_EFA_USE_DEVICE_RDMA=1" in fixes
+    assert d["nccl.socket-fallback"].details["interface"] == "eth0"
+    no_provider = found("efa_ofi_no_provider.log")["efa.ofi-init-failed"]
+    assert no_provider.details["reason"] == "Couldn't find any optimal provider"
+
+
+def test_socket_rules_stay_quiet_when_they_should():
+    base = "h:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\nh:1:1 [0] NCCL INFO Using network Socket\n"
+    assert {d.id for d in diagnose_text(base)} == {"nccl.socket-fallback"}
+    single_node = base + "h:1:2 [0] NCCL INFO comm 0x1 rank 0 nRanks 8 nNodes 1 localRanks 8 localRank 0 MNNVL 0"
+    assert diagnose_text(single_node) == []  # nothing leaves the node, sockets cost nothing
+    old_single_node = base + "h:1:2 [0] NCCL INFO Channel 00 : 0[101c0] -> 1[101d0] via P2P/IPC/read"
+    assert diagnose_text(old_single_node) == []
+    with_ofi = base + "h:1:1 [0] NCCL INFO NET/OFI Selected Provider is efa (found 4 nics)"
+    assert diagnose_text(with_ofi) == []
+    ib = "h:1:1 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so)\nh:1:1 [0] NCCL INFO Using network IB"
+    assert diagnose_text(ib) == []  # InfiniBand clusters need no plugin
+    (tcp,) = diagnose_text("h:1:1 [0] NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)\n"
+                           "h:1:1 [0] NCCL INFO Using network AWS Libfabric")
+    assert tcp.id == "nccl.socket-fallback" and tcp.details["provider"] == "tcp"
+
+
+# ----------------------------------------------------------------- NCCL system error
+
+def test_shm_system_error_quotes_the_last_error():
+    d = found("nccl_shm_system_error.log")["nccl.unhandled-system-error"]
+    assert d.details["shm"] == "yes" and d.details["shm_segment_mib"] == 7.0
+    assert d.details["cause"].startswith("Error while creating shared memory segment /dev/shm/nccl-1YsMbG")
+    assert "--shm-size" in d.fixes[0] and "--ipc=host" in d.fixes[0]
+    warn = found("nccl_shm_warn.log")["nccl.unhandled-system-error"]
+    assert warn.details["shm"] == "yes" and warn.count == 3  # two segments, one failed extension
+
+
+def test_system_error_from_a_connection_points_at_the_network():
+    d = found("nccl_system_error_connect.log")["nccl.unhandled-system-error"]
+    assert d.details["cause"] == "socketStartConnect: Connect to 127.0.0.1<45069> failed : Software caused connection abort"
+    assert d.details["shm"] == "no" and any("NCCL_SOCKET_IFNAME" in f for f in d.fixes)
+    refused = found("nccl_connect_refused_warn.log")["nccl.unhandled-system-error"]
+    assert refused.details["cause"] == "Connect to 10.38.10.112<21724> failed : Connection refused"
+    assert refused.evidence[0].text.endswith("Connection refused")  # the WARN line is quoted as evidence
+
+
+# ------------------------------------------------------------------------ CUDA OOM
+
+def test_cuda_oom_numbers_new_format():
+    d = found("cuda_oom.log")["cuda.oom"]
+    assert {k: d.details[k] for k in ("tried_gib", "gpu", "total_gib", "free_gib", "allocated_gib",
+                                      "reserved_unallocated_gib")} == {
+        "tried_gib": 2.63, "gpu": 7, "total_gib": 79.11, "free_gib": 2.61, "allocated_gib": 48.15,
+        "reserved_unallocated_gib": 3.49}
+    assert d.details["ranks"] == "15"
+    assert not d.fixes[0].startswith("Set PYTORCH_CUDA_ALLOC_CONF")  # 3.49 of 79 GiB is not fragmentation
+    assert any("trainready estimate" in f for f in d.fixes)
+
+
+def test_cuda_oom_fragmentation_suggests_expandable_segments():
+    d = found("cuda_oom_fragmented.log")["cuda.oom"]
+    assert d.details["reserved_unallocated_gib"] == 9.35 and d.details["total_gib"] == 31.47
+    assert d.fixes[0].startswith("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert "fragmentation" in d.explanation
+
+
+def test_cuda_oom_old_formats():
+    d = found("cuda_oom_old_format.log")["cuda.oom"]
+    assert (d.details["tried_gib"], d.details["total_gib"], d.details["allocated_gib"], d.details["free_gib"]) == \
+        (16.0, 47.54, 23.76, 6.3)
+    assert d.details["reserved_unallocated_gib"] == 15.83  # 39.59 reserved - 23.76 allocated
+    (nccl,) = diagnose_text("h:7:7 [3] enqueue.cc:1234 NCCL WARN Cuda failure 'out of memory'")
+    assert nccl.id == "cuda.oom" and nccl.details["total_gib"] is None
+    mib = found("cuda_oom_old_mib.log")["cuda.oom"]
+    assert (mib.details["tried_gib"], mib.details["free_gib"], mib.details["total_gib"]) == (0.12, 0.02, 11.17)
+
+
+def test_cuda_oom_with_a_job_shows_the_estimate_and_what_fits():
+    job = JobSpec(model="llama-2-7b", instance="p4d.24xlarge", strategy="ddp", micro_batch=8, seq_len=4096)
+    d = found("cuda_oom.log", job=job)["cuda.oom"]
+    assert d.details["estimate_fits"] == "no" and d.details["estimate_capacity_gib"] == 40.0
+    assert d.details["estimate_peak_gib"] > 40 and "The plan estimate agrees" in d.explanation
+    assert d.details["fits_with"] and "strategy=fsdp" in d.details["fits_with"]
+    assert d.fixes[0].startswith("Per the plan estimate these changes fit")
+    assert "log's GPU has 79.11 GiB" in d.explanation  # this capture came from an 80 GB GPU, the job has 40 GB
+
+
+def test_cuda_oom_with_a_job_that_fits_blames_what_the_estimate_does_not_model():
+    job = JobSpec(model="gpt3-125m", instance="p4d.24xlarge", strategy="fsdp", micro_batch=1, seq_len=1024)
+    d = found("cuda_oom_old_format.log", job=job)["cuda.oom"]
+    assert d.details["estimate_fits"] == "yes" and "does not model" in d.explanation
+
+
+# ----------------------------------------------------------------- how workers died
+
+def test_sigkill_in_torchrun_summary_is_host_oom():
+    d = found("torchrun_sigkill.log")["host.oom-killed"]
+    assert (d.details["rank"], d.details["local_rank"], d.details["pid"]) == (0, 0, 14750)
+    assert any("dmesg" in f for f in d.fixes) and any("dataloader" in f for f in d.fixes)
+
+
+def test_root_cause_not_the_peer_torchrun_stopped():
+    ids = found("torchrun_sigkill_peer_sigterm.log")
+    d = ids["host.oom-killed"]
+    assert (d.details["rank"], d.details["pid"]) == (1, 14113)  # rank 0's SIGTERM was torchrun cleaning up
+    assert "torchrun.child-failed" not in ids
+
+
+def test_kernel_oom_killer_lines():
+    d = found("kernel_oom_killer.log")["host.oom-killed"]
+    assert d.details["kernel_oom"] == "yes" and d.details["pid"] == 25315 and d.details["anon_rss_gib"] == 30.0
+    assert "30 GiB" in d.explanation
+
+
+def test_child_failed_reads_the_failed_ranks_stderr_in_a_log_dir():
+    report = diagnose_files([LOGS / "torchrun_logdir"])
+    assert len(report.files) == 5 and any(f.endswith("attempt_0/1/stderr.log") for f in report.files)
+    (d,) = report.diagnoses
+    assert d.id == "torchrun.child-failed" and d.severity == "warning"
+    assert (d.details["rank"], d.details["local_rank"], d.details["exitcode"]) == (1, 1, 1)
+    assert d.details["last_error"] == "ValueError: bad batch shape (4, 4097) for seq_len 4096"
+    assert "1/stderr.log" in d.explanation
+
+
+def test_child_failed_gives_way_to_a_specific_error():
+    summary = (LOGS / "torchrun_logdir" / "torchrun_console.log").read_text()
+    oom = (LOGS / "cuda_oom.log").read_text()
+    assert {d.id for d in diagnose_text(summary + "\n" + oom)} == {"cuda.oom"}
+
+
+# ------------------------------------------------------------------- rendezvous
+
+def test_rendezvous_details():
+    assert found("rdzv_port_in_use.log")["rdzv.port-in-use"].details["port"] == 29500
+    assert found("rdzv_port_in_use_old.log")["rdzv.port-in-use"].details["port"] == 29500
+    assert any("ss -ltnp | grep :29500" in f for f in found("rdzv_port_in_use.log")["rdzv.port-in-use"].fixes)
+    assert found("rdzv_unreachable.log")["rdzv.unreachable"].details == {"host": "127.0.0.1", "port": 29613}
+    assert found("rdzv_unreachable_old.log")["rdzv.unreachable"].details == {"host": "192.0.0.1", "port": 1234}
+    assert found("rdzv_timeout.log")["rdzv.timeout"].evidence[-1].text.endswith("RendezvousTimeoutError")
+
+
+def test_world_size_mismatch_across_node_logs():
+    ids = found("world_size_mismatch")
+    mismatch = ids["dist.world-size-mismatch"]
+    assert mismatch.details["launch_mismatch"] == "min_nodes 2 vs 3; max_nodes 2 vs 3"
+    assert {e.file.rsplit("/", 1)[-1] for e in mismatch.evidence} == {"node0.log", "node1.log"}
+    assert ids["rdzv.timeout"].details == {"timeout_s": 11, "joined": 2, "expected": 3}
+    assert found("nccl_invalid_rank.log")["dist.world-size-mismatch"].details["invalid_rank"] == "8/8"
+    twice = found("nccl_rank_checked_in_twice.log")["dist.world-size-mismatch"]
+    assert twice.details == {"duplicate_rank": 1, "world_size": 8}
+
+
+# ------------------------------------------------------------------------ NaN loss
+
+def test_nan_loss_first_step_and_last_finite_value():
+    d = found("nan_loss_pretrain.log")["train.nan-loss"]
+    assert d.details == {"first_step": 7000, "kind": "nan", "last_finite_loss": 4.294} and d.count == 5
+    assert "step 7000" in d.explanation
+    fixes = " ".join(d.fixes)
+    assert "checkpoint" in fixes and "clipping" in fixes and "bf16" in fixes and "warmup" in fixes
+    hf = found("nan_loss_hf_trainer.log")["train.nan-loss"]
+    assert hf.count == 6 and hf.details["last_finite_loss"] == 5.6231
+
+
+def test_nan_loss_in_json_telemetry():
+    ours = found("nan_loss_telemetry.jsonl")["train.nan-loss"]
+    assert ours.details == {"first_step": 130, "kind": "nan", "last_finite_loss": 2.902} and ours.count == 2
+    plain = found("nan_loss_json_nan.jsonl")["train.nan-loss"]
+    assert plain.details["first_step"] == 130 and plain.count == 2
+    (inf,) = diagnose_text('{"step": 7, "loss": Infinity}')
+    assert inf.details["kind"] == "inf" and inf.details["first_step"] == 7
+    (flagged,) = diagnose_text('{"step": 9, "loss": null, "nonfinite": true}')
+    assert flagged.details["first_step"] == 9
+
+
+@pytest.mark.parametrize("line", [
+    "best val loss: inf", "loss_scale: inf", "{'loss': 1.5, 'grad_norm': nan}", "nanoGPT loss 2.31",
+    "inference loss 0.4", '{"loss": null, "nonfinite": ["grad_norm"]}', "[deepspeed] OVERFLOW! Skipping step. "
+    "Attempted loss scale: 65536, reducing to 32768", "eval: loss=5.6120 ppl=273.5",
+])
+def test_no_nan_false_positives(line):
+    assert diagnose_text(line) == []
+
+
+@pytest.mark.parametrize("line", ["iter 6000: loss nan, time 1234.56ms", "lm loss: nan | loss scale: 1.0",
+                                  "Loss is NaN, stopping training", "step 3 train/loss=-inf",
+                                  "loss: tensor(nan, device='cuda:0')"])
+def test_nan_loss_spellings(line):
+    assert [d.id for d in diagnose_text(line)] == ["train.nan-loss"]
+
+
+# ------------------------------------------------------------------- report shape
+
+def test_errors_first_then_by_position():
+    text = ("h:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\nh:1:1 [0] NCCL INFO Using network Socket\n"
+            "step 1 loss: nan\nRuntimeError: CUDA out of memory. Tried to allocate 1.00 GiB (GPU 0; 39.59 GiB total "
+            "capacity; 37.00 GiB already allocated; 0.50 GiB free; 38.00 GiB reserved in total by PyTorch)")
+    assert [d.id for d in diagnose_text(text)] == ["train.nan-loss", "cuda.oom", "nccl.socket-fallback"]
+
+
+def test_healthy_reference_outputs_give_no_diagnosis():
+    if not REFERENCE.is_dir():
+        pytest.skip("shared reference fixtures not present")
+    files = sorted(REFERENCE.glob("*.txt"))
+    assert any("nccl-tests" in f.name for f in files)
+    report = diagnose_files(files)
+    assert report.diagnoses == [] and report.summary == f"no known problem found in {len(files)} files"
+
+
+def test_missing_and_unusable_paths_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="missing.log: no such file"):
+        diagnose_files([LOGS / "cuda_oom.log", tmp_path / "missing.log"])
+    with pytest.raises(UsageError, match="has no \\*.log, \\*.txt, \\*.jsonl files"):
+        diagnose_files([tmp_path])
+    with pytest.raises(UsageError, match="no log file given"):
+        diagnose_files([])
+
+
+def test_odd_bytes_and_huge_lines_are_read(tmp_path):
+    path = tmp_path / "odd.log"
+    path.write_bytes(b"\xff\xfe\x00garbage\r\n" + b"x" * 200_000 + b"\n" + b"\x00" * 10 + b"\nloss: nan\n")
+    (d,) = diagnose_files([path]).diagnoses
+    assert d.evidence[0].line == 4  # the 200 kB line still counts as one line
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """test root: the lead registers the command in cli/main.py"""
+
+    app.command("diagnose", help=diagnose_cmd.HELP)(diagnose_cmd.diagnose)
+    return app
+
+
+def test_cli_json_and_exit_codes():
+    runner = CliRunner()
+    bad = runner.invoke(_app(), ["diagnose", str(LOGS / "nccl_watchdog_timeout.log"), "--json"])
+    assert bad.exit_code == 1, bad.output
+    report = DiagnosisReport.model_validate_json(bad.stdout)
+    assert report.schema_version == 1 and report.kind == "trainready-diagnose"
+    assert json.loads(bad.stdout)["diagnoses"][0]["details"]["collective"] == "ALLREDUCE"
+    good = runner.invoke(_app(), ["diagnose", str(LOGS / "healthy_training.log"), "--json"])
+    assert good.exit_code == 0 and DiagnosisReport.model_validate_json(good.stdout).diagnoses == []
+    warn_only = runner.invoke(_app(), ["diagnose", str(LOGS / "torchrun_logdir")])
+    assert warn_only.exit_code == 1 and "torchrun: a worker process failed" in warn_only.stdout
+
+
+def test_cli_missing_file_exits_2_without_traceback(tmp_path):
+    script = ("from trainready.cli import main, diagnose_cmd; "
+              "main.app.command('diagnose', help=diagnose_cmd.HELP)(diagnose_cmd.diagnose); main.run()")
+    proc = subprocess.run([sys.executable, "-c", script, "diagnose", str(tmp_path / "nope.log")],
+                          capture_output=True, text=True, timeout=60, env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "nope.log" in proc.stderr and "no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_cli_with_job_file(tmp_path):
+    from trainready.plan.job import save_job
+
+    job = tmp_path / "job.toml"
+    save_job(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", strategy="ddp", micro_batch=8, seq_len=4096), job)
+    result = CliRunner().invoke(_app(), ["diagnose", str(LOGS / "cuda_oom.log"), "--job", str(job), "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["diagnoses"][0]["details"]["estimate_capacity_gib"] == 40.0
+
+
+def test_render_prints_log_text_literally():
+    console = Console(record=True, width=200, highlight=False)
+    report = diagnose_files([LOGS / "nccl_watchdog_timeout.log", LOGS / "nccl_socket_fallback_ec2.log"])
+    diagnose_cmd.render_diagnoses(console, report)
+    text = console.export_text()
+    assert "error: NCCL collective timed out" in text and "warning: NCCL fell back to TCP sockets" in text
+    assert f"{LOGS / 'nccl_watchdog_timeout.log'}:3  [rank1]:[E626" in text  # brackets are not Rich markup
+    assert " - Record what every rank was doing" in text and "... and 2 more" in text
+    assert text.rstrip().endswith(report.summary)
+
+
+# ------------------------------------------------------------------- never raises
+
+SNIPPETS = [
+    "Root Cause (first observed failure):", "Failures:", "[0]:", "  rank      : 1 (local_rank: 1)",
+    "  exitcode  : -9 (pid: 12)", "  host      : x", "  error_file: <N/A>", "=" * 40,
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=", "[Rank 3] Watchdog caught collective operation timeout",
+    "last enqueued NCCL work: 9", "nranks 99999999999999999999", "CUDA out of memory. Tried to allocate 1.2.3 GiB",
+    "Tried to allocate 5 TiB (GPU 0; 1 GiB total capacity; 2 GiB already allocated; 0 bytes free; 1 GiB cached)",
+    "Last error:", "NCCL WARN ", "unhandled system error", "shared memory segment /dev/shm/x (size 99)", "loss: nan",
+    '"loss":null,"nonfinite":["loss"]', "Starting elastic_operator with launch configs:", "  min_nodes   : 2",
+    "Timed out after 5 seconds waiting for clients. 1/2 clients joined.", "nNodes 1", "via NET/Socket",
+    "NET/Socket : Using [0]eth0:1.2.3.4<0>", "NET/OFI Selected Provider is tcp", "NCCL WARN NET/OFI x",
+    "Invalid rank requested : 9/8", "rank 1 of 8 ranks has already checked in", "RendezvousClosedError",
+    "failed (exitcode: -9) local_rank: 0 (pid: 1)", "Out of memory: Killed process 1 (python) anon-rss:1kB",
+    "ValueError: x", "port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE", "server socket has failed to bind",
+    "client socket has timed out after 1s while trying to connect to (h, 1)", "step 12 ", "(3/4)", "\x00", "\ufffd",
+    "9" * 5000, "SeqNum=" + "9" * 5000, "  exitcode  : -" + "9" * 5000 + " (pid: 1)", "Tried to allocate 1e400 GiB",
+]
+log_lines = st.one_of(st.text(max_size=80), st.sampled_from(SNIPPETS),
+                      st.tuples(st.sampled_from(SNIPPETS), st.text(max_size=20), st.sampled_from(SNIPPETS)).map("".join))
+
+
+@given(st.lists(log_lines, max_size=40).map("\n".join))
+def test_arbitrary_text_never_raises(text):
+    for diagnosis in diagnose_text(text):
+        assert diagnosis.count >= len(diagnosis.evidence) >= 1
+
+
+@given(st.binary(max_size=2000))
+def test_arbitrary_bytes_never_raise(data):
+    diagnose_text(data.decode("utf-8", errors="replace"))
