@@ -107,7 +107,10 @@ class LiveView:
                      f"{loss:.4f}" if isinstance(loss, (int, float)) else "-")
         grid.add_row("tokens/s", f"{s.get('tokens_per_s') or 0:,.0f}", "MFU", mfu)
         grid.add_row("data wait", _pct(_share(s, "data_s")), "comm", _pct(_share(s, "comm_s")))
-        grid.add_row("checkpoint", f"hot {ckpt.get('last_saved', '-')}  archived {ckpt.get('archived', '-')} {saving}".strip(),
+        hot = ckpt.get("last_saved")
+        newest = ckpt.get("archived")
+        archived = f"  archived {newest if newest is not None else '-'}" if start.get("archive") else ""
+        grid.add_row("checkpoint", f"hot {hot if hot is not None else '-'}{archived} {saving}".strip(),
                      "ETA", _dur(s.get("eta_s")))
         budget = start.get("budget_usd")
         grid.add_row("cost", _usd(s.get("cost_usd")), "projected",
