@@ -147,4 +147,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # The results are written; skip interpreter teardown, where torch (2.13) with FSDP2 modules still
+    # alive after destroy_process_group sometimes aborts ("terminate called without an active
+    # exception") and turns a finished job's exit code into SIGABRT: a flaky test, not a store bug.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

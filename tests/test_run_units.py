@@ -36,16 +36,16 @@ def guard(budget=10.0, spent_s=0.0):
 
 def test_budget_stops_only_when_the_next_step_and_final_save_would_not_fit():
     g = guard()
-    assert not g.assess(1008.5, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 8.5 + 1.1 < 10
-    assert g.assess(1009.0, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 9.0 + 1.1 > 10
-    assert not g.assess(1009.0, step_s=0.5, final_save_s=0.5, remaining_steps=0).stop  # nothing left to run
+    assert not g.assess(8.5, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 8.5 + 1.1 < 10
+    assert g.assess(9.0, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 9.0 + 1.1 > 10
+    assert not g.assess(9.0, step_s=0.5, final_save_s=0.5, remaining_steps=0).stop  # nothing left to run
     unpriced = BudgetGuard(10.0, CostClock(None, 1, 0.0, 1000.0))
-    assert not unpriced.assess(5000.0, 1.0, 1.0, 10).stop
+    assert not unpriced.assess(4000.0, 1.0, 1.0, 10).stop
 
 
 def test_budget_counts_earlier_launches_and_every_node():
     g = BudgetGuard(100.0, CostClock(usd_per_hour=1800.0, nnodes=4, prior_s=10.0, launch_unix=1000.0))
-    view = g.assess(1005.0, 1.0, 1.0, 10)
+    view = g.assess(g.clock.billed_s(1005.0), 1.0, 1.0, 10)
     assert view.spent_usd == pytest.approx(2.0 * 15)  # $0.5/s per node x 4 nodes x (10 + 5) s
     assert view.projected_usd == pytest.approx(30 + 2.0 * 10)
     assert view.eta_s == 10.0
@@ -53,14 +53,15 @@ def test_budget_counts_earlier_launches_and_every_node():
 
 def test_budget_warnings_fire_once_each():
     g = guard()
-    first = g.assess(1001.0, 0.1, 0.1, 5)
+    first = g.assess(1.0, 0.1, 0.1, 5)
     assert first.warnings == ()
-    at_half = g.assess(1005.0, 0.1, 0.1, 5)
+    at_half = g.assess(5.0, 0.1, 0.1, 5)
     assert len(at_half.warnings) == 1 and "50%" in at_half.warnings[0]
-    assert g.assess(1005.5, 0.1, 0.1, 5).warnings == ()
-    over = g.assess(1008.0, 1.0, 0.1, 50)
+    assert g.assess(5.5, 0.1, 0.1, 5).warnings == ()
+    over = g.assess(8.0, 1.0, 0.1, 50)
     assert any("80%" in w for w in over.warnings) and any("projected cost" in w for w in over.warnings)
-    assert g.assess(1008.1, 1.0, 0.1, 50).warnings == ()
+    assert g.assess(8.1, 1.0, 0.1, 50).warnings == ()
+    assert guard().assess(9.5, 1.0, 0.1, 50, peek=True).warnings == ()  # the telemetry view changes nothing
 
 
 def test_young_daly_interval():
@@ -127,21 +128,18 @@ def test_torchrun_failure_summary_root_cause_first():
 
 
 def test_torchrun_argv(tmp_path):
-    spec = LaunchSpec(command=["python", "train.py", "--lr", "1"], settings=RunSettings(run_dir=tmp_path),
+    spec = LaunchSpec(command=["python", "train.py", "--d", "1"], settings=RunSettings(run_dir=tmp_path),
                       nproc_per_node=8, max_restarts=2)
     argv = torchrun_argv(spec)
     assert argv[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in argv
-    assert argv[-3:] == ["train.py", "--lr", "1"] and argv[argv.index("--max-restarts") + 1] == "2"
+    assert argv[-1].endswith("shim.py") and "--d" not in argv  # the command travels in TRAINREADY_COMMAND
     from torch.distributed.run import get_args_parser
 
     parsed = get_args_parser().parse_args(argv[3:])
-    assert parsed.nproc_per_node == "8" and parsed.training_script == "train.py"
-    spec.command, spec.nnodes, spec.rdzv_endpoint = ["python", "-m", "pkg.train"], 2, "10.0.0.1:29500"
+    assert parsed.nproc_per_node == "8" and parsed.max_restarts == 2
+    spec.nnodes, spec.rdzv_endpoint = 2, "10.0.0.1:29500"
     argv = torchrun_argv(spec)
-    assert argv[-2:] == ["-m", "pkg.train"] and "--standalone" not in argv
-    assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
-    spec.command = ["bash", "run.sh"]
-    assert torchrun_argv(spec)[-3:] == ["--no-python", "bash", "run.sh"]
+    assert "--standalone" not in argv and argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
 
 
 def _records(tmp_path: Path, rows: list[dict]) -> None:

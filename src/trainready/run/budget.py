@@ -48,13 +48,15 @@ class BudgetGuard:
     clock: CostClock
     _warned: set[str] = field(default_factory=set)
 
-    def assess(self, now: float, step_s: float, final_save_s: float, remaining_steps: int | None) -> BudgetView:
-        """`step_s`: wall time per step lately; `final_save_s`: a synchronous save plus upload."""
-        spent = self.clock.spent_usd(now)
-        eta = remaining_steps * step_s if remaining_steps is not None else None
+    def assess(self, billed_s: float, step_s: float, final_save_s: float, remaining_steps: int | None,
+               peek: bool = False) -> BudgetView:
+        """`billed_s`: seconds billed so far (rank 0's clock, the same on every rank); `step_s`: wall
+        time per step lately; `final_save_s`: a synchronous save plus upload. `peek`: no warnings."""
         rate = self.clock.usd_per_s
+        spent = None if rate is None else rate * billed_s
+        eta = remaining_steps * step_s if remaining_steps is not None else None
         projected = spent + rate * eta if (rate is not None and eta is not None) else None
-        if self.budget_usd is None or rate is None:
+        if self.budget_usd is None or rate is None or peek:
             return BudgetView(spent, projected, eta, False, ())
         warnings = []
         for fraction in WARN_AT:
@@ -72,7 +74,7 @@ class BudgetGuard:
         stop = remaining_steps != 0 and spent + needed > self.budget_usd
         return BudgetView(spent, projected, eta, stop, tuple(warnings))
 
-    def stop_message(self, now: float, step: int) -> str:
-        spent = self.clock.spent_usd(now) or 0.0
+    def stop_message(self, billed_s: float, step: int) -> str:
+        spent = (self.clock.usd_per_s or 0.0) * billed_s
         return (f"budget guard: stopped after step {step} with ${spent:.2f} of the ${self.budget_usd:.2f} budget "
                 "spent; another step and the final checkpoint would have exceeded it")

@@ -119,6 +119,10 @@ def configure(opts: RunOptions) -> Configured:
     else:
         preflight.check_budget(opts.budget_usd, price, opts.nnodes, step_s, "the plan's estimate for --job")
     preflight.check_archive(opts.archive)
+    for flag, value in (("--budget-usd", opts.budget_usd), ("--usd-per-hour", opts.usd_per_hour),
+                        ("--mtbf-hours", opts.mtbf_hours)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} {value:g}: must be > 0")
     settings = RunSettings(
         run_dir=run_dir, hot=opts.hot, archive=opts.archive, ckpt_every=_ckpt_every(opts.ckpt_every),
         keep_hot=opts.keep_hot, budget_usd=opts.budget_usd, usd_per_hour=price.usd_per_hour, nnodes=opts.nnodes,

@@ -33,6 +33,8 @@ from .watchdog import process_start_ticks
 RUN_SCHEMA_VERSION = 1
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BUDGET = 0, 1, 2, 3, 4
 PYTHONS = ("python", "python3", sys.executable, os.path.basename(sys.executable))
+SHIM = Path(__file__).with_name("shim.py")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the ssh session closed
 
 
 @dataclass
@@ -75,22 +77,28 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
     else:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint or "",
                  "--rdzv-id", spec.rdzv_id or "trainready", "--node-rank", str(spec.node_rank)]
-    cmd = list(spec.command)
-    if os.path.basename(cmd[0]) in PYTHONS or cmd[0] in PYTHONS:
-        rest = cmd[1:]
-        if rest[:1] == ["-m"]:
-            return argv + ["-m"] + rest[1:]
-        return argv + rest
-    return argv + ["--no-python"] + cmd
+    return argv + [str(SHIM)]  # the command itself travels in TRAINREADY_COMMAND (shim.py says why)
 
 
-def _die_with_parent() -> None:
-    """In the torchrun agent before exec: SIGKILL it when the launcher dies."""
+def _pdeathsig_setter() -> Callable[[], None] | None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) for the torchrun agent, resolved before the fork (no dlopen
+    in a forked child while other threads run): the agent dies with the launcher."""
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGKILL)
+
+
+def worker_pids(agent_pid: int) -> list[int]:
+    """The agent's children (torchrun's workers), from /proc."""
+    pids: list[int] = []
+    for task in Path(f"/proc/{agent_pid}/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
 
 
 class Launcher:
@@ -104,6 +112,8 @@ class Launcher:
         self.start_unix = time.time()
         self.output_tail: list[str] = []
         self._offset = 0
+        self._signal_deadline: float | None = None
+        self._lock_fd: int | None = None
 
     # ---- run.json ----------------------------------------------------------------------------
 
@@ -124,16 +134,23 @@ class Launcher:
     def _prior_billed_s(self, info: dict[str, Any]) -> float:
         records, _ = read_records(self.spec.run_dir / FILE)
         total = 0.0
-        for launch in info.get("launches", []):
+        launches = info.get("launches", [])
+        for i, launch in enumerate(launches):
             start = launch.get("start_unix") or 0
-            end = launch.get("end_unix") or max((r["t"] for r in records if r["t"] >= start), default=start)
+            before = launches[i + 1].get("start_unix") if i + 1 < len(launches) else float("inf")
+            # a launch that crashed has no end: its last telemetry record before the next launch
+            end = launch.get("end_unix") or max((r["t"] for r in records if start <= r["t"] < before), default=start)
             total += max(0.0, end - start)
         return total
 
     def _begin(self) -> dict[str, Any]:
         run_dir = self.spec.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_run_dir()
         info = self._read_info()
+        if info.get("command") and info["command"] != self.spec.command:
+            self.on_output(f"trainready: note: {run_dir} holds a run of `{' '.join(info['command'])}`; resuming it with "
+                           f"`{' '.join(self.spec.command)}` (use another --run-dir for a new run)")
         prior = self._prior_billed_s(info)
         self._check_budget_left(prior)
         from .environment import describe_environment
@@ -146,7 +163,8 @@ class Launcher:
         info.setdefault("created_unix", self.start_unix)
         info.setdefault("launches", []).append({
             "start_unix": self.start_unix, "end_unix": None, "exit_code": None, "reason": None,
-            "pid": os.getpid(), "node_rank": self.spec.node_rank, "prior_billed_s": round(prior, 3)})
+            "pid": os.getpid(), "pid_start_ticks": process_start_ticks(os.getpid()), "node_rank": self.spec.node_rank,
+            "prior_billed_s": round(prior, 3)})
         self._write_info(info)
         (run_dir / "stop.json").unlink(missing_ok=True)
         self.settings = self.spec.settings.model_copy(update={
@@ -154,6 +172,21 @@ class Launcher:
             "launcher_start_ticks": process_start_ticks(os.getpid())})
         _, self._offset = read_records(run_dir / FILE)  # the live view starts with this launch
         return info
+
+    def _lock_run_dir(self) -> None:
+        """One launcher per run directory: a second one would fence the first one's checkpoints."""
+        import fcntl
+
+        from trainready.errors import UsageError
+
+        fd = os.open(self.spec.run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(f"another `trainready run` is using {self.spec.run_dir} (it holds {self.spec.run_dir}/.lock): "
+                             "wait for it, stop it, or give this run its own --run-dir") from None
+        self._lock_fd = fd
 
     def _check_budget_left(self, prior_s: float) -> None:
         s = self.spec.settings
@@ -171,8 +204,9 @@ class Launcher:
         launch = info["launches"][-1]
         launch.update(end_unix=time.time(), exit_code=result.exit_code, reason=result.reason, message=result.message)
         self._write_info(info)
-        TelemetryWriter(self.spec.run_dir, source="launcher").write(
-            "exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
+        writer = TelemetryWriter(self.spec.run_dir, source="launcher")
+        writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
+        writer.close()
         (self.spec.run_dir / "summary.json").write_text(summarize(self.spec.run_dir).model_dump_json(indent=2))
 
     # ---- running -----------------------------------------------------------------------------
@@ -181,18 +215,22 @@ class Launcher:
         self._begin()
         # Workers of a restarted attempt read the previous attempt's keys from torchrun's shared
         # rendezvous store and fail to connect (seen with gloo, torch 2.13): rank 0 hosts a fresh store instead.
-        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
-        TelemetryWriter(self.spec.run_dir, source="launcher").write(
-            "launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
+               "TRAINREADY_COMMAND": json.dumps(self.spec.command)}
+        writer = TelemetryWriter(self.spec.run_dir, source="launcher")
+        writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
+        writer.close()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
+        result = LaunchResult(EXIT_INTERNAL, "failed", "the launcher stopped unexpectedly")
         try:
             self.agent = subprocess.Popen(torchrun_argv(self.spec), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=_die_with_parent)
+                                          start_new_session=True, preexec_fn=_pdeathsig_setter())
             pump = threading.Thread(target=self._pump, daemon=True)
             pump.start()
             while self.agent.poll() is None:
                 self._poll_telemetry()
+                self._escalate_if_overdue()
                 time.sleep(0.25)
             pump.join(timeout=5)
             self._poll_telemetry()
@@ -200,7 +238,7 @@ class Launcher:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        self._end(result)
+            self._end(result)  # run.json and summary.json, whatever happened
         return result
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -208,12 +246,31 @@ class Launcher:
             return
         if self.signalled is None:
             self.signalled = signum
+            self._signal_deadline = time.monotonic() + self.spec.settings.grace_s
             self.on_output(f"trainready: {signal.Signals(signum).name}: asking the workers to save and stop "
                            f"(up to {self.spec.settings.grace_s:.0f} s; signal again to stop at once)")
-            self.agent.send_signal(signal.SIGTERM)
+            # to the workers, not the agent: they save and exit 0, and torchrun, seeing success, exits
+            # without restarting them (a SIGTERM the agent got twice would cut its own grace period short)
+            workers = worker_pids(self.agent.pid)
+            for pid in workers:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if not workers:  # not started yet (rendezvous): torchrun itself stops
+                self.agent.send_signal(signal.SIGTERM)
+        elif signum == signal.SIGTERM and self.signalled == signal.SIGTERM:
+            return  # the same SIGTERM again (a process-group or cgroup kill): keep waiting for the save
         else:
             self.on_output("trainready: second signal: stopping now, without waiting for the checkpoint")
             self.agent.kill()  # workers see their parent go and exit (watchdog)
+
+    def _escalate_if_overdue(self) -> None:
+        """Past the grace period the workers are stuck (a hung collective?): torchrun stops them."""
+        if self._signal_deadline is not None and time.monotonic() > self._signal_deadline and self.agent is not None:
+            self._signal_deadline = None
+            self.on_output("trainready: the workers did not stop within the grace period: terminating them")
+            self.agent.send_signal(signal.SIGTERM)
 
     def _pump(self) -> None:
         assert self.agent is not None and self.agent.stdout is not None
@@ -235,7 +292,11 @@ class Launcher:
     def _outcome(self, returncode: int) -> LaunchResult:
         stop = self._read_stop()
         if stop is not None:
-            return LaunchResult(int(stop.get("exit_code", 0)), stop.get("reason", "stopped"), stop.get("message", ""))
+            reason, message, code = stop.get("reason", "stopped"), stop.get("message", ""), int(stop.get("exit_code", 0))
+            if reason == "signal" and self.signalled is not None:  # the workers only saw the SIGTERM we sent
+                code = 128 + self.signalled
+                message = message.replace("SIGTERM", signal.Signals(self.signalled).name, 1)
+            return LaunchResult(code, reason, message)
         if self.signalled is not None:
             return LaunchResult(128 + self.signalled, "signal",
                                 f"interrupted by {signal.Signals(self.signalled).name} before the workers could save: "

@@ -166,6 +166,7 @@ class Launch(BaseModel):
     reason: str | None
     message: str | None = None
     pid: int
+    pid_start_ticks: int | None = None
     node_rank: int
     prior_billed_s: float
 

@@ -123,6 +123,8 @@ def run_scaling(spec: LaunchSpec, counts: list[int], steps: int, quiet: bool = F
         say(f"trainready: scaling point: {n} process(es), {steps} steps")
         result = Launcher(sub, say, lambda _records: None).run()
         points.append(measure(run_dir, n, result.exit_code))
+        if result.reason == "signal":  # Ctrl-C ends the probe, not just this point
+            break
     base = points[0]
     for p in points:
         if p.tokens_per_s and base.tokens_per_s:

@@ -48,7 +48,8 @@ log = logging.getLogger("trainready.run")
 EXIT_BUDGET = 4
 STOP_FILE = "stop.json"
 # per-rank numbers exchanged after every step, in this order
-_FIELDS = ("step_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now", "commit_s")
+_FIELDS = ("step_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now", "commit_s",
+           "stall_s", "billed_s")
 _PACE_WINDOW = 20
 
 
@@ -75,6 +76,8 @@ class Session:
         self.flops_per_token = settings.flops_per_token or flops_per_token
         self.gpu_name, self.peak_flops = _detect_peak(self.device, settings.peak_tflops)
         launch = settings.launch_unix or time.time()
+        if settings.budget_usd is not None and settings.usd_per_hour is None:
+            raise UsageError("a budget needs a price: give usd_per_hour= (per node-hour) with budget_usd=")
         self.budget = BudgetGuard(settings.budget_usd, CostClock(settings.usd_per_hour, settings.nnodes,
                                                                  settings.prior_s, launch))
         mtbf_h, self._mtbf_note = job_mtbf(settings.nnodes, int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
@@ -82,6 +85,7 @@ class Session:
         self._mtbf_h = mtbf_h
         self.manager = self._make_manager()
         self._signal: int | None = None
+        self._signal_at: float | None = None  # monotonic time the stop began: the grace period counts from it
         self._install_signal_handlers()
         self.start_step = 0
         self._next_step = 0
@@ -89,7 +93,8 @@ class Session:
         self._since_save = 0
         self._last_end = time.perf_counter()
         self._pace: deque[float] = deque(maxlen=_PACE_WINDOW)
-        self._stalls: deque[float] = deque(maxlen=5)
+        self._stalls: deque[float] = deque(maxlen=5)  # the slowest rank's stall of each save (exchanged)
+        self._local_stall = 0.0
         self._interval: IntervalChoice | None = None
         self._decision: Decision | None = None
         self._comm_watch: CommWatch | None = None
@@ -114,11 +119,15 @@ class Session:
 
     def _install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: Any) -> None:
-            if self._signal is not None:  # a second signal: stop waiting
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
+            if self._signal is not None:
+                # SIGTERM often arrives twice (from torchrun and from a process-group or cgroup kill):
+                # only a second Ctrl-C means "stop now, without the checkpoint"
+                if signum == signal.SIGINT and self._signal == signal.SIGINT:
+                    signal.signal(signum, signal.SIG_DFL)
+                    os.kill(os.getpid(), signum)
                 return
             self._signal = signum
+            self._signal_at = time.monotonic()
             log.warning("signal %s: saving a checkpoint after this step, then stopping", signal.Signals(signum).name)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -127,8 +136,13 @@ class Session:
     def _start_record(self) -> None:
         import socket
 
-        ident = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname()}
+        ident = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "agreed": self._agreed_settings()}
         everyone = self._gather_objects(ident)
+        differing = [w for w in everyone if w["agreed"] != everyone[0]["agreed"]]
+        if differing:  # every rank raises: decisions computed from different settings would split the job
+            raise UsageError(f"rank {differing[0]['rank']} on {differing[0]['host']} runs with other settings than rank 0 "
+                             f"({differing[0]['agreed']} vs {everyone[0]['agreed']}): start every node with the same options")
+        everyone = [{k: w[k] for k in ("rank", "pid", "host")} for w in everyone]
         self.telemetry.write(
             "start", world_size=self.world_size, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
             backend=dist.get_backend() if dist.is_initialized() else None, device=str(self.device), gpu=self.gpu_name,
@@ -137,6 +151,11 @@ class Session:
             total_steps=self.settings.total_steps, budget_usd=self.settings.budget_usd,
             usd_per_hour=self.settings.usd_per_hour, nnodes=self.settings.nnodes, workers=everyone,
             run_id=self.manager.run_id, generation=self.manager.generation)
+
+    def _agreed_settings(self) -> dict[str, Any]:
+        s = self.settings
+        return {"budget_usd": s.budget_usd, "usd_per_hour": s.usd_per_hour, "nnodes": s.nnodes, "ckpt_every": s.ckpt_every,
+                "mtbf_h": s.mtbf_h, "spot": s.spot, "total_steps": s.total_steps, "max_steps": s.max_steps}
 
     def _gather_objects(self, obj: Any) -> list[Any]:
         if self._group is None:
@@ -183,9 +202,12 @@ class Session:
         self._after_step(times, timer.metrics)
 
     def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
-        """Save when due (interval, auto interval, last step) or forced; on a stop (signal,
-        budget, max steps) save, wait for the upload, and exit. Returns whether it saved."""
-        decision = self._decision or Decision(save=self._fixed_interval_due(step), stop=None)
+        """Save when due (interval, auto interval, last step) or forced; on a stop for a signal or
+        the budget save, wait for the upload, and exit (max_steps exits without saving). Without
+        `with sess.step()` blocks, each call marks a step. Returns whether it saved."""
+        if self._decision is None:  # no `with sess.step()`: this call marks the step (times unknown)
+            self._after_step(StepTimes(), {})
+        decision = self._decision
         self._decision = None
         last = self.settings.total_steps is not None and step >= self.settings.total_steps - 1
         saved = False
@@ -195,12 +217,12 @@ class Session:
             self._stop(step, decision.stop)
         return saved
 
-    def finish(self) -> None:
-        """Wait for the last save and its upload, write the end record, release resources."""
+    def finish(self, timeout_s: float | None = 600.0) -> None:
+        """Wait (up to `timeout_s`) for the last save and its upload, write the end record, release resources."""
         if self._finished:
             return
         self._finished = True
-        self.manager.close()
+        self.manager.close(timeout_s=timeout_s)
         self.telemetry.write("end", last_step=self._next_step - 1, steps_this_launch=self._steps_this_launch,
                              last_saved=self._last_saved)
         self.telemetry.close()
@@ -215,14 +237,19 @@ class Session:
         interval = now_perf - self._last_end
         self._last_end = now_perf
         commit = self.manager.last_commit  # set when a (background) commit finishes
+        if commit is not None:
+            self._last_saved = commit[0]
         mine = [times.step_s, times.data_s, times.comm_s, times.optimizer_s, times.tokens, interval,
-                float(self._signal or 0), time.time(), commit[1] if commit else 0.0]
+                float(self._signal or 0), time.time(), commit[1] if commit else 0.0, self._local_stall,
+                self.budget.clock.billed_s(time.time())]
         rows = self._exchange(mine)
         step = self._next_step
         self._next_step += 1
         self._steps_this_launch += 1
         self._since_save += 1
         rank0 = dict(zip(_FIELDS, rows[0], strict=True))
+        if self._steps_this_launch == 2:
+            self._pace.clear()  # the first interval of a launch holds start-up and restore, not a step
         self._pace.append(rank0["interval_s"])
         pace = statistics.median(self._pace)
         self._decision = self._decide(step, rows, pace)
@@ -239,20 +266,25 @@ class Session:
     def _decide(self, step: int, rows: list[list[float]], pace: float) -> Decision:
         """The same inputs on every rank give the same decision."""
         col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
-        now = col["now"][0]
+        billed = col["billed_s"][0]  # rank 0's clock: every node's launcher started at another moment
+        stall = max(col["stall_s"])
+        if stall > 0 and (not self._stalls or stall != self._stalls[-1]):
+            self._stalls.append(stall)
         signals = [int(s) for s in col["signal"] if s]
         if signals and self._signal is None:
             self._signal = signals[0]  # another rank was signalled: stop together
+            self._signal_at = time.monotonic()
         if signals:
             return Decision(save=True, stop="signal")
         if self.settings.max_steps is not None and self._steps_this_launch >= self.settings.max_steps:
             return Decision(save=False, stop="max_steps")
         remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
         commit_s = max(col["commit_s"])
-        view = self.budget.assess(now, pace, self._final_save_estimate(commit_s, pace), remaining)
+        view = self.budget.assess(billed, pace, self._final_save_estimate(commit_s, pace), remaining)
         for warning in view.warnings:
             self._warn("budget", warning, spent_usd=view.spent_usd, projected_usd=view.projected_usd)
         if view.stop:
+            self._signal_at = time.monotonic()
             return Decision(save=True, stop="budget")
         # with a budget, what the final checkpoint costs must be known early: save at the second step
         measure = self.settings.budget_usd is not None and commit_s == 0 and self._steps_this_launch == 2
@@ -286,7 +318,7 @@ class Session:
 
     def _record_step(self, step: int, rows: list[list[float]], pace: float, times: StepTimes,
                      metrics: dict[str, Any]) -> None:
-        if not self.is_main or self.telemetry.path is None and not self.settings.live:
+        if not self.is_main or self.telemetry.path is None:
             return
         col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
         tokens = sum(col["tokens"])
@@ -296,7 +328,7 @@ class Session:
         if tokens_per_s and self.flops_per_token and self.peak_flops:
             mfu = tokens_per_s * self.flops_per_token / (self.world_size * self.peak_flops)
         remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
-        view = self.budget.assess(col["now"][0], pace, 0.0, remaining)
+        view = self.budget.assess(col["billed_s"][0], pace, 0.0, remaining, peek=True)
         slowest = max(range(len(rows)), key=lambda r: col["step_s"][r])
         status = self.manager.status()
         self.telemetry.write(
@@ -324,30 +356,42 @@ class Session:
         saved = self.manager.save(step, state)
         stall = time.perf_counter() - t0
         if saved:
-            self._stalls.append(stall)
+            self._local_stall = stall
             self._since_save = 0
-            self._last_saved = step
+            # "ckpt" = a save started (staged; committed later when async): last_saved follows commits
             self.telemetry.write("ckpt", step=step, stall_s=_r(stall), async_save=self.settings.async_save,
                                  hot=self.settings.hot_dir)
         return saved
 
     def _stop(self, step: int, reason: str) -> None:
-        now = time.time()
-        messages = {
-            "signal": f"stopped by signal {signal.Signals(self._signal).name if self._signal else '?'} after step {step}, "
-                      f"with a checkpoint of step {self._last_saved}",
-            "budget": self.budget.stop_message(now, step) if self.settings.budget_usd else "budget",
-            "max_steps": f"stopped after {self._steps_this_launch} steps (max_steps)",
-        }
-        message = messages[reason]
-        remaining = max(1.0, self.settings.grace_s - 5.0)
-        upload_error = None
+        """Wait for the final checkpoint (and its upload) within the grace period counted from the
+        signal or the budget decision, record what is really committed, and exit."""
+        from trainready.store.errors import ArchiveUnavailableError
+
+        started = self._signal_at or time.monotonic()
+        remaining = max(1.0, self.settings.grace_s - 5.0 - (time.monotonic() - started))
+        upload_error = save_error = None
         try:
             self.manager.wait(timeout_s=remaining)
-        except Exception as exc:  # the checkpoint is committed on the hot tier; say what is missing
+        except ArchiveUnavailableError as exc:  # committed on the hot tier; the upload did not finish
             upload_error = str(exc)
+        except Exception as exc:  # the final save itself failed: say so, name the last good one
+            save_error = f"{type(exc).__name__}: {exc}"
+        commit = self.manager.last_commit
+        committed = commit[0] if commit else self._last_saved
+        self._last_saved = committed
+        now = time.time()
+        kept = f"with a checkpoint of step {committed}" if committed is not None else "with no checkpoint"
+        if save_error:
+            kept += f" (the final save failed: {save_error})"
+        if reason == "signal":
+            message = f"stopped by signal {signal.Signals(self._signal).name if self._signal else '?'} after step {step}, {kept}"
+        elif reason == "budget":
+            message = f"{self.budget.stop_message(self.budget.clock.billed_s(now), step)}; {kept}"
+        else:
+            message = f"stopped after {self._steps_this_launch} steps (max_steps)"
         exit_code = {"signal": 128 + (self._signal or signal.SIGTERM), "budget": EXIT_BUDGET, "max_steps": 0}[reason]
-        info = {"schema_version": 1, "reason": reason, "step": step, "checkpoint": self._last_saved,
+        info = {"schema_version": 1, "reason": reason, "step": step, "checkpoint": committed,
                 "message": message, "exit_code": exit_code, "upload_error": upload_error,
                 "cost_usd": self.budget.clock.spent_usd(now)}
         self.telemetry.write("stop", **info)
@@ -355,7 +399,10 @@ class Session:
             sys.stderr.write(f"trainready: {message}\n")
         if self.local_rank == 0 and self.settings.run_dir is not None:  # every node's launcher reads its own
             (self.settings.run_dir / STOP_FILE).write_text(json.dumps(info, indent=2))
-        self.finish()
+        try:
+            self.finish(timeout_s=max(1.0, self.settings.grace_s - 5.0 - (time.monotonic() - started)))
+        except Exception as exc:  # never trade a clean stop for a traceback: what is committed is intact
+            log.error("while finishing after the stop: %s", exc)
         # under the launcher every worker exits 0 (torchrun would restart a failure) and the
         # launcher turns stop.json into the exit code; on its own the process exits with it
         raise SystemExit(0 if self.settings.launcher_pid else exit_code)

@@ -33,7 +33,7 @@ class RunSettings(BaseModel):
     keep_hot: int = Field(2, ge=1, description="checkpoints kept on the hot tier")
     async_save: bool = Field(True, description="stage checkpoints in host memory and write in the background")
     total_steps: int | None = Field(None, gt=0, description="steps the run will take: ETA, projected cost, final save")
-    max_steps: int | None = Field(None, gt=0, description="stop cleanly after this many steps in this launch (scaling probes)")
+    max_steps: int | None = Field(None, gt=0, description="stop after this many steps in this launch, without a checkpoint (scaling probes)")
     budget_usd: float | None = Field(None, gt=0, description="stop with a final checkpoint before spending more")
     usd_per_hour: float | None = Field(None, gt=0, description="price of one node-hour")
     nnodes: int = Field(1, ge=1, description="nodes the run is billed for")
@@ -47,7 +47,6 @@ class RunSettings(BaseModel):
     launcher_pid: int | None = Field(None, description="pid of `trainready run`: workers exit when it is gone")
     launcher_start_ticks: int | None = Field(None, description="its start time (/proc/PID/stat), so a reused pid is not mistaken for it")
     grace_s: float = Field(100.0, gt=0, description="time from a stop signal to exit: final save and upload")
-    live: bool = Field(False, description="rank 0 draws the live panel itself (no launcher)")
 
     @field_validator("ckpt_every", mode="before")
     @classmethod

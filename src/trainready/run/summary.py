@@ -123,9 +123,16 @@ def summarize(run_dir: Path) -> RunSummary:
     )
 
 
+def _launcher_alive(launch: dict[str, Any]) -> bool:
+    from .watchdog import process_start_ticks
+
+    pid = launch.get("pid")
+    return bool(pid) and process_start_ticks(pid) == launch.get("pid_start_ticks", process_start_ticks(pid))
+
+
 def _status(launch: dict[str, Any], records: list[dict[str, Any]]) -> str:
     if launch and launch.get("exit_code") is None and launch.get("end_unix") is None:
-        return "running"
+        return "running" if _launcher_alive(launch) else "unknown"  # killed before it could record the end
     code = launch.get("exit_code")
     reason = launch.get("reason")
     if reason:
@@ -172,19 +179,20 @@ def _loss(record: dict[str, Any]) -> float | None:
 
 def _wall(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:
     total = 0.0
-    for launch in launches:
+    for i, launch in enumerate(launches):
         start = launch.get("start_unix")
-        end = launch.get("end_unix") or max((r["t"] for r in records if r["t"] >= (start or 0)), default=start)
+        before = launches[i + 1].get("start_unix") if i + 1 < len(launches) else float("inf")
+        end = launch.get("end_unix") or max((r["t"] for r in records if (start or 0) <= r["t"] < before), default=start)
         if start and end:
             total += max(0.0, end - start)
     return round(total, 3) if launches else None
 
 
 def _cost(starts: list[dict[str, Any]], steps: list[dict[str, Any]], stop: dict[str, Any] | None) -> CostSummary:
-    first = starts[-1] if starts else {}
+    latest = starts[-1] if starts else {}
     spent = steps[-1].get("cost_usd") if steps else None
     if stop and stop.get("cost_usd") is not None:
         spent = max(spent or 0.0, stop["cost_usd"])
     return CostSummary(spent_usd=spent, projected_usd=steps[-1].get("projected_usd") if steps else None,
-                       budget_usd=first.get("budget_usd"), usd_per_hour=first.get("usd_per_hour"),
-                       nnodes=first.get("nnodes") or 1)
+                       budget_usd=latest.get("budget_usd"), usd_per_hour=latest.get("usd_per_hour"),
+                       nnodes=latest.get("nnodes") or 1)

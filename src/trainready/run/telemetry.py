@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,7 @@ class TelemetryWriter:
         self.path = Path(run_dir) / FILE if run_dir else None
         self.source = source
         self._fd: int | None = None
+        self._failed = False
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -53,7 +55,12 @@ class TelemetryWriter:
                          "source": self.source, **fields})
         if self._fd is not None:
             line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
-            os.write(self._fd, line.encode())
+            try:
+                os.write(self._fd, line.encode())
+            except OSError as exc:  # telemetry must never stop rank 0 alone (the others would hang)
+                if not self._failed:
+                    sys.stderr.write(f"trainready: cannot write {self.path} ({exc.strerror}); telemetry is lost until it can\n")
+                self._failed = True
         return record
 
     def close(self) -> None:

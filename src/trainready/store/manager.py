@@ -328,13 +328,20 @@ class CheckpointManager:
         """Block until the in-flight save is committed and uploads are done (or `timeout_s` passes:
         ArchiveUnavailableError, training state stays safe on the hot tier)."""
         self.wait_for_saves()
+        error: CheckpointError | None = None
         if self._replicator is not None and not self._replicator.wait(timeout_s):
             status = self._replicator.status
-            raise ArchiveUnavailableError(f"upload of {status.pending} to {self.archive.url} not finished after "
-                                          f"{timeout_s:.0f}s ({status.attempts} failed attempts; last: "
-                                          f"{status.last_error or 'none'}); it is safe on the hot tier {self.hot.root}")
-        self._raise_background_errors()
-        self.ctx.barrier()
+            error = ArchiveUnavailableError(f"upload of {status.pending} to {self.archive.url} not finished after "
+                                            f"{timeout_s:.0f}s ({status.attempts} failed attempts; last: "
+                                            f"{status.last_error or 'none'}); it is safe on the hot tier {self.hot.root}")
+        if error is None:
+            try:
+                self._raise_background_errors()
+            except CheckpointError as exc:
+                error = exc
+        self.ctx.barrier()  # on every rank, even where this node's upload failed: the barriers must pair up
+        if error is not None:
+            raise error
 
     def status(self) -> dict[str, Any]:
         rep = self._replicator.status if self._replicator else None
