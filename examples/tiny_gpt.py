@@ -3,6 +3,11 @@
     python examples/tiny_gpt.py --steps 40                       # one process
     trainready run --nproc-per-node 2 -- python examples/tiny_gpt.py --steps 40
 
+    # streamed from packed shards (local or s3://) instead of the in-memory corpus:
+    python examples/tiny_gpt.py --write-corpus /tmp/corpus
+    trainready data pack /tmp/corpus --format tokens --out s3://bucket/tiny --shard-size 1MiB
+    trainready run --nproc-per-node 2 -- python examples/tiny_gpt.py --data s3://bucket/tiny
+
 Seeded and resumable: the data position, RNG states, model, optimizer and LR schedule are in
 the checkpoint, so a run killed at any moment and started again with the same command ends
 with the same per-step losses and the same `final_state_sha256=` (rank 0's last stdout line)
@@ -101,6 +106,52 @@ def batch_at(corpus: torch.Tensor, index: int, rank: int, args: argparse.Namespa
     return rows[:, :-1], rows[:, 1:]
 
 
+def write_corpus(directory: str, seq_len: int) -> None:
+    """The corpus as rows of seq_len + 1 byte tokens (uint16), for `trainready data pack --format tokens`."""
+    import os
+
+    import numpy as np
+
+    corpus = make_corpus().numpy().astype(np.uint16)
+    rows = corpus[: len(corpus) // (seq_len + 1) * (seq_len + 1)].reshape(-1, seq_len + 1)
+    os.makedirs(directory, exist_ok=True)
+    np.save(os.path.join(directory, "corpus.npy"), rows)
+    print(f"wrote {rows.shape[0]} sequences of {seq_len + 1} tokens to {directory}/corpus.npy")
+
+
+class StreamedBatches:
+    """Batches from a packed dataset through torchdata's StatefulDataLoader; the loader's state
+    and the epoch are in the checkpoint, so a resumed run sees exactly the batches it would have."""
+
+    def __init__(self, url: str, sess, args: argparse.Namespace, position: Position):
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        from trainready.data import ShardedDataset
+
+        self.position = position
+        self.dataset = ShardedDataset(url, seed=args.seed, shuffle_buffer=256, rank=sess.rank, world_size=sess.world_size)
+        self.loader = StatefulDataLoader(self.dataset, batch_size=args.batch, num_workers=args.data_workers,
+                                         collate_fn=lambda rows: torch.from_numpy(__import__("numpy").stack(rows)).long(),
+                                         drop_last=True,
+                                         # its own generator: starting an epoch's iterator then draws its seed
+                                         # from here, not from the global torch RNG that dropout uses (which
+                                         # would make a resumed run diverge from an uninterrupted one)
+                                         generator=torch.Generator().manual_seed(args.seed))
+        self._it = None
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._it is None:
+            self.dataset.set_epoch(self.position.epoch)
+            self._it = iter(self.loader)
+        try:
+            rows = next(self._it)
+        except StopIteration:  # an epoch is over: the next one, reshuffled
+            self.position.next_epoch()
+            self._it = None
+            return self.next()
+        return rows[:, :-1], rows[:, 1:]
+
+
 def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
@@ -126,7 +177,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (fixed: results depend on it)")
     ap.add_argument("--data-delay-ms", type=float, default=0.0)
+    ap.add_argument("--data", help="stream a packed dataset (trainready data pack --format tokens) from this URL")
+    ap.add_argument("--data-workers", type=int, default=1, help="DataLoader workers with --data")
+    ap.add_argument("--write-corpus", metavar="DIR", help="write the corpus as a .npy of token rows, then exit")
     args = ap.parse_args()
+    if args.write_corpus:
+        write_corpus(args.write_corpus, args.seq_len)
+        return
     torch.set_num_threads(args.threads)
 
     sess = trainready.init(total_steps=args.steps, model=model_spec(args), seq_len=args.seq_len)
@@ -139,9 +196,15 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
     position = Position()
-    state = training_state(net, optimizer, scheduler, position=position)
+    if args.data:
+        from trainready.data import LoaderState
+
+        stream = StreamedBatches(args.data, sess, args, position)
+        state = training_state(net, optimizer, scheduler, position=position, data=LoaderState(stream.loader))
+    else:
+        state = training_state(net, optimizer, scheduler, position=position)
     sess.restore(state)
-    corpus = make_corpus()
+    corpus = None if args.data else make_corpus()
     if sess.is_main:
         params = sum(p.numel() for p in model.parameters())
         print(f"tiny_gpt: {params / 1e6:.2f}M parameters, {sess.world_size} process(es), starting at step "
@@ -149,7 +212,7 @@ def main() -> None:
 
     for step in range(sess.start_step, args.steps):
         with sess.step(tokens=args.batch * args.seq_len) as t:
-            x, y = t.data(batch_at(corpus, position.index, sess.rank, args))
+            x, y = t.data(stream.next() if args.data else batch_at(corpus, position.index, sess.rank, args))
             x, y = x.to(sess.device), y.to(sess.device)
             loss = F.cross_entropy(net(x).view(-1, VOCAB), y.reshape(-1))
             loss.backward()

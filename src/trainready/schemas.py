@@ -15,6 +15,9 @@ from pydantic import BaseModel
 from trainready.catalog.schema import GpuList, InstanceList
 from trainready.check.bundle import BundleManifest
 from trainready.check.findings import CheckReport
+from trainready.data.bench import DataBenchResult
+from trainready.data.format import DataIndex
+from trainready.data.pack import PackResult
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.job import JobSpec
 from trainready.plan.presets import ModelList
@@ -46,6 +49,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "ckpt-manifest": Manifest, "ckpt-lease": Lease, "check": CheckReport, "check-bundle": BundleManifest,
     "run-result": RunOutcome, "run-summary": RunSummary, "run-scaling": ScalingReport, "run-info": RunInfo,
     "run-stop": StopInfo, "run-telemetry": TelemetryLine, "diagnose": DiagnosisReport,
+    "data-index": DataIndex, "data-pack": PackResult, "data-bench": DataBenchResult,
 }
 ROOT_MODELS = {"job", "run-telemetry"}  # versioned inside the file / in each record rather than a top-level field
 

@@ -36,6 +36,7 @@ def check(ctx: typer.Context,
           strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="With --model: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]")] = None,
           offload: Annotated[Optional[o.Offload], typer.Option("--offload", help="With --model: optimizer states (and parameters) in host RAM.")] = None,
           deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
+          dataset: Annotated[Optional[str], typer.Option("--dataset", metavar="URL", help="Also check the training data's layout (local directory or s3://bucket/prefix): many small objects starve GPUs, packed shards do not. Lists at most 10,000 objects (~20 s).")] = None,
           json_out: o.Json = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -61,6 +62,12 @@ def check(ctx: typer.Context,
             if rank != 0:  # under torchrun: every rank measured, rank 0 reports
                 return
         report = analyze(live, instance, needs, deep=deep, live=True)
+    if dataset is not None:  # not part of the quick probes' budget: only when asked, after them
+        from trainready.check.dataset_scan import dataset_finding, scan_dataset
+        from trainready.check.findings import CheckReport
+
+        finding = dataset_finding(scan_dataset(dataset), dataset)
+        report = CheckReport.build(report.instance_type, report.source, [*report.checks, finding])
     if json_out:
         emit_json(report)
     else:

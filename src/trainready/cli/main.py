@@ -13,7 +13,7 @@ import typer
 from trainready import __version__
 from trainready.errors import TrainreadyError
 
-from . import catalog_cmd, check_cmd, ckpt_cmd, diagnose_cmd, estimate_cmd, plan_cmd, run_cmd
+from . import catalog_cmd, check_cmd, ckpt_cmd, data_cmd, diagnose_cmd, estimate_cmd, plan_cmd, run_cmd
 from .console import error
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app = typer.Typer(
 app.add_typer(catalog_cmd.app, name="catalog")
 app.add_typer(check_cmd.app, name="check")
 app.add_typer(ckpt_cmd.app, name="ckpt")
+app.add_typer(data_cmd.app, name="data")
 app.command("estimate", help=estimate_cmd.HELP)(estimate_cmd.estimate)
 app.command("plan", help=plan_cmd.HELP)(plan_cmd.plan)
 app.command("run", help=run_cmd.HELP, context_settings={"allow_interspersed_args": False})(run_cmd.run)

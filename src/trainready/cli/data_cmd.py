@@ -1,0 +1,163 @@
+"""`trainready data pack` (more `data` commands, such as `bench`, are added to this app)."""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from trainready.errors import UsageError
+
+from . import options as o
+from .console import emit_json, err, out
+
+if TYPE_CHECKING:
+    from trainready.data.pack import PackResult
+
+WHERE = ("--out is a local directory, file:///path, or s3://bucket/prefix (AWS_ENDPOINT_URL_S3 for other S3 endpoints); "
+         "the dataset is tar shards plus index.json (docs/data.md).")
+CODES = ("Exit codes: 0 ok (packed, resumed, or already packed); 2 usage error (SRC missing, empty or unreadable, "
+         "bad --shard-size, a JSONL line that is not JSON, a .npy that is not uint16/uint32, SRC changed since packing "
+         "started, --out unreachable or not writable); 3 internal error.")
+SIZE_EXAMPLES = "e.g. 256MiB, 64MB, 1GiB, 1000000 (bytes)"
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+         "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+app = typer.Typer(no_args_is_help=True, help=f"Training data as tar shards in object storage. {CODES}")
+
+
+@app.callback()
+def _data() -> None:
+    """A group even while it has one command, so `data pack` keeps its name as commands are added."""
+
+
+class DataFormat(str, Enum):
+    text = "text"
+    jsonl = "jsonl"
+    tokens = "tokens"
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '256MiB', '64MB', '1.5GiB', '1000000'; KiB/MiB/GiB (and bare K/M/G) are powers of 1024, KB/MB/GB of 1000."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match and match.group(2).lower()
+    if not match or unit not in UNITS:
+        raise UsageError(f"--shard-size {text!r} is not a size: {SIZE_EXAMPLES}")
+    size = int(float(match.group(1)) * UNITS[unit])
+    if size < 1:
+        raise UsageError(f"--shard-size {text!r} is zero: give a positive size, {SIZE_EXAMPLES}")
+    return size
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render_pack(result: PackResult) -> None:
+    table = Table(title=f"{result.url}: {result.status}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("format", result.format + (f" ({result.token_dtype})" if result.token_dtype else ""))
+    table.add_row("shards", f"{result.shards_total} ({result.shards_written} written now"
+                  + (f", resumed at shard {result.resumed_from_shard})" if result.resumed_from_shard is not None else ")"))
+    table.add_row("samples", f"{result.samples_total:,}")
+    table.add_row("bytes", _human_bytes(result.bytes_total))
+    tokens = f"{result.tokens_total:,}"
+    table.add_row("tokens", tokens + (" (no tokenizer: tokens are counted as bytes)" if result.tokens_counted_as == "bytes" else ""))
+    if result.skipped_files:
+        table.add_row("skipped", f"{result.skipped_files} files not matching --format {result.format}, e.g. "
+                      + ", ".join(result.skipped_examples[:3]))
+    table.add_row("seconds", f"{result.seconds:.1f}")
+    out.print(table)
+    for note in result.notes:
+        err.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+
+
+@app.command("pack", short_help="Pack a directory of text, JSONL or token files into tar shards, resumably.",
+             help="Pack SRC (a directory, or for jsonl/tokens a single file) into WebDataset-style tar shards plus "
+                  "index.json at --out. text: one file = one sample; jsonl: one non-empty line of each *.jsonl/*.json "
+                  "= one sample; tokens: each *.npy (uint16/uint32) 1-D array, or each row of a 2-D one, = one sample. "
+                  "Files are taken in sorted path order; hidden files are ignored. Re-running the same command after a "
+                  "crash resumes after the last committed shard; on a finished dataset it does nothing. "
+                  f"{WHERE}\n\n{CODES}")
+def pack_cmd(src: Annotated[Path, typer.Argument(metavar="SRC", help="Directory (or one .jsonl/.npy file) to pack.", show_default=False)],
+             out_url: Annotated[str, typer.Option("--out", help="Dataset location: local directory or s3://bucket/prefix.", show_default=False)],
+             shard_size: Annotated[str, typer.Option("--shard-size", help=f"Sample bytes per shard ({SIZE_EXAMPLES}); a larger sample gets a shard of its own.")] = "256MiB",
+             fmt: Annotated[DataFormat, typer.Option("--format", help="What a sample is: a whole text file, a JSONL line, or a token array/row.")] = DataFormat.text,
+             restart: Annotated[bool, typer.Option("--restart", help="Delete what an earlier pack to --out wrote and start over.")] = False,
+             json_out: o.Json = False) -> None:
+    from trainready.data.pack import pack
+
+    size = parse_size(shard_size)
+    if json_out:
+        emit_json(pack(src, out_url, fmt.value, size, restart=restart))
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("packing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("pack", total=None)
+        result = pack(src, out_url, fmt.value, size, restart=restart,
+                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+    render_pack(result)
+
+
+BENCH_CODES = ("Exit codes: 0 the pipeline keeps up (or nothing to compare with); 1 it would starve the GPUs; "
+               "2 usage error (no dataset at URL, bad option, unknown model/instance); 3 internal error.")
+
+
+@app.command("bench", short_help="Measure read speed, cold and warm, against what the planned GPUs consume.",
+             help="Read the packed dataset at URL for a bounded time through ShardedDataset and a DataLoader with "
+                  "--workers workers: once cold (fresh cache: every shard from the store) and once warm (from the "
+                  "cache), and report samples/s, tokens/s and MB/s. With --plan-tokens-per-s, --job, or --model and "
+                  "--instance, compare with the tokens/s one node of that training consumes (the planner's "
+                  "estimate). Text/JSONL have no tokenizer here: tokens are counted as bytes, and the output says so."
+                  f"\n\n{BENCH_CODES}")
+def bench_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="Packed dataset: local directory or s3://bucket/prefix.", show_default=False)],
+              workers: Annotated[int, typer.Option("--workers", min=0, help="DataLoader worker processes.")] = 4,
+              seconds: Annotated[float, typer.Option("--seconds", min=0.1, help="Time limit of each pass.")] = 20.0,
+              plan_tokens_per_s: Annotated[float | None, typer.Option("--plan-tokens-per-s", help="Tokens/s one node consumes.")] = None,
+              job: Annotated[Path | None, typer.Option("--job", help="Job spec (plan --save): its estimated tokens/s per node.")] = None,
+              model: Annotated[str | None, typer.Option("--model", help="Model preset, with --instance: the planner's estimate.")] = None,
+              instance: Annotated[str | None, typer.Option("--instance", help="Instance type, with --model.")] = None,
+              json_out: o.Json = False) -> None:
+    from trainready.data.bench import bench
+    from trainready.plan.job import JobSpec, load_job
+
+    given = [x for x in (plan_tokens_per_s, job, model or instance) if x is not None]
+    if len(given) > 1:
+        raise UsageError("compare with one of --plan-tokens-per-s, --job, or --model with --instance")
+    if (model is None) != (instance is None):
+        raise UsageError("--model and --instance go together (or use --job / --plan-tokens-per-s)")
+    spec = load_job(job) if job else (JobSpec(model=model, instance=instance) if model else None)
+    result = bench(url, workers=workers, seconds=seconds, tokens_per_s=plan_tokens_per_s, job=spec)
+    if json_out:
+        emit_json(result)
+    else:
+        _render_bench(result)
+    if result.keeps_up is False:
+        raise typer.Exit(1)
+
+
+def _render_bench(r) -> None:  # noqa: ANN001 - DataBenchResult, imported lazily
+    counted = "tokens" if r.tokens_counted_as == "tokens" else "tokens (= bytes)"
+    table = Table(title=f"{r.url} ({r.format}, {r.workers} workers{', local: read in place' if r.local else ''})")
+    for col in ("pass", "samples", "seconds", "samples/s", f"{counted}/s", "MB/s"):
+        table.add_column(col, justify="right" if col != "pass" else "left")
+    for name, p in (("cold", r.cold), ("warm", r.warm)):
+        table.add_row(name + (" (all read)" if p.exhausted else ""), f"{p.samples:,}", f"{p.seconds:.1f}",
+                      f"{p.samples_per_s:,.0f}", f"{p.tokens_per_s:,.0f}", f"{p.mb_per_s:,.1f}")
+    out.print(table)
+    if r.need is not None:
+        out.print(f"needed: {r.need.tokens_per_s_per_node:,.0f} tokens/s per node ({r.need.source})", highlight=False)
+    style = {True: "green", False: "bold red", None: "cyan"}[r.keeps_up]
+    out.print(f"[{style}]{r.verdict}[/]", highlight=False)

@@ -1,0 +1,132 @@
+"""`trainready data bench URL`: can this data path keep the planned GPUs fed?
+
+Reads the dataset through ShardedDataset and a DataLoader with N workers for a bounded time,
+twice: cold (a fresh cache, every shard from the store) and warm (the same shards again, now
+from the cache; a local dataset is read in place, so both passes read the disk). Compares the
+warm rate with the tokens/s one node of the planned training consumes: `--plan-tokens-per-s`,
+or the planner's estimate for `--job` / `--model --instance` (divided by the job's nodes).
+For text and JSONL there is no tokenizer: tokens are counted as bytes, and the result says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from trainready.errors import UsageError
+
+from .index_io import is_local, load_index
+
+
+class PassRate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    samples: int
+    seconds: float
+    samples_per_s: float
+    tokens_per_s: float
+    mb_per_s: float
+    exhausted: bool  # the whole dataset was read before the time ran out
+
+
+class Need(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens_per_s_per_node: float
+    source: str
+
+
+class DataBenchResult(BaseModel):
+    """`trainready data bench --json`."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = 1
+    kind: Literal["trainready-data-bench"] = "trainready-data-bench"
+    url: str
+    format: str
+    tokens_counted_as: str
+    workers: int
+    local: bool
+    cold: PassRate
+    warm: PassRate
+    need: Need | None
+    ratio: float | None  # warm tokens/s over what one node consumes
+    verdict: str
+    keeps_up: bool | None
+
+
+def planned_need(tokens_per_s: float | None, job: object | None) -> Need | None:
+    """Tokens/s one node consumes: given, or the planner's estimate for a job spec."""
+    if tokens_per_s is not None:
+        if tokens_per_s <= 0:
+            raise UsageError(f"--plan-tokens-per-s {tokens_per_s:g}: must be > 0")
+        return Need(tokens_per_s_per_node=tokens_per_s, source="--plan-tokens-per-s")
+    if job is None:
+        return None
+    from trainready.catalog import load_catalog
+    from trainready.plan.estimate import estimate_setup
+    from trainready.plan.setup import resolve
+
+    setup = resolve(job, load_catalog())
+    est = estimate_setup(setup)
+    per_node = est.throughput.tokens_per_s / setup.nodes
+    return Need(tokens_per_s_per_node=per_node,
+                source=f"plan: {setup.model.name} on {setup.gpus_per_node} x {setup.gpu.name} per node "
+                       f"({setup.nodes} node(s), {setup.strategy}), {est.throughput.tokens_per_s:,.0f} tokens/s in all")
+
+
+def _pass(url: str, workers: int, seconds: float, cache_dir: str) -> PassRate:
+    from torch.utils.data import DataLoader
+
+    from .assign import Throughput
+    from .dataset import ShardedDataset
+
+    ds = ShardedDataset(url, shuffle=False, cache_dir=cache_dir, rank=0, world_size=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    meter = Throughput()
+    deadline = time.monotonic() + seconds
+    exhausted = True
+    for sample in loader:
+        meter.add(sample)
+        if time.monotonic() >= deadline:
+            exhausted = False
+            break
+    del loader
+    r = meter.report()
+    return PassRate(samples=int(r["samples"]), seconds=round(r["seconds"], 3), samples_per_s=r["samples_per_s"],
+                    tokens_per_s=r["tokens_per_s"], mb_per_s=r["bytes_per_s"] / 1e6, exhausted=exhausted)
+
+
+def verdict(warm: PassRate, need: Need | None, counted_as: str) -> tuple[float | None, str, bool | None]:
+    unit = "tokens" if counted_as == "tokens" else "bytes counted as tokens (no tokenizer)"
+    if need is None:
+        return None, f"delivers {warm.tokens_per_s:,.0f} {unit}/s warm; give --job or --plan-tokens-per-s to compare", None
+    ratio = warm.tokens_per_s / need.tokens_per_s_per_node
+    if ratio >= 1.0:
+        return ratio, (f"this pipeline delivers {ratio:.1f}x what one node of the planned training consumes "
+                       f"({warm.tokens_per_s:,.0f} vs {need.tokens_per_s_per_node:,.0f} {unit}/s)"), True
+    return ratio, (f"will starve the GPUs by {1 - ratio:.0%}: {warm.tokens_per_s:,.0f} of the "
+                   f"{need.tokens_per_s_per_node:,.0f} {unit}/s one node consumes; raise --workers (DataLoader "
+                   "num_workers), the shard size (fewer, larger reads) or prefetch_shards, or cache on local NVMe"), False
+
+
+def bench(url: str, workers: int = 4, seconds: float = 20.0, tokens_per_s: float | None = None,
+          job: object | None = None) -> DataBenchResult:
+    if workers < 0 or seconds <= 0:
+        raise UsageError(f"--workers {workers} / --seconds {seconds:g}: workers >= 0, seconds > 0")
+    index, fs, _ = load_index(url)
+    if not index.shards:
+        raise UsageError(f"{url}: the dataset has no committed shards yet (is `trainready data pack` still running?)")
+    need = planned_need(tokens_per_s, job)
+    cache = tempfile.mkdtemp(prefix="trainready-data-bench-")
+    try:
+        cold = _pass(url, workers, seconds, cache)
+        warm = _pass(url, workers, seconds, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    ratio, text, keeps_up = verdict(warm, need, index.tokens_counted_as)
+    return DataBenchResult(url=url, format=index.format, tokens_counted_as=index.tokens_counted_as, workers=workers,
+                           local=is_local(fs), cold=cold, warm=warm, need=need, ratio=ratio, verdict=text,
+                           keeps_up=keeps_up)

@@ -1,0 +1,209 @@
+"""Reading and writing a packed dataset's storage: index.json (the commit point) and shards
+(built in a local file, hashed on the way, then moved or uploaded into place).
+
+Every storage failure becomes a UsageError naming the URL (credentials redacted): a dataset
+location that is missing, unreachable or not a dataset is something the user fixes, not a bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from trainready.errors import TrainreadyError, UsageError
+from trainready.store.tiers import fsync_dir, open_url, redact, write_durable
+
+from .format import INDEX, SHARD_DIR, DataIndex, ShardInfo, SourcePosition, add_member, shard_name
+
+T = TypeVar("T")
+
+
+def is_local(fs: Any) -> bool:
+    proto = fs.protocol
+    return bool({"file", "local"} & set(proto if isinstance(proto, (tuple, list)) else (proto,)))
+
+
+def open_dataset(url: str) -> tuple[Any, str]:
+    """(fs, root) for a dataset URL: a local directory, file:///path, or s3://bucket/prefix."""
+    try:
+        fs, root = open_url(str(url))
+    except TrainreadyError as exc:
+        raise UsageError(str(exc).replace("open archive", "open")) from None  # the store's wording, minus "archive"
+    return fs, root.rstrip("/") or "/"
+
+
+def shard_url(root: str, name: str) -> str:
+    """Where shard `name` (as index.json lists it, e.g. shards/shard-000000.tar) lives, in the
+    filesystem that open_dataset / load_index returned with `root`."""
+    return f"{root.rstrip('/')}/{name}"
+
+
+def storage_call(url: str, what: str, fn: Callable[..., T], *args: Any, missing: bool = False, **kwargs: Any) -> T:
+    """fn(*args) with any storage error turned into a UsageError naming the URL and the step;
+    with missing=True a FileNotFoundError is passed through for the caller to handle."""
+    try:
+        return fn(*args, **kwargs)
+    except TrainreadyError:
+        raise
+    except FileNotFoundError:
+        if missing:
+            raise
+        raise UsageError(f"{redact(url)}: {what} failed: not found (does the bucket or directory exist?)") from None
+    except Exception as exc:  # botocore, aiohttp, OSError...: all mean "this location does not work"
+        reason = getattr(exc, "strerror", None) or redact(str(exc)) or type(exc).__name__
+        raise UsageError(f"{redact(url)}: {what} failed: {reason}") from None
+
+
+def read_index(fs: Any, root: str, url: str) -> DataIndex | None:
+    """The dataset's index, or None when there is no index.json (nothing committed yet)."""
+    path = shard_url(root, INDEX)
+    with contextlib.suppress(Exception):  # a stale listing cache must not hide a fresh index
+        fs.invalidate_cache(path)
+    try:
+        data = storage_call(url, f"reading {INDEX}", fs.cat_file, path, missing=True)
+    except FileNotFoundError:
+        return None
+    try:
+        return DataIndex.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise UsageError(f"{redact(url)}/{INDEX} is not a trainready dataset index ({where}: {first['msg']}); "
+                         f"pack the data again with --restart or point at another URL") from None
+
+
+def load_index(url: str) -> tuple[DataIndex, Any, str]:
+    """(index, fs, root) of a packed dataset; UsageError (never a traceback) when there is none.
+    The index may be incomplete (a pack still running or interrupted): check `index.complete`."""
+    fs, root = open_dataset(url)
+    index = read_index(fs, root, url)
+    if index is None:
+        try:
+            exists = bool(fs.exists(root))
+        except Exception:
+            exists = False
+        hint = (f"{redact(url)} exists but has no {INDEX} (not a packed dataset, or packing has not committed a shard yet)"
+                if exists else f"nothing exists at {redact(url)}")
+        raise UsageError(f"no packed dataset at {redact(url)}: {hint}. Pack one with `trainready data pack SRC --out URL`.")
+    return index, fs, root
+
+
+def write_index(fs: Any, root: str, index: DataIndex, url: str = "") -> None:
+    """Replace index.json so a reader sees the old or the new one, never a mix: a local file is
+    written under a temporary name, fsynced and renamed; an S3 object is one PUT (atomic by itself)."""
+    data = (index.model_dump_json(indent=2) + "\n").encode()
+    path = shard_url(root, INDEX)
+    if is_local(fs):
+        target = Path(path)
+        tmp = target.with_name(f".{INDEX}.tmp")  # one fixed name: a killed write leaves no litter
+
+        def replace() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_durable(tmp, data)
+            os.replace(tmp, target)
+            fsync_dir(target.parent)
+
+        storage_call(url or root, f"writing {INDEX}", replace)
+    else:
+        storage_call(url or root, f"writing {INDEX}", fs.pipe_file, path, data)
+
+
+class _HashingWriter:
+    """A write-only file that hashes what passes through (the shard is never read back to hash it)."""
+
+    def __init__(self, path: Path):
+        self.handle = open(path, "wb")
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.handle.write(data)
+
+
+class ShardBuilder:
+    """One shard being written to a local file: tar members streamed, sha256 computed on the way."""
+
+    def __init__(self, path: Path, number: int, first_sample: int):
+        self.path, self.name, self.first_sample = path, shard_name(number), first_sample
+        self.out = _HashingWriter(path)
+        self.tar = tarfile.open(fileobj=self.out, mode="w|", format=tarfile.PAX_FORMAT)  # w|: no seeks
+        self.samples = self.payload = self.tokens = 0
+        self.end = SourcePosition(file=0, record=0)
+
+    def add(self, member: str, payload: bytes, tokens: int, end: SourcePosition) -> None:
+        add_member(self.tar, member, payload)
+        self.samples += 1
+        self.payload += len(payload)
+        self.tokens += tokens
+        self.end = end
+
+    def close(self) -> ShardInfo:
+        self.tar.close()
+        self.out.handle.close()
+        return ShardInfo(name=self.name, samples=self.samples, bytes=self.out.size, sha256=self.out.sha256.hexdigest(),
+                         tokens=self.tokens, first_sample=self.first_sample, source_end=self.end)
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):  # closes the tar stream now, not in a later __del__
+            self.tar.close()
+        self.out.handle.close()
+        self.path.unlink(missing_ok=True)
+
+
+def shard_temp_path(fs: Any, root: str, name: str, scratch: Path) -> Path:
+    """Where to build a shard before it goes live: next to its final place on a local disk (so
+    going live is a rename), else in local scratch space (then uploaded)."""
+    if is_local(fs):
+        final = Path(shard_url(root, name))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return final.with_name(f".{final.name}.tmp")  # fixed: a resumed pack overwrites what a killed one left
+    return scratch / Path(name).name
+
+
+def put_shard(fs: Any, root: str, local: Path, name: str, size: int, url: str) -> None:
+    """Move a finished shard into place and check its size there. Overwrites an uncommitted
+    shard of the same name left by an interrupted pack (readers never see unlisted shards)."""
+    remote = shard_url(root, name)
+    if is_local(fs):
+        def rename() -> None:
+            with open(local, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(local, remote)
+            fsync_dir(Path(remote).parent)
+
+        storage_call(url, f"writing {name}", rename)
+    else:
+        storage_call(url, f"uploading {name}", fs.put_file, str(local), remote)
+        local.unlink()
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(remote)
+    found = int(storage_call(url, f"checking {name}", fs.info, remote).get("size") or 0)
+    if found != size:
+        raise UsageError(f"{redact(url)}/{name} has {found} bytes after upload, expected {size}; run the same command again")
+
+
+def clear_dataset(fs: Any, root: str, url: str) -> None:
+    """--restart: uncommit first (index.json gone), then delete every shard, listed or not."""
+    with contextlib.suppress(FileNotFoundError):
+        storage_call(url, f"deleting {INDEX}", fs.rm_file, shard_url(root, INDEX), missing=True)
+    shard_dir = shard_url(root, SHARD_DIR)
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(shard_dir)
+    try:
+        names = storage_call(url, f"listing {SHARD_DIR}/", fs.ls, shard_dir, detail=False, missing=True)
+    except FileNotFoundError:
+        return
+    for path in names:
+        base = path.rstrip("/").rsplit("/", 1)[-1]
+        if base.startswith(("shard-", ".shard-")) and ".tar" in base:
+            with contextlib.suppress(FileNotFoundError):
+                storage_call(url, f"deleting {SHARD_DIR}/{base}", fs.rm_file, path, missing=True)
