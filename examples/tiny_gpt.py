@@ -119,6 +119,12 @@ def write_corpus(directory: str, seq_len: int) -> None:
     print(f"wrote {rows.shape[0]} sequences of {seq_len + 1} tokens to {directory}/corpus.npy")
 
 
+def stack_rows(rows: list) -> torch.Tensor:
+    import numpy as np
+
+    return torch.from_numpy(np.stack(rows)).long()
+
+
 class StreamedBatches:
     """Batches from a packed dataset through torchdata's StatefulDataLoader; the loader's state
     and the epoch are in the checkpoint, so a resumed run sees exactly the batches it would have."""
@@ -131,8 +137,11 @@ class StreamedBatches:
         self.position = position
         self.dataset = ShardedDataset(url, seed=args.seed, shuffle_buffer=256, rank=sess.rank, world_size=sess.world_size)
         self.loader = StatefulDataLoader(self.dataset, batch_size=args.batch, num_workers=args.data_workers,
-                                         collate_fn=lambda rows: torch.from_numpy(__import__("numpy").stack(rows)).long(),
-                                         drop_last=True,
+                                         collate_fn=stack_rows, drop_last=True,
+                                         # forkserver, not fork: this process has threads (gloo, checkpoint writers,
+                                         # s3fs's event loop) and a forked worker can inherit one of their locks
+                                         # held, and hang (seen in CI)
+                                         multiprocessing_context="forkserver" if args.data_workers else None,
                                          # its own generator: starting an epoch's iterator then draws its seed
                                          # from here, not from the global torch RNG that dropout uses (which
                                          # would make a resumed run diverge from an uninterrupted one)

@@ -48,9 +48,31 @@ def _open_pidfd(pid: int, start_ticks: int | None) -> int | None:
     return fd
 
 
+def descendants(pid: int) -> list[int]:
+    """Children, grandchildren, ... of `pid` (DataLoader workers and theirs), from /proc."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        for task in os.listdir(f"/proc/{current}/task") if os.path.isdir(f"/proc/{current}/task") else []:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
 def _die(why: str) -> None:
     sys.stderr.write(f"trainready: {why}; this worker exits so no orphan keeps training or writing checkpoints\n")
     sys.stderr.flush()
+    for child in descendants(os.getpid()):  # its DataLoader workers too: they may hold shard-cache locks
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     os.kill(os.getpid(), signal.SIGKILL)
 
 
