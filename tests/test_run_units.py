@@ -250,3 +250,14 @@ def test_init_with_arguments_and_no_launcher(tmp_path):
     assert saved == [1, 3, 4]  # every 2 steps, and the last one
     assert sorted(p.name.split("-g")[0] for p in (tmp_path / "run" / "hot").glob("step-*")) == [
         "step-000000000003", "step-000000000004"]  # keep_hot=2
+
+
+def test_relaunch_needs_start_up_and_two_steps():
+    from trainready.run.launcher import measured_relaunch_s
+
+    assert measured_relaunch_s([])[0] == 0.0
+    records = [{"type": "launch", "t": 100.0}, {"type": "step", "t": 110.0, "interval_s": 4.0},
+               {"type": "step", "t": 111.0, "interval_s": 1.0}, {"type": "step", "t": 112.0, "interval_s": 1.0},
+               {"type": "launch", "t": 200.0}, {"type": "step", "t": 203.0, "interval_s": 1.0}]
+    need, why = measured_relaunch_s(records)
+    assert need == pytest.approx(6.0 + 2 * 1.0) and "start-up" in why  # slowest start-up 110-100-4 = 6 s

@@ -90,6 +90,26 @@ def _pdeathsig_setter() -> Callable[[], None] | None:
     return lambda: prctl(1, signal.SIGKILL)
 
 
+def measured_relaunch_s(records: list[dict[str, Any]]) -> tuple[float, str]:
+    """Seconds a relaunch needs before it can stop cleanly again: the slowest start-up (launch to
+    first step) plus two median steps (one step, and a final save guessed at one step), as
+    measured in earlier launches; (0, ...) when nothing was measured."""
+    import statistics
+
+    steps = [r["interval_s"] for r in records if r.get("type") == "step" and r.get("interval_s")]
+    if not steps:
+        return 0.0, "anything (nothing measured yet)"
+    startups, launched = [], None
+    for r in records:
+        if r.get("type") == "launch":
+            launched = r["t"]
+        elif r.get("type") == "step" and launched is not None:
+            startups.append(max(0.0, r["t"] - launched - (r.get("interval_s") or 0)))
+            launched = None
+    startup, step = max(startups, default=0.0), statistics.median(steps)
+    return startup + 2 * step, f"start-up, one step and a final save ({startup:.0f} s + 2 x {step:.1f} s, measured)"
+
+
 def worker_pids(agent_pid: int) -> list[int]:
     """The agent's children (torchrun's workers), from /proc."""
     pids: list[int] = []
@@ -189,15 +209,22 @@ class Launcher:
         self._lock_fd = fd
 
     def _check_budget_left(self, prior_s: float) -> None:
+        """Refuse a relaunch that cannot afford start-up, one step and a final save (as measured in
+        earlier launches): it would only pay for start-up and stop again."""
         s = self.spec.settings
         if s.budget_usd is None or s.usd_per_hour is None:
             return
-        spent = prior_s * s.usd_per_hour * s.nnodes / 3600
-        if spent >= s.budget_usd * 0.999:
-            from trainready.errors import UsageError
+        from trainready.errors import UsageError
 
-            raise UsageError(f"earlier launches of this run already spent ${spent:.2f} of the ${s.budget_usd:.2f} "
-                             f"budget ({prior_s:.0f} s billed): raise --budget-usd to continue from the last checkpoint")
+        per_s = s.usd_per_hour * s.nnodes / 3600
+        spent = prior_s * per_s
+        records, _ = read_records(self.spec.run_dir / FILE)
+        need_s, why = measured_relaunch_s(records)
+        if spent + per_s * need_s >= s.budget_usd * 0.999:
+            left = max(0.0, s.budget_usd - spent)
+            raise UsageError(f"earlier launches of this run already spent ${spent:.2f} of the ${s.budget_usd:.2f} budget "
+                             f"({prior_s:.0f} s billed); the ${left:.2f} left does not cover {why} (${per_s * need_s:.2f}): "
+                             "raise --budget-usd to continue from the last checkpoint")
 
     def _end(self, result: LaunchResult) -> None:
         info = self._read_info()
