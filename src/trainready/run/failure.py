@@ -73,10 +73,11 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
     attempt = latest_attempt(spec.run_dir)
     tails: dict[str, list[str]] = {}
     files: list[str] = []
-    shown = ranks or [{"local_rank": int(p.name)} for p in sorted(attempt.iterdir()) if p.name.isdigit()] if attempt else ranks
+    if attempt is None:
+        shown: list[dict[str, Any]] = []
+    else:  # the ranks torchrun named, else every local rank of the last attempt
+        shown = ranks or [{"local_rank": int(p.name)} for p in sorted(attempt.iterdir()) if p.name.isdigit()]
     for rank in shown:
-        if attempt is None:
-            break
         for stream in ("stderr.log", "stdout.log"):
             path = attempt / str(rank["local_rank"]) / stream
             if path.exists():

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from .settings import RunSettings
-from .summary import summarize
+from .summary import billed_seconds, summarize
 from .telemetry import FILE, TelemetryWriter, read_records
-from .watchdog import process_start_ticks
+from .watchdog import children, process_start_ticks
 
 RUN_SCHEMA_VERSION = 1
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BUDGET = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_INTERNAL, EXIT_BUDGET = 0, 1, 3, 4  # 2 (usage) is UsageError's
 PYTHONS = ("python", "python3", sys.executable, os.path.basename(sys.executable))
 SHIM = Path(__file__).with_name("shim.py")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the ssh session closed
@@ -110,17 +110,6 @@ def measured_relaunch_s(records: list[dict[str, Any]]) -> tuple[float, str]:
     return startup + 2 * step, f"start-up, one step and a final save ({startup:.0f} s + 2 x {step:.1f} s, measured)"
 
 
-def worker_pids(agent_pid: int) -> list[int]:
-    """The agent's children (torchrun's workers), from /proc."""
-    pids: list[int] = []
-    for task in Path(f"/proc/{agent_pid}/task").glob("*"):
-        try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
 class Launcher:
     """One launch of a run (a run may be launched again with the same command: it resumes)."""
 
@@ -153,15 +142,7 @@ class Launcher:
 
     def _prior_billed_s(self, info: dict[str, Any]) -> float:
         records, _ = read_records(self.spec.run_dir / FILE)
-        total = 0.0
-        launches = info.get("launches", [])
-        for i, launch in enumerate(launches):
-            start = launch.get("start_unix") or 0
-            before = launches[i + 1].get("start_unix") if i + 1 < len(launches) else float("inf")
-            # a launch that crashed has no end: its last telemetry record before the next launch
-            end = launch.get("end_unix") or max((r["t"] for r in records if start <= r["t"] < before), default=start)
-            total += max(0.0, end - start)
-        return total
+        return billed_seconds(info.get("launches", []), records)
 
     def _begin(self) -> dict[str, Any]:
         run_dir = self.spec.run_dir
@@ -278,7 +259,7 @@ class Launcher:
                            f"(up to {self.spec.settings.grace_s:.0f} s; signal again to stop at once)")
             # to the workers, not the agent: they save and exit 0, and torchrun, seeing success, exits
             # without restarting them (a SIGTERM the agent got twice would cut its own grace period short)
-            workers = worker_pids(self.agent.pid)
+            workers = children(self.agent.pid)  # torchrun's workers
             for pid in workers:
                 try:
                     os.kill(pid, signal.SIGTERM)

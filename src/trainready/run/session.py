@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import statistics
 import sys
@@ -38,6 +37,7 @@ from trainready.errors import UsageError
 
 from .budget import BudgetGuard, CostClock
 from .interval import IntervalChoice, choose_interval, job_mtbf
+from .launcher import EXIT_BUDGET
 from .settings import RunSettings
 from .telemetry import TelemetryWriter
 from .timing import CommWatch, StepTimer, StepTimes
@@ -45,7 +45,6 @@ from .watchdog import start_watch
 
 log = logging.getLogger("trainready.run")
 
-EXIT_BUDGET = 4
 STOP_FILE = "stop.json"
 # per-rank numbers exchanged after every step, in this order
 _FIELDS = ("step_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now", "commit_s",
@@ -252,8 +251,9 @@ class Session:
             self._pace.clear()  # the first interval of a launch holds start-up and restore, not a step
         self._pace.append(rank0["interval_s"])
         pace = statistics.median(self._pace)
-        self._decision = self._decide(step, rows, pace)
-        self._record_step(step, rows, pace, times, metrics)
+        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
+        self._decision = self._decide(step, col, pace)
+        self._record_step(step, col, pace, times, metrics)
 
     def _exchange(self, values: list[float]) -> list[list[float]]:
         if self._group is None:
@@ -263,9 +263,8 @@ class Session:
         dist.all_gather(out, mine, group=self._group)
         return [t.tolist() for t in out]
 
-    def _decide(self, step: int, rows: list[list[float]], pace: float) -> Decision:
-        """The same inputs on every rank give the same decision."""
-        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
+    def _decide(self, step: int, col: dict[str, list[float]], pace: float) -> Decision:
+        """The same inputs (every rank's numbers, by field) on every rank give the same decision."""
         billed = col["billed_s"][0]  # rank 0's clock: every node's launcher started at another moment
         stall = max(col["stall_s"])
         if stall > 0 and (not self._stalls or stall != self._stalls[-1]):
@@ -316,11 +315,10 @@ class Session:
                                  assumption=choice.assumption, message=choice.describe())
         return self._since_save >= self._interval.every_steps
 
-    def _record_step(self, step: int, rows: list[list[float]], pace: float, times: StepTimes,
+    def _record_step(self, step: int, col: dict[str, list[float]], pace: float, times: StepTimes,
                      metrics: dict[str, Any]) -> None:
         if not self.is_main or self.telemetry.path is None:
             return
-        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
         tokens = sum(col["tokens"])
         interval = col["interval_s"][0]
         tokens_per_s = tokens / interval if interval > 0 and tokens else None
@@ -329,7 +327,7 @@ class Session:
             mfu = tokens_per_s * self.flops_per_token / (self.world_size * self.peak_flops)
         remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
         view = self.budget.assess(col["billed_s"][0], pace, 0.0, remaining, peek=True)
-        slowest = max(range(len(rows)), key=lambda r: col["step_s"][r])
+        slowest = max(range(self.world_size), key=lambda r: col["step_s"][r])
         status = self.manager.status()
         self.telemetry.write(
             "step", step=step, step_s=_r(times.step_s), interval_s=_r(interval),
@@ -419,10 +417,12 @@ def _redacted(url: str | None) -> str | None:
 
 
 def _newest_step(manager: Any) -> int | None:
+    from trainready.store.manifest import parse_name
+
     rep = getattr(manager, "_replicator", None)
     if rep is None:
         return None
-    steps = [int(m.group(1)) for name in rep.status.archived if (m := re.match(r"step-(\d+)", name))]
+    steps = [parsed[0] for name in rep.status.archived if (parsed := parse_name(name))]
     return max(steps) if steps else None
 
 

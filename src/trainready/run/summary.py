@@ -99,6 +99,7 @@ def summarize(run_dir: Path) -> RunSummary:
     stop = next((r for r in reversed(records) if r["type"] == "stop"), None)
     launches = info.get("launches", [])
     last_launch = launches[-1] if launches else {}
+    steady = _steady(steps, records)
     return RunSummary(
         run_dir=str(run_dir), status=_status(last_launch, records), exit_code=last_launch.get("exit_code"),
         message=last_launch.get("message") or (stop or {}).get("message"), command=info.get("command", []),
@@ -108,9 +109,8 @@ def summarize(run_dir: Path) -> RunSummary:
         first_step=steps[0]["step"] if steps else None, last_step=steps[-1]["step"] if steps else None,
         total_steps=starts[-1].get("total_steps") if starts else None, steps_logged=len(steps),
         tokens=sum(r.get("tokens") or 0 for r in steps), wall_s=_wall(launches, records),
-        step_s_median=_median(_steady(steps, records), "interval_s"),
-        tokens_per_s_median=_median(_steady(steps, records), "tokens_per_s"),
-        mfu_median=_median(_steady(steps, records), "mfu"), shares=_shares(_steady(steps, records)),
+        step_s_median=_median(steady, "interval_s"), tokens_per_s_median=_median(steady, "tokens_per_s"),
+        mfu_median=_median(steady, "mfu"), shares=_shares(steady),
         loss_first=_loss(steps[0]) if steps else None, loss_last=_loss(steps[-1]) if steps else None,
         nonfinite_losses=sum(1 for r in steps if "loss" in (r.get("metrics") or {}).get("nonfinite", [])),
         checkpoints_saved=sum(1 for r in records if r["type"] == "ckpt"),
@@ -177,15 +177,19 @@ def _loss(record: dict[str, Any]) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def _wall(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:
+def billed_seconds(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float:
+    """Wall time of every launch; one that crashed has no end: its last telemetry record before the next launch."""
     total = 0.0
     for i, launch in enumerate(launches):
-        start = launch.get("start_unix")
+        start = launch.get("start_unix") or 0
         before = launches[i + 1].get("start_unix") if i + 1 < len(launches) else float("inf")
-        end = launch.get("end_unix") or max((r["t"] for r in records if (start or 0) <= r["t"] < before), default=start)
-        if start and end:
-            total += max(0.0, end - start)
-    return round(total, 3) if launches else None
+        end = launch.get("end_unix") or max((r["t"] for r in records if start <= r["t"] < before), default=start)
+        total += max(0.0, end - start)
+    return total
+
+
+def _wall(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:
+    return round(billed_seconds(launches, records), 3) if launches else None
 
 
 def _cost(starts: list[dict[str, Any]], steps: list[dict[str, Any]], stop: dict[str, Any] | None) -> CostSummary:

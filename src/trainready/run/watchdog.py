@@ -48,20 +48,30 @@ def _open_pidfd(pid: int, start_ticks: int | None) -> int | None:
     return fd
 
 
+def children(pid: int) -> list[int]:
+    """Direct children of `pid` (of any of its threads), from /proc."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(k) for k in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def descendants(pid: int) -> list[int]:
-    """Children, grandchildren, ... of `pid` (DataLoader workers and theirs), from /proc."""
+    """Children, grandchildren, ... of `pid` (DataLoader workers and theirs)."""
     found: list[int] = []
     todo = [pid]
     while todo:
-        current = todo.pop()
-        for task in os.listdir(f"/proc/{current}/task") if os.path.isdir(f"/proc/{current}/task") else []:
-            try:
-                with open(f"/proc/{current}/task/{task}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            found += kids
-            todo += kids
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
     return found
 
 
