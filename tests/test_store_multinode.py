@@ -61,7 +61,8 @@ def test_disk_full_on_one_rank_fails_every_rank_cleanly_instead_of_hanging(tmp_p
     args = ["--hot", str(tmp_path / "hot"), "--sync", "--steps", "3"]
     codes = run_job(args, per_node=2, rank_env={1: {"TRAINREADY_FAULT": "hot.data_written:enospc#2"}}, timeout=60,
                     grace=15)
-    assert codes == [1, 1]  # both ranks raised StorageFullError; neither hung in a collective
+    # both ranks raised StorageFullError (the worker's exit 3); neither hung in a collective
+    assert codes == [job.EXIT_STORAGE_FULL] * 2
     from trainready.store.manifest import checkpoint_name
 
     assert (tmp_path / "hot" / checkpoint_name(1, 1) / "manifest.json").exists()
