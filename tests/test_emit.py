@@ -321,3 +321,23 @@ def test_docs_examples_match_the_code():
                     archive="s3://my-bucket/run1", ckpt_every="auto", budget_usd=500, run_dir="runs/run1", job_name="run1")
     for kind in ("slurm", "skypilot", "torchrun"):
         assert emit(kind, spec) in doc, f"docs/emit.md: the {kind} example is out of date"
+
+
+def test_torchrun_refuses_script_arguments_that_torchrun_itself_would_reject():
+    from torch.distributed.run import get_args_parser
+
+    command = ["python", "train.py", "--d", "64"]
+    with pytest.raises(SystemExit):  # the failure being prevented: torchrun's parser refuses `--d`
+        get_args_parser().parse_args(["--nnodes", "1", *command[1:]])
+    with pytest.raises(UsageError, match=r"script argument '--d' abbreviates several torchrun options \(--d"):
+        emit("torchrun", EmitSpec(command=command))
+    with pytest.raises(UsageError, match="'--d'"):
+        emit("torchrun", EmitSpec(command=["python", "train.py", "--d=64"]))
+    # after `--` argparse reads no options, and full or unambiguous names are fine: these parse
+    for ok in (["python", "train.py", "--", "--d", "64"], ["python", "train.py", "--dim", "64", "--nnodes", "2"]):
+        cmd = next(line for line in logical_lines(torchrun_blocks(emit("torchrun", EmitSpec(command=ok)))[0])
+                   if not line.startswith(("#", "export ")))
+        args = get_args_parser().parse_args(shlex.split(cmd)[3:])
+        assert args.training_script == "train.py" and args.training_script_args[-2:] == ok[-2:]
+    # slurm and skypilot go through `trainready run` (its shim): not affected
+    assert "--d 64" in emit("slurm", EmitSpec(command=command))
