@@ -27,7 +27,7 @@ from typing import Any
 
 from .settings import RunSettings
 from .summary import billed_seconds, summarize
-from .telemetry import FILE, TelemetryWriter, read_records
+from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
 from .watchdog import children, process_start_ticks
 
 RUN_SCHEMA_VERSION = 1
@@ -94,10 +94,8 @@ def measured_relaunch_s(records: list[dict[str, Any]]) -> tuple[float, str]:
     """Seconds a relaunch needs before it can stop cleanly again: the slowest start-up (launch to
     first step) plus two median steps (one step, and a final save guessed at one step), as
     measured in earlier launches; (0, ...) when nothing was measured."""
-    import statistics
-
-    steps = [r["interval_s"] for r in records if r.get("type") == "step" and r.get("interval_s")]
-    if not steps:
+    step = median_step_s(records)
+    if step is None:
         return 0.0, "anything (nothing measured yet)"
     startups, launched = [], None
     for r in records:
@@ -106,7 +104,7 @@ def measured_relaunch_s(records: list[dict[str, Any]]) -> tuple[float, str]:
         elif r.get("type") == "step" and launched is not None:
             startups.append(max(0.0, r["t"] - launched - (r.get("interval_s") or 0)))
             launched = None
-    startup, step = max(startups, default=0.0), statistics.median(steps)
+    startup = max(startups, default=0.0)
     return startup + 2 * step, f"start-up, one step and a final save ({startup:.0f} s + 2 x {step:.1f} s, measured)"
 
 

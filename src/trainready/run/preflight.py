@@ -91,13 +91,9 @@ def check_budget(budget_usd: float | None, price: Price, nnodes: int, step_s: fl
 
 def measured_step_s(run_dir: Path) -> float | None:
     """Median step time of this run's earlier launches, if any."""
-    import statistics
+    from .telemetry import FILE, median_step_s, read_records
 
-    from .telemetry import FILE, read_records
-
-    records, _ = read_records(run_dir / FILE)
-    steps = [r["interval_s"] for r in records if r.get("type") == "step" and r.get("interval_s")]
-    return statistics.median(steps) if steps else None
+    return median_step_s(read_records(run_dir / FILE)[0])
 
 
 def check_archive(url: str | None) -> None:

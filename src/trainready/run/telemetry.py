@@ -83,6 +83,14 @@ def read_records(path: Path, since: int = 0) -> tuple[list[dict[str, Any]], int]
     return records, since + end
 
 
+def median_step_s(records: list[dict[str, Any]]) -> float | None:
+    """Median step interval of the step records, or None when none has one."""
+    import statistics
+
+    steps = [r["interval_s"] for r in records if r.get("type") == "step" and r.get("interval_s")]
+    return statistics.median(steps) if steps else None
+
+
 def _parse_lines(data: bytes) -> Iterator[dict[str, Any]]:
     for line in data.splitlines():
         try:
