@@ -19,7 +19,7 @@ from run_helpers import env_for_run
 
 from trainready.errors import UsageError
 from trainready.run.budget import BudgetGuard, CostClock
-from trainready.run.failure import describe_exit, failed_ranks
+from trainready.run.failure import describe_exit, explain_failure, failed_ranks
 from trainready.run.interval import choose_interval, job_mtbf
 from trainready.run.launcher import LaunchSpec, torchrun_argv
 from trainready.run.live import LiveView
@@ -125,6 +125,27 @@ def test_torchrun_failure_summary_root_cause_first():
     ranks = failed_ranks(TORCHRUN_FAILURE.splitlines())
     assert [(r["rank"], r["exit_code"], r["root_cause"]) for r in ranks] == [(1, 1, True), (0, -15, False)]
     assert "OOM killer" in describe_exit(-9) and describe_exit(3) == "exit code 3"
+
+
+def test_sigabrt_after_a_traceback_is_the_root_cause_not_a_victim(tmp_path):
+    """torch can abort at exit after a script raised: the rank that raised is named, with why."""
+    attempt = tmp_path / "logs" / "run_x" / "attempt_0"
+    logs = {0: "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n",
+            1: "Traceback (most recent call last):\n  File \"train.py\", line 9\nValueError: boom\n"
+               "terminate called without an active exception\n",
+            2: "Fatal Python error: Aborted\n"}
+    for local_rank, text in logs.items():
+        (attempt / str(local_rank)).mkdir(parents=True)
+        (attempt / str(local_rank) / "stderr.log").write_text(text)
+    summary = "".join(f"  rank      : {r} (local_rank: {r})\n  exitcode  : {code} (pid: {100 + r})\n"
+                      for r, code in ((2, -6), (0, 1), (1, -6)))
+    result = explain_failure(LaunchSpec(command=["python", "train.py"], settings=RunSettings(run_dir=tmp_path)),
+                             ["Root Cause (first observed failure):", *summary.splitlines()], 1)
+    # ranks 0 (lost its peer) and 2 (aborted with no exception of its own) are victims, in torchrun's order
+    assert [r["rank"] for r in result.failed_ranks] == [1, 2, 0]
+    assert result.message.startswith("worker rank 1 (local rank 1) failed: killed by SIGABRT after raising a Python "
+                                     "exception")
+    assert describe_exit(-6) == "killed by SIGABRT"
 
 
 def test_torchrun_argv(tmp_path):

@@ -57,13 +57,23 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
-def describe_exit(code: int) -> str:
+def raised_then_aborted(code: int, lines: list[str]) -> bool:
+    """SIGABRT after a Python traceback: the script raised, and torch (2.x) then aborted at interpreter
+    exit ("terminate called without an active exception") with its process group still alive. The
+    exception is the cause, not the signal."""
+    return code == -signal.SIGABRT and any("Traceback (most recent call last)" in line for line in lines)
+
+
+def describe_exit(code: int, raised: bool = False) -> str:
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         hint = " (often the kernel's OOM killer: host memory; see `dmesg`)" if code == -9 else ""
+        if raised:
+            hint = (" after raising a Python exception (torch aborts at exit when the process group is still "
+                    "alive; the traceback in its log is the cause)")
         return f"killed by {name}{hint}"
     return f"exit code {code}"
 
@@ -86,15 +96,22 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
                 if lines and str(path) not in tails and (stream == "stderr.log" or not tails):
                     tails[str(path)] = lines
     restarts = spec.max_restarts
+    raised: set[int] = set()
     if ranks and attempt is not None:  # a rank whose own log shows the error goes first
+        for rank in ranks:
+            if raised_then_aborted(rank.get("exit_code", 1), _tail(attempt / str(rank["local_rank"]) / "stderr.log", 60)):
+                raised.add(rank["rank"])
+
         def victim(rank: dict[str, Any]) -> bool:
             lines = _tail(attempt / str(rank["local_rank"]) / "stderr.log", 60)
-            return rank.get("exit_code", 1) < 0 or any(_VICTIM.search(line) for line in lines)
+            if any(_VICTIM.search(line) for line in lines):
+                return True
+            return rank.get("exit_code", 1) < 0 and rank["rank"] not in raised
 
         ranks.sort(key=victim)
     if ranks:
         first = ranks[0]
-        what = describe_exit(first.get("exit_code", returncode))
+        what = describe_exit(first.get("exit_code", returncode), raised=first["rank"] in raised)
         message = (f"worker rank {first['rank']} (local rank {first['local_rank']}) failed: {what}"
                    f"{f', after {restarts} restart(s)' if restarts else ''}")
     else:
