@@ -282,3 +282,19 @@ def test_relaunch_needs_start_up_and_two_steps():
                {"type": "launch", "t": 200.0}, {"type": "step", "t": 203.0, "interval_s": 1.0}]
     need, why = measured_relaunch_s(records)
     assert need == pytest.approx(6.0 + 2 * 1.0) and "start-up" in why  # slowest start-up 110-100-4 = 6 s
+
+
+def test_launchers_run_dir_wins_over_a_scripts_own(monkeypatch, tmp_path, caplog):
+    from trainready.run.session import _keep_launchers_run_dir
+
+    mine = {"run_dir": tmp_path / "mine", "hot": "/x"}
+    _keep_launchers_run_dir(mine)  # plain python/torchrun: the script's argument stands
+    assert mine["run_dir"] == tmp_path / "mine"
+    monkeypatch.setenv("TRAINREADY_RUN_DIR", str(tmp_path / "launcher"))
+    monkeypatch.setenv("TRAINREADY_LAUNCHER_PID", "12345")
+    _keep_launchers_run_dir(mine)
+    assert mine == {"hot": "/x"} and "init(run_dir=" in caplog.text and "ignored" in caplog.text
+    same = {"run_dir": str(tmp_path / "launcher")}
+    caplog.clear()
+    _keep_launchers_run_dir(same)
+    assert same == {} and not caplog.text  # the same directory: nothing to say

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -456,7 +457,20 @@ def init(*, model: Any = None, seq_len: int | None = None, flops_per_token: floa
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if model is not None and flops_per_token is None:
         flops_per_token = model_flops(model, seq_len)
+    _keep_launchers_run_dir(settings)
     return Session(RunSettings.from_env(**settings), flops_per_token=flops_per_token, backend=backend)
+
+
+def _keep_launchers_run_dir(settings: dict[str, Any]) -> None:
+    """Under `trainready run` the launcher owns the run directory: it reads stop.json and telemetry
+    there, so a script's own run_dir= would turn a clean stop into a failure. Its directory wins."""
+    own, launchers = settings.get("run_dir"), os.environ.get("TRAINREADY_RUN_DIR")
+    if own is None or not launchers or not os.environ.get("TRAINREADY_LAUNCHER_PID"):
+        return
+    if Path(own).resolve() != Path(launchers).resolve():
+        log.warning("init(run_dir=%r) ignored: `trainready run` set the run directory to %s (it reads stop.json "
+                    "and telemetry there); pass --run-dir to the launcher instead", str(own), launchers)
+    del settings["run_dir"]
 
 
 def model_flops(model: Any, seq_len: int | None) -> float:
