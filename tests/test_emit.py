@@ -209,7 +209,8 @@ def test_torchrun_blocks_parse_with_torchruns_own_parser(fakebin, tmp_path):
         settings = RunSettings.from_env({k: v for k, v in env.items() if k.startswith("TRAINREADY_")})
         assert (settings.hot, settings.archive, settings.ckpt_every, settings.budget_usd, settings.usd_per_hour,
                 settings.nnodes, settings.spot, settings.instance, str(settings.run_dir)) == \
-            ("/opt/dlami/nvme/ckpt", "s3://bucket/run1", "auto", 500, 32.77, 3, True, "p4d.24xlarge", "runs/run1")
+            ("/opt/dlami/nvme/ckpt", "s3://bucket/run1", "auto", 500, 32.77, 3, True, "p4d.24xlarge",
+             f"runs/run1/node{rank}")  # one run directory per node, as the launcher keeps them
         assert env["NCCL_DEBUG"] == "WARN"
         seen.append(args.node_rank)
     assert seen == [0, 1, 2]

@@ -167,20 +167,29 @@ def test_plain_python_without_launcher(tmp_path):
 
 
 def test_two_torchrun_agents_with_c10d_rendezvous(tmp_path):
+    """Both launchers are given the same --run-dir, as on a Slurm cluster's shared home directory:
+    each node keeps its own RUN_DIR/node<R> (one directory would be refused by the first one's lock)."""
     port = _closed_port()
-    procs = [start([sys.executable, "-m", "trainready", "run", "--run-dir", str(tmp_path / f"node{n}"), "--nnodes", "2",
+    shared = tmp_path / "run"
+    procs = [start([sys.executable, "-m", "trainready", "run", "--run-dir", str(shared), "--nnodes", "2",
                     "--node-rank", str(n), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
                     "--nproc-per-node", "1", "--ckpt-every", "4", "--", "python", str(TINY_GPT), "--steps", "8"],
                    tmp_path) for n in (0, 1)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
-    telemetry = [records(tmp_path / f"node{n}") for n in (0, 1)]
+    telemetry = [records(shared / f"node{n}") for n in (0, 1)]
     starts = [r for recs in telemetry for r in recs if r["type"] == "start"]
     assert len(starts) == 1 and starts[0]["world_size"] == 2  # global rank 0 writes, on whichever node it landed
     assert sum(1 for recs in telemetry for r in recs if r["type"] == "step") == 8
-    for n in (0, 1):  # each node's hot tier holds its checkpoints
-        assert list((tmp_path / f"node{n}" / "checkpoints").glob("step-000000000007-*"))
+    for n in (0, 1):  # each node's hot tier holds its checkpoints; each launcher its own run.json
+        assert list((shared / f"node{n}" / "checkpoints").glob("step-000000000007-*"))
+        assert json.loads((shared / f"node{n}" / "run.json").read_text())["launches"][0]["node_rank"] == n
     assert sum(1 for o in outs if digest(o)) == 1
+    code, out = trainready("report", str(shared), "--json", cwd=tmp_path)  # the node where rank 0 ran
+    summary = json.loads(out)
+    assert code == 0 and summary["status"] == "finished" and summary["steps_logged"] == 8
+    lead = next(n for n in (0, 1) if any(r["type"] == "start" for r in telemetry[n]))
+    assert summary["run_dir"] == str(shared / f"node{lead}")
 
 
 def test_ckpt_every_auto_says_what_it_chose(tmp_path):

@@ -32,7 +32,7 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1.", rich_help_panel=LAUNCH)] = None,
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="Rendezvous id, the same on every node.", rich_help_panel=LAUNCH)] = None,
         max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the workers this many times after a failure (they resume from the newest checkpoint).", rich_help_panel=LAUNCH)] = 0,
-        run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory. [default: runs/<script name>]", rich_help_panel=LAUNCH)] = None,
+        run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory; with --nnodes > 1 each node uses RUN_DIR/node<R>. [default: runs/<script name>]", rich_help_panel=LAUNCH)] = None,
         grace: Annotated[float, typer.Option("--grace", min=1, help="Seconds from SIGINT/SIGTERM to exit: the final checkpoint and its upload (spot gives 120).", rich_help_panel=LAUNCH)] = 100.0,
         show_ranks: Annotated[str, typer.Option("--show-ranks", help="Local ranks whose output is echoed here, e.g. 0 or 0,1 (all go to the logs).", rich_help_panel=LAUNCH)] = "0",
         hot: Annotated[Optional[str], typer.Option("--hot", help="Hot checkpoint tier (the node's NVMe). [default: RUN_DIR/checkpoints]", rich_help_panel=CKPT)] = None,

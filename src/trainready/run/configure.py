@@ -57,6 +57,15 @@ def default_run_dir(command: list[str]) -> Path:
     return Path("runs") / stem
 
 
+def node_run_dir(run_dir: Path, nnodes: int, node_rank: int) -> Path:
+    """Where this node's launcher keeps run.json, telemetry, logs and (by default) the hot tier.
+
+    A multi-node job gets RUN_DIR/node<R>: on a filesystem the nodes share (a Slurm cluster's home
+    directory) every launcher would otherwise claim the same directory, and the second would be
+    refused by the first one's lock; on separate disks it changes nothing but the path."""
+    return run_dir / f"node{node_rank}" if nnodes > 1 else run_dir
+
+
 def _nproc(value: str, gpus_per_node: int | None) -> int | str:
     if value in ("gpu", "auto", "cpu"):
         return value if gpus_per_node is None or value != "gpu" else gpus_per_node
@@ -112,7 +121,7 @@ def configure(opts: RunOptions) -> Configured:
 
         gpus_per_node = load_catalog().instance(opts.instance).gpu_count
     price = preflight.resolve_price(opts.instance, opts.spot, opts.usd_per_hour, opts.region)
-    run_dir = (opts.run_dir or default_run_dir(opts.command)).resolve()
+    run_dir = node_run_dir((opts.run_dir or default_run_dir(opts.command)).resolve(), opts.nnodes, opts.node_rank)
     measured = preflight.measured_step_s(run_dir)
     if measured is not None:
         preflight.check_budget(opts.budget_usd, price, opts.nnodes, measured, "measured in this run's earlier launches")

@@ -523,7 +523,10 @@ def _torchrun(spec: EmitSpec) -> str:
     for rank in range(spec.nnodes):
         where = f"host {head}: the rendezvous head" if rank == 0 else "another host, one block per host"
         lines += ["", f"# node {rank} of {spec.nnodes} (run on {where})"]
-        lines += _export_lines(env)
+        node_env = dict(env)
+        if spec.run_dir is not None and spec.nnodes > 1:  # as `trainready run` does: RUN_DIR/node<R> per node
+            node_env["TRAINREADY_RUN_DIR"] = f"{spec.run_dir.rstrip('/')}/node{rank}"
+        lines += _export_lines(node_env)
         rest = [f"{flag} {sh_quote(value)}" for flag, value in _torchrun_options(spec, rank)]
         rest.append(_sh_join(tail))
         lines += _continued(f"{sh_quote(python)} -m torch.distributed.run", rest)

@@ -183,8 +183,10 @@ class Launcher:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise UsageError(f"another `trainready run` is using {self.spec.run_dir} (it holds {self.spec.run_dir}/.lock): "
-                             "wait for it, stop it, or give this run its own --run-dir") from None
+            same_rank = (" (another node of this job with the same --node-rank on a shared filesystem? give each node "
+                         "its own --node-rank)") if self.spec.nnodes > 1 else ""
+            raise UsageError(f"another `trainready run` is using {self.spec.run_dir} (it holds {self.spec.run_dir}/.lock)"
+                             f"{same_rank}: wait for it, stop it, or give this run its own --run-dir") from None
         self._lock_fd = fd
 
     def _check_budget_left(self, prior_s: float) -> None:

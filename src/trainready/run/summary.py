@@ -86,10 +86,24 @@ def load_run_info(run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: unreadable ({exc})") from None
 
 
+def _lead_node_dir(run_dir: Path) -> Path:
+    """A multi-node run's --run-dir holds one node<R>/ per node: report the node where global rank 0
+    ran (its telemetry has the run's steps; c10d rendezvous may put it on any node), else node0."""
+    if (run_dir / "run.json").exists() or (run_dir / FILE).exists():
+        return run_dir
+    nodes = sorted((p for p in run_dir.glob("node*") if p.name[4:].isdigit() and (p / "run.json").exists()),
+                   key=lambda p: int(p.name[4:]))
+    for node in nodes:
+        if any(r["type"] == "start" for r in read_records(node / FILE)[0]):
+            return node
+    return nodes[0] if nodes else run_dir
+
+
 def summarize(run_dir: Path) -> RunSummary:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist")
+    run_dir = _lead_node_dir(run_dir)
     info = load_run_info(run_dir)
     records, _ = read_records(run_dir / FILE)
     if not info and not records:
