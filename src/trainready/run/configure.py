@@ -14,7 +14,7 @@ from trainready.errors import UsageError
 
 from . import preflight
 from .launcher import LaunchSpec
-from .settings import RunSettings
+from .settings import RunSettings, node_run_dir
 
 
 @dataclass
@@ -55,15 +55,6 @@ def default_run_dir(command: list[str]) -> Path:
     script = next((a for a in command[1:] if not a.startswith("-")), command[0] if command else "run")
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(script).stem) or "run"
     return Path("runs") / stem
-
-
-def node_run_dir(run_dir: Path, nnodes: int, node_rank: int) -> Path:
-    """Where this node's launcher keeps run.json, telemetry, logs and (by default) the hot tier.
-
-    A multi-node job gets RUN_DIR/node<R>: on a filesystem the nodes share (a Slurm cluster's home
-    directory) every launcher would otherwise claim the same directory, and the second would be
-    refused by the first one's lock; on separate disks it changes nothing but the path."""
-    return run_dir / f"node{node_rank}" if nnodes > 1 else run_dir
 
 
 def _nproc(value: str, gpus_per_node: int | None) -> int | str:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from trainready.errors import UsageError
+
+from .settings import node_run_dir
 
 EmitKind = Literal["slurm", "skypilot", "torchrun"]
 EMIT_KINDS: tuple[str, ...] = ("slurm", "skypilot", "torchrun")
@@ -524,8 +527,8 @@ def _torchrun(spec: EmitSpec) -> str:
         where = f"host {head}: the rendezvous head" if rank == 0 else "another host, one block per host"
         lines += ["", f"# node {rank} of {spec.nnodes} (run on {where})"]
         node_env = dict(env)
-        if spec.run_dir is not None and spec.nnodes > 1:  # as `trainready run` does: RUN_DIR/node<R> per node
-            node_env["TRAINREADY_RUN_DIR"] = f"{spec.run_dir.rstrip('/')}/node{rank}"
+        if spec.run_dir is not None and spec.nnodes > 1:  # the directory `trainready run` uses on this node
+            node_env["TRAINREADY_RUN_DIR"] = str(node_run_dir(Path(spec.run_dir), spec.nnodes, rank))
         lines += _export_lines(node_env)
         rest = [f"{flag} {sh_quote(value)}" for flag, value in _torchrun_options(spec, rank)]
         rest.append(_sh_join(tail))

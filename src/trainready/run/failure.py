@@ -98,17 +98,14 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
     restarts = spec.max_restarts
     raised: set[int] = set()
     if ranks and attempt is not None:  # a rank whose own log shows the error goes first
+        victims = set()
         for rank in ranks:
-            if raised_then_aborted(rank.get("exit_code", 1), _tail(attempt / str(rank["local_rank"]) / "stderr.log", 60)):
+            code, lines = rank.get("exit_code", 1), _tail(attempt / str(rank["local_rank"]) / "stderr.log", 60)
+            if raised_then_aborted(code, lines):
                 raised.add(rank["rank"])
-
-        def victim(rank: dict[str, Any]) -> bool:
-            lines = _tail(attempt / str(rank["local_rank"]) / "stderr.log", 60)
-            if any(_VICTIM.search(line) for line in lines):
-                return True
-            return rank.get("exit_code", 1) < 0 and rank["rank"] not in raised
-
-        ranks.sort(key=victim)
+            if any(_VICTIM.search(line) for line in lines) or (code < 0 and rank["rank"] not in raised):
+                victims.add(rank["rank"])
+        ranks.sort(key=lambda rank: rank["rank"] in victims)
     if ranks:
         first = ranks[0]
         what = describe_exit(first.get("exit_code", returncode), raised=first["rank"] in raised)

@@ -93,3 +93,22 @@ def _describe(err: dict, from_argument: bool) -> str:
     name = str(err["loc"][0]) if err["loc"] else "?"
     where = f"init({name}=...)" if from_argument else PREFIX + name.upper()
     return f"{where}={err.get('input')!r}: {err['msg']}"
+
+
+NODE_DIR_PREFIX = "node"
+
+
+def node_run_dir(run_dir: Path, nnodes: int, node_rank: int) -> Path:
+    """Where this node's launcher keeps run.json, telemetry, logs and (by default) the hot tier.
+
+    A multi-node job gets RUN_DIR/node<R>: on a filesystem the nodes share (a Slurm cluster's home
+    directory) every launcher would otherwise claim the same directory, and the second would be
+    refused by the first one's lock; on separate disks it changes nothing but the path."""
+    return run_dir / f"{NODE_DIR_PREFIX}{node_rank}" if nnodes > 1 else run_dir
+
+
+def node_run_dirs(run_dir: Path) -> list[Path]:
+    """The node<R>/ directories under a multi-node run's --run-dir, by node rank."""
+    found = [(int(p.name[len(NODE_DIR_PREFIX):]), p) for p in run_dir.glob(NODE_DIR_PREFIX + "*")
+             if p.name[len(NODE_DIR_PREFIX):].isdigit()]
+    return [p for _, p in sorted(found)]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trainready.errors import UsageError
 
+from .settings import node_run_dirs
 from .telemetry import FILE, read_records
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -91,8 +92,7 @@ def _lead_node_dir(run_dir: Path) -> Path:
     ran (its telemetry has the run's steps; c10d rendezvous may put it on any node), else node0."""
     if (run_dir / "run.json").exists() or (run_dir / FILE).exists():
         return run_dir
-    nodes = sorted((p for p in run_dir.glob("node*") if p.name[4:].isdigit() and (p / "run.json").exists()),
-                   key=lambda p: int(p.name[4:]))
+    nodes = [p for p in node_run_dirs(run_dir) if (p / "run.json").exists()]
     for node in nodes:
         if any(r["type"] == "start" for r in read_records(node / FILE)[0]):
             return node
