@@ -39,14 +39,13 @@ from trainready.errors import UsageError
 from .budget import BudgetGuard, CostClock
 from .interval import IntervalChoice, choose_interval, job_mtbf
 from .launcher import EXIT_BUDGET
-from .settings import RunSettings
+from .settings import STOP_FILE, RunSettings
 from .telemetry import TelemetryWriter
 from .timing import CommWatch, StepTimer, StepTimes
 from .watchdog import start_watch
 
 log = logging.getLogger("trainready.run")
 
-STOP_FILE = "stop.json"
 # per-rank numbers exchanged after every step, in this order
 _FIELDS = ("step_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now", "commit_s",
            "stall_s", "billed_s")
@@ -239,20 +238,20 @@ class Session:
         commit = self.manager.last_commit  # set when a (background) commit finishes
         if commit is not None:
             self._last_saved = commit[0]
+        now = time.time()
         mine = [times.step_s, times.data_s, times.comm_s, times.optimizer_s, times.tokens, interval,
-                float(self._signal or 0), time.time(), commit[1] if commit else 0.0, self._local_stall,
-                self.budget.clock.billed_s(time.time())]
+                float(self._signal or 0), now, commit[1] if commit else 0.0, self._local_stall,
+                self.budget.clock.billed_s(now)]
         rows = self._exchange(mine)
         step = self._next_step
         self._next_step += 1
         self._steps_this_launch += 1
         self._since_save += 1
-        rank0 = dict(zip(_FIELDS, rows[0], strict=True))
+        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
         if self._steps_this_launch == 2:
             self._pace.clear()  # the first interval of a launch holds start-up and restore, not a step
-        self._pace.append(rank0["interval_s"])
+        self._pace.append(col["interval_s"][0])  # rank 0's
         pace = statistics.median(self._pace)
-        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
         self._decision = self._decide(step, col, pace)
         self._record_step(step, col, pace, times, metrics)
 
@@ -278,9 +277,8 @@ class Session:
             return Decision(save=True, stop="signal")
         if self.settings.max_steps is not None and self._steps_this_launch >= self.settings.max_steps:
             return Decision(save=False, stop="max_steps")
-        remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
         commit_s = max(col["commit_s"])
-        view = self.budget.assess(billed, pace, self._final_save_estimate(commit_s, pace), remaining)
+        view = self.budget.assess(billed, pace, self._final_save_estimate(commit_s, pace), self._remaining_after(step))
         for warning in view.warnings:
             self._warn("budget", warning, spent_usd=view.spent_usd, projected_usd=view.projected_usd)
         if view.stop:
@@ -289,6 +287,9 @@ class Session:
         # with a budget, what the final checkpoint costs must be known early: save at the second step
         measure = self.settings.budget_usd is not None and commit_s == 0 and self._steps_this_launch == 2
         return Decision(save=measure or self._interval_due(step, pace), stop=None)
+
+    def _remaining_after(self, step: int) -> int | None:
+        return None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
 
     def _final_save_estimate(self, commit_s: float, pace: float) -> float:
         if commit_s <= 0:
@@ -326,20 +327,18 @@ class Session:
         mfu = None
         if tokens_per_s and self.flops_per_token and self.peak_flops:
             mfu = tokens_per_s * self.flops_per_token / (self.world_size * self.peak_flops)
-        remaining = None if self.settings.total_steps is None else max(0, self.settings.total_steps - step - 1)
-        view = self.budget.assess(col["billed_s"][0], pace, 0.0, remaining, peek=True)
+        view = self.budget.assess(col["billed_s"][0], pace, 0.0, self._remaining_after(step), peek=True)
         slowest = max(range(self.world_size), key=lambda r: col["step_s"][r])
         status = self.manager.status()
+        mean = StepTimes(**{part: statistics.fmean(col[part]) for part in ("step_s", "data_s", "optimizer_s", "comm_s")})
         self.telemetry.write(
             "step", step=step, step_s=_r(times.step_s), interval_s=_r(interval),
-            data_s=_r(statistics.fmean(col["data_s"])), data_s_max=_r(max(col["data_s"])),
-            comm_s=_r(statistics.fmean(col["comm_s"])), optimizer_s=_r(statistics.fmean(col["optimizer_s"])),
-            compute_s=_r(max(0.0, statistics.fmean(col["step_s"]) - statistics.fmean(col["data_s"])
-                         - statistics.fmean(col["comm_s"]) - statistics.fmean(col["optimizer_s"]))),
+            data_s=_r(mean.data_s), data_s_max=_r(max(col["data_s"])),
+            comm_s=_r(mean.comm_s), optimizer_s=_r(mean.optimizer_s), compute_s=_r(mean.compute_s),
             tokens=tokens, tokens_per_s=_r(tokens_per_s), mfu=_r(mfu), slowest_rank=slowest,
             cost_usd=_r(view.spent_usd), projected_usd=_r(view.projected_usd), eta_s=_r(view.eta_s),
             ckpt={"last_saved": self._last_saved, "saving": status["saving"], "uploading": status["uploading"],
-                  "archived": _newest_step(self.manager)},
+                  "archived": status["archived_step"]},
             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None})
 
     def _warn(self, kind: str, message: str, **fields: Any) -> None:
@@ -415,16 +414,6 @@ def _redacted(url: str | None) -> str | None:
     from trainready.store.tiers import redact
 
     return redact(url) if url else url
-
-
-def _newest_step(manager: Any) -> int | None:
-    from trainready.store.manifest import parse_name
-
-    rep = getattr(manager, "_replicator", None)
-    if rep is None:
-        return None
-    steps = [parsed[0] for name in rep.status.archived if (parsed := parse_name(name))]
-    return max(steps) if steps else None
 
 
 def _detect_peak(device: torch.device, given_tflops: float | None) -> tuple[str | None, float | None]:

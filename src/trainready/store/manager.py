@@ -267,7 +267,7 @@ class CheckpointManager:
             archived = {r.name for r in self.archive.list() if r.committed}
         except ArchiveUnavailableError:
             archived = set()
-        self._replicator.status.archived |= archived
+        self._replicator.status.mark_archived(*archived)
         hot = [r for r in self.hot.list() if r.committed and r.manifest.run_id == self.run_id]
         newest = max(hot, key=lambda r: r.order, default=None)
         if newest is not None and newest.name not in archived:
@@ -348,7 +348,7 @@ class CheckpointManager:
         saving = bool(self._inflight and not self._inflight.done())
         return {"run_id": self.run_id, "generation": self.generation, "saving": saving,
                 "uploading": rep.pending if rep else None, "upload_failures": rep.attempts if rep else 0,
-                "last_upload_error": rep.last_error if rep else ""}
+                "last_upload_error": rep.last_error if rep else "", "archived_step": rep.newest_step if rep else None}
 
     def close(self, timeout_s: float | None = 600.0) -> None:
         if self._closed:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .errors import ArchiveUnavailableError, CheckpointError, FencedError
 from .faults import fault_point
-from .manifest import MANIFEST, PARTS_DIR, Manifest
+from .manifest import MANIFEST, PARTS_DIR, Manifest, parse_name
 from .tiers import ArchiveTier, HotTier, redact
 
 log = logging.getLogger("trainready.store")
@@ -26,10 +26,17 @@ log = logging.getLogger("trainready.store")
 @dataclass
 class ReplicationStatus:
     archived: set[str] = field(default_factory=set)
+    newest_step: int | None = None  # of `archived`, kept as names are added: read every training step
     pending: str | None = None
     attempts: int = 0
     last_error: str = ""
     fatal: BaseException | None = None
+
+    def mark_archived(self, *names: str) -> None:
+        self.archived.update(names)
+        steps = [parsed[0] for name in names if (parsed := parse_name(name))]
+        if steps:
+            self.newest_step = max(steps if self.newest_step is None else [self.newest_step, *steps])
 
 
 class _Superseded(Exception):
@@ -102,7 +109,7 @@ class Replicator:
         while not self._stop:
             try:
                 self._replicate(name, manifest)
-                self.status.archived.add(name)
+                self.status.mark_archived(name)
                 self.status.attempts, self.status.last_error = 0, ""
                 self.on_archived(name)
                 return

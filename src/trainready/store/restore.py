@@ -137,4 +137,4 @@ def _download_node(mgr: CheckpointManager, name: str, ref: Ref) -> None:
     except OSError as exc:
         raise as_store_error(exc, mgr.hot.root) from exc
     if mgr._replicator is not None:
-        mgr._replicator.status.archived.add(name)
+        mgr._replicator.status.mark_archived(name)

@@ -194,7 +194,7 @@ class ArchiveTier:
         self.url = redact(url)
         self.fs, self.root = open_url(str(url))
         self.root = self.root.rstrip("/")
-        self.is_local = "file" in _protocols(self.fs)
+        self.is_local = is_local(self.fs)
         self.is_s3 = "s3" in _protocols(self.fs)
 
     def _p(self, *parts: str) -> str:
@@ -356,6 +356,11 @@ def s3_etag(path: Path, size: int) -> str:
     if single:
         return digests[0].hex()
     return hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest() + f"-{len(digests)}"
+
+
+def is_local(fs: Any) -> bool:
+    """Whether an fsspec filesystem is the local disk."""
+    return "file" in _protocols(fs)
 
 
 def _protocols(fs: Any) -> set[str]:
