@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from .launcher import EXIT_FAILED, LaunchResult, LaunchSpec
+from .log_rules_torch import signal_name
 
-TAIL_LINES = 25
+TAIL_LINES = 25  # shown for the failing ranks
+VICTIM_LINES = 60  # searched for signs that a rank only saw a peer die
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 
@@ -49,7 +51,7 @@ def latest_attempt(run_dir: Path) -> Path | None:
     return attempts[-1] if attempts else None
 
 
-def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+def _tail(path: Path, n: int) -> list[str]:
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -66,10 +68,7 @@ def raised_then_aborted(code: int, lines: list[str]) -> bool:
 
 def describe_exit(code: int, raised: bool = False) -> str:
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
+        name = signal_name(code)
         hint = " (often the kernel's OOM killer: host memory; see `dmesg`)" if code == -9 else ""
         if raised:
             hint = (" after raising a Python exception (torch aborts at exit when the process group is still "
@@ -83,6 +82,13 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
     attempt = latest_attempt(spec.run_dir)
     tails: dict[str, list[str]] = {}
     files: list[str] = []
+    read: dict[Path, list[str]] = {}  # each log's last VICTIM_LINES lines, read once
+
+    def last_lines(path: Path, n: int) -> list[str]:
+        if path not in read:
+            read[path] = _tail(path, VICTIM_LINES)
+        return read[path][-n:]
+
     if attempt is None:
         shown: list[dict[str, Any]] = []
     else:  # the ranks torchrun named, else every local rank of the last attempt
@@ -92,7 +98,7 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
             path = attempt / str(rank["local_rank"]) / stream
             if path.exists():
                 files.append(str(path))
-                lines = _tail(path)
+                lines = last_lines(path, TAIL_LINES)
                 if lines and str(path) not in tails and (stream == "stderr.log" or not tails):
                     tails[str(path)] = lines
     restarts = spec.max_restarts
@@ -100,7 +106,7 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
     if ranks and attempt is not None:  # a rank whose own log shows the error goes first
         victims = set()
         for rank in ranks:
-            code, lines = rank.get("exit_code", 1), _tail(attempt / str(rank["local_rank"]) / "stderr.log", 60)
+            code, lines = rank.get("exit_code", 1), last_lines(attempt / str(rank["local_rank"]) / "stderr.log", VICTIM_LINES)
             if raised_then_aborted(code, lines):
                 raised.add(rank["rank"])
             if any(_VICTIM.search(line) for line in lines) or (code < 0 and rank["rank"] not in raised):

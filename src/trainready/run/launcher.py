@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .settings import RunSettings
-from .summary import billed_seconds, summarize
+from .settings import STOP_FILE, RunSettings
+from .summary import RunSummary, billed_seconds, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
 from .watchdog import children, process_start_ticks
 
@@ -64,6 +64,7 @@ class LaunchResult:
     failed_ranks: list[dict[str, Any]] = field(default_factory=list)
     log_tail: dict[str, list[str]] = field(default_factory=dict)
     log_files: list[str] = field(default_factory=list)
+    summary: RunSummary | None = None  # what summary.json holds, set when the launch ends
 
 
 def torchrun_argv(spec: LaunchSpec) -> list[str]:
@@ -138,11 +139,7 @@ class Launcher:
         tmp.write_text(json.dumps(info, indent=2, default=str))
         os.replace(tmp, self._run_json())
 
-    def _prior_billed_s(self, info: dict[str, Any]) -> float:
-        records, _ = read_records(self.spec.run_dir / FILE)
-        return billed_seconds(info.get("launches", []), records)
-
-    def _begin(self) -> dict[str, Any]:
+    def _begin(self) -> None:
         run_dir = self.spec.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self._lock_run_dir()
@@ -150,8 +147,10 @@ class Launcher:
         if info.get("command") and info["command"] != self.spec.command:
             self.on_output(f"trainready: note: {run_dir} holds a run of `{' '.join(info['command'])}`; resuming it with "
                            f"`{' '.join(self.spec.command)}` (use another --run-dir for a new run)")
-        prior = self._prior_billed_s(info)
-        self._check_budget_left(prior)
+        # earlier launches' telemetry; the live view starts after it (nothing appends: the lock is ours, no workers)
+        records, self._offset = read_records(run_dir / FILE)
+        prior = billed_seconds(info.get("launches", []), records)
+        self._check_budget_left(prior, records)
         from .environment import describe_environment
 
         info.setdefault("schema_version", RUN_SCHEMA_VERSION)
@@ -165,12 +164,10 @@ class Launcher:
             "pid": os.getpid(), "pid_start_ticks": process_start_ticks(os.getpid()), "node_rank": self.spec.node_rank,
             "prior_billed_s": round(prior, 3)})
         self._write_info(info)
-        (run_dir / "stop.json").unlink(missing_ok=True)
+        (run_dir / STOP_FILE).unlink(missing_ok=True)
         self.settings = self.spec.settings.model_copy(update={
             "prior_s": prior, "launch_unix": self.start_unix, "launcher_pid": os.getpid(),
             "launcher_start_ticks": process_start_ticks(os.getpid())})
-        _, self._offset = read_records(run_dir / FILE)  # the live view starts with this launch
-        return info
 
     def _lock_run_dir(self) -> None:
         """One launcher per run directory: a second one would fence the first one's checkpoints."""
@@ -189,7 +186,7 @@ class Launcher:
                              f"{same_rank}: wait for it, stop it, or give this run its own --run-dir") from None
         self._lock_fd = fd
 
-    def _check_budget_left(self, prior_s: float) -> None:
+    def _check_budget_left(self, prior_s: float, records: list[dict[str, Any]]) -> None:
         """Refuse a relaunch that cannot afford start-up, one step and a final save (as measured in
         earlier launches): it would only pay for start-up and stop again."""
         s = self.spec.settings
@@ -199,7 +196,6 @@ class Launcher:
 
         per_s = s.usd_per_hour * s.nnodes / 3600
         spent = prior_s * per_s
-        records, _ = read_records(self.spec.run_dir / FILE)
         need_s, why = measured_relaunch_s(records)
         if spent + per_s * need_s >= s.budget_usd * 0.999:
             left = max(0.0, s.budget_usd - spent)
@@ -215,7 +211,8 @@ class Launcher:
         writer = TelemetryWriter(self.spec.run_dir, source="launcher")
         writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
         writer.close()
-        (self.spec.run_dir / "summary.json").write_text(summarize(self.spec.run_dir).model_dump_json(indent=2))
+        result.summary = summarize(self.spec.run_dir)
+        (self.spec.run_dir / "summary.json").write_text(result.summary.model_dump_json(indent=2))
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -316,7 +313,7 @@ class Launcher:
         return explain_failure(self.spec, self.output_tail, returncode)
 
     def _read_stop(self) -> dict[str, Any] | None:
-        path = self.spec.run_dir / "stop.json"
+        path = self.spec.run_dir / STOP_FILE
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):

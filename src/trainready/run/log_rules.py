@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .log_rules_base import CHILD_FAILED, NOT_FATAL, Detail, Details, Finding, Line, Rule  # noqa: F401
+from .log_rules_base import CHILD_FAILED, NOT_FATAL, Detail, Finding, Line, Rule  # noqa: F401 - Detail, Finding, Line: diagnose.py
 from .log_rules_nccl import NcclSystemErrorRule, NetworkRule, WatchdogRule
-from .log_rules_torch import CudaOomRule, NanLossRule, RendezvousRule, WorkerDeathRule, WorldSizeRule, signal_name  # noqa: F401
+from .log_rules_torch import CudaOomRule, NanLossRule, RendezvousRule, WorkerDeathRule, WorldSizeRule
 
 RULES: tuple[type[Rule], ...] = (WatchdogRule, NetworkRule, NcclSystemErrorRule, CudaOomRule, WorkerDeathRule,
                                  RendezvousRule, WorldSizeRule, NanLossRule)

@@ -96,6 +96,7 @@ def _describe(err: dict, from_argument: bool) -> str:
 
 
 NODE_DIR_PREFIX = "node"
+STOP_FILE = "stop.json"  # what the workers write when they stop on purpose; the launcher reads it
 
 
 def node_run_dir(run_dir: Path, nnodes: int, node_rank: int) -> Path:

@@ -20,7 +20,6 @@ from typing import Any
 
 TELEMETRY_SCHEMA_VERSION = 1
 FILE = "telemetry.jsonl"
-TYPES = ("launch", "start", "restore", "step", "ckpt", "ckpt_interval", "budget", "stop", "end", "exit")
 
 
 def _clean(record: dict[str, Any]) -> dict[str, Any]:
