@@ -30,6 +30,7 @@ from run_helpers import (  # noqa: E402
     alive,
     digest,
     kill_launcher,
+    losses,
     records,
     run,
     run_cmd,
@@ -115,7 +116,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="run-soak-"))
     (root / "base").mkdir()
     code, out = run(run_cmd(root / "base" / "run", *OPTS, steps=STEPS), root / "base")
-    base = (digest(out), {r["step"]: r["metrics"]["loss"] for r in records(root / "base" / "run") if r["type"] == "step"})
+    base = (digest(out), losses(root / "base" / "run"))
     assert code == 0 and base[0], out[-2000:]
     server = None
     archives: list[tuple[str, str | None, bool]] = [("local", str(root / "archive-{n}"), False)]

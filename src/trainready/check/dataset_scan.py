@@ -92,7 +92,7 @@ Listing = tuple[list[int], list[str], Literal["max_objects", "time_limit"] | Non
 
 def _list(fs: Any, root: str, remote: bool, bound: int, deadline: float) -> Listing:
     """(sizes, names, why the listing stopped early or None): files under root, at most `bound`."""
-    if is_local(fs):
+    if not remote:
         return _list_local(root, bound, deadline)
     if hasattr(fs, "_iterdir") and getattr(fs, "loop", None) is not None:
         return _list_s3(fs, root, bound, deadline)

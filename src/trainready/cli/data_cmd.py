@@ -14,6 +14,7 @@ from trainready.errors import UsageError
 
 from . import options as o
 from .console import emit_json, err, out
+from .render import _size  # one byte-size format for every table
 
 if TYPE_CHECKING:
     from trainready.data.pack import PackResult
@@ -54,14 +55,6 @@ def parse_size(text: str) -> int:
     return size
 
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def render_pack(result: PackResult) -> None:
     table = Table(title=f"{result.url}: {result.status}", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -70,7 +63,7 @@ def render_pack(result: PackResult) -> None:
     table.add_row("shards", f"{result.shards_total} ({result.shards_written} written now"
                   + (f", resumed at shard {result.resumed_from_shard})" if result.resumed_from_shard is not None else ")"))
     table.add_row("samples", f"{result.samples_total:,}")
-    table.add_row("bytes", _human_bytes(result.bytes_total))
+    table.add_row("bytes", _size(result.bytes_total))
     tokens = f"{result.tokens_total:,}"
     table.add_row("tokens", tokens + (" (no tokenizer: tokens are counted as bytes)" if result.tokens_counted_as == "bytes" else ""))
     if result.skipped_files:

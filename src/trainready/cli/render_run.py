@@ -26,8 +26,6 @@ def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> i
     from trainready.run.launcher import Launcher
     from trainready.run.live import LiveView
     from trainready.run.records import RunOutcome
-    from trainready.run.summary import summarize
-
     spec = configured.spec
     for note in configured.notes:
         console.print(f"trainready: {note}", highlight=False)
@@ -37,7 +35,7 @@ def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> i
     with view:
         result = Launcher(spec, view.print, view.update).run()
     report = _diagnose(result.log_files, spec.config.get("job")) if result.reason == "failed" else None
-    summary = summarize(spec.run_dir)
+    summary = result.summary  # set by the launcher as the launch ended (summary.json)
     if json_out:
         emit_json(RunOutcome(exit_code=result.exit_code, reason=result.reason, message=result.message,
                              run_dir=str(spec.run_dir), failed_ranks=result.failed_ranks, log_tail=result.log_tail,

@@ -20,9 +20,14 @@ def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool) -> list[int
     return order
 
 
+def samples_per_rank(total: int, world: int, remainder: str) -> int:
+    """Equal for every rank: the remainder dropped, or padded by wrapping around."""
+    return total // world if remainder == "drop" else -(-total // world)
+
+
 def worker_span(total: int, rank: int, world: int, worker: int, workers: int, remainder: str) -> tuple[int, int]:
     """[start, stop) in the epoch's sample sequence; stop may pass `total` with "pad" (it wraps)."""
-    per_rank = total // world if remainder == "drop" else -(-total // world)
+    per_rank = samples_per_rank(total, world, remainder)
     base = rank * per_rank
     return base + worker * per_rank // workers, base + (worker + 1) * per_rank // workers
 

@@ -44,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - torch is an optional extra
 
 from trainready.errors import UsageError
 
-from .assign import Run, Throughput, shard_order, simulate_buffer, span_runs, worker_span  # noqa: F401
+from .assign import Run, Throughput, samples_per_rank, shard_order, simulate_buffer, span_runs, worker_span  # noqa: F401
 from .cache import CorruptShardError, MissingShardError, ShardCache, ShardError, verify_file
 from .format import Format, decode, iter_members, sample_key
 from .index_io import is_local, load_index, open_dataset, shard_url
@@ -122,8 +122,7 @@ class ShardedDataset(IterableDataset):
 
     @property
     def samples_per_rank(self) -> int:
-        total = self.index.total_samples
-        return total // self.world_size if self.remainder == "drop" else -(-total // self.world_size)
+        return samples_per_rank(self.index.total_samples, self.world_size, self.remainder)
 
     @property
     def cache_stats(self) -> dict[str, int]:
@@ -241,7 +240,7 @@ class ShardedDataset(IterableDataset):
 
     def _read(self, shard: int, first: int, stop: int) -> Iterator[tuple[str, bytes]]:
         info = self.index.shards[shard]
-        url = f"{self.url.rstrip('/')}/{info.name}"
+        url = shard_url(self.url, info.name)
         offset = 0
         with self._open(info) as handle:
             try:

@@ -18,16 +18,11 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from trainready.errors import TrainreadyError, UsageError
-from trainready.store.tiers import fsync_dir, open_url, redact, write_durable
+from trainready.store.tiers import fsync_dir, is_local, open_url, redact, write_durable
 
 from .format import INDEX, SHARD_DIR, DataIndex, ShardInfo, SourcePosition, add_member, shard_name
 
 T = TypeVar("T")
-
-
-def is_local(fs: Any) -> bool:
-    proto = fs.protocol
-    return bool({"file", "local"} & set(proto if isinstance(proto, (tuple, list)) else (proto,)))
 
 
 def open_dataset(url: str) -> tuple[Any, str]:

@@ -83,9 +83,9 @@ def list_sources(src: Path, fmt: Format) -> tuple[list[SourceFile], list[str]]:
         if fmt == "text":
             raise UsageError(f"SRC {src} is a file; --format text packs a directory (one file = one sample). "
                              "Pass the directory, or --format jsonl / tokens to pack this one file")
-        found = [(src.name, src)]
+        found, whole_dir = [(src.name, src)], False
     elif src.is_dir():
-        found = []
+        found, whole_dir = [], True
         for dirpath, dirnames, filenames in os.walk(src, onerror=_unreadable):  # symlinked dirs not followed: no loops
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             for name in filenames:
@@ -96,7 +96,7 @@ def list_sources(src: Path, fmt: Format) -> tuple[list[SourceFile], list[str]]:
         raise UsageError(f"SRC {src} is neither a file nor a directory")
     files, skipped = [], []
     for rel, path in sorted(found):
-        if fmt != "text" and src.is_dir() and not rel.lower().endswith(SUFFIXES[fmt]):  # a file named alone is packed
+        if fmt != "text" and whole_dir and not rel.lower().endswith(SUFFIXES[fmt]):  # a file named alone is packed
             skipped.append(rel)
             continue
         stat = path.stat()
