@@ -112,6 +112,9 @@ def main() -> None:
     ap.add_argument("--moments", default="3,9,17,28,36", help="steps after which to kill ('' for none)")
     ap.add_argument("--points", default=",".join(POINTS), help="fault points to sweep (default: all)")
     args = ap.parse_args()
+    unknown = [p for p in args.points.split(",") if p and p not in POINTS]
+    if unknown:  # an unknown point is never reached, and a trial that is not reached proves nothing
+        ap.error(f"unknown fault point(s) {', '.join(unknown)}: choose from {', '.join(POINTS)}")
     t0 = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="run-soak-"))
     (root / "base").mkdir()
