@@ -280,7 +280,7 @@ def bench_s3(state: dict[str, Any], base: Path, repeats: int) -> dict[str, Any]:
     import boto3
     from boto3.s3.transfer import TransferConfig
 
-    from trainready.store.tiers import _S3_PART
+    from trainready.io import S3_PART as _S3_PART
 
     nbytes = state_bytes(state)
     proc, url, logfile = start_moto(base)

@@ -114,7 +114,7 @@ def read_shards(url: str, cache_dir: str, counts: collections.Counter) -> tuple[
 def part1(endpoint: str, args: argparse.Namespace) -> dict[str, tuple[int, int, int, float]]:
     """Objects vs shards: write the corpus both ways, read it back, print the table."""
     from trainready.data.pack import pack
-    from trainready.store.tiers import open_url
+    from trainready.io import open_url
 
     client = s3_client(endpoint, args.threads)
     client.create_bucket(Bucket=BUCKET)

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 from store_helpers import free_port
 
@@ -17,7 +18,8 @@ from store_helpers import free_port
 class MotoServer:
     def __init__(self) -> None:
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        script = Path(__file__).with_name("moto_s3.py")  # moto, with S3's opaque ETags for KMS-encrypted objects
+        self.proc = subprocess.Popen([sys.executable, str(script), "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30

@@ -79,7 +79,7 @@ def test_an_unfinished_pack_and_a_foreign_index(small_dir, tmp_path):
 
 
 def test_small_s3_objects_warn_and_the_bound_holds(s3_bucket):
-    from trainready.store.tiers import open_url
+    from trainready.io import open_url
 
     fs, _ = open_url(f"s3://{s3_bucket}")
     fs.pipe({f"{s3_bucket}/corpus/part{i % 3}/{i:04d}.jsonl": b'{"text": "hi"}\n' * (10 + i) for i in range(300)})

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from trainready.store.manifest import MANIFEST, FileEntry, Manifest, checkpoint_name, sha256_file
+from trainready.io import sha256_file
+from trainready.store.manifest import MANIFEST, FileEntry, Manifest, checkpoint_name
 
 FILES = {"__0_0.distcp": 3000, "__1_0.distcp": 2500, ".metadata": 300, "state/rank-00000.json": 120}
 CORRUPT_FILE = "__1_0.distcp"

@@ -123,7 +123,7 @@ def test_prefetch_downloads_ahead_and_keeps_errors_for_the_reader(tmp_path):
 
 
 def test_s3_object_through_the_cache(tmp_path, s3_bucket):
-    from trainready.store.tiers import open_url
+    from trainready.io import open_url
 
     fs, root = open_url(f"s3://{s3_bucket}/ds")
     data = os.urandom(3 * SIZE)

@@ -224,7 +224,7 @@ def test_corrupt_shard_is_named_or_skipped_and_resume_still_exact(tmp_path, capl
 
 
 def test_s3_dataset_through_the_cache(tmp_path, s3_bucket, data1000):
-    from trainready.store.tiers import open_url
+    from trainready.io import open_url
 
     fs, root = open_url(f"s3://{s3_bucket}/ds")
     for path in sorted(data1000.rglob("*")):

@@ -210,6 +210,6 @@ def test_manifest_records_what_was_written(tmp_path):
     assert manifest["schema_version"] == 1 and manifest["step"] == 5 and manifest["world_size"] == 1
     assert manifest["metadata"] == {"model": "tiny", "loss": 1.25}
     paths = {f["path"] for f in manifest["files"]}
-    assert {".metadata", "__0_0.distcp", "state.json", "rank-00000.json"} <= paths
-    assert all(p.startswith("__0_") for p in paths - {".metadata", "state.json", "rank-00000.json"})
+    assert {"tensors.json", ".metadata", "__0_0.distcp", "state.json", "rank-00000.json"} <= paths
+    assert all(p.startswith("__0_") for p in paths - {"tensors.json", ".metadata", "state.json", "rank-00000.json"})
     assert manifest["versions"]["torch"] == torch.__version__

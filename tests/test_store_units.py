@@ -1,18 +1,16 @@
-"""Pieces of the store on their own: the JSON codec, manifest path rules, retention rules,
-the tensor-index unpickler."""
+"""Pieces of the store on their own: the JSON codec, manifest path rules, retention and fencing rules."""
 
 import math
-import pickle
 
 import pytest
 import torch
 
 from trainready.store import codec
-from trainready.store.dcp_io import read_tensor_index
 from trainready.store.errors import BadStateError, CheckpointError
 from trainready.store.manifest import FileEntry, Manifest, checkpoint_name, confined, parse_name
-from trainready.store.retention import archive_deletions, hot_deletions
-from trainready.store.tiers import Ref, redact
+from trainready.store import retention
+from trainready.io import redact
+from trainready.store.tiers import Ref
 
 
 def test_codec_round_trips_what_json_lacks():
@@ -63,44 +61,71 @@ def test_names_parse_and_order():
     assert parse_name("step-12") is None and parse_name(".tmp-step-000000000001-g0001") is None
 
 
-def _ref(step, gen=1, committed=True):
-    manifest = Manifest(step=step, run_id="r", generation=gen, world_size=1, nodes=1, created_unix=0, save_seconds=0,
+def _ref(step, gen=1, committed=True, unreadable=False, run="r"):
+    manifest = Manifest(step=step, run_id=run, generation=gen, world_size=1, nodes=1, created_unix=0, save_seconds=0,
                         versions={}, files=[], node_files={}) if committed else None
-    return Ref(checkpoint_name(step, gen), step, gen, "hot", manifest)
+    return Ref(checkpoint_name(step, gen), step, gen, "hot", manifest, "manifest unreadable: x" if unreadable else "",
+               unreadable=unreadable)
 
 
-def test_hot_retention_keeps_unarchived_until_a_newer_one_is_archived():
+def _names(*steps):
+    return [checkpoint_name(s, 1) for s in steps]
+
+
+def test_hot_retention_keeps_the_newest_archived_and_the_newest_keep():
     hot = [_ref(s) for s in (1, 2, 3, 4)]
-    names = {s: checkpoint_name(s, 1) for s in (1, 2, 3, 4)}
-    # nothing archived: nothing beyond keep may go (it would be the only copy)
-    assert hot_deletions(hot, set(), keep=2, has_archive=True) == []
-    # step 2 archived: 1 may go (a newer one is archived), 2 stays (the newest archived)
-    assert hot_deletions(hot, {names[2]}, keep=2, has_archive=True) == [names[1]]
-    # no archive: plain keep
-    assert hot_deletions(hot, set(), keep=2, has_archive=False) == [names[2], names[1]]
+    # step 2 archived: it stays (what a new node restores from), 3 and 4 are the newest two, 1 goes
+    decided = retention.plan(hot, 2, archived=set(_names(2)))
+    assert decided.delete == _names(1) and decided.dropped_unarchived == _names(1)
+    # everything archived: plain keep
+    assert retention.plan(hot, 2, archived=set(_names(1, 2, 3, 4))).delete == _names(1, 2)
+    # no archive: plain keep, nothing is "dropped unarchived"
+    assert retention.plan(hot, 2) == retention.Plan(_names(1, 2), [])
+
+
+def test_an_archive_outage_never_fills_the_disk():
+    """Before: every unarchived checkpoint was kept until a newer one reached the archive, so a
+    long outage filled the NVMe. Now: the newest archived one plus the newest keep_hot."""
+    hot = [_ref(s) for s in range(1, 21)]
+    decided = retention.plan(hot, 2, archived=set(_names(1)))
+    assert set(_names(*range(1, 21))) - set(decided.delete) == set(_names(1, 19, 20))
+    assert decided.dropped_unarchived == _names(*range(2, 19))
+
+
+def test_retention_never_deletes_what_it_must_keep():
+    hot = [_ref(s) for s in (1, 2, 3, 4)] + [_ref(5, unreadable=True, committed=False), _ref(0, committed=False)]
+    hot[2].fenced = True
+    decided = retention.plan(hot, 1, protect=_names(1))
+    # 1 is being uploaded, 3 is fenced, 5 is unreadable: none of them goes; 2 goes (4 is the newest); debris 0 goes
+    assert decided.delete == [checkpoint_name(0, 1), *_names(2)]
 
 
 def test_retention_counts_only_committed_and_removes_old_debris():
     refs = [_ref(1), _ref(2, committed=False), _ref(3), _ref(5, committed=False)]
-    doomed = archive_deletions(refs, keep=1)
+    doomed = retention.plan(refs, 1).delete
     assert checkpoint_name(1, 1) in doomed and checkpoint_name(2, 1) in doomed  # older debris
     assert checkpoint_name(3, 1) not in doomed  # newest committed
     assert checkpoint_name(5, 1) not in doomed  # newer than any commit: may be in progress
-    assert archive_deletions(refs, keep=None) == [checkpoint_name(2, 1)]
-    assert archive_deletions([_ref(1)], keep=1) == []
+    assert retention.plan(refs, None).delete == [checkpoint_name(2, 1)]
+    assert retention.plan([_ref(1)], 1).delete == []
 
 
-class _Boom:
-    def __reduce__(self):
-        import os
-        return (os.system, ("echo pwned > /dev/null",))
+def test_retention_only_considers_its_own_run():
+    refs = [_ref(1, run="a"), _ref(2, run="b"), _ref(3, run="a"), _ref(4, committed=False)]
+    own = retention.owned(refs, "a")
+    assert [r.name for r in own] == _names(1, 3, 4)
+    assert retention.plan(own, 1).delete == _names(1)
 
 
-def test_tensor_index_never_unpickles_code(tmp_path):
-    path = tmp_path / ".metadata"
-    path.write_bytes(pickle.dumps({"state_dict_metadata": _Boom()}))
-    with pytest.raises(CheckpointError, match="posix.system|os.system"):
-        read_tensor_index(path)
+def test_a_lease_fences_what_older_writers_committed_after_it():
+    from trainready.store.manifest import Lease
+
+    lease = Lease(run_id="r", generation=5, fenced={3: 100, 4: 120})
+    assert not lease.fences(100, 3) and lease.fences(101, 3)  # gen 3 committed 101 after gen 5 took over
+    assert not lease.fences(120, 4) and lease.fences(121, 4)
+    assert lease.fences(1, 2)  # gen 2 had nothing committed when gen 5 claimed
+    assert not lease.fences(500, 5) and not lease.fences(500, 6)  # its own and newer generations
+    assert not Lease(run_id="r", generation=5).fences(1, 2)  # an old lease without the map: unknown, not fenced
 
 
 def test_redact_hides_credentials(monkeypatch):

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from trainready.data.format import INDEX, DataIndex
 from trainready.data.index_io import is_local, open_dataset, shard_url, storage_call
 from trainready.errors import UsageError
-from trainready.store.tiers import redact
+from trainready.io import redact
 
 from .findings import Finding
 

@@ -70,17 +70,20 @@ def pull(url: Url,
         render_ckpt_pull(out, result)
 
 
-@app.command("prune", short_help="Delete old checkpoints and debris, keeping the newest --keep.", help="Delete all but the newest --keep committed checkpoints, plus uncommitted debris older "
-             "than the newest committed one (a newer one may still be being written). The newest committed "
-             "checkpoint is never deleted; only checkpoints that pass the size check count toward --keep, and "
-             f"those that fail it are left alone. {WHERE}\n\n{CODES}")
+@app.command("prune", short_help="Delete old checkpoints and debris, keeping the newest --keep.", help="Delete all but the newest --keep committed checkpoints of the run that owns the location "
+             "(the writer lease's run, or --run-id), plus uncommitted debris older than the newest committed one (a "
+             "newer one may still be being written): the same rule the checkpoint manager applies. The newest "
+             "committed checkpoint is never deleted; only checkpoints that pass the size check count toward --keep, "
+             "and those that fail it are left alone; unreadable manifests, fenced commits and other runs' "
+             f"checkpoints are never deleted. {WHERE}\n\n{CODES}")
 def prune(url: Url,
           keep: Annotated[int, typer.Option("--keep", min=1, help="Committed checkpoints to keep.", show_default=False)],
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")] = False,
+          run_id: Annotated[Optional[str], typer.Option("--run-id", help="Whose checkpoints to prune. [default: the run the writer lease names]")] = None,
           json_out: o.Json = False) -> None:
     from trainready.store.inspect import prune as run_prune
 
-    result = run_prune(url, keep, dry_run=dry_run)
+    result = run_prune(url, keep, dry_run=dry_run, run_id=run_id)
     if json_out:
         emit_json(result)
     else:

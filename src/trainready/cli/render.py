@@ -228,8 +228,10 @@ def render_ckpt_list(con: Console, listing: CheckpointListing) -> None:
     for col in ("step", "gen", "commit", "check", "size", "files", "world", "age", "run"):
         t.add_column(col, justify="right" if col in ("step", "gen", "size", "files", "world", "age") else "left",
                      no_wrap=col != "run")
+    styles = {"committed": "[green]yes[/]", "uncommitted": "[yellow]no[/]", "unreadable": "[red]unreadable[/]",
+              "fenced": "[red]fenced[/]"}
     for c in items:
-        committed = "[green]yes[/]" if c.committed else "[yellow]no[/]"
+        committed = styles.get(c.status, c.status)
         verified = "-" if c.verified is None else ("[green]ok[/]" if c.verified else "[red]FAILED[/]")
         world = "-" if c.world_size is None else str(c.world_size) + (f" (node {c.node})" if c.node is not None else "")
         t.add_row(f"{c.step:,}", str(c.generation), committed, verified, _size(c.size_bytes), str(c.files),
@@ -240,8 +242,15 @@ def render_ckpt_list(con: Console, listing: CheckpointListing) -> None:
             con.print(f"  {c.name}: " + (c.problem if not c.committed else f"[red]{c.problem}[/]"))
     done = [c for c in items if c.committed]
     line = f"{len(done)} committed ({_size(sum(c.size_bytes for c in done))})"
-    if len(done) < len(items):
-        line += f", {len(items) - len(done)} not committed (being written, or debris from an interrupted save)"
+    unreadable = sum(c.status == "unreadable" for c in items)
+    if len(done) + unreadable < len(items):
+        line += (f", {len(items) - len(done) - unreadable} not committed (being written, or debris from an "
+                 "interrupted save)")
+    if unreadable:
+        line += f", [red]{unreadable} with an unreadable manifest[/] (kept, never deleted automatically)"
+    fenced = sum(c.status == "fenced" for c in items)
+    if fenced:
+        line += f", [red]{fenced} fenced[/] (never restored)"
     bad = [c for c in done if c.verified is False]
     if bad:
         line += f"; [red]{len(bad)} failed the size check[/] (details: trainready ckpt verify)"
@@ -276,6 +285,9 @@ def render_ckpt_prune(con: Console, r: PruneResult) -> None:
     verb = "would delete" if r.dry_run else "deleted"
     con.print(f"{verb} {len(r.deleted)}: " + (", ".join(r.deleted) or "nothing"))
     con.print(f"kept {len(r.kept)}: " + (", ".join(r.kept) or "nothing"))
+    if r.untouched:
+        con.print(f"never deleted automatically (unreadable manifest, fenced commit, or not run {r.run_id or '-'}): "
+                  + ", ".join(r.untouched))
     for name in r.broken:
         con.print(f"[yellow]warning:[/] {name} is committed but fails the size check: kept, not counted toward "
                   f"--keep {r.keep} (trainready ckpt verify {r.url} for details)")

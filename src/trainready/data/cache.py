@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainready.errors import TrainreadyError, UsageError
-from trainready.store.tiers import redact
+from trainready.io import redact
 
 log = logging.getLogger(__name__)
 CHUNK = 8 << 20

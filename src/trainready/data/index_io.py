@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from trainready.errors import TrainreadyError, UsageError
-from trainready.store.tiers import fsync_dir, is_local, open_url, redact, write_durable
+from trainready.io import fsync_dir, is_local, open_url, redact, replace_durable
 
 from .format import INDEX, SHARD_DIR, DataIndex, ShardInfo, SourcePosition, add_member, shard_name
 
@@ -97,13 +97,10 @@ def write_index(fs: Any, root: str, index: DataIndex, url: str = "") -> None:
     path = shard_url(root, INDEX)
     if is_local(fs):
         target = Path(path)
-        tmp = target.with_name(f".{INDEX}.tmp")  # one fixed name: a killed write leaves no litter
 
         def replace() -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
-            write_durable(tmp, data)
-            os.replace(tmp, target)
-            fsync_dir(target.parent)
+            replace_durable(target, data)
 
         storage_call(url or root, f"writing {INDEX}", replace)
     else:

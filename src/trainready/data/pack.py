@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from trainready.errors import UsageError
 from trainready.store.faults import fault_point
-from trainready.store.tiers import redact
+from trainready.io import redact
 
 from .format import EXT, DataIndex, Format, SourceInfo, SourcePosition, sample_key, shard_name
 from .index_io import ShardBuilder, clear_dataset, is_local, open_dataset, put_shard, read_index, shard_temp_path, write_index

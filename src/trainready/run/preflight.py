@@ -118,7 +118,7 @@ def _check_s3(url: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
     except ImportError:
         raise UsageError("--archive s3://... needs boto3 and s3fs: pip install 'trainready[s3]'") from None
-    from trainready.store.tiers import redact
+    from trainready.io import redact
 
     bucket = url[len("s3://"):].split("/", 1)[0]
     if not bucket:

@@ -11,8 +11,10 @@
     sess.finish()
 
 Every decision that must be the same on all ranks (save now? stop now?) is computed from
-the numbers all ranks exchange once per step (one small all-gather on a gloo group of its own),
-so ranks always agree without a second round. Telemetry is written by rank 0.
+the numbers all ranks exchange once per step (one small all-gather on the control group of
+trainready.dist, on the training thread), so ranks always agree without a second round; the
+checkpoint writer's collectives run on a group of their own. Signals reach the session through
+trainready.dist's one signal path. Telemetry is written by rank 0.
 Contract: one session per process, used from the training thread.
 """
 
@@ -34,7 +36,9 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from trainready.dist import STOP, DistContext, identity
 from trainready.errors import UsageError
+from trainready.io import redact
 
 from .budget import BudgetGuard, CostClock
 from .interval import IntervalChoice, choose_interval, job_mtbf
@@ -64,11 +68,11 @@ class Session:
     def __init__(self, settings: RunSettings, *, flops_per_token: float | None = None, backend: str | None = None):
         self.settings = settings
         self._init_distributed(backend)
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        me = identity()
+        self.rank, self.world_size, self.local_rank = me.rank, me.world_size, me.local_rank
         self.device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-        self._group = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        self.ctx = DistContext.acquire()
+        self._group = self.ctx.control
         self._watch = start_watch(settings.launcher_pid, settings.launcher_start_ticks,
                                   watch_parent="TORCHELASTIC_RUN_ID" in os.environ)
         self.telemetry = TelemetryWriter(settings.run_dir if self.rank == 0 else None, source="rank0")
@@ -83,9 +87,8 @@ class Session:
                                            settings.spot, settings.mtbf_h)
         self._mtbf_h = mtbf_h
         self.manager = self._make_manager()
-        self._signal: int | None = None
-        self._signal_at: float | None = None  # monotonic time the stop began: the grace period counts from it
-        self._install_signal_handlers()
+        self._stop_at: float | None = None  # monotonic time a budget stop began: the grace period counts from it
+        STOP.install()
         self.start_step = 0
         self._next_step = 0
         self._steps_this_launch = 0
@@ -99,6 +102,7 @@ class Session:
         self._comm_watch: CommWatch | None = None
         self._last_saved: int | None = None
         self._finished = False
+        self._dropped_seen = 0
         self._start_record()
 
     # ---- setup -------------------------------------------------------------------------------
@@ -116,22 +120,6 @@ class Session:
         return CheckpointManager(self.settings.hot_dir, self.settings.archive, keep_hot=self.settings.keep_hot,
                                  async_save=self.settings.async_save)
 
-    def _install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: Any) -> None:
-            if self._signal is not None:
-                # SIGTERM often arrives twice (from torchrun and from a process-group or cgroup kill):
-                # only a second Ctrl-C means "stop now, without the checkpoint"
-                if signum == signal.SIGINT and self._signal == signal.SIGINT:
-                    signal.signal(signum, signal.SIG_DFL)
-                    os.kill(os.getpid(), signum)
-                return
-            self._signal = signum
-            self._signal_at = time.monotonic()
-            log.warning("signal %s: saving a checkpoint after this step, then stopping", signal.Signals(signum).name)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, handler)
-
     def _start_record(self) -> None:
         import socket
 
@@ -146,7 +134,8 @@ class Session:
             "start", world_size=self.world_size, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
             backend=dist.get_backend() if dist.is_initialized() else None, device=str(self.device), gpu=self.gpu_name,
             peak_tflops=self.peak_flops / 1e12 if self.peak_flops else None, flops_per_token=self.flops_per_token,
-            hot=self.settings.hot_dir, archive=_redacted(self.settings.archive), ckpt_every=self.settings.ckpt_every,
+            hot=self.settings.hot_dir, archive=redact(self.settings.archive) if self.settings.archive else None,
+            ckpt_every=self.settings.ckpt_every,
             total_steps=self.settings.total_steps, budget_usd=self.settings.budget_usd,
             usd_per_hour=self.settings.usd_per_hour, nnodes=self.settings.nnodes, workers=everyone,
             run_id=self.manager.run_id, generation=self.manager.generation)
@@ -225,9 +214,8 @@ class Session:
         self.telemetry.write("end", last_step=self._next_step - 1, steps_this_launch=self._steps_this_launch,
                              last_saved=self._last_saved)
         self.telemetry.close()
-        if self._group is not None and dist.is_initialized():
-            dist.destroy_process_group(self._group)
-            self._group = None
+        self.ctx.release()
+        self._group = None
 
     # ---- per step ----------------------------------------------------------------------------
 
@@ -240,7 +228,7 @@ class Session:
             self._last_saved = commit[0]
         now = time.time()
         mine = [times.step_s, times.data_s, times.comm_s, times.optimizer_s, times.tokens, interval,
-                float(self._signal or 0), now, commit[1] if commit else 0.0, self._local_stall,
+                float(STOP.signum or 0), now, commit[1] if commit else 0.0, self._local_stall,
                 self.budget.clock.billed_s(now)]
         rows = self._exchange(mine)
         step = self._next_step
@@ -270,10 +258,8 @@ class Session:
         if stall > 0 and (not self._stalls or stall != self._stalls[-1]):
             self._stalls.append(stall)
         signals = [int(s) for s in col["signal"] if s]
-        if signals and self._signal is None:
-            self._signal = signals[0]  # another rank was signalled: stop together
-            self._signal_at = time.monotonic()
         if signals:
+            STOP.request(signals[0])  # another rank was signalled: stop together (no-op where one was)
             return Decision(save=True, stop="signal")
         if self.settings.max_steps is not None and self._steps_this_launch >= self.settings.max_steps:
             return Decision(save=False, stop="max_steps")
@@ -282,7 +268,7 @@ class Session:
         for warning in view.warnings:
             self._warn("budget", warning, spent_usd=view.spent_usd, projected_usd=view.projected_usd)
         if view.stop:
-            self._signal_at = time.monotonic()
+            self._stop_at = time.monotonic()
             return Decision(save=True, stop="budget")
         # with a budget, what the final checkpoint costs must be known early: save at the second step
         measure = self.settings.budget_usd is not None and commit_s == 0 and self._steps_this_launch == 2
@@ -330,6 +316,12 @@ class Session:
         view = self.budget.assess(col["billed_s"][0], pace, 0.0, self._remaining_after(step), peek=True)
         slowest = max(range(self.world_size), key=lambda r: col["step_s"][r])
         status = self.manager.status()
+        dropped = status["dropped_unarchived"]
+        if len(dropped) > self._dropped_seen:
+            self._warn("ckpt_dropped", f"checkpoint(s) {', '.join(dropped[self._dropped_seen:])} dropped from the hot tier "
+                       f"before reaching the archive (last upload error: {status['last_upload_error'] or 'none'})",
+                       names=dropped[self._dropped_seen:])
+            self._dropped_seen = len(dropped)
         mean = StepTimes(**{part: statistics.fmean(col[part]) for part in ("step_s", "data_s", "optimizer_s", "comm_s")})
         self.telemetry.write(
             "step", step=step, step_s=_r(times.step_s), interval_s=_r(interval),
@@ -338,7 +330,7 @@ class Session:
             tokens=tokens, tokens_per_s=_r(tokens_per_s), mfu=_r(mfu), slowest_rank=slowest,
             cost_usd=_r(view.spent_usd), projected_usd=_r(view.projected_usd), eta_s=_r(view.eta_s),
             ckpt={"last_saved": self._last_saved, "saving": status["saving"], "uploading": status["uploading"],
-                  "archived": status["archived_step"]},
+                  "archived": status["archived_step"], "dropped_unarchived": len(dropped)},
             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None})
 
     def _warn(self, kind: str, message: str, **fields: Any) -> None:
@@ -366,7 +358,7 @@ class Session:
         signal or the budget decision, record what is really committed, and exit."""
         from trainready.store.errors import ArchiveUnavailableError
 
-        started = self._signal_at or time.monotonic()
+        started = (STOP.at if reason == "signal" else self._stop_at) or time.monotonic()
         remaining = max(1.0, self.settings.grace_s - 5.0 - (time.monotonic() - started))
         upload_error = save_error = None
         try:
@@ -383,12 +375,12 @@ class Session:
         if save_error:
             kept += f" (the final save failed: {save_error})"
         if reason == "signal":
-            message = f"stopped by signal {signal.Signals(self._signal).name if self._signal else '?'} after step {step}, {kept}"
+            message = f"stopped by signal {signal.Signals(STOP.signum).name if STOP.signum else '?'} after step {step}, {kept}"
         elif reason == "budget":
             message = f"{self.budget.stop_message(self.budget.clock.billed_s(now), step)}; {kept}"
         else:
             message = f"stopped after {self._steps_this_launch} steps (max_steps)"
-        exit_code = {"signal": 128 + (self._signal or signal.SIGTERM), "budget": EXIT_BUDGET, "max_steps": 0}[reason]
+        exit_code = {"signal": 128 + (STOP.signum or signal.SIGTERM), "budget": EXIT_BUDGET, "max_steps": 0}[reason]
         info = {"schema_version": 1, "reason": reason, "step": step, "checkpoint": committed,
                 "message": message, "exit_code": exit_code, "upload_error": upload_error,
                 "cost_usd": self.budget.clock.spent_usd(now)}
@@ -408,12 +400,6 @@ class Session:
 
 def _r(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def _redacted(url: str | None) -> str | None:
-    from trainready.store.tiers import redact
-
-    return redact(url) if url else url
 
 
 def _detect_peak(device: torch.device, given_tflops: float | None) -> tuple[str | None, float | None]:

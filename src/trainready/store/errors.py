@@ -25,4 +25,24 @@ class BadStateError(UsageError):
     """The state passed to save/restore cannot be checkpointed as given."""
 
 
-__all__ = ["CheckpointError", "StorageFullError", "FencedError", "ArchiveUnavailableError", "BadStateError"]
+def describe(error: BaseException | None) -> tuple[str, str] | None:
+    """(class name, message) of an error, to send to the other ranks; None for no error."""
+    return (type(error).__name__, str(error)) if error is not None else None
+
+
+def raise_agreed(mine: BaseException | None, everyone: list[tuple[str, str] | None]) -> None:
+    """Raise on every rank if any rank failed: our own error, else the first failed rank's,
+    rebuilt as the same class (so `except StorageFullError` works on every rank)."""
+    if mine is not None:
+        raise mine
+    for described in everyone:
+        if described is not None:
+            kind, message = described
+            cls = _BY_NAME.get(kind, CheckpointError)
+            raise cls(message if message.startswith("another rank: ") else f"another rank: {message}")
+
+
+_BY_NAME = {cls.__name__: cls for cls in (CheckpointError, StorageFullError, FencedError, ArchiveUnavailableError)}
+
+__all__ = ["CheckpointError", "StorageFullError", "FencedError", "ArchiveUnavailableError", "BadStateError",
+           "describe", "raise_agreed"]

@@ -21,11 +21,12 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from trainready.errors import UsageError
+from trainready.io import dir_mode, fsync_dir, redact, sha256_file
 
+from . import retention
 from .errors import ArchiveUnavailableError, CheckpointError
-from .manifest import MANIFEST, FileEntry, sha256_file
-from .retention import archive_deletions
-from .tiers import ArchiveTier, HotTier, Ref, as_store_error, fsync_dir, redact
+from .manifest import MANIFEST, FileEntry, Lease
+from .tiers import ArchiveTier, HotTier, Ref, as_store_error
 
 Tier = HotTier | ArchiveTier
 
@@ -47,6 +48,10 @@ class CheckpointInfo(BaseModel):
     tier: str = Field(description="'local' (a plain directory: a node's hot tier or a local archive) or 'archive' (a URL).")
     run_id: str | None = Field(description="From the manifest; null when not committed.")
     committed: bool = Field(description="A readable manifest is present (written last, so the checkpoint is complete).")
+    status: str = Field("committed", description=(
+        "'committed'; 'fenced' (committed by a writer that had lost the prefix to a newer generation: never "
+        "restored); 'uncommitted' (no manifest: in progress, or debris of a crash); 'unreadable' (a manifest is "
+        "there but cannot be used: kept and reported, never deleted automatically)."))
     size_bytes: int = Field(description="Committed: bytes the manifest lists for this location; otherwise bytes present.")
     files: int = Field(description="Committed: files the manifest lists for this location; otherwise files present.")
     world_size: int | None = None
@@ -64,6 +69,9 @@ class CheckpointListing(BaseModel):
 
     schema_version: int = 1
     url: str
+    run_id: str | None = Field(None, description="The run the writer lease (writer.json) names; null: no readable lease.")
+    generation: int | None = Field(None, description="The lease's writer generation.")
+    lease_problem: str = Field("", description="Why writer.json could not be read, when it could not.")
     checkpoints: list[CheckpointInfo] = Field(description="Oldest first (by step, then generation).")
 
 
@@ -71,6 +79,7 @@ class CheckpointCheck(BaseModel):
     name: str
     step: int
     generation: int
+    status: str = Field("committed", description="As in `ckpt ls`: committed, fenced or unreadable.")
     files: int
     size_bytes: int
     ok: bool
@@ -113,6 +122,10 @@ class PruneResult(BaseModel):
     kept: list[str] = Field(description="Every checkpoint directory left in place, oldest first.")
     broken: list[str] = Field(default_factory=list, description="Committed but failing the size check: kept, and not "
                                                                 "counted toward `keep`.")
+    run_id: str | None = Field(None, description="Whose checkpoints were considered: the run the writer lease names "
+                                                 "(or --run-id). Other runs' checkpoints are never deleted.")
+    untouched: list[str] = Field(default_factory=list, description="Kept because they are not deleted automatically: "
+                                                                   "unreadable manifests, fenced commits, other runs.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,9 +166,14 @@ def _reading(tier: Tier) -> Iterator[None]:
         raise StorageAccessError(redact(f"cannot read {tier.url}: {exc.strerror or exc}")) from None
 
 
-def _refs(tier: Tier) -> list[Ref]:
+def _refs(tier: Tier) -> tuple[list[Ref], Lease | None, str]:
+    """Every checkpoint directory (oldest first, fenced commits flagged), the writer lease, and why
+    the lease could not be read (if it could not)."""
     with _reading(tier):
-        return sorted(tier.list(), key=lambda r: r.order)
+        refs = sorted(tier.list(), key=lambda r: r.order)
+        state = tier.read_lease()
+    retention.mark_fenced(refs, state.lease)
+    return refs, state.lease, state.damaged
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,14 +262,16 @@ def list_checkpoints(url: str, verify: bool = False) -> CheckpointListing:
     each manifest (no data is read)."""
     tier = open_tier(url)
     items = []
-    for ref in _refs(tier):
+    refs, lease, lease_problem = _refs(tier)
+    for ref in refs:
         m = ref.manifest
         if m is None:
             with _reading(tier):
                 present = _present(tier, ref.name)
             items.append(CheckpointInfo(
                 name=ref.name, step=ref.step, generation=ref.generation, tier=tier_kind(tier), run_id=None,
-                committed=False, size_bytes=sum(present.values()), files=len(present), problem=ref.problem))
+                committed=False, status=ref.status, size_bytes=sum(present.values()), files=len(present),
+                problem=ref.problem))
             continue
         if verify:
             entries, node, problems = _check(tier, ref, checksums=False)
@@ -259,25 +279,38 @@ def list_checkpoints(url: str, verify: bool = False) -> CheckpointListing:
             with _reading(tier):
                 entries, node = _expected(tier, ref)
             problems = []
+        if ref.fenced:
+            problems = [f"committed by generation {ref.generation} after generation {lease.generation} took over "
+                        "(fenced): never restored", *problems]
         items.append(CheckpointInfo(
             name=ref.name, step=ref.step, generation=ref.generation, tier=tier_kind(tier), run_id=m.run_id,
-            committed=True, size_bytes=sum(e.size for e in entries), files=len(entries), world_size=m.world_size,
-            nodes=m.nodes, node=node, created_unix=m.created_unix, verified=(not problems) if verify else None,
-            problem=_summary(problems)))
-    return CheckpointListing(url=tier.url, checkpoints=items)
+            committed=True, status=ref.status, size_bytes=sum(e.size for e in entries), files=len(entries),
+            world_size=m.world_size, nodes=m.nodes, node=node, created_unix=m.created_unix,
+            verified=(not problems[ref.fenced:]) if verify else None, problem=_summary(problems)))
+    return CheckpointListing(url=tier.url, run_id=lease.run_id if lease else None,
+                             generation=lease.generation if lease else None, lease_problem=lease_problem,
+                             checkpoints=items)
 
 
 def verify_checkpoints(url: str, step: int | None = None, checksums: bool = True) -> VerifyReport:
     """Check committed checkpoints (all of them, or those at `step`): every file present with
-    its size, and with `checksums` its SHA-256."""
+    its size, and with `checksums` its SHA-256. Unreadable manifests are reported as failing."""
     tier = open_tier(url)
-    refs = _refs(tier)
-    chosen = [r for r in refs if r.committed] if step is None else _at_step(tier, refs, step)
+    refs, _lease, _problem = _refs(tier)
+    chosen = [r for r in refs if r.committed or r.unreadable] if step is None else _at_step(tier, refs, step)
     checks = []
     for ref in chosen:
+        if ref.unreadable:
+            with _reading(tier):
+                present = _present(tier, ref.name)
+            checks.append(CheckpointCheck(name=ref.name, step=ref.step, generation=ref.generation, status=ref.status,
+                                          files=len(present), size_bytes=sum(present.values()), ok=False,
+                                          problems=[ref.problem]))
+            continue
         entries, _node, problems = _check(tier, ref, checksums)
-        checks.append(CheckpointCheck(name=ref.name, step=ref.step, generation=ref.generation, files=len(entries),
-                                      size_bytes=sum(e.size for e in entries), ok=not problems, problems=problems))
+        checks.append(CheckpointCheck(name=ref.name, step=ref.step, generation=ref.generation, status=ref.status,
+                                      files=len(entries), size_bytes=sum(e.size for e in entries), ok=not problems,
+                                      problems=problems))
     problem = "" if checks else f"no committed checkpoint in {tier.url}"
     return VerifyReport(url=tier.url, checksums=checksums, ok=bool(checks) and all(c.ok for c in checks),
                         checkpoints=checks, problem=problem)
@@ -289,7 +322,7 @@ def pull(url: str, step: int, to_dir: str | os.PathLike) -> PullResult:
     then an atomic rename. The target is never overwritten."""
     started = time.monotonic()
     tier = open_tier(url)
-    ref = _at_step(tier, _refs(tier), step)[-1]
+    ref = _at_step(tier, _refs(tier)[0], step)[-1]
     with _reading(tier):
         entries, node = _expected(tier, ref)
     if node is not None:
@@ -303,7 +336,7 @@ def pull(url: str, step: int, to_dir: str | os.PathLike) -> PullResult:
     tmp = dest.tmp_path(ref.name)
     shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted pull of the same checkpoint
     try:
-        tmp.mkdir()
+        tmp.mkdir(mode=dir_mode())
         for entry in entries:
             if isinstance(tier, HotTier):
                 _copy_checked(tier, ref.name, entry, tmp)
@@ -336,38 +369,40 @@ def _download_checked(tier: ArchiveTier, name: str, entry: FileEntry, dest: Path
 def _copy_checked(tier: HotTier, name: str, entry: FileEntry, dest: Path) -> None:
     source = tier.path(name) / entry.path
     target = dest / entry.path
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode())
     try:
-        shutil.copyfile(source, target)
+        shutil.copyfile(source, target, follow_symlinks=False)
     except FileNotFoundError:
         raise CheckpointError(f"{tier.url}: {name}/{entry.path} is missing") from None
     with open(target, "rb+") as handle:
         os.fsync(handle.fileno())
-    if os.path.getsize(target) != entry.size or sha256_file(str(target)) != entry.sha256:
+    if os.path.getsize(target) != entry.size or sha256_file(target) != entry.sha256:
         raise CheckpointError(f"{tier.url}: {name}/{entry.path} does not match its manifest (size or checksum)")
 
 
-def prune(url: str, keep: int, dry_run: bool = False) -> PruneResult:
-    """Delete all but the newest `keep` committed checkpoints, and uncommitted debris older than
-    the newest committed one (a newer one may still be being written): the rules of
-    `retention.archive_deletions`. In addition, only checkpoints that pass the size check count
-    toward `keep`, and those that fail it are left alone, so an intact checkpoint is never
-    deleted in favour of a broken newer one."""
+def prune(url: str, keep: int, dry_run: bool = False, run_id: str | None = None) -> PruneResult:
+    """Delete all but the newest `keep` committed checkpoints of the run that owns the location
+    (the writer lease's run, or `run_id`), and uncommitted debris older than the newest committed
+    one (a newer one may still be being written): the manager's own retention rule
+    (`retention.plan`). Other runs' checkpoints, unreadable manifests and fenced commits are never
+    deleted. Only checkpoints that pass the size check count toward `keep`, and those that fail it
+    are left alone, so an intact checkpoint is never deleted in favour of a broken newer one."""
     if keep < 1:
         raise UsageError(f"--keep {keep}: keep at least 1 (the newest committed checkpoint is never deleted)")
     tier = open_tier(url)
-    refs = _refs(tier)
+    refs, lease, _problem = _refs(tier)
+    owner = run_id or (lease.run_id if lease else _only_run(tier, refs))
+    own = retention.owned(refs, owner)
     broken: list[str] = []
     intact = 0
-    for ref in sorted((r for r in refs if r.committed), key=lambda r: r.order, reverse=True):
+    for ref in sorted((r for r in own if r.committed and not r.fenced), key=lambda r: r.order, reverse=True):
         if intact >= keep:
             break
         if _check(tier, ref, checksums=False)[2]:
             broken.append(ref.name)
         else:
             intact += 1
-    doomed = set(archive_deletions([r for r in refs if r.name not in broken], keep))
-    deleted = [r.name for r in refs if r.name in doomed]  # oldest first: an interruption keeps the newer ones
+    deleted = retention.plan(own, keep, broken=broken).delete  # oldest first: an interruption keeps the newer ones
     if not dry_run:
         for name in deleted:
             with _reading(tier):
@@ -375,8 +410,19 @@ def prune(url: str, keep: int, dry_run: bool = False) -> PruneResult:
             if isinstance(tier, HotTier) and tier.path(name).exists():
                 raise CheckpointError(f"could not remove {tier.path(name)} (its manifest is gone: it is no longer "
                                       "committed); check permissions and remove it by hand")
+    untouched = [r.name for r in refs if r.unreadable or r.fenced or r not in own]
     return PruneResult(url=tier.url, keep=keep, dry_run=dry_run, deleted=deleted,
-                       kept=[r.name for r in refs if r.name not in doomed], broken=sorted(broken))
+                       kept=[r.name for r in refs if r.name not in deleted], broken=sorted(broken), run_id=owner,
+                       untouched=untouched)
+
+
+def _only_run(tier: Tier, refs: list[Ref]) -> str | None:
+    """Without a lease: the one run whose checkpoints are there; several runs need --run-id."""
+    runs = sorted({r.manifest.run_id for r in refs if r.manifest is not None})
+    if len(runs) > 1:
+        raise UsageError(f"{tier.url} holds checkpoints of runs {', '.join(runs)} and no writer lease names one: "
+                         "choose with --run-id")
+    return runs[0] if runs else None
 
 
 __all__ = [

@@ -7,29 +7,37 @@ live state lacks, into CPU tensors allocated from the checkpoint's index."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainready.dist import DistContext
+
 from . import codec
-from .dcp_io import load_tensors, tensor_shapes
-from .dist import DistContext
+from .dcp_io import load_tensors, read_index
 from .errors import CheckpointError
 from .snapshot import STATE_JSON, is_rank_local, rank_json, state_dicts
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_bytes())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except ValueError as exc:
-        raise CheckpointError(f"{path.name} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise CheckpointError(f"{path.name} cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            return json.loads(handle.read())
+        except ValueError as exc:
+            raise CheckpointError(f"{path.name} is not valid JSON: {exc}") from None
 
 
-def load_into(state: dict[str, Any], directory: Path, ctx: DistContext) -> list[str]:
-    """Load every object in `state` from `directory`; returns notes (e.g. RNG kept for new ranks)."""
+def load_into(state: dict[str, Any], directory: Path, ctx: DistContext, group: Any = None) -> list[str]:
+    """Load every object in `state` from `directory` (collectives on `group`, default: the
+    control group); returns notes (e.g. RNG kept for new ranks)."""
     notes: list[str] = []
     saved = _read_json(directory / STATE_JSON)
     if not isinstance(saved, dict):
@@ -42,7 +50,8 @@ def load_into(state: dict[str, Any], directory: Path, ctx: DistContext) -> list[
     codec.split(state_dicts(shared), "", live_tensors)  # only to collect the live tensors
     live_tensors = {k[1:]: v for k, v in live_tensors.items()}
     wanted = [key for name in shared for key in codec.tensor_refs(saved[name])]
-    shapes = tensor_shapes(directory)
+    index = read_index(directory)
+    shapes = index.shapes()
     targets = {}
     for key in wanted:
         if key in live_tensors:
@@ -52,7 +61,7 @@ def load_into(state: dict[str, Any], directory: Path, ctx: DistContext) -> list[
             targets[key] = torch.empty(size, dtype=dtype)
         else:
             raise CheckpointError(f"tensor {key} is referenced by {STATE_JSON} but absent from the tensor index")
-    load_tensors(targets, directory, ctx.group)
+    load_tensors(targets, directory, index, ctx.control if group is None else group)
     for name, obj in shared.items():
         _apply(name, obj, codec.join(saved[name], targets))
     local = {n: o for n, o in state.items() if is_rank_local(o)}

@@ -1,9 +1,13 @@
 """CheckpointManager: save, restore, retention and replication for a training job.
 
 Concurrency contract: one manager per process (every rank makes one, collectively, like a
-process group); its methods are called from the training thread only. Saves run in one
-background writer thread (at most one in flight), uploads in one replication thread per node.
-Background errors are re-raised by the next save/wait/close, never swallowed."""
+process group); its methods are called from the training thread only. Every decision all ranks
+must share (save or skip this step, stop for a signal, raise a background error) is agreed by
+one collective on the process's control group (trainready.dist), on the training thread. Saves
+run in one background writer thread (at most one in flight) whose collectives use a group of
+their own; uploads run in one replication thread per node (no collectives). Background errors
+are re-raised by the next save/wait/close on every rank, never swallowed.
+"""
 
 from __future__ import annotations
 
@@ -14,38 +18,39 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from .dist import DistContext
-from .errors import ArchiveUnavailableError, BadStateError, CheckpointError, FencedError
+from trainready.dist import STOP, DistContext
+from trainready.io import PreconditionFailed, redact
+
+from . import retention
+from .errors import ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, describe, raise_agreed
 from .manifest import Lease, Manifest, checkpoint_name
 from .replicator import Replicator
-from .retention import archive_deletions, hot_deletions
+from .restore import RestoreResult, restore_newest
 from .snapshot import Stager, take_snapshot, write_hot
-from .tiers import ArchiveTier, HotTier, Ref, redact
+from .tiers import ArchiveTier, HotTier, Ref
 
 log = logging.getLogger("trainready.store")
+CLAIM_ATTEMPTS = 5
 
-
-@dataclass(frozen=True)
-class RestoreResult:
-    step: int
-    name: str
-    tier: str
-    skipped: tuple[str, ...]   # newer checkpoints passed over, each with why
+__all__ = ["CheckpointManager", "RestoreResult"]
 
 
 class CheckpointManager:
     """Tiered checkpoints: `hot` is a local directory (the node's NVMe), `archive` any fsspec URL
     (local/shared path, file://, s3://) or None.
 
-    keep_hot / keep_archive: committed checkpoints to keep per tier (None: keep all).
+    keep_hot / keep_archive: committed checkpoints to keep per tier (None: keep all). The hot tier
+      also keeps the newest archived checkpoint; during an archive outage older unarchived ones are
+      dropped (status()["dropped_unarchived"]) rather than filling the disk.
     async_save: stage to host memory and write in the background.
-    when_busy: a save while one is still being written either "wait"s for it or is "skip"ped.
+    when_busy: a save while one is still being written either "wait"s for it or is "skip"ped
+      (agreed by all ranks).
     run_id: names the run owning this prefix (default: the one found there, else a new one);
       a different run_id for a prefix that holds another run is refused (FencedError).
     checksums: "auto" (for small files and files changed since commit), "always" or "never"
@@ -68,21 +73,28 @@ class CheckpointManager:
             raise BadStateError(f"checksums={checksums!r}: valid values are 'auto', 'always', 'never'")
         self.keep_hot, self.keep_archive, self.async_save, self.when_busy = keep_hot, keep_archive, async_save, when_busy
         self.save_interval_steps, self.metadata = save_interval_steps, dict(metadata or {})
-        self._checksums = {"auto": None, "always": True, "never": False}[checksums]
-        self.ctx = DistContext.detect(process_group)
+        self.checksums = {"auto": None, "always": True, "never": False}[checksums]
         self.hot = HotTier(hot)
         self.archive = ArchiveTier(archive) if archive else None
+        self.ctx = DistContext.acquire(process_group)
+        self._writer_group = self.ctx.worker_group("trainready-checkpoint-writer")
         self._errors: list[BaseException] = []
         self._inflight: Future | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainready-writer") if async_save else None
         self._stager = Stager() if async_save else None
         self._chores: ThreadPoolExecutor | None = None
         self._chore: Future | None = None
+        self._retention_lock = threading.Lock()
         self._saved: set[int] = set()
         self._preempt: dict[str, Any] | None = None
+        self.dropped_unarchived: list[str] = []
         self.last_commit: tuple[int, float] | None = None  # (step, seconds) of the newest hot commit
         self._closed = False
-        self.run_id, self.generation = self._claim(run_id)
+        try:
+            self.run_id, self.generation, self.lease = self._claim(run_id)
+        except BaseException:
+            self.ctx.release()
+            raise
         self._replicator = None
         atexit.register(self._at_exit)
         if self.archive is not None and self.ctx.node_leader:
@@ -92,11 +104,11 @@ class CheckpointManager:
 
     # ---- ownership ---------------------------------------------------------------------------
 
-    def _claim(self, run_id: str | None) -> tuple[str, int]:
+    def _claim(self, run_id: str | None) -> tuple[str, int, Lease]:
         """Agree on the run id and take the next writer generation (fencing older writers)."""
         if self.ctx.node_leader:
             self.hot.ensure()
-        found = None
+        found: Any = None
         if self.ctx.rank == 0:
             try:
                 found = self._claim_rank0(run_id)
@@ -105,92 +117,144 @@ class CheckpointManager:
         found = self.ctx.broadcast(found)
         if isinstance(found, BaseException):
             raise found
-        run, generation = found
+        lease: Lease = found
         if self.ctx.node_leader:
-            self.hot.write_lease(self._lease(run, generation))
+            if self.ctx.rank != 0:  # rank 0 wrote its node's lease while claiming
+                self.hot.write_lease(self._lease(lease.run_id, lease.generation, lease.fenced))
             for stale in self.hot.stale_tmp():  # leftovers of a crashed save; no writer owns them now
                 shutil.rmtree(stale, ignore_errors=True)
         self.ctx.barrier()
-        return run, generation
+        return lease.run_id, lease.generation, lease
 
-    def _claim_rank0(self, run_id: str | None) -> tuple[str, int]:
-        leases = [self.hot.read_lease()]
-        refs = self.hot.list()
-        if self.archive is not None:
+    def _claim_rank0(self, run_id: str | None) -> Lease:
+        """Read both leases and every checkpoint, pick run and generation, write the leases
+        conditionally; a writer that claimed in between makes us read again and take the next."""
+        for _ in range(CLAIM_ATTEMPTS):
+            hot_state, archive_state = self.hot.read_lease(), None
+            refs = self.hot.list()
+            if self.archive is not None:
+                try:
+                    archive_state = self.archive.read_lease()
+                    refs += self.archive.list()
+                except ArchiveUnavailableError as exc:
+                    log.warning("archive unreachable at start (%s); claiming from the hot tier only", exc)
+            states = [s for s in (hot_state, archive_state) if s is not None]
+            for state in states:
+                if state.damaged:
+                    log.warning("%s: rebuilding it from the newest committed checkpoints", state.damaged)
+            leases = [s.lease for s in states if s.lease is not None]
+            run = self._pick_run(run_id, leases, refs)
+            generation = 1 + max([lease.generation for lease in leases] + [r.generation for r in refs], default=0)
+            lease = self._lease(run, generation, _fence_map(refs, run, leases))
             try:
-                leases.append(self.archive.read_lease())
-                refs += self.archive.list()
-            except ArchiveUnavailableError as exc:
-                log.warning("archive unreachable at start (%s); claiming from the hot tier only", exc)
-        owners = {lease.run_id for lease in leases if lease} | {r.manifest.run_id for r in refs if r.manifest}
+                if self.archive is not None and archive_state is not None:
+                    try:
+                        self.archive.write_lease(lease, archive_state)
+                    except ArchiveUnavailableError as exc:
+                        log.warning("could not write the archive lease (%s); will retry with the first upload", exc)
+                self.hot.write_lease(lease, hot_state)
+            except PreconditionFailed:
+                log.info("another writer claimed %s at the same moment; reading it again", self.hot.root)
+                continue
+            return lease
+        raise FencedError(f"could not claim {self.hot.root}: other writers kept claiming it ({CLAIM_ATTEMPTS} tries)")
+
+    def _pick_run(self, run_id: str | None, leases: list[Lease], refs: list[Ref]) -> str:
+        committed = [r for r in refs if r.committed]
+        owners = {lease.run_id for lease in leases} | {r.manifest.run_id for r in committed}
         if run_id is None:
-            newest = max((lease for lease in leases if lease), key=lambda lease: lease.generation, default=None)
-            run_id = newest.run_id if newest else (owners.pop() if len(owners) == 1 else uuid.uuid4().hex[:12])
+            newest = max(leases, key=lambda lease: lease.generation, default=None)
+            last = max(committed, key=lambda r: (r.generation, r.step), default=None)  # wrote last
+            run_id = newest.run_id if newest else (last.manifest.run_id if last else uuid.uuid4().hex[:12])
         others = owners - {run_id}
         if others:
-            raise FencedError(f"checkpoint prefix {self.hot.root}{' / ' + self.archive.url if self.archive else ''} "
-                              f"holds run {sorted(others)[0]!r}, not {run_id!r}: pass run_id={sorted(others)[0]!r} to "
-                              "resume it, or use another directory for a new run")
-        generation = 1 + max([lease.generation for lease in leases if lease] + [r.generation for r in refs], default=0)
-        lease = self._lease(run_id, generation)
-        if self.archive is not None:
-            try:
-                self.archive.write_lease(lease)
-            except ArchiveUnavailableError as exc:
-                log.warning("could not write the archive lease (%s); will retry with the first upload", exc)
-        return run_id, generation
+            where = f"{self.hot.root}{' / ' + self.archive.url if self.archive else ''}"
+            raise FencedError(f"checkpoint prefix {where} holds run {sorted(others)[0]!r}, not {run_id!r}: pass "
+                              f"run_id={sorted(others)[0]!r} to resume it, or use another directory for a new run")
+        return run_id
 
-    def _lease(self, run_id: str, generation: int) -> Lease:
+    def _lease(self, run_id: str, generation: int, fenced: dict[int, int] | None) -> Lease:
         return Lease(run_id=run_id, generation=generation, host=socket.gethostname(), pid=os.getpid(),
-                     started_unix=time.time())
+                     started_unix=time.time(), fenced=fenced)
 
-    def _is_mine(self, lease: Lease) -> bool:
+    def _is_mine(self, lease: Lease | None) -> bool:
         # generation and process identity: a writer that claimed the same generation while the
         # archive was unreachable is still someone else
-        return (lease.run_id, lease.generation, lease.host, lease.pid) == (
+        return lease is not None and (lease.run_id, lease.generation, lease.host, lease.pid) == (
             self.run_id, self.generation, socket.gethostname(), os.getpid())
 
     def _check_hot_fence(self) -> None:
-        lease = self.hot.read_lease()
-        if lease and not self._is_mine(lease):
-            raise FencedError(f"{self.hot.root} now belongs to run {lease.run_id!r} generation {lease.generation} "
-                              f"(this writer: generation {self.generation}); this writer stops")
+        state = self.hot.read_lease()
+        if state.lease is None:  # removed, or torn/corrupted under us (leases are replaced atomically)
+            if state.damaged:
+                log.warning("%s: writing this writer's lease again", state.damaged)
+            try:
+                self.hot.write_lease(self._lease(self.run_id, self.generation, self.lease.fenced), state)
+            except PreconditionFailed:
+                pass  # replaced meanwhile: the check below decides
+            state = self.hot.read_lease()
+        if not self._is_mine(state.lease):
+            owner = state.lease
+            raise FencedError(f"{self.hot.root} now belongs to run {owner.run_id!r} generation {owner.generation} "
+                              f"(this writer: generation {self.generation}); this writer stops" if owner else
+                              f"{state.damaged} in {self.hot.root}; this writer stops")
 
     def _check_archive_fence(self) -> None:
-        lease = self.archive.read_lease() if self.archive else None
-        if lease is None:
-            self.archive.write_lease(self._lease(self.run_id, self.generation))
-        elif not self._is_mine(lease):
-            raise FencedError(f"archive {self.archive.url} now belongs to run {lease.run_id!r} generation "
-                              f"{lease.generation} (this writer: generation {self.generation}); uploads stop")
+        assert self.archive is not None
+        state = self.archive.read_lease()
+        if not state.exists or state.damaged:  # claimed while the archive was down, or damaged since
+            try:
+                self.archive.write_lease(self._lease(self.run_id, self.generation, self.lease.fenced), state)
+            except PreconditionFailed:
+                pass  # someone else wrote it meanwhile: the check below decides
+            state = self.archive.read_lease()
+        if not self._is_mine(state.lease):
+            owner = state.lease
+            raise FencedError(f"archive {self.archive.url} now belongs to run {owner.run_id!r} generation "
+                              f"{owner.generation} (this writer: generation {self.generation}); uploads stop"
+                              if owner else f"{state.damaged}; uploads stop")
 
     # ---- saving ------------------------------------------------------------------------------
 
     def should_save(self, step: int) -> bool:
-        """True on every `save_interval_steps`-th step, and once preemption is signalled (agreed by all ranks)."""
-        if self._preempt is not None and self.ctx.any_true(self._preempt["signalled"]):
-            self._preempt["signalled"] = True  # every rank now takes the preemption path together
-            self._preempt["at"] = self._preempt["at"] or time.monotonic()
-            return True
+        """True on every `save_interval_steps`-th step, and (with install_preemption_handler) once a
+        stop signal reached any rank: agreed by all ranks, on the training thread."""
+        if self._preempt is not None:
+            (stop,) = self.ctx.any_true(STOP.requested)
+            if stop:
+                self._agree_stop()
+                return True
         return bool(self.save_interval_steps) and step % self.save_interval_steps == 0
+
+    def _agree_stop(self) -> None:
+        STOP.request(signal.SIGTERM)  # another rank was signalled: this one stops too
+        self._preempt["agreed"] = True
 
     def save(self, step: int, state: dict[str, Any], *, metadata: dict[str, Any] | None = None) -> bool:
         """Checkpoint `state` as of `step`. Returns once the state is staged (async) or committed
-        on the hot tier (sync); False when skipped (this step already saved, or busy with when_busy='skip')."""
-        self._raise_background_errors()
+        on the hot tier (sync); False when skipped (this step already saved, or busy with
+        when_busy='skip'). Collective: every rank calls it with the same step."""
         self._check_open()
-        if not isinstance(step, int) or step < 0:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise BadStateError(f"step must be a non-negative int, got {step!r}")
-        if step in self._saved:
+        busy = self._inflight is not None and not self._inflight.done()
+        error = self._take_error(replicator=True)
+        stopping = self._preempt is not None and (STOP.requested or self._preempt["agreed"])
+        everyone = self.ctx.all_gather((step in self._saved, busy, stopping, describe(error)))
+        raise_agreed(error, [e[3] for e in everyone])
+        already, busy, stopping = (any(e[i] for e in everyone) for i in range(3))
+        if stopping:
+            self._agree_stop()
+        if already:
             return False
-        if self._inflight is not None and not self._inflight.done():
-            if self.when_busy == "skip" and not self.preempted:
+        if busy:
+            if self.when_busy == "skip" and not stopping:
                 return False
             self._await_inflight()
-        self._raise_background_errors()
+            raise_agreed(self._take_error(replicator=False), [])  # the writer's errors reach every rank alike
         snap = take_snapshot(step, state, {**self.metadata, **(metadata or {})}, self._stager)
         self._saved.add(step)
-        if self._executor is None or self.preempted:
+        if self._executor is None or stopping:
             try:
                 self._commit(snap)
             except BaseException:
@@ -198,17 +262,18 @@ class CheckpointManager:
                 raise
         else:
             self._inflight = self._executor.submit(self._commit_in_background, snap)
-        if self.preempted:
+        if stopping:
             self._finish_preemption()
         return True
 
     def _commit(self, snap: Any) -> Manifest:
-        manifest = write_hot(snap, self.hot, self.ctx, self.run_id, self.generation, self._check_hot_fence)
+        manifest = write_hot(snap, self.hot, self.ctx, self._writer_group, self.run_id, self.generation,
+                             self._check_hot_fence)
         self.last_commit = (snap.step, manifest.save_seconds)  # what a final synchronous save would cost
         name = checkpoint_name(snap.step, self.generation)
         if self._replicator is not None:
-            self._replicator.submit(name, manifest)  # it applies retention once the upload is done
-        elif self.ctx.node_leader:
+            self._replicator.submit(name, manifest)
+        if self.ctx.node_leader:
             self._housekeeping(self._apply_hot_retention)
         log.info("checkpoint %s committed on %s (%.1f MiB, %.2fs)", name, self.hot.root, manifest.total_bytes / 2**20,
                  manifest.save_seconds)
@@ -248,18 +313,26 @@ class CheckpointManager:
         if self._closed:
             raise CheckpointError("this CheckpointManager is closed; create a new one")
 
-    def _raise_background_errors(self) -> None:
-        if self._replicator is not None and self._replicator.status.fatal is not None:
+    def _take_error(self, replicator: bool) -> CheckpointError | None:
+        """The first background error (the others are dropped: one report is enough), as a CheckpointError."""
+        if replicator and self._replicator is not None and self._replicator.status.fatal is not None:
             self._errors.append(self._replicator.status.fatal)
             self._replicator.status.fatal = None
-        if self._errors:
-            exc = self._errors.pop(0)
-            self._errors.clear()
-            if isinstance(exc, CheckpointError):
-                raise exc
-            raise CheckpointError(f"background save failed: {type(exc).__name__}: {redact(str(exc))}") from exc
+        if not self._errors:
+            return None
+        exc = self._errors.pop(0)
+        self._errors.clear()
+        if isinstance(exc, CheckpointError):
+            return exc
+        return CheckpointError(f"background save failed: {type(exc).__name__}: {redact(str(exc))}")
 
     # ---- retention ---------------------------------------------------------------------------
+
+    def refs(self, tier: HotTier | ArchiveTier) -> list[Ref]:
+        """This run's checkpoints on `tier`, with those committed by fenced writers flagged."""
+        own = retention.owned(tier.list(), self.run_id)
+        retention.mark_fenced(own, self.lease)
+        return own
 
     def _archived_at_start(self) -> None:
         """Learn what the archive has; queue the newest hot checkpoint it lacks (catch-up after a crash)."""
@@ -268,7 +341,7 @@ class CheckpointManager:
         except ArchiveUnavailableError:
             archived = set()
         self._replicator.status.mark_archived(*archived)
-        hot = [r for r in self.hot.list() if r.committed and r.manifest.run_id == self.run_id]
+        hot = [r for r in self.refs(self.hot) if r.committed and not r.fenced]
         newest = max(hot, key=lambda r: r.order, default=None)
         if newest is not None and newest.name not in archived:
             self._replicator.submit(newest.name, newest.manifest)
@@ -277,29 +350,45 @@ class CheckpointManager:
         self._apply_hot_retention()
         if self.ctx.rank == 0 and self.archive is not None:
             self._check_archive_fence()
-            for doomed in archive_deletions(self._own(self.archive.list()), self.keep_archive):
+            for doomed in retention.plan(self.refs(self.archive), self.keep_archive).delete:
                 self.archive.delete(doomed)
 
     def _apply_hot_retention(self) -> None:
-        archived = self._replicator.status.archived if self._replicator else set()
-        self._check_hot_fence()
-        for doomed in hot_deletions(self._own(self.hot.list()), archived, self.keep_hot, self.archive is not None):
-            self.hot.delete(doomed)
-
-    def _own(self, refs: list[Ref]) -> list[Ref]:
-        return [r for r in refs if r.manifest is None or r.manifest.run_id == self.run_id]
+        with self._retention_lock:
+            self._check_hot_fence()
+            rep = self._replicator.status if self._replicator else None
+            archived = set(rep.archived) if rep else None
+            protect = [rep.pending] if rep and rep.pending else []
+            decided = retention.plan(self.refs(self.hot), self.keep_hot, archived=archived, protect=protect)
+            for name in decided.delete:
+                self.hot.delete(name)
+            if decided.dropped_unarchived:
+                self.dropped_unarchived.extend(decided.dropped_unarchived)
+                log.warning("dropped %s from the hot tier %s before it reached the archive %s (keep_hot=%d; last "
+                            "upload error: %s); the newest archived checkpoint and the newest %d are kept",
+                            ", ".join(decided.dropped_unarchived), self.hot.root,
+                            self.archive.url if self.archive else "-", self.keep_hot,
+                            (rep.last_error if rep else "") or "none", self.keep_hot)
 
     # ---- restoring ---------------------------------------------------------------------------
 
+    def verify_hot(self, name: str, entries: Any) -> list[str]:
+        """Problems with a hot checkpoint's files (sizes always; checksums as `checksums` says)."""
+        return self.hot.verify(name, entries, self.checksums)
+
+    def note_archived(self, name: str) -> None:
+        if self._replicator is not None:
+            self._replicator.status.mark_archived(name)
+
     def latest_step(self) -> int | None:
         """Newest committed step on this node's hot tier or the archive (no verification)."""
-        refs = self._own(self.hot.list())
+        refs = self.refs(self.hot)
         if self.archive is not None:
             try:
-                refs += self._own(self.archive.list())
+                refs += self.refs(self.archive)
             except ArchiveUnavailableError:
                 pass
-        steps = [r.step for r in refs if r.committed]
+        steps = [r.step for r in refs if r.committed and not r.fenced]
         return max(steps) if steps else None
 
     def restore(self, state: dict[str, Any], *, step: int | None = None) -> int | None:
@@ -309,8 +398,6 @@ class CheckpointManager:
         return result.step if result else None
 
     def restore_details(self, state: dict[str, Any], *, step: int | None = None) -> RestoreResult | None:
-        from .restore import restore_newest
-
         self._check_open()
         self.wait_for_saves()
         result = restore_newest(self, state, step)
@@ -321,34 +408,35 @@ class CheckpointManager:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def wait_for_saves(self) -> None:
+        """Wait for the in-flight save; its error (if any) is raised on every rank."""
         self._await_inflight()
-        self._raise_background_errors()
+        mine = self._take_error(replicator=False)
+        raise_agreed(mine, self.ctx.all_gather(describe(mine)))
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the in-flight save is committed and uploads are done (or `timeout_s` passes:
-        ArchiveUnavailableError, training state stays safe on the hot tier)."""
-        self.wait_for_saves()
-        error: CheckpointError | None = None
-        if self._replicator is not None and not self._replicator.wait(timeout_s):
+        ArchiveUnavailableError, training state stays safe on the hot tier). Collective: what any
+        rank raises, every rank raises."""
+        self._await_inflight()
+        error = self._take_error(replicator=True)
+        if error is None and self._replicator is not None and not self._replicator.wait(timeout_s):
             status = self._replicator.status
             error = ArchiveUnavailableError(f"upload of {status.pending} to {self.archive.url} not finished after "
                                             f"{timeout_s:.0f}s ({status.attempts} failed attempts; last: "
                                             f"{status.last_error or 'none'}); it is safe on the hot tier {self.hot.root}")
         if error is None:
-            try:
-                self._raise_background_errors()
-            except CheckpointError as exc:
-                error = exc
-        self.ctx.barrier()  # on every rank, even where this node's upload failed: the barriers must pair up
-        if error is not None:
-            raise error
+            error = self._take_error(replicator=True)
+        # on every rank, even where this node's upload failed: the collectives must pair up
+        raise_agreed(error, self.ctx.all_gather(describe(error)))
 
     def status(self) -> dict[str, Any]:
         rep = self._replicator.status if self._replicator else None
         saving = bool(self._inflight and not self._inflight.done())
         return {"run_id": self.run_id, "generation": self.generation, "saving": saving,
                 "uploading": rep.pending if rep else None, "upload_failures": rep.attempts if rep else 0,
-                "last_upload_error": rep.last_error if rep else "", "archived_step": rep.newest_step if rep else None}
+                "last_upload_error": rep.last_error if rep else "", "archived_step": rep.newest_step if rep else None,
+                "upload_check": rep.checked if rep else "", "dropped_unarchived": list(self.dropped_unarchived),
+                "unarchivable": list(rep.unarchivable) if rep else []}
 
     def close(self, timeout_s: float | None = 600.0) -> None:
         if self._closed:
@@ -363,14 +451,17 @@ class CheckpointManager:
                     pool.shutdown(wait=True)
             if self._replicator is not None:
                 self._replicator.stop()
-            self.ctx.release()  # our gloo group, so no pending work outlives the interpreter
+            self.ctx.release()  # the last user destroys the groups: no gloo work outlives the interpreter
 
     def _at_exit(self) -> None:
         """Never exit silently with a save unwritten or an error unreported (close() was not called)."""
         if self._closed:
             return
         try:
-            self.wait_for_saves()
+            self._await_inflight()
+            error = self._take_error(replicator=True)
+            if error is not None:
+                raise error
         except Exception as exc:
             log.error("checkpoint save failed before exit: %s", exc)
         if self._replicator is not None and not self._replicator.idle():
@@ -393,25 +484,19 @@ class CheckpointManager:
 
     def install_preemption_handler(self, deadline_s: float = 100.0, exit_code: int | None = 143,
                                    signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
-        """On SIGTERM (spot gives ~2 minutes) make `should_save` true; the next `save` is synchronous,
-        then waits for its upload until `deadline_s` after the signal, closes, and exits with
-        `exit_code` (None: return and let the loop stop on `preempted`)."""
-        self._preempt = {"signalled": False, "at": None, "deadline_s": deadline_s, "exit_code": exit_code}
-
-        def handler(signum: int, _frame: Any) -> None:
-            self._preempt["signalled"] = True
-            self._preempt["at"] = time.monotonic()
-            log.warning("signal %d: checkpointing at the next step, then stopping", signum)
-
-        for sig in signals:
-            signal.signal(sig, handler)
+        """On a stop signal (spot gives ~2 minutes) make `should_save` true on every rank; the
+        next `save` is synchronous, then waits for its upload until `deadline_s` after the signal,
+        closes, and exits with `exit_code` (None: return and let the loop stop on `preempted`).
+        The signals go through trainready's one signal path (trainready.dist.STOP)."""
+        self._preempt = {"agreed": False, "deadline_s": deadline_s, "exit_code": exit_code}
+        STOP.install(signals)
 
     @property
     def preempted(self) -> bool:
-        return bool(self._preempt and self._preempt["signalled"])
+        return bool(self._preempt and (STOP.requested or self._preempt["agreed"]))
 
     def _finish_preemption(self) -> None:
-        started = self._preempt["at"] or time.monotonic()
+        started = STOP.at or time.monotonic()
         remaining = max(1.0, self._preempt["deadline_s"] - (time.monotonic() - started))
         try:
             self.close(timeout_s=remaining)
@@ -420,3 +505,21 @@ class CheckpointManager:
         if self._preempt["exit_code"] is not None:
             sys.exit(self._preempt["exit_code"])
 
+
+def _fence_map(refs: list[Ref], run_id: str, leases: list[Lease]) -> dict[int, int]:
+    """For each older generation of `run_id` with a committed checkpoint: the newest step it may
+    have committed. A bound an earlier lease set is kept (what it fenced stays fenced), and a
+    generation an earlier lease did not list had nothing committed then: it stays out (fenced)."""
+    newest: dict[int, int] = {}
+    for ref in refs:
+        if ref.committed and ref.manifest.run_id == run_id:
+            newest[ref.generation] = max(newest.get(ref.generation, -1), ref.step)
+    bounds = {}
+    for generation, step in newest.items():
+        bound = step
+        for lease in leases:
+            if lease.fenced is not None and lease.run_id == run_id and generation < lease.generation:
+                bound = min(bound, lease.fenced.get(generation, -1))
+        if bound >= 0:
+            bounds[generation] = bound
+    return bounds

@@ -7,13 +7,14 @@ into place with the manifest already inside; on the archive the manifest is uplo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trainready.io import confine
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -35,9 +36,8 @@ def parse_name(name: str) -> tuple[int, int] | None:
 
 def confined(path: str) -> str:
     """A manifest path, checked to stay inside its checkpoint directory."""
+    confine(path, "path")
     pure = PurePosixPath(path)
-    if not path or pure.is_absolute() or "\\" in path or any(part in ("..", "") for part in path.split("/")):
-        raise ValueError(f"path {path!r} escapes its checkpoint directory")
     if pure.name == MANIFEST or pure.parts[0] == PARTS_DIR:
         raise ValueError(f"path {path!r} is reserved")
     return path
@@ -93,20 +93,24 @@ class Manifest(BaseModel):
 
 
 class Lease(BaseModel):
-    """`writer.json` at a prefix's root: who may write there now."""
+    """`writer.json` at a prefix's root: who may write there now, and what older writers may still
+    have committed (anything they committed later was written after they lost the prefix)."""
 
     model_config = ConfigDict(extra="ignore")
     schema_version: int = SCHEMA_VERSION
-    run_id: str
+    run_id: str = Field(min_length=1, max_length=128)
     generation: int = Field(ge=1)
     host: str = ""
     pid: int = 0
     started_unix: float = 0.0
+    fenced: dict[int, int] | None = Field(None, description=(
+        "Older generation -> newest step it had committed when this generation took over. A checkpoint "
+        "of an older generation that is absent here or has a later step was committed by a fenced "
+        "writer and is never restored. null: written before this was recorded (nothing known)."))
 
-
-def sha256_file(path: str, chunk: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+    def fences(self, step: int, generation: int) -> bool:
+        """Whether a checkpoint (step, generation) was committed by a writer this lease fenced."""
+        if self.fenced is None or generation >= self.generation:
+            return False
+        bound = self.fenced.get(generation)
+        return bound is None or step > bound

@@ -4,7 +4,12 @@ One thread per node (on its first local rank). It uploads the newest committed c
 yet archived (older pending ones are superseded), retrying with exponential backoff while the
 archive is unreachable; training never waits for it except in `wait`/`close`. On several nodes
 each node uploads its own files and a part marker; rank 0 writes the manifest once every part
-is there. The manifest is always the last object written."""
+is there. The manifest is always the last object written, create-only.
+
+Nothing here stops training except a FencedError (a newer writer owns the archive). An archive
+that is down, or an object that does not match what was sent, is retried with backoff; a
+checkpoint whose hot copy changed or vanished (retention dropped it) is given up on, reported in
+the status, and the next one is uploaded."""
 
 from __future__ import annotations
 
@@ -15,10 +20,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from .errors import ArchiveUnavailableError, CheckpointError, FencedError
+from trainready.io import redact
+
+from .errors import ArchiveUnavailableError, FencedError
 from .faults import fault_point
 from .manifest import MANIFEST, PARTS_DIR, Manifest, parse_name
-from .tiers import ArchiveTier, HotTier, redact
+from .tiers import ArchiveTier, HotTier, LocalCopyChangedError
 
 log = logging.getLogger("trainready.store")
 
@@ -31,6 +38,8 @@ class ReplicationStatus:
     attempts: int = 0
     last_error: str = ""
     fatal: BaseException | None = None
+    unarchivable: list[str] = field(default_factory=list)  # given up on (hot copy changed), newest last
+    checked: str = ""  # how the last upload was proven: "sha256" (object checksums) or "size"
 
     def mark_archived(self, *names: str) -> None:
         self.archived.update(names)
@@ -118,14 +127,19 @@ class Replicator:
                 return
             except _Superseded:
                 return
-            except Exception as exc:  # archive down, network: retry without end; never kill training
+            except Exception as exc:  # archive down, network, a mismatching object: retry; never kill training
                 self.status.attempts += 1
-                if not isinstance(exc, ArchiveUnavailableError) and self.status.attempts >= self.local_error_attempts:
-                    # a local problem (hot copy gone or changed) will not heal by waiting
-                    self.status.fatal = CheckpointError(f"upload of {name} to {self.archive.url} failed "
-                                                        f"{self.status.attempts} times: {redact(str(exc))}")
-                    return
                 self.status.last_error = redact(f"{type(exc).__name__}: {exc}")
+                if not (self.hot.path(name) / MANIFEST).exists():
+                    log.warning("upload of %s stopped: its hot copy is gone (dropped by retention)", name)
+                    return
+                local = isinstance(exc, LocalCopyChangedError) or not isinstance(exc, ArchiveUnavailableError)
+                if local and (isinstance(exc, LocalCopyChangedError) or self.status.attempts >= self.local_error_attempts):
+                    # a local problem (hot copy changed) will not heal by waiting: give up on this one
+                    self.status.unarchivable.append(name)
+                    log.error("giving up on archiving %s to %s after %d attempts: %s; the next checkpoint will be "
+                              "uploaded", name, self.archive.url, self.status.attempts, self.status.last_error)
+                    return
                 log.warning("upload of %s to %s failed (attempt %d, retry in %.1fs): %s", name, self.archive.url,
                             self.status.attempts, delay, self.status.last_error)
                 with self._cv:
@@ -148,7 +162,7 @@ class Replicator:
             with ThreadPoolExecutor(max_workers=self.upload_streams, thread_name_prefix="trainready-upload") as pool:
                 done = [pool.submit(self.archive.upload, self.hot.path(name) / e.path, name, e) for e in missing]
                 for n, future in enumerate(as_completed(done)):
-                    future.result()
+                    self.status.checked = future.result()
                     if n == 0:
                         fault_point("archive.file_uploaded")
         if self.nodes > 1:
@@ -161,10 +175,10 @@ class Replicator:
                            manifest)
         problems = self.archive.verify(name, manifest.files, checksums=False)
         if problems:
-            raise CheckpointError(f"archive copy of {name} incomplete: {'; '.join(problems[:3])}")
+            raise ArchiveUnavailableError(f"archive copy of {name} incomplete: {'; '.join(problems[:3])}")
         fault_point("archive.data_uploaded")
         self.check_fence()
-        self.archive.put_bytes(name, MANIFEST, manifest.to_bytes())
+        self.archive.commit(name, manifest)
         fault_point("archive.committed")
 
     def _wait_for(self, done: Callable[[], bool], what: str, manifest: Manifest) -> None:
@@ -174,5 +188,5 @@ class Replicator:
                 if self._newer_queued(manifest) or self._stop:
                     raise _Superseded(what)
             if time.monotonic() > deadline:
-                raise CheckpointError(f"gave up waiting {self.part_wait_s:.0f}s for {what}")
+                raise ArchiveUnavailableError(f"gave up waiting {self.part_wait_s:.0f}s for {what}")
             time.sleep(0.2)

@@ -4,6 +4,7 @@ and JSON, tensors copied to host memory when saving in the background) and `writ
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import shutil
@@ -15,14 +16,15 @@ from typing import Any
 import torch
 
 from trainready import __version__
+from trainready.dist import DistContext
+from trainready.io import dir_mode, fsync_dir, write_synced
 
 from . import codec
-from .dcp_io import TENSOR_INDEX, save_tensors
-from .dist import DistContext
-from .errors import BadStateError, CheckpointError, StorageFullError
+from .dcp_io import save_tensors
+from .errors import BadStateError, CheckpointError, describe, raise_agreed
 from .faults import fault_point
-from .manifest import FileEntry, Manifest, checkpoint_name, sha256_file
-from .tiers import HotTier, as_store_error, fsync_dir, write_durable
+from .manifest import FileEntry, Manifest, checkpoint_name
+from .tiers import HotTier, as_store_error
 
 STATE_JSON = "state.json"
 
@@ -119,31 +121,30 @@ def _versions() -> dict[str, str]:
             "platform": sys.platform}
 
 
-def write_hot(snap: Snapshot, hot: HotTier, ctx: DistContext, run_id: str, generation: int,
+def write_hot(snap: Snapshot, hot: HotTier, ctx: DistContext, group: Any, run_id: str, generation: int,
               check_fence: Any) -> Manifest:
-    """Write the snapshot on every node's hot tier and commit it everywhere; returns the manifest."""
+    """Write the snapshot on every node's hot tier and commit it everywhere; returns the manifest.
+    Every collective runs on `group` (the writer's own, never the training thread's)."""
     name = checkpoint_name(snap.step, generation)
     tmp = hot.tmp_path(name)
     if ctx.node_leader:
         shutil.rmtree(tmp, ignore_errors=True)
-    ctx.barrier()
+    ctx.barrier(group)
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(parents=True, exist_ok=True, mode=dir_mode())
         # DCP: a failure on any rank is raised on every rank
-        written = save_tensors(snap.tensors, tmp, ctx.group, ctx.node_of_rank if ctx.nodes > 1 else None)
+        written = save_tensors(snap.tensors, tmp, group, ctx.node_of_rank if ctx.nodes > 1 else None)
     except BaseException as exc:
         raise store_error(exc, hot.root) from None
     mine = dict(written.files)
-    shared = ctx.broadcast(json.dumps(snap.skeleton, allow_nan=False).encode())
-    node_index = ctx.broadcast(written.node_index)
+    shared = ctx.broadcast(json.dumps(snap.skeleton, allow_nan=False).encode(), group)
+    node_index = ctx.broadcast(written.node_index, group)
     error: CheckpointError | None = None
     try:
         if ctx.node_leader:
             mine.update(_write_file(tmp, STATE_JSON, shared))
-            if ctx.node != 0:
-                mine.update(_write_file(tmp, TENSOR_INDEX, node_index[ctx.node]))
-            else:
-                mine[TENSOR_INDEX] = (sha256_file(str(tmp / TENSOR_INDEX)), (tmp / TENSOR_INDEX).stat().st_size)
+            for index_name, data in node_index[ctx.node].items():  # tensors.json and DCP's .metadata
+                mine.update(_write_file(tmp, index_name, data))
         mine.update(_write_file(tmp, rank_json(ctx.rank), json.dumps(snap.rank_skeleton, allow_nan=False).encode()))
         fault_point("hot.data_written")
         if ctx.node_leader:
@@ -151,32 +152,18 @@ def write_hot(snap: Snapshot, hot: HotTier, ctx: DistContext, run_id: str, gener
     except OSError as exc:
         error = as_store_error(exc, hot.root)
     # every rank's files are durable past this point (or every rank learns which one failed)
-    gathered = ctx.all_gather((ctx.node, mine, _describe(error)))
-    _raise_first(error, [g[2] for g in gathered])
-    manifest = ctx.broadcast(_manifest(snap, [(n, f) for n, f, _ in gathered], ctx, run_id, generation))
+    gathered = ctx.all_gather((ctx.node, mine, describe(error)), group)
+    raise_agreed(error, [g[2] for g in gathered])
+    manifest = ctx.broadcast(_manifest(snap, [(n, f) for n, f, _ in gathered], ctx, run_id, generation), group)
     if ctx.node_leader:
         try:
             check_fence()
             hot.commit(tmp, name, manifest)
         except CheckpointError as exc:
             error = exc
-    _raise_first(error, ctx.all_gather(_describe(error)))
+    raise_agreed(error, ctx.all_gather(describe(error), group))
     fault_point("hot.committed")
     return manifest
-
-
-def _describe(error: CheckpointError | None) -> tuple[str, str] | None:
-    return (type(error).__name__, str(error)) if error is not None else None
-
-
-def _raise_first(mine: CheckpointError | None, everyone: list[tuple[str, str] | None]) -> None:
-    """Raise on every rank if any rank failed: our own error, else the first rank's."""
-    if mine is not None:
-        raise mine
-    for described in everyone:
-        if described is not None:
-            kind, message = described
-            raise (StorageFullError if kind == "StorageFullError" else CheckpointError)(f"another rank: {message}")
 
 
 def store_error(exc: BaseException, where: Any) -> BaseException:
@@ -185,7 +172,7 @@ def store_error(exc: BaseException, where: Any) -> BaseException:
         return exc
     if isinstance(exc, OSError):
         return as_store_error(exc, where)
-    for cause, _trace in getattr(exc, "failures", {}).values():  # DCP's CheckpointException
+    for cause, _trace in getattr(exc, "failures", {}).values():  # DCP's CheckpointException: every rank's error
         if isinstance(cause, OSError):
             return as_store_error(cause, where)
     if not isinstance(exc, Exception) and type(exc).__name__ != "CheckpointException":
@@ -194,9 +181,7 @@ def store_error(exc: BaseException, where: Any) -> BaseException:
 
 
 def _write_file(directory: Any, name: str, data: bytes) -> dict[str, tuple[str, int]]:
-    import hashlib
-
-    write_durable(directory / name, data)
+    write_synced(directory / name, data)
     return {name: (hashlib.sha256(data).hexdigest(), len(data))}
 
 

@@ -1,20 +1,55 @@
 """The two places checkpoints live: the hot tier (a local directory, atomic by rename) and the
-archive (any fsspec URL, committed by writing the manifest last)."""
+archive (any fsspec URL, committed by writing the manifest last, create-only).
+
+A checkpoint directory found on a tier is a `Ref` in one of three states: committed (a valid
+manifest), uncommitted (no manifest: a save in progress or debris of a crash) or unreadable (a
+manifest is there but cannot be used: malformed, another schema version, a name mismatch, no
+permission). Unreadable is not uncommitted: it is kept and reported, never deleted automatically.
+
+Writer leases (`writer.json`) are read with a version tag and replaced conditionally (S3
+If-Match / If-None-Match; locally an flock'ed compare-and-replace), so two writers claiming at
+once cannot both win. A damaged lease is reported, not fatal: the claim rebuilds it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
-import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainready.io import (
+    S3_PART,
+    IntegrityError,
+    PreconditionFailed,
+    SourceChangedError,
+    fsync_dir,
+    is_local,
+    is_s3,
+    make_dir,
+    open_url,
+    put_if,
+    put_if_local,
+    read_versioned,
+    redact,
+    sha256_file,
+    upload_checked,
+    verify_file,
+    write_synced,
+)
+
 from .errors import ArchiveUnavailableError, CheckpointError, StorageFullError
 from .faults import fault_point
-from .manifest import LEASE, MANIFEST, PARTS_DIR, TMP_PREFIX, FileEntry, Lease, Manifest, parse_name, sha256_file
+from .manifest import LEASE, MANIFEST, PARTS_DIR, TMP_PREFIX, FileEntry, Lease, Manifest, parse_name
+
+
+class LocalCopyChangedError(CheckpointError):
+    """A hot checkpoint's file no longer matches its manifest: it cannot be archived as it is."""
 
 
 @dataclass
@@ -25,51 +60,64 @@ class Ref:
     step: int
     generation: int
     tier: str                      # "hot" or "archive"
-    manifest: Manifest | None      # None: not committed (no manifest) or unreadable
-    problem: str = ""              # why the manifest is unusable, if it is
+    manifest: Manifest | None      # None: not committed, or unreadable
+    problem: str = ""              # why the manifest is absent or unusable
+    unreadable: bool = False       # a manifest is there but cannot be used (kept, reported, never auto-deleted)
+    fenced: bool = False           # committed by a writer that had lost the prefix (never restored)
 
     @property
     def committed(self) -> bool:
         return self.manifest is not None
 
     @property
+    def status(self) -> str:
+        if self.unreadable:
+            return "unreadable"
+        if self.manifest is None:
+            return "uncommitted"
+        return "fenced" if self.fenced else "committed"
+
+    @property
     def order(self) -> tuple[int, int]:
         return (self.step, self.generation)
 
 
-def redact(text: str) -> str:
-    """Drop credentials from a message: URL user-info and the values of AWS secrets in env."""
-    text = re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", str(text))
-    for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
-        value = os.environ.get(var)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
+@dataclass
+class LeaseState:
+    """What a tier's writer.json says, with the version tag a conditional replace needs."""
 
+    lease: Lease | None = None
+    tag: str | None = None         # None: there is no writer.json
+    damaged: str = ""              # why an existing writer.json could not be read
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    @property
+    def exists(self) -> bool:
+        return self.tag is not None
 
 
 def _read_manifest(data: bytes, name: str) -> tuple[Manifest | None, str]:
     try:
         manifest = Manifest.from_bytes(data)
     except Exception as exc:  # any malformed manifest is a finding, not a crash
-        return None, f"manifest unreadable: {str(exc).splitlines()[0]}"
+        return None, f"manifest unreadable: {redact(str(exc).splitlines()[0])}"
     if parse_name(name) != (manifest.step, manifest.generation):
         return None, f"manifest says step {manifest.step} g{manifest.generation}, directory says {name}"
     return manifest, ""
+
+
+def _parse_lease(data: bytes, tag: str, where: str) -> LeaseState:
+    try:
+        return LeaseState(Lease.model_validate_json(data), tag)
+    except Exception as exc:
+        reason = redact(str(exc).splitlines()[0]) or type(exc).__name__
+        return LeaseState(None, tag, f"{where} is damaged ({reason})")
+
+
+def as_store_error(exc: OSError, where: Path | str) -> CheckpointError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"no space left on {where} ({exc.strerror}); committed checkpoints are intact. "
+                                "Free space or lower keep_hot, then save again.")
+    return CheckpointError(f"I/O error on {where}: {exc.strerror or exc}")
 
 
 class HotTier:
@@ -83,7 +131,7 @@ class HotTier:
 
     def ensure(self) -> None:
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_dir(self.root)
         except OSError as exc:
             raise CheckpointError(f"cannot create hot tier {self.root}: {exc.strerror}") from exc
 
@@ -95,12 +143,22 @@ class HotTier:
             parsed = parse_name(entry)
             if parsed is None:
                 continue
-            manifest, problem = None, "no manifest (never committed)"
-            path = self.root / entry / MANIFEST
-            if path.exists():
-                manifest, problem = _read_manifest(path.read_bytes(), entry)
-            refs.append(Ref(entry, *parsed, "hot", manifest, problem))
+            refs.append(self._ref(entry, parsed))
         return refs
+
+    def _ref(self, entry: str, parsed: tuple[int, int]) -> Ref:
+        path = self.root / entry / MANIFEST
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return Ref(entry, *parsed, "hot", None, "no manifest (never committed)")
+        except OSError as exc:
+            if not os.path.lexists(path) and exc.errno != errno.EACCES:
+                return Ref(entry, *parsed, "hot", None, "no manifest (never committed)")
+            return Ref(entry, *parsed, "hot", None, f"manifest unreadable: {exc.strerror}", unreadable=True)
+        with os.fdopen(fd, "rb") as handle:
+            manifest, problem = _read_manifest(handle.read(), entry)
+        return Ref(entry, *parsed, "hot", manifest, problem, unreadable=manifest is None)
 
     def path(self, name: str) -> Path:
         return self.root / name
@@ -113,10 +171,10 @@ class HotTier:
 
     def commit(self, tmp: Path, name: str, manifest: Manifest) -> None:
         final = self.path(name)
-        if final.exists():
+        if os.path.lexists(final):
             raise CheckpointError(f"{final} already exists; a committed checkpoint is never overwritten")
         try:
-            write_durable(tmp / MANIFEST, manifest.to_bytes())
+            write_synced(tmp / MANIFEST, manifest.to_bytes())
             fsync_dir(tmp)
             fault_point("hot.manifest_written")
             os.rename(tmp, final)
@@ -128,82 +186,87 @@ class HotTier:
     def delete(self, name: str) -> None:
         """Uncommit first (manifest gone, dir fsynced), then remove the data."""
         path = self.path(name)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.remove(path / MANIFEST)
             fsync_dir(path)
         fault_point("retention.deleting")
-        shutil.rmtree(path, ignore_errors=True)
+        if os.path.islink(path):
+            os.remove(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
     def verify(self, name: str, entries: list[FileEntry], checksums: bool | None) -> list[str]:
         """Problems with the files of a checkpoint; sizes always; checksums when `checksums` is
-        True, or (None = auto) for files modified after the manifest was written."""
+        True, or (None = auto) for files modified after the manifest was written. A symlink or
+        anything but a regular file is a problem: a checkpoint never reads outside itself."""
         base = self.path(name)
         problems = []
         try:
-            committed_at = os.stat(base / MANIFEST).st_mtime
+            committed_at = os.lstat(base / MANIFEST).st_mtime
         except OSError:
             committed_at = 0.0
         for entry in entries:
             path = base / entry.path
             try:
-                stat = os.stat(path)
+                st = os.lstat(path)
             except OSError:
                 problems.append(f"{entry.path}: missing")
                 continue
-            if stat.st_size != entry.size:
-                problems.append(f"{entry.path}: {stat.st_size} bytes, manifest says {entry.size}")
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(f"{entry.path}: not a regular file")
                 continue
-            check = checksums if checksums is not None else (stat.st_mtime > committed_at or entry.size < (1 << 20))
-            if check and sha256_file(str(path)) != entry.sha256:
+            if st.st_size != entry.size:
+                problems.append(f"{entry.path}: {st.st_size} bytes, manifest says {entry.size}")
+                continue
+            check = checksums if checksums is not None else (st.st_mtime > committed_at or entry.size < (1 << 20))
+            if check and sha256_file(path) != entry.sha256:
                 problems.append(f"{entry.path}: checksum mismatch (file changed since it was written)")
         return problems
 
-    def read_lease(self) -> Lease | None:
-        return _parse_lease(self.root / LEASE)
+    def read_lease(self) -> LeaseState:
+        path = self.root / LEASE
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return LeaseState()
+        except OSError as exc:
+            return LeaseState(None, "", f"{path} cannot be read ({exc.strerror})")
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read()
+        return _parse_lease(data, hashlib.sha256(data).hexdigest(), str(path))
 
-    def write_lease(self, lease: Lease) -> None:
-        tmp = self.root / f"{LEASE}.tmp"
-        write_durable(tmp, lease.model_dump_json().encode())
-        os.replace(tmp, self.root / LEASE)
-
-
-def _parse_lease(path: Path) -> Lease | None:
-    try:
-        return Lease.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except Exception as exc:
-        raise CheckpointError(f"{path} is not a valid writer lease: {exc}") from exc
-
-
-def as_store_error(exc: OSError, where: Path | str) -> CheckpointError:
-    import errno
-
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageFullError(f"no space left on {where} ({exc.strerror}); committed checkpoints are intact. "
-                                "Free space or lower keep_hot, then save again.")
-    return CheckpointError(f"I/O error on {where}: {exc.strerror or exc}")
+    def write_lease(self, lease: Lease, prior: LeaseState | None = None) -> None:
+        """Replace writer.json if it is still what `prior` read (PreconditionFailed otherwise);
+        without `prior`, unconditionally. Durable either way."""
+        data = lease.model_dump_json().encode()
+        if prior is None:
+            put_if_local(self.root / LEASE, data)
+        elif prior.exists:
+            put_if_local(self.root / LEASE, data, if_match=prior.tag)
+        else:
+            put_if_local(self.root / LEASE, data, create_only=True)
 
 
 class ArchiveTier:
-    """Any fsspec filesystem. Data objects first, each checked; the manifest last commits."""
+    """Any fsspec filesystem. Data objects first, each proven; the manifest last, create-only."""
 
     tier = "archive"
 
     def __init__(self, url: str):
         self.url = redact(url)
-        self.fs, self.root = open_url(str(url))
-        self.root = self.root.rstrip("/")
+        self.fs, root = open_url(str(url))
+        self.root = root.rstrip("/")
         self.is_local = is_local(self.fs)
-        self.is_s3 = "s3" in _protocols(self.fs)
+        self.is_s3 = is_s3(self.fs)
+        self.part_size = S3_PART
 
     def _p(self, *parts: str) -> str:
-        return "/".join((self.root, *parts))
+        return "/".join((self.root, *(p for p in parts if p)))
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except FileNotFoundError:
+        except (FileNotFoundError, PreconditionFailed, SourceChangedError):
             raise
         except Exception as exc:
             reason = redact(str(exc)) or type(exc).__name__
@@ -222,10 +285,11 @@ class ArchiveTier:
                 continue
             try:
                 data = self._call("read manifest", self.fs.cat_file, self._p(name, MANIFEST))
-                manifest, problem = _read_manifest(data, name)
             except FileNotFoundError:
-                manifest, problem = None, "no manifest (never committed)"
-            refs.append(Ref(name, *parsed, "archive", manifest, problem))
+                refs.append(Ref(name, *parsed, "archive", None, "no manifest (never committed)"))
+                continue
+            manifest, problem = _read_manifest(data, name)
+            refs.append(Ref(name, *parsed, "archive", manifest, problem, unreadable=manifest is None))
         return refs
 
     def remote_size(self, name: str, path: str) -> int | None:
@@ -235,40 +299,37 @@ class ArchiveTier:
             return None
         return int(info.get("size") or 0)
 
-    def upload(self, local: Path, name: str, entry: FileEntry) -> None:
-        """Put one file and check the object: size always, and the S3 ETag (an MD5) when it has one."""
+    def upload(self, local: Path, name: str, entry: FileEntry) -> str:
+        """Put one file and prove the stored object matches it (see trainready.io.upload_checked):
+        returns "sha256" or "size" (what could be checked). An object that does not match is an
+        ArchiveUnavailableError (retried); a local file that changed is LocalCopyChangedError."""
         remote = self._p(name, entry.path)
-        if self.is_local:
-            dest = Path(remote)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(local, dest)
-            with open(dest, "rb+") as handle:
-                os.fsync(handle.fileno())
-        else:
-            self._call(f"upload {entry.path}", self.fs.put_file, str(local), remote, chunksize=_S3_PART)
-        self.fs.invalidate_cache(remote)
-        info = self._call(f"check {entry.path}", self.fs.info, remote)
-        if int(info.get("size") or 0) != entry.size:
-            raise CheckpointError(f"archive {self.url}: {name}/{entry.path} has {info.get('size')} bytes after upload, "
-                                  f"expected {entry.size}")
-        etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
-        if self.is_s3 and etag and etag != s3_etag(local, entry.size):
-            raise CheckpointError(f"archive {self.url}: {name}/{entry.path} ETag {etag} does not match the local file")
+        try:
+            checked = self._call(f"upload {entry.path}", upload_checked, self.fs, local, remote, entry.sha256,
+                                 entry.size, part_size=self.part_size)
+        except SourceChangedError as exc:
+            raise LocalCopyChangedError(f"{name}/{entry.path} on the hot tier no longer matches its manifest "
+                                        f"({exc}); it cannot be archived") from None
+        except IntegrityError as exc:
+            raise ArchiveUnavailableError(f"archive {self.url}: {name}/{entry.path}: {exc}") from None
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(remote)
+        return checked
+
+    def commit(self, name: str, manifest: Manifest) -> None:
+        """Write the manifest, create-only: a committed checkpoint is never overwritten."""
+        data = manifest.to_bytes()
+        try:
+            self._call("commit", put_if, self.fs, self._p(name, MANIFEST), data, create_only=True)
+        except PreconditionFailed:
+            if self.get_bytes(name, MANIFEST) != data:
+                raise CheckpointError(f"archive {self.url}: {name} was committed by another writer") from None
 
     def put_bytes(self, name: str, path: str, data: bytes) -> None:
-        remote = self._p(name, path) if name else self._p(path)
-        if self.is_local:
-            dest = Path(remote)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".tmp")
-            write_durable(tmp, data)
-            os.replace(tmp, dest)
-            fsync_dir(dest.parent)
-        else:
-            self._call(f"write {path}", self.fs.pipe_file, remote, data)
+        self._call(f"write {path}", put_if, self.fs, self._p(name, path), data)
 
     def get_bytes(self, name: str, path: str) -> bytes:
-        remote = self._p(name, path) if name else self._p(path)
+        remote = self._p(name, path)
         self.fs.invalidate_cache(remote)
         return self._call(f"read {path}", self.fs.cat_file, remote)
 
@@ -281,12 +342,14 @@ class ArchiveTier:
 
     def download(self, name: str, entry: FileEntry, dest: Path) -> None:
         target = dest / entry.path
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(target.parent)
         self._call(f"download {entry.path}", self.fs.get_file, self._p(name, entry.path), str(target))
         with open(target, "rb+") as handle:
             os.fsync(handle.fileno())
-        if os.path.getsize(target) != entry.size or sha256_file(str(target)) != entry.sha256:
-            raise CheckpointError(f"archive {self.url}: {name}/{entry.path} does not match its manifest (size or checksum)")
+            handle.seek(0)
+            why = verify_file(handle, entry.size, entry.sha256, "the manifest")
+        if why:
+            raise CheckpointError(f"archive {self.url}: {name}/{entry.path} does not match its manifest ({why})")
 
     def verify(self, name: str, entries: list[FileEntry], checksums: bool | None) -> list[str]:
         """Sizes from object metadata; checksums (a full read) only when asked."""
@@ -298,11 +361,9 @@ class ArchiveTier:
             elif size != entry.size:
                 problems.append(f"{entry.path}: {size} bytes, manifest says {entry.size}")
             elif checksums:
-                digest = hashlib.sha256()
-                with self.fs.open(self._p(name, entry.path), "rb", block_size=8 << 20) as handle:
-                    while block := handle.read(8 << 20):
-                        digest.update(block)
-                if digest.hexdigest() != entry.sha256:
+                with self._call("open", self.fs.open, self._p(name, entry.path), "rb", block_size=8 << 20) as handle:
+                    why = verify_file(handle, entry.size, entry.sha256, "the manifest")
+                if why:
                     problems.append(f"{entry.path}: checksum mismatch")
         return problems
 
@@ -321,69 +382,17 @@ class ArchiveTier:
         except FileNotFoundError:
             return []
 
-    def read_lease(self) -> Lease | None:
+    def read_lease(self) -> LeaseState:
         try:
-            data = self.get_bytes("", LEASE)
+            data, tag = self._call("read lease", read_versioned, self.fs, self._p(LEASE))
         except FileNotFoundError:
-            return None
-        try:
-            return Lease.model_validate_json(data)
-        except Exception as exc:
-            raise CheckpointError(f"archive {self.url}/{LEASE} is not a valid writer lease: {exc}") from exc
+            return LeaseState()
+        return _parse_lease(data, tag, f"archive {self.url}/{LEASE}")
 
-    def write_lease(self, lease: Lease) -> None:
-        self.put_bytes("", LEASE, lease.model_dump_json().encode())
-
-
-_S3_PART = 64 << 20
-
-
-def s3_etag(path: Path, size: int) -> str:
-    """The ETag S3 gives an object uploaded by s3fs from this file (single PUT or multipart)."""
-    from s3fs.core import calculate_chunksize
-
-    part = calculate_chunksize(size, chunksize=_S3_PART)
-    single = size < min(5 * 2**30, 2 * part)
-    digests = []
-    with open(path, "rb") as handle:
-        while True:
-            block = handle.read(size if single else part)
-            if not block and digests:
-                break
-            digests.append(hashlib.md5(block, usedforsecurity=False).digest())
-            if single or not block:
-                break
-    if single:
-        return digests[0].hex()
-    return hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest() + f"-{len(digests)}"
-
-
-def is_local(fs: Any) -> bool:
-    """Whether an fsspec filesystem is the local disk."""
-    return "file" in _protocols(fs)
-
-
-def _protocols(fs: Any) -> set[str]:
-    proto = fs.protocol
-    return set(proto if isinstance(proto, (tuple, list)) else (proto,)) | ({"file"} if "local" in str(proto) else set())
-
-
-def open_url(url: str) -> tuple[Any, str]:
-    """fsspec filesystem + path for a URL; S3 honours AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL."""
-    import fsspec.core
-
-    options: dict[str, Any] = {}
-    if url.startswith(("s3://", "s3a://")):
-        try:
-            import s3fs  # noqa: F401
-        except ImportError as exc:
-            raise CheckpointError("s3:// archives need s3fs: pip install 'trainready[s3]'") from exc
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            options["client_kwargs"] = {"endpoint_url": endpoint}
-        options["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 2}}
-    try:
-        fs, path = fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as exc:
-        raise CheckpointError(f"cannot open archive {redact(url)}: {exc}") from exc
-    return fs, path
+    def write_lease(self, lease: Lease, prior: LeaseState | None = None) -> None:
+        """As HotTier.write_lease, with S3's conditional writes where the archive is S3."""
+        data = lease.model_dump_json().encode()
+        condition: dict[str, Any] = {}
+        if prior is not None:
+            condition = {"if_match": prior.tag} if prior.exists else {"create_only": True}
+        self._call("write lease", put_if, self.fs, self._p(LEASE), data, **condition)

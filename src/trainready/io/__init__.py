@@ -1,0 +1,45 @@
+"""The one I/O layer every subsystem (store, data, run, check) uses: URLs, durable writes,
+hash-while-write, verification, private modes and redaction of secrets. It imports nothing
+from the rest of trainready but `errors`, so any layer may use it."""
+
+from .files import (
+    CHUNK,
+    HashingWriter,
+    confine,
+    create_exclusive,
+    dir_mode,
+    file_mode,
+    fsync_dir,
+    fsync_file,
+    hash_stream,
+    make_dir,
+    mismatch,
+    open_nofollow,
+    PreconditionFailed,
+    put_if_local,
+    owned_private_dir,
+    replace_durable,
+    sha256_file,
+    verify_file,
+    write_synced,
+)
+from .redact import redact, redact_argv
+from .urls import (
+    S3_PART,
+    IntegrityError,
+    SourceChangedError,
+    is_local,
+    is_s3,
+    open_url,
+    protocols,
+    put_if,
+    read_versioned,
+    upload_checked,
+)
+
+__all__ = [
+    "CHUNK", "HashingWriter", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file", "hash_stream",
+    "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "replace_durable", "sha256_file", "verify_file",
+    "write_synced", "put_if_local", "redact", "redact_argv", "S3_PART", "IntegrityError", "PreconditionFailed", "SourceChangedError",
+    "is_local", "is_s3", "open_url", "protocols", "put_if", "read_versioned", "upload_checked",
+]
