@@ -45,7 +45,7 @@ def _cmd(run_dir, url, cache):
 
 def test_streamed_training_resumes_exactly(dataset, tmp_path):
     url, env = dataset
-    env = {**env, "TMPDIR": str(tmp_path)}  # the shard cache lives under the temp dir
+    env = {**env, "TMPDIR": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg-cache")}  # the shard cache lives here
     base_dir = tmp_path / "base"
     code, out = run(_cmd(base_dir, url, tmp_path), tmp_path, env)
     assert code == 0, out[-3000:]

@@ -10,8 +10,8 @@ import pytest
 import torch
 from s3server import TcpProxy
 
-from trainready.store import ArchiveUnavailableError, CheckpointManager
 from trainready.io import sha256_file
+from trainready.store import ArchiveUnavailableError, CheckpointManager
 from trainready.store.manifest import MANIFEST, FileEntry, checkpoint_name
 from trainready.store.tiers import ArchiveTier
 
@@ -52,21 +52,39 @@ def _kms_bucket(s3_bucket):
         "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms"}}]})
 
 
-def test_a_bucket_with_default_kms_encryption_archives_and_restores(tmp_path, s3_bucket, moto):
-    """Its ETags are not MD5s (tests/moto_s3.py gives moto S3's rule): checking uploads by predicted
-    ETag failed three times, the replicator went fatal and the next save() killed training."""
+def test_a_bucket_with_default_kms_encryption_archives_and_restores(tmp_path, s3_bucket, moto, caplog):
+    """Its ETags are not MD5s (tests/moto_s3.py gives moto S3's rule): every upload failed its
+    predicted-ETag check, and was then accepted on retry by size alone (or, after three, training
+    died). Now each object is proven by its SHA-256 checksum, the first time."""
     _kms_bucket(s3_bucket)
     url = f"s3://{s3_bucket}/run"
-    with CheckpointManager(tmp_path / "hot", url, retry_initial_s=0.05, retry_max_s=0.2) as mgr:
-        for step in (1, 2, 3):
-            mgr.save(step, {"model": {"w": torch.full((1000,), float(step))}})
-            mgr.wait(timeout_s=30)
-        assert mgr.status()["upload_check"] == "sha256" and mgr.status()["upload_failures"] == 0
+    with caplog.at_level(logging.WARNING, "trainready.store"):
+        with CheckpointManager(tmp_path / "hot", url, retry_initial_s=0.05, retry_max_s=0.2) as mgr:
+            for step in (1, 2, 3):
+                mgr.save(step, {"model": {"w": torch.full((1000,), float(step))}})
+                mgr.wait(timeout_s=30)
+            assert mgr.status()["upload_check"] == "sha256"
+    assert "failed" not in caplog.text, caplog.text
     assert f"run/{checkpoint_name(3, 1)}/{MANIFEST}" in _objects(moto.url, s3_bucket)
     loaded = {"model": {"w": torch.zeros(1000)}}
     with CheckpointManager(tmp_path / "other-node", url) as mgr:
         assert mgr.restore_details(loaded).tier == "archive"
     assert torch.equal(loaded["model"]["w"], torch.full((1000,), 3.0))
+
+
+def test_an_object_left_by_an_earlier_attempt_is_trusted_by_content_not_size(tmp_path, s3_bucket):
+    """A torn earlier upload left an object of the right size and the wrong bytes: a retry that
+    skips objects by size archives it, and restoring from the archive then fails."""
+    state = {"model": {"w": torch.arange(1000, dtype=torch.float32)}}
+    with CheckpointManager(tmp_path / "probe", async_save=False) as mgr:
+        mgr.save(7, state)
+    good = tmp_path / "probe" / checkpoint_name(7, 1) / "__0_0.distcp"
+    s3 = boto3.client("s3")
+    with CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run", async_save=False) as mgr:
+        s3.put_object(Bucket=s3_bucket, Key=f"run/{checkpoint_name(7, 1)}/__0_0.distcp", Body=b"\0" * good.stat().st_size)
+        mgr.save(7, state)
+    stored = s3.get_object(Bucket=s3_bucket, Key=f"run/{checkpoint_name(7, 1)}/__0_0.distcp")["Body"].read()
+    assert stored == good.read_bytes()
 
 
 class _StoreThatLies:

@@ -5,11 +5,10 @@ import math
 import pytest
 import torch
 
-from trainready.store import codec
-from trainready.store.errors import BadStateError, CheckpointError
-from trainready.store.manifest import FileEntry, Manifest, checkpoint_name, confined, parse_name
-from trainready.store import retention
 from trainready.io import redact
+from trainready.store import codec, retention
+from trainready.store.errors import BadStateError
+from trainready.store.manifest import FileEntry, Manifest, checkpoint_name, confined, parse_name
 from trainready.store.tiers import Ref
 
 

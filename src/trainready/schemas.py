@@ -28,6 +28,7 @@ from trainready.run.scaling import ScalingReport
 from trainready.run.summary import RunSummary
 from trainready.store.inspect import CheckpointListing, PruneResult, PullResult, VerifyReport
 from trainready.store.manifest import Lease, Manifest
+from trainready.store.tensor_index import TensorIndex
 
 
 class ErrorBody(BaseModel):
@@ -46,7 +47,8 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "estimate": EstimateResult, "plan": PlanResult, "job": JobSpec, "catalog-gpus": GpuList,
     "catalog-instances": InstanceList, "catalog-models": ModelList, "error": ErrorOutput,
     "ckpt-ls": CheckpointListing, "ckpt-verify": VerifyReport, "ckpt-pull": PullResult, "ckpt-prune": PruneResult,
-    "ckpt-manifest": Manifest, "ckpt-lease": Lease, "check": CheckReport, "check-bundle": BundleManifest,
+    "ckpt-manifest": Manifest, "ckpt-lease": Lease, "ckpt-tensor-index": TensorIndex, "check": CheckReport,
+    "check-bundle": BundleManifest,
     "run-result": RunOutcome, "run-summary": RunSummary, "run-scaling": ScalingReport, "run-info": RunInfo,
     "run-stop": StopInfo, "run-telemetry": TelemetryLine, "diagnose": DiagnosisReport,
     "data-index": DataIndex, "data-pack": PackResult, "data-bench": DataBenchResult,

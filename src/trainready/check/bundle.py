@@ -2,6 +2,9 @@
 anywhere (or attached to a bug). A missing file means that probe did not run.
 
 File names are fixed (docs/check.md) so bundles from other tools and machines can be dropped in.
+Bundles are made to be shared: `Bundle.save` is the one writer, and it passes every file through
+the redactor (an fstab's CIFS `password=`, URL credentials, tokens) and writes them private
+(0700 directory, 0600 files unless TRAINREADY_FILE_MODE says otherwise).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from trainready import __version__
 from trainready.errors import UsageError
+from trainready.io import make_dir, redact, replace_durable
 
 MANIFEST = "manifest.json"
 
@@ -87,6 +91,17 @@ class Bundle:
                 raise UsageError(f"{root / MANIFEST} is not a trainready bundle manifest: {str(exc).splitlines()[0]}") from exc
         return cls(files, manifest, str(root))
 
+    def save(self, directory: str | Path, names: list[str] | None = None) -> None:
+        """Write the bundle (or only `names`) to `directory`, secrets redacted, each file replaced whole."""
+        root = make_dir(directory)
+        for name in self.files if names is None else names:
+            replace_durable(root / name, shareable(name, self.files[name]).encode())
+        if self.manifest is not None and names is None:
+            probes = [p.model_copy(update={"command": redact(p.command), "error": redact(p.error)})
+                      for p in self.manifest.probes]
+            manifest = self.manifest.model_copy(update={"probes": probes})
+            replace_durable(root / MANIFEST, (manifest.model_dump_json(indent=1) + "\n").encode())
+
     def text(self, name: str) -> str | None:
         return self.files.get(name)
 
@@ -102,3 +117,37 @@ class Bundle:
         if record is not None and record.error:
             return f"`{record.command}` failed: {record.error}"
         return f"{name} not in the bundle (probe did not run)"
+
+
+def shareable(name: str, text: str) -> str:
+    """`text` with secrets redacted; a JSON file stays valid JSON (a mask that would break an
+    escaped quote falls back to redacting each string value)."""
+    out = redact(text)
+    if not name.endswith(".json") or out == text:
+        return out
+    try:
+        json.loads(out)
+        return out
+    except ValueError:
+        pass
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return out  # not JSON to begin with: text redaction is all we can do
+    return json.dumps(_redact_strings(data))
+
+
+def _redact_strings(value: object) -> object:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redact_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _redact_pair(k, v) if isinstance(v, str) else _redact_strings(v) for k, v in value.items()}
+    return value
+
+
+def _redact_pair(key: str, value: str) -> str:
+    """A string value judged with its key ({"password": "x"} is a secret, "x" alone is not)."""
+    pair = redact(f"{key}={value}")
+    return pair[len(key) + 1:] if pair.startswith(f"{key}=") else redact(value)

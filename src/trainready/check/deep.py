@@ -7,8 +7,10 @@ per local GPU (NCCL), or two gloo processes on a CPU-only machine (the CPU analo
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -115,43 +117,56 @@ def allreduce_local(max_mib: int | None = None) -> dict[str, Any]:
     return result
 
 
+def _scratch_name() -> str:
+    # unique per call: a name others can predict is a name they can plant a symlink at
+    return f".trainready-bw-{os.getpid()}-{secrets.token_hex(8)}"
+
+
 def storage_bandwidth(directory: str | Path, size_mib: int = 1024) -> dict[str, Any]:
-    """Sequential write then read of one file with O_DIRECT (page cache bypassed), then removed."""
+    """Sequential write then read of one file with O_DIRECT (page cache bypassed), then removed.
+
+    The directory may be shared (--shared-dir): the file is created with O_EXCL|O_NOFOLLOW under a
+    unique name and read back through the same descriptor, so nothing planted there is followed."""
+    from trainready.io import create_exclusive
+
     root = Path(directory)
     if not root.is_dir():
         return {"skipped": f"{root} is not a directory"}
-    path = root / f".trainready-bw-{os.getpid()}"
+    path = root / _scratch_name()
     block = 16 << 20
     buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
     buf.write(os.urandom(1 << 20) * (block >> 20))
     blocks = max(1, (size_mib << 20) // block)
     direct = getattr(os, "O_DIRECT", 0)
+    created = False
     try:
+        fd = create_exclusive(path, 0o600, read=True)
+        created = True
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o600)
-        except OSError:  # tmpfs and some network filesystems refuse O_DIRECT
-            direct = 0
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        started = time.perf_counter()
-        for _ in range(blocks):
-            os.write(fd, buf)
-        os.fsync(fd)
-        write_s = time.perf_counter() - started
-        os.close(fd)
-        if not direct and hasattr(os, "posix_fadvise"):
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if direct:
+                try:  # Linux lets F_SETFL turn O_DIRECT on for an open file
+                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | direct)
+                except OSError:  # tmpfs and some network filesystems refuse O_DIRECT
+                    direct = 0
+            started = time.perf_counter()
+            for _ in range(blocks):
+                os.write(fd, buf)
+            os.fsync(fd)
+            write_s = time.perf_counter() - started
+            if not direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.lseek(fd, 0, os.SEEK_SET)
+            started = time.perf_counter()
+            while os.readv(fd, [buf]) > 0:
+                pass
+            read_s = time.perf_counter() - started
+        finally:
             os.close(fd)
-        fd = os.open(path, os.O_RDONLY | direct)
-        started = time.perf_counter()
-        while os.readv(fd, [buf]) > 0:
-            pass
-        read_s = time.perf_counter() - started
-        os.close(fd)
     except OSError as exc:
         return {"skipped": f"could not test {root}: {exc.strerror or exc}"}
     finally:
-        path.unlink(missing_ok=True)
+        if created:  # only our own file: a name we could not create is someone else's
+            path.unlink(missing_ok=True)
         buf.close()
     total = blocks * block
     return {"directory": str(root), "bytes": total, "direct_io": bool(direct),

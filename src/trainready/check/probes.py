@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle import MANIFEST, Bundle, BundleManifest, ProbeRecord
+from .bundle import Bundle, BundleManifest, ProbeRecord, shareable
 
 QUERY_FIELDS = ("index,name,memory.total,driver_version,pcie.link.gen.current,pcie.link.gen.max,"
                 "pcie.link.width.current,pcie.link.width.max,clocks_throttle_reasons.active,"
@@ -153,12 +153,11 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
     if instance_type:
         files["instance-type.txt"] = instance_type + "\n"
     manifest = BundleManifest(hostname=socket.gethostname(), probes=records)
+    # redacted here too, so a live check never quotes a secret; Bundle.save redacts what it writes
+    bundle = Bundle({name: shareable(name, text) for name, text in files.items()}, manifest, str(out) if out else "live")
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            (out / name).write_text(text)
-        (out / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n")
-    return Bundle(files, manifest, str(out) if out else "live")
+        bundle.save(out)
+    return bundle
 
 
 def cuda_summary(bundle: Bundle) -> dict | None:

@@ -112,6 +112,6 @@ def collect_cmd(out_dir: Annotated[Path, typer.Option("--out", help="Bundle dire
 
     bundle = collect(out_dir, instance_type=instance or detect_instance_type())
     if deep and _add_deep(bundle, hot_dir, shared_dir) == 0:
-        (out_dir / "deep.json").write_text(bundle.files["deep.json"] + "\n")
+        bundle.save(out_dir, ["deep.json"])  # through the bundle writer: redacted, private
     ran = sum(1 for p in bundle.manifest.probes if p.exit_code is not None)
     out.print(f"bundle written to {out_dir}: {len(bundle.files)} files, {ran} of {len(bundle.manifest.probes)} probes ran")

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainready.io import redact_argv
+
 from .console import emit_json
 
 
@@ -30,7 +32,7 @@ def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> i
     for note in configured.notes:
         console.print(f"trainready: {note}", highlight=False)
     console.print(f"trainready: run directory {spec.run_dir}; price {configured.price_source}", highlight=False)
-    title = " ".join(spec.command)[:80]
+    title = " ".join(redact_argv(spec.command))[:80]  # redact first: a cut URL could keep half a secret
     view = LiveView(console, title, live=console.is_terminal and not json_out)
     with view:
         result = Launcher(spec, view.print, view.update).run()

@@ -1,4 +1,11 @@
-"""A node-local, size-bounded cache of verified shards, shared by every rank and DataLoader worker.
+"""A node-local, size-bounded cache of verified shards, shared by every rank and DataLoader worker
+of one user.
+
+Where: `cache_dir`, else $XDG_CACHE_HOME/trainready/shards, else ~/.cache/trainready/shards. The
+directory must be yours alone (trainready.io.owned_private_dir: a real directory, not a symlink,
+owned by you, not writable by group or others; created 0700 if missing), because whoever can
+write to it could swap a verified shard for other bytes between two reads. That holds for a
+directory you name too: a group-writable one is refused (`chmod 700 DIR` fixes it).
 
 Layout of the cache directory:
     {sha256}.tar               committed shards, named by content: two datasets (or two packs of
@@ -7,10 +14,13 @@ Layout of the cache directory:
     .locks/{sha256}.lock       per-shard flock: one process downloads, the others wait for it
     .cache.lock                cache-wide flock: space accounting, eviction and commits
 
-A shard is verified once, while it downloads (size and sha256 in the same pass as the write),
-and the rename is the commit: no `.ok` marker, because a file only ever gets its final name
-after it verified and was fsynced. Lock order is always per-shard, then cache-wide; the
-cache-wide holder only *tries* per-shard locks (never waits), so no cycle can form.
+A shard is verified while it downloads (size and sha256 in the same pass as the write), and the
+rename is the commit. A committed file is not trusted for its name alone: before its first use in
+a process it must be a regular file of ours that only we can write, of the right size and sha256
+(checked once per process and inode); one that is not is deleted and downloaded again. Lock files
+are opened without following symlinks and downloads are created with O_EXCL|O_NOFOLLOW, so nothing
+planted at those names is ever written through. Lock order is always per-shard, then cache-wide;
+the cache-wide holder only *tries* per-shard locks (never waits), so no cycle can form.
 
 Accounting: the limit covers committed shards plus downloads in progress, whose files are
 created at full size (reserving the space) under the cache-wide lock, after least-recently-used
@@ -22,9 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
+import re
+import stat
 import threading
 import time
 from collections import deque
@@ -34,11 +45,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainready.errors import TrainreadyError, UsageError
-from trainready.io import redact
+from trainready.io import CHUNK, HashingWriter, create_exclusive, mismatch, open_nofollow, owned_private_dir, redact, verify_file
 
 log = logging.getLogger(__name__)
-CHUNK = 8 << 20
 TMP_PREFIX = ".tmp-"
+SOURCE = "index.json"  # what a size or sha256 mismatch is measured against, in messages
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SHARD_FILE = re.compile(r"([0-9a-f]{64})\.tar")
+_TMP_FILE = re.compile(re.escape(TMP_PREFIX) + r"([0-9a-f]{64})-.*")
 
 
 class ShardError(TrainreadyError):
@@ -77,28 +91,62 @@ class CacheStats:
         return asdict(self)
 
 
-def verify_file(handle: IO[bytes], size: int, sha256: str) -> str:
-    """Why the file does not match (size, sha256), or '' when it does."""
-    digest, seen = hashlib.sha256(), 0
-    while chunk := handle.read(CHUNK):
-        digest.update(chunk)
-        seen += len(chunk)
-    return _mismatch(seen, size, digest.hexdigest(), sha256)
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/trainready/shards, else ~/.cache/trainready/shards: per user, never a name
+    anyone can predict in a directory everyone can write to (/tmp)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative value is ignored
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:
+            raise UsageError("no home directory to put the shard cache in: set XDG_CACHE_HOME or pass cache_dir") from None
+    return Path(base) / "trainready" / "shards"
 
 
-def _mismatch(seen: int, size: int, got: str, sha256: str) -> str:
-    if seen != size:
-        return f"{seen} bytes where index.json says {size}"
-    if got != sha256:
-        return f"sha256 {got[:16]}... where index.json says {sha256[:16]}..."
+def cache_directory(cache_dir: str | os.PathLike | None) -> Path:
+    """The shard cache directory (the default when None), created 0700 if missing; UsageError when
+    it is a symlink, someone else's, or writable by group or others."""
+    path = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
+    return owned_private_dir(path.absolute())
+
+
+def _foreign(st: os.stat_result, size: int, sha256: str) -> str:
+    """Why a committed file is not one this cache wrote, or '': a regular file of ours that only
+    we can write, of the size index.json records."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_size != size:
+        return f"does not match ({mismatch(st.st_size, '', size, sha256, SOURCE)})"
     return ""
+
+
+def check_sha256(sha256: str, name: str | None = None) -> None:
+    """A sha256 names files in the cache: only 64 lowercase hex digits may."""
+    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        shard = f"shard {name}: " if name else ""
+        raise UsageError(f"{shard}sha256 {sha256!r} is not 64 lowercase hex digits")
 
 
 @contextlib.contextmanager
 def _flock(path: Path, blocking: bool = True) -> Iterator[bool]:
     """An exclusive flock on `path` for the block; yields False (held by someone else) when not blocking.
-    Every call opens its own descriptor, so threads of one process exclude each other too."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    Every call opens its own descriptor, so threads of one process exclude each other too. The
+    lock file is never opened through a symlink: one planted there fails a blocking lock with a
+    UsageError, and counts as held (skip it) for a non-blocking one."""
+    try:
+        fd = open_nofollow(path)
+    except OSError as exc:
+        if blocking:
+            raise UsageError(f"cannot lock {path}: {exc.strerror} (a symlink or directory in its place? the shard "
+                             f"cache directory must be yours alone)") from None
+        fd = -1
+    if fd < 0:
+        yield False
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -113,32 +161,37 @@ def _flock(path: Path, blocking: bool = True) -> Iterator[bool]:
 class ShardCache:
     """get()/open(): a verified local copy of a shard; prefetch(): fetch the next ones in the background."""
 
-    def __init__(self, cache_dir: str | os.PathLike, limit_bytes: int, *, prefetch_shards: int = 2,
+    def __init__(self, cache_dir: str | os.PathLike | None, limit_bytes: int, *, prefetch_shards: int = 2,
                  wait_timeout_s: float = 600.0):
-        self.dir, self.limit = Path(cache_dir).expanduser().absolute(), int(limit_bytes)
+        self.dir, self.limit = cache_directory(cache_dir), int(limit_bytes)
         self.prefetch_shards, self.wait_timeout_s = max(0, int(prefetch_shards)), wait_timeout_s
         self.stats = CacheStats()
-        (self.dir / ".locks").mkdir(parents=True, exist_ok=True, mode=0o700)
+        owned_private_dir(self.dir / ".locks")
         self._mutex = threading.Lock()  # stats and prefetch errors
         self._prefetch_errors: dict[str, ShardError] = {}
+        self._verified: tuple[int, dict[str, tuple[int, int]]] = (os.getpid(), {})  # sha256 -> (st_dev, st_ino)
         self._queue: deque[tuple[Any, str, str, int, str]] = deque()
         self._wake, self._thread = threading.Condition(), None
 
     def path_for(self, sha256: str) -> Path:
+        check_sha256(sha256)
         return self.dir / f"{sha256}.tar"
 
     def get(self, fs: Any, remote_path: str, name: str, size: int, sha256: str) -> Path:
         """Path of the verified local copy, downloaded if needed. Another process may evict it once
         this returns (an open descriptor survives that, a path does not): to read, prefer open()."""
+        check_sha256(sha256, name)
         with _flock(self._lock_path(sha256)):
-            return self._ensure(fs, remote_path, name, size, sha256)
+            self._ensure(fs, remote_path, name, size, sha256).close()
+            return self.path_for(sha256)
 
     def open(self, fs: Any, remote_path: str, name: str, size: int, sha256: str) -> IO[bytes]:
         """The verified local copy, opened for reading. Opened under the shard's lock, which eviction
         needs, so the file cannot vanish in between; deleting it later is harmless (Linux keeps the
-        inode until the last descriptor closes)."""
+        inode until the last descriptor closes). The descriptor is the one that was verified."""
+        check_sha256(sha256, name)
         with _flock(self._lock_path(sha256)):
-            return open(self._ensure(fs, remote_path, name, size, sha256), "rb")
+            return self._ensure(fs, remote_path, name, size, sha256)
 
     def usage(self) -> tuple[int, int]:
         """(bytes counted against the limit, committed shards), read under the cache-wide lock."""
@@ -153,6 +206,8 @@ class ShardCache:
         if not self.prefetch_shards:
             return
         wanted = [(fs, *item) for item in items][: self.prefetch_shards]
+        for item in wanted:
+            check_sha256(item[4], item[2])
         with self._wake:
             self._queue = deque(wanted)
             if self._thread is None or not self._thread.is_alive():
@@ -179,13 +234,22 @@ class ShardCache:
             for key, value in deltas.items():
                 setattr(self.stats, key, getattr(self.stats, key) + value)
 
-    def _ensure(self, fs: Any, remote_path: str, name: str, size: int, sha256: str) -> Path:
-        """With the shard's lock held: the committed file, downloading and verifying it if absent."""
+    def _verified_here(self) -> dict[str, tuple[int, int]]:
+        """The shards this process has verified (a forked child starts with none of its parent's)."""
+        if self._verified[0] != os.getpid():
+            self._verified = (os.getpid(), {})
+        return self._verified[1]
+
+    def _ensure(self, fs: Any, remote_path: str, name: str, size: int, sha256: str, *, count_hit: bool = True) -> IO[bytes]:
+        """With the shard's lock held: the committed file opened for reading, downloading and
+        verifying it if absent or not trustworthy."""
         final = self.path_for(sha256)
-        if final.exists():
-            os.utime(final)  # LRU by mtime (atime is often not updated: noatime mounts)
-            self._count(hits=1)
-            return final
+        handle = self._cached(final, name, size, sha256)
+        if handle is not None:
+            os.utime(handle.fileno())  # LRU by mtime (atime is often not updated: noatime mounts)
+            if count_hit:
+                self._count(hits=1)
+            return handle
         with self._mutex:
             failed = self._prefetch_errors.pop(sha256, None)
         if failed is not None:
@@ -196,41 +260,84 @@ class ShardCache:
         self._count(misses=1)
         for stale in self.dir.glob(f"{TMP_PREFIX}{sha256}-*"):  # we hold the lock: leftovers of a killed download
             stale.unlink(missing_ok=True)
-        tmp = self._reserve(size, sha256)
+        tmp, out = self._reserve(size, sha256)
         try:
-            self._download(fs, remote_path, name, size, sha256, tmp)
+            self._download(fs, remote_path, name, size, sha256, out)
             with _flock(self.dir / ".cache.lock"):
                 os.replace(tmp, final)  # the commit; a crash before it leaves only a stale temp
         except BaseException:
+            out.close()
             tmp.unlink(missing_ok=True)
             raise
         self._count(bytes_downloaded=size)
-        return final
+        st = os.fstat(out.fileno())
+        self._verified_here()[sha256] = (st.st_dev, st.st_ino)
+        out.seek(0)
+        return out
 
-    def _download(self, fs: Any, remote_path: str, name: str, size: int, sha256: str, tmp: Path) -> None:
+    def _cached(self, path: Path, name: str, size: int, sha256: str) -> IO[bytes] | None:
+        """The committed file at `path` opened for reading if it can be trusted; else None, after
+        removing whatever is at its name."""
+        try:  # O_NONBLOCK: a FIFO in its place must not hang the open
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # ELOOP: a symlink
+            why = f"cannot be opened ({exc.strerror})"
+        else:
+            st = os.fstat(fd)
+            why = _foreign(st, size, sha256)
+            if why:
+                os.close(fd)
+            else:
+                handle = os.fdopen(fd, "rb")
+                why = self._verify_once(handle, st, size, sha256)
+                if not why:
+                    return handle
+                handle.close()
+        log.warning("cached shard %s at %s %s: removing it and downloading the shard again", name, path, why)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise UsageError(f"{path} is in the way of shard {name} and cannot be removed ({exc.strerror}): "
+                             "remove it") from None
+        return None
+
+    def _verify_once(self, handle: IO[bytes], st: os.stat_result, size: int, sha256: str) -> str:
+        """'' when the file matches index.json: hashed once per process and inode."""
+        verified = self._verified_here()
+        if verified.get(sha256) == (st.st_dev, st.st_ino):
+            return ""
+        why = verify_file(handle, size, sha256, SOURCE)
+        if why:
+            return f"does not match ({why})"
+        verified[sha256] = (st.st_dev, st.st_ino)
+        handle.seek(0)
+        return ""
+
+    def _download(self, fs: Any, remote_path: str, name: str, size: int, sha256: str, out: IO[bytes]) -> None:
         url = fs.unstrip_protocol(remote_path)
         try:
             source = fs.open(remote_path, "rb")
         except FileNotFoundError:
             raise MissingShardError(name, url) from None
-        digest, seen = hashlib.sha256(), 0
-        with source, open(tmp, "r+b") as out:  # r+b: keep the reserved size, overwrite from the start
+        writer = HashingWriter(out)  # hashed on the way: the download is never read back
+        with source:
             while chunk := source.read(CHUNK):
-                seen += len(chunk)
-                if seen > size:
+                if writer.size + len(chunk) > size:
                     raise CorruptShardError(name, url, f"more than the {size} bytes index.json records")
-                digest.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+                writer.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
         # the parent directory is not fsynced: a rename lost in a power cut only costs a download
-        why = _mismatch(seen, size, digest.hexdigest(), sha256)
+        why = mismatch(writer.size, writer.hexdigest(), size, sha256, SOURCE)
         if why:
             raise CorruptShardError(name, url, why)
 
-    def _reserve(self, size: int, sha256: str) -> Path:
+    def _reserve(self, size: int, sha256: str) -> tuple[Path, IO[bytes]]:
         """Evict least-recently-used shards until `size` fits, then create the download's file at
-        full size so every process counts it. Waits while the space is held by downloads or readers."""
+        full size so every process counts it. Waits while the space is held by downloads or readers.
+        The file is created O_EXCL|O_NOFOLLOW and written through this descriptor only."""
         deadline = time.monotonic() + self.wait_timeout_s
         while True:
             with _flock(self.dir / ".cache.lock"):
@@ -241,34 +348,52 @@ class ShardCache:
                     if self._evict(path):
                         used -= fsize
                 if used + size <= self.limit:
-                    tmp = self.dir / f"{TMP_PREFIX}{sha256}-{os.getpid()}-{threading.get_ident()}"
-                    with open(tmp, "wb") as handle:
-                        handle.truncate(size)  # sparse: this is accounting, the bytes come with the download
-                    return tmp
+                    return self._create_download(size, sha256)
             if time.monotonic() > deadline:
                 raise CacheFullError(f"shard cache {self.dir} stayed full for {self.wait_timeout_s:.0f}s: {used} of "
                                      f"{self.limit} bytes held by downloads and open shards; raise the cache limit")
             time.sleep(0.05)
 
+    def _create_download(self, size: int, sha256: str) -> tuple[Path, IO[bytes]]:
+        tmp = self.dir / f"{TMP_PREFIX}{sha256}-{os.getpid()}-{threading.get_ident()}"
+        try:
+            fd = create_exclusive(tmp, 0o600, read=True)  # 0600: only our own processes read the cache
+        except FileExistsError:  # we removed our leftovers under the shard's lock: something else put it there
+            raise UsageError(f"{tmp} appeared while downloading into the shard cache: something else writes to "
+                             f"{self.dir}; use a cache directory of your own") from None
+        out = os.fdopen(fd, "r+b")
+        try:
+            out.truncate(size)  # sparse: this is accounting, the bytes come with the download
+        except BaseException:
+            out.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp, out
+
     def _scan(self) -> tuple[int, list[tuple[float, int, Path]]]:
         """With the cache-wide lock: bytes counted (committed + downloads) and the committed shards
-        as (mtime, size, path). Removes downloads whose process died (their shard lock is free)."""
+        as (mtime, size, path). Removes downloads whose process died (their shard lock is free).
+        Names the cache does not write are neither counted nor touched."""
         used, committed = 0, []
         for entry in os.scandir(self.dir):
+            shard, download = _SHARD_FILE.fullmatch(entry.name), _TMP_FILE.fullmatch(entry.name)
+            if not (shard or download):
+                continue
             try:
-                st = entry.stat()
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:  # a failed download removing its temp without the cache-wide lock
                 continue
-            if entry.name.endswith(".tar"):
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if shard:
                 committed.append((st.st_mtime, st.st_size, Path(entry.path)))
                 used += st.st_size
-            elif entry.name.startswith(TMP_PREFIX):
-                sha = entry.name[len(TMP_PREFIX):].split("-", 1)[0]
-                with _flock(self._lock_path(sha), blocking=False) as free:
-                    if free:
-                        Path(entry.path).unlink(missing_ok=True)
-                        continue
-                used += st.st_size
+                continue
+            with _flock(self._lock_path(download.group(1)), blocking=False) as free:
+                if free:
+                    Path(entry.path).unlink(missing_ok=True)
+                    continue
+            used += st.st_size
         return used, committed
 
     def _evict(self, path: Path) -> bool:
@@ -290,13 +415,12 @@ class ShardCache:
             if item is None:
                 return
             fs, remote_path, name, size, sha256 = item
-            if self.path_for(sha256).exists():
-                continue
-            with _flock(self._lock_path(sha256)):  # the error is recorded before a waiting reader gets the lock
-                try:
-                    self._ensure(fs, remote_path, name, size, sha256)
-                except ShardError as exc:
-                    with self._mutex:
-                        self._prefetch_errors[sha256] = exc
-                except Exception as exc:  # network trouble, cache full: the reader's own get() retries and reports it
-                    log.debug("prefetch of %s failed: %s", name, exc)
+            try:  # the error is recorded under the shard's lock, before a waiting reader gets it
+                with _flock(self._lock_path(sha256)):
+                    try:  # a cached shard is verified here too, off the reader's path
+                        self._ensure(fs, remote_path, name, size, sha256, count_hit=False).close()
+                    except ShardError as exc:
+                        with self._mutex:
+                            self._prefetch_errors[sha256] = exc
+            except Exception as exc:  # network trouble, cache full: the reader's own get() retries and reports it
+                log.debug("prefetch of %s failed: %s", name, exc)

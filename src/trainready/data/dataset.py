@@ -23,8 +23,9 @@ reaches workers only when they start: keep persistent_workers=False).
 
 Storage: a local dataset (a path or file://) is read in place, each shard's size and sha256
 checked the first time a process opens it (verify_local=False skips that). Remote shards go
-through a ShardCache; cache_dir=None is /tmp/trainready-shards-UID (the system temp dir) with
-a 10 GiB limit.
+through a ShardCache; cache_dir=None is $XDG_CACHE_HOME/trainready/shards (else
+~/.cache/trainready/shards) with a 10 GiB limit. The cache directory must be yours alone (see
+cache.py); it is checked here, so a bad one fails at construction, not in a worker.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import stat
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
@@ -42,10 +43,12 @@ try:
 except ImportError as exc:  # pragma: no cover - torch is an optional extra
     raise ImportError("trainready.data.dataset needs torch: pip install 'trainready[torch,data]'") from exc
 
+from trainready.dist import identity
 from trainready.errors import UsageError
+from trainready.io import mismatch, verify_file
 
 from .assign import Run, Throughput, samples_per_rank, shard_order, simulate_buffer, span_runs, worker_span  # noqa: F401
-from .cache import CorruptShardError, MissingShardError, ShardCache, ShardError, verify_file
+from .cache import SOURCE, CorruptShardError, MissingShardError, ShardCache, ShardError, cache_directory
 from .format import Format, decode, iter_members, sample_key
 from .index_io import is_local, load_index, open_dataset, shard_url
 
@@ -55,11 +58,9 @@ STATE_VERSION = 1
 
 
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    import torch.distributed as dist
-
-    ready = dist.is_available() and dist.is_initialized()
-    found = (dist.get_rank(), dist.get_world_size()) if ready else (int(os.getenv("RANK", 0)), int(os.getenv("WORLD_SIZE", 1)))
-    rank, world_size = found[0] if rank is None else rank, found[1] if world_size is None else world_size
+    if rank is None or world_size is None:  # the one answer every subsystem uses (torch.distributed, else torchrun's env)
+        me = identity()
+        rank, world_size = me.rank if rank is None else rank, me.world_size if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
         raise UsageError(f"rank {rank} is not in 0..{world_size - 1} (world_size {world_size})")
     return rank, world_size
@@ -93,7 +94,7 @@ class ShardedDataset(IterableDataset):
         self.verify_local, self.prefetch_shards = verify_local, prefetch_shards
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         self.local = is_local(fs)
-        self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), f"trainready-shards-{os.getuid()}")
+        self.cache_dir = cache_dir if self.local else cache_directory(cache_dir)  # a local dataset needs no cache
         self.cache_limit_bytes = int(cache_limit_bytes)
         biggest = max(s.bytes for s in self.index.shards)
         if not self.local and biggest > self.cache_limit_bytes:
@@ -268,18 +269,32 @@ class ShardedDataset(IterableDataset):
         path = shard_url(self._root, info.name)
         if self._cache is not None:
             return self._cache.open(self._fs, path, info.name, info.bytes, info.sha256)
-        try:
-            handle = open(path, "rb")
+        try:  # O_NONBLOCK: a FIFO in a shard's place must not hang the open
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise MissingShardError(info.name, path) from None
-        if self.verify_local and info.name not in self._verified:
-            why = verify_file(handle, info.bytes, info.sha256)
-            if why:
-                handle.close()
-                raise CorruptShardError(info.name, path, why)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a directory, or a device that never ends
+            os.close(fd)
+            raise CorruptShardError(info.name, path, "is not a regular file")
+        handle = os.fdopen(fd, "rb")
+        why = self._verify_local(handle, st.st_size, info)
+        if why:
+            handle.close()
+            raise CorruptShardError(info.name, path, why)
+        return handle
+
+    def _verify_local(self, handle: IO[bytes], size: int, info: Any) -> str:
+        """Why a local shard does not match index.json, or '': checked on its first use in this
+        process (unless verify_local=False), by size first, so a huge file is not read to the end."""
+        if not self.verify_local or info.name in self._verified:
+            return ""
+        why = mismatch(size, "", info.bytes, info.sha256, SOURCE) if size != info.bytes else \
+            verify_file(handle, info.bytes, info.sha256, SOURCE)
+        if not why:
             self._verified.add(info.name)
             handle.seek(0)
-        return handle
+        return why
 
     def _prefetch(self, next_runs: list[Run]) -> None:
         if self._cache is None or not self.prefetch_shards:

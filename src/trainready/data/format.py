@@ -17,17 +17,24 @@ for readers (an interrupted pack leaves at most one such shard, overwritten on r
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from collections.abc import Iterator
-from typing import IO, Any, Literal
+from typing import IO, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trainready.io import confine
 
 INDEX = "index.json"
 SHARD_DIR = "shards"
 INDEX_SCHEMA_VERSION = 1
 Format = Literal["text", "jsonl", "tokens"]
 EXT = {"text": "txt", "jsonl": "json", "tokens": "npy"}
+SHA256 = r"^[0-9a-f]{64}$"  # becomes part of a cache path: nothing but what hashlib writes
+SHARD_NAME = rf"^{SHARD_DIR}/shard-[0-9]{{6,}}\.tar$"
+# strict: a count in index.json is a JSON integer, not "3", 3.0 or true
+Count = Annotated[int, Field(ge=0, strict=True)]
 
 
 def shard_name(number: int) -> str:
@@ -38,30 +45,52 @@ def sample_key(ordinal: int) -> str:
     return f"{ordinal:012d}"
 
 
+class IndexFieldError(ValueError):
+    """A check across fields that names the one it is about (pydantic would name only the list)."""
+
+    def __init__(self, loc: tuple[str | int, ...], value: Any, message: str):
+        super().__init__(message)
+        self.loc, self.value = loc, value
+
+
 class SourcePosition(BaseModel):
     """Where in the sorted source listing packing stopped: file index, record within the file."""
 
     model_config = ConfigDict(extra="forbid")
-    file: int
-    record: int
+    file: Count
+    record: Count
 
 
 class ShardInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(description="path relative to the dataset URL")
-    samples: int
-    bytes: int
-    sha256: str
-    tokens: int = Field(description="tokens in the shard (bytes for text/jsonl: see tokens_counted_as)")
-    first_sample: int = Field(description="global ordinal of the shard's first sample")
+    name: str = Field(description="path relative to the dataset URL, as the packer writes it",
+                      json_schema_extra={"pattern": SHARD_NAME})
+    samples: Count
+    bytes: Count
+    sha256: str = Field(pattern=SHA256)
+    tokens: Count = Field(description="tokens in the shard (bytes for text/jsonl: see tokens_counted_as)")
+    first_sample: Count = Field(description="global ordinal of the shard's first sample: the samples of the shards before it")
     source_end: SourcePosition = Field(description="source position after the shard's last sample (resume point)")
+
+    @field_validator("name")
+    @classmethod
+    def _confined(cls, name: str) -> str:
+        # a name read from someone else's index must not reach outside the dataset root
+        try:
+            confine(name, "name")
+        except ValueError:
+            raise ValueError("escapes the dataset's directory (absolute, '..', empty or odd parts)") from None
+        if not re.fullmatch(SHARD_NAME, name):
+            raise ValueError(f"is not {SHARD_DIR}/shard-NNNNNN.tar (what `trainready data pack` writes)")
+        return name
 
 
 class SourceInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
-    files: int
-    fingerprint: str = Field(description="sha256 over the sorted (relative path, size, mtime_ns) of every source file")
+    files: Count
+    fingerprint: str = Field(pattern=SHA256,
+                             description="sha256 over the sorted (relative path, size, mtime_ns) of every source file")
 
 
 class DataIndex(BaseModel):
@@ -73,10 +102,25 @@ class DataIndex(BaseModel):
     format: Format
     token_dtype: Literal["uint16", "uint32"] | None = None
     tokens_counted_as: Literal["tokens", "bytes"]
-    shard_size_bytes: int
+    shard_size_bytes: int = Field(ge=1, strict=True)
     source: SourceInfo
     shards: list[ShardInfo] = []
     complete: bool = False
+
+    @field_validator("shards")
+    @classmethod
+    def _consistent(cls, shards: list[ShardInfo]) -> list[ShardInfo]:
+        """Sample ordinals run on from shard to shard, and no shard is listed twice."""
+        total, names = 0, set()
+        for i, shard in enumerate(shards):
+            if shard.first_sample != total:
+                raise IndexFieldError(("shards", i, "first_sample"), shard.first_sample,
+                                      f"the shards before it hold {total} samples, so it must be {total}")
+            if shard.name in names:
+                raise IndexFieldError(("shards", i, "name"), shard.name, "listed twice")
+            total += shard.samples
+            names.add(shard.name)
+        return shards
 
     @property
     def total_samples(self) -> int:
@@ -91,6 +135,21 @@ class DataIndex(BaseModel):
         return sum(s.tokens for s in self.shards)
 
 
+def index_problem(exc: ValidationError) -> str:
+    """The first thing wrong with an index, in one line: the field's path, its value, why."""
+    first = exc.errors()[0]
+    loc, value, why = first["loc"], first.get("input"), str(first["msg"]).removeprefix("Value error, ")
+    cause = first.get("ctx", {}).get("error")
+    if first["type"] == "string_pattern_mismatch" and first["ctx"].get("pattern") == SHA256:
+        why = "must be a sha256: 64 lowercase hex digits"
+    if isinstance(cause, IndexFieldError):
+        loc, value = cause.loc, cause.value
+    where = ".".join(str(p) for p in loc) or "(top level)"
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"{where} = {shown}: {why}" if not isinstance(value, (dict, list)) else f"{where}: {why}"
+
+
 def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
@@ -99,11 +158,14 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def iter_members(fileobj: IO[bytes]) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of every regular member, streaming (no seek). Raises tarfile.TarError on damage."""
+    """(name, bytes) of every regular member, streaming (no seek). Raises tarfile.TarError on damage.
+    Sparse members are refused: a few bytes of one can claim terabytes of holes to read."""
     with tarfile.open(fileobj=fileobj, mode="r|") as tar:
         for member in tar:
             if not member.isfile():
                 continue
+            if member.sparse is not None:
+                raise tarfile.TarError(f"member {member.name} is a sparse file (claims {member.size} bytes)")
             handle = tar.extractfile(member)
             yield member.name, handle.read() if handle else b""
 
@@ -116,6 +178,25 @@ def decode(fmt: Format, data: bytes) -> Any:
         import json
 
         return json.loads(data)
+    return _load_tokens(data)
+
+
+def _load_tokens(data: bytes) -> Any:
+    """np.load, after checking that the header's shape fits the bytes: np.load allocates what the
+    header claims before reading, so a forged shape would ask for any amount of memory."""
     import numpy as np
 
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    buffer = io.BytesIO(data)
+    version = np.lib.format.read_magic(buffer)
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f"a .npy sample of format version {version}: samples are written as version 1.0 or 2.0")
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(buffer)
+    claimed = dtype.itemsize
+    for n in shape:
+        claimed *= n
+    if claimed != len(data) - buffer.tell():
+        raise ValueError(f"a .npy sample whose header claims shape {shape} of {dtype} ({claimed} bytes) "
+                         f"but holds {len(data) - buffer.tell()} bytes")
+    buffer.seek(0)
+    return np.load(buffer, allow_pickle=False)

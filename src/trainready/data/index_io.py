@@ -8,7 +8,7 @@ location that is missing, unreachable or not a dataset is something the user fix
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import logging
 import os
 import tarfile
 from collections.abc import Callable
@@ -18,10 +18,21 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from trainready.errors import TrainreadyError, UsageError
-from trainready.io import fsync_dir, is_local, open_url, redact, replace_durable
+from trainready.io import (
+    HashingWriter,
+    create_exclusive,
+    fsync_dir,
+    fsync_file,
+    is_local,
+    open_url,
+    redact,
+    replace_durable,
+    upload_checked,
+)
 
-from .format import INDEX, SHARD_DIR, DataIndex, ShardInfo, SourcePosition, add_member, shard_name
+from .format import INDEX, SHARD_DIR, DataIndex, ShardInfo, SourcePosition, add_member, index_problem, shard_name
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -65,12 +76,10 @@ def read_index(fs: Any, root: str, url: str) -> DataIndex | None:
         data = storage_call(url, f"reading {INDEX}", fs.cat_file, path, missing=True)
     except FileNotFoundError:
         return None
-    try:
+    try:  # every field checked (format.py): names stay under shards/, sha256s are hex, counts add up
         return DataIndex.model_validate_json(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise UsageError(f"{redact(url)}/{INDEX} is not a trainready dataset index ({where}: {first['msg']}); "
+        raise UsageError(f"{redact(url)}/{INDEX} is not a trainready dataset index ({index_problem(exc)}); "
                          f"pack the data again with --restart or point at another URL") from None
 
 
@@ -107,26 +116,16 @@ def write_index(fs: Any, root: str, index: DataIndex, url: str = "") -> None:
         storage_call(url or root, f"writing {INDEX}", fs.pipe_file, path, data)
 
 
-class _HashingWriter:
-    """A write-only file that hashes what passes through (the shard is never read back to hash it)."""
-
-    def __init__(self, path: Path):
-        self.handle = open(path, "wb")
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha256.update(data)
-        self.size += len(data)
-        return self.handle.write(data)
-
-
 class ShardBuilder:
-    """One shard being written to a local file: tar members streamed, sha256 computed on the way."""
+    """One shard being written to a local file: tar members streamed, sha256 computed on the way
+    (the shard is never read back to hash it). The file is created O_EXCL|O_NOFOLLOW: a leftover
+    of a killed pack is removed first, and a symlink planted in its place is never written through."""
 
     def __init__(self, path: Path, number: int, first_sample: int):
         self.path, self.name, self.first_sample = path, shard_name(number), first_sample
-        self.out = _HashingWriter(path)
+        path.unlink(missing_ok=True)  # removes a symlink itself, never its target
+        self.handle = os.fdopen(create_exclusive(path), "wb")
+        self.out = HashingWriter(self.handle)  # closing it leaves self.handle open: closed below
         self.tar = tarfile.open(fileobj=self.out, mode="w|", format=tarfile.PAX_FORMAT)  # w|: no seeks
         self.samples = self.payload = self.tokens = 0
         self.end = SourcePosition(file=0, record=0)
@@ -140,14 +139,14 @@ class ShardBuilder:
 
     def close(self) -> ShardInfo:
         self.tar.close()
-        self.out.handle.close()
-        return ShardInfo(name=self.name, samples=self.samples, bytes=self.out.size, sha256=self.out.sha256.hexdigest(),
+        self.handle.close()
+        return ShardInfo(name=self.name, samples=self.samples, bytes=self.out.size, sha256=self.out.hexdigest(),
                          tokens=self.tokens, first_sample=self.first_sample, source_end=self.end)
 
     def discard(self) -> None:
         with contextlib.suppress(Exception):  # closes the tar stream now, not in a later __del__
             self.tar.close()
-        self.out.handle.close()
+        self.handle.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -161,26 +160,30 @@ def shard_temp_path(fs: Any, root: str, name: str, scratch: Path) -> Path:
     return scratch / Path(name).name
 
 
-def put_shard(fs: Any, root: str, local: Path, name: str, size: int, url: str) -> None:
-    """Move a finished shard into place and check its size there. Overwrites an uncommitted
-    shard of the same name left by an interrupted pack (readers never see unlisted shards)."""
+def put_shard(fs: Any, root: str, local: Path, name: str, size: int, sha256: str, url: str) -> None:
+    """Move a finished shard into place and check it there. Overwrites an uncommitted shard of
+    the same name left by an interrupted pack (readers never see unlisted shards). Local: a
+    rename, then its size checked. Remote: trainready.io.upload_checked, which proves an S3 object
+    by its SHA-256 checksum (other stores, and S3 servers that report none: by size)."""
     remote = shard_url(root, name)
-    if is_local(fs):
-        def rename() -> None:
-            with open(local, "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.replace(local, remote)
-            fsync_dir(Path(remote).parent)
-
-        storage_call(url, f"writing {name}", rename)
-    else:
-        storage_call(url, f"uploading {name}", fs.put_file, str(local), remote)
+    if not is_local(fs):
+        proof = storage_call(url, f"uploading {name}", upload_checked, fs, local, remote, sha256, size)
+        if proof != "sha256":
+            log.info("%s/%s: the store reports no checksum, the upload was checked by size only", redact(url), name)
         local.unlink()
+        return
+
+    def rename() -> None:
+        fsync_file(local)  # on disk before the name (and then the index) says it is there
+        os.replace(local, remote)
+        fsync_dir(Path(remote).parent)
+
+    storage_call(url, f"writing {name}", rename)
     with contextlib.suppress(Exception):
         fs.invalidate_cache(remote)
     found = int(storage_call(url, f"checking {name}", fs.info, remote).get("size") or 0)
     if found != size:
-        raise UsageError(f"{redact(url)}/{name} has {found} bytes after upload, expected {size}; run the same command again")
+        raise UsageError(f"{redact(url)}/{name} has {found} bytes after the move, expected {size}; run the same command again")
 
 
 def clear_dataset(fs: Any, root: str, url: str) -> None:

@@ -22,8 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trainready.errors import UsageError
-from trainready.store.faults import fault_point
 from trainready.io import redact
+from trainready.store.faults import fault_point
 
 from .format import EXT, DataIndex, Format, SourceInfo, SourcePosition, sample_key, shard_name
 from .index_io import ShardBuilder, clear_dataset, is_local, open_dataset, put_shard, read_index, shard_temp_path, write_index
@@ -261,7 +261,7 @@ def _write_shards(fs: Any, root: str, url: str, index: DataIndex, files: list[So
 
     def commit(builder: ShardBuilder, last: bool) -> None:
         info = builder.close()
-        put_shard(fs, root, builder.path, info.name, info.bytes, url)
+        put_shard(fs, root, builder.path, info.name, info.bytes, info.sha256, url)
         fault_point("data.shard_uploaded")
         index.shards.append(info)
         index.complete = last

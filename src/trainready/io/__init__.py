@@ -5,6 +5,7 @@ from the rest of trainready but `errors`, so any layer may use it."""
 from .files import (
     CHUNK,
     HashingWriter,
+    PreconditionFailed,
     confine,
     create_exclusive,
     dir_mode,
@@ -15,9 +16,8 @@ from .files import (
     make_dir,
     mismatch,
     open_nofollow,
-    PreconditionFailed,
-    put_if_local,
     owned_private_dir,
+    put_if_local,
     replace_durable,
     sha256_file,
     verify_file,
@@ -34,12 +34,14 @@ from .urls import (
     protocols,
     put_if,
     read_versioned,
+    stored_matches,
     upload_checked,
 )
 
 __all__ = [
-    "CHUNK", "HashingWriter", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file", "hash_stream",
-    "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "replace_durable", "sha256_file", "verify_file",
-    "write_synced", "put_if_local", "redact", "redact_argv", "S3_PART", "IntegrityError", "PreconditionFailed", "SourceChangedError",
-    "is_local", "is_s3", "open_url", "protocols", "put_if", "read_versioned", "upload_checked",
+    "CHUNK", "HashingWriter", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file",
+    "hash_stream", "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "replace_durable", "sha256_file",
+    "verify_file", "write_synced", "put_if_local", "redact", "redact_argv", "S3_PART", "IntegrityError",
+    "PreconditionFailed", "SourceChangedError", "is_local", "is_s3", "open_url", "protocols", "put_if",
+    "read_versioned", "stored_matches", "upload_checked",
 ]

@@ -69,8 +69,8 @@ def owned_private_dir(path: str | os.PathLike) -> Path:
     elif st.st_mode & 0o022:
         problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
     if problem:
-        raise UsageError(f"{path} {problem}: pick a directory of your own (e.g. under $XDG_CACHE_HOME) or fix it "
-                         f"with `chmod 700 {path}`")
+        fix = f" or fix it with `chmod 700 {path}`" if "writable" in problem else ""
+        raise UsageError(f"{path} {problem}: pick a directory of your own (e.g. under $XDG_CACHE_HOME){fix}")
     return path
 
 

@@ -22,7 +22,7 @@ _SECRET_WORD = (r"(?:password|passwd|pwd|pass|secret|token|api[_-]?key|access[_-
 _QUERY = re.compile(r"(?i)([?&;](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
                     r"x-goog-credential|signature|awsaccesskeyid|sig|token|access_token|se|sv|skoid|sktid)=)[^&\s\"'#]+")
 # key=value / key: value where the key names a secret (fstab options, config dumps, headers)
-_PAIR = re.compile(r"(?i)\b((?:[\w.-]*[_.-])?" + _SECRET_WORD + r")([\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)([^\s,;&\"'}]+)")
+_PAIR = re.compile(r"(?i)(?<![/\w.-])((?:[\w.-]*[_.-])?" + _SECRET_WORD + r")([\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)([^\s,;&\"'}]+)")
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")
 _SECRET_ENV = re.compile(r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|SECRET_KEY|ACCESS_KEY_ID)(_|$)")
 _SECRET_OPTION = re.compile(r"(?i)^--?(?:[\w-]*[_-])?" + _SECRET_WORD + r"$")

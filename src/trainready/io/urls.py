@@ -27,7 +27,7 @@ from typing import Any
 
 from trainready.errors import TrainreadyError, UsageError
 
-from .files import CHUNK, PreconditionFailed, make_dir, put_if_local
+from .files import CHUNK, PreconditionFailed, file_mode, hash_stream, make_dir, put_if_local
 from .redact import redact
 
 S3_PART = 64 << 20  # S3 multipart part size (a part is held in memory while it is sent)
@@ -107,7 +107,8 @@ def upload_checked(fs: Any, local: str | os.PathLike, remote: str, sha256: str, 
 def _copy_local(local: Path, dest: Path, sha256: str, size: int) -> str:
     make_dir(dest.parent)
     digest, seen = hashlib.sha256(), 0
-    with open(local, "rb") as src, open(dest, "wb") as out:
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+    with open(local, "rb") as src, os.fdopen(fd, "wb") as out:
         while chunk := src.read(CHUNK):
             digest.update(chunk)
             seen += len(chunk)
@@ -168,6 +169,36 @@ def _multipart_s3(fs: Any, local: Path, bucket: str, key: str, sha256: str, size
             fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload["UploadId"])
         raise
     return _b64(hashlib.sha256(b"".join(part_digests)).digest()) + f"-{len(parts)}"
+
+
+def stored_matches(fs: Any, local: str | os.PathLike, remote: str, sha256: str, size: int,
+                   *, part_size: int = S3_PART) -> bool:
+    """Whether `remote` already holds exactly `local` (sha256/size as recorded), so an upload can
+    be skipped (a retried or resumed upload). Proven by content, never by size alone: S3 by the
+    stored SHA-256 checksum (composite ones recomputed from the local file), a local path by
+    reading it; a store that proves nothing answers False (upload again)."""
+    local = Path(local)
+    try:
+        if is_local(fs):
+            with open(remote, "rb") as handle:
+                return hash_stream(handle) == (sha256, size)
+        if not is_s3(fs):
+            return False
+        bucket, key, _ = fs.split_path(remote)
+        _invalidate(fs, remote)
+        head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    except FileNotFoundError:
+        return False
+    stored = head.get("ChecksumSHA256")
+    if int(head.get("ContentLength", -1)) != size or not stored:
+        return False
+    if stored.split("-")[0] == _b64(bytes.fromhex(sha256)):
+        return True
+    digests = []
+    with open(local, "rb") as handle:
+        while chunk := handle.read(part_size):
+            digests.append(hashlib.sha256(chunk).digest())
+    return stored.split("-")[0] == _b64(hashlib.sha256(b"".join(digests)).digest())
 
 
 def _invalidate(fs: Any, path: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import TrainreadyError, UsageError
+from trainready.io import redact
 
 from .log_rules import Detail, Finding, Line, run_rules
 
@@ -118,10 +119,13 @@ def _clip(text: str) -> str:
 
 def _to_diagnoses(findings: list[Finding]) -> list[Diagnosis]:
     findings = sorted(findings, key=lambda f: (f.severity != "error", min(x.position for x in f.lines)))
+    # evidence quotes log lines, and reports get pasted into tickets: secrets redacted (before the cut,
+    # so half a token is never shown)
     return [Diagnosis(id=f.id, title=f.title, severity=f.severity, count=f.count,
-                      evidence=[Evidence(file=x.file, line=x.number, text=x.text.strip()[:EVIDENCE_CHARS])
+                      evidence=[Evidence(file=x.file, line=x.number, text=redact(x.text.strip())[:EVIDENCE_CHARS])
                                 for x in sorted(f.lines, key=lambda x: x.position)[:MAX_EVIDENCE]],
-                      explanation=f.explanation, fixes=f.fixes, details=f.details) for f in findings]
+                      explanation=redact(f.explanation), fixes=f.fixes,
+                      details={k: redact(v) if isinstance(v, str) else v for k, v in f.details.items()}) for f in findings]
 
 
 def _summary(diagnoses: list[Diagnosis], files: list[Path]) -> str:

@@ -12,6 +12,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from trainready.io import redact
+
 from .launcher import EXIT_FAILED, LaunchResult, LaunchSpec
 from .log_rules_torch import signal_name
 
@@ -100,7 +102,7 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
                 files.append(str(path))
                 lines = last_lines(path, TAIL_LINES)
                 if lines and str(path) not in tails and (stream == "stderr.log" or not tails):
-                    tails[str(path)] = lines
+                    tails[str(path)] = [redact(line) for line in lines]  # shown and put in --json: may be shared
     restarts = spec.max_restarts
     raised: set[int] = set()
     if ranks and attempt is not None:  # a rank whose own log shows the error goes first

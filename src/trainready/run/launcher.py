@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv, replace_durable
+
 from .settings import STOP_FILE, RunSettings
-from .summary import RunSummary, billed_seconds, summarize
+from .summary import RunSummary, billed_seconds, launches_from_telemetry, redact_values, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
 from .watchdog import children, process_start_ticks
 
@@ -122,48 +124,83 @@ class Launcher:
         self._offset = 0
         self._signal_deadline: float | None = None
         self._lock_fd: int | None = None
+        self._info: dict[str, Any] = {}
 
     # ---- run.json ----------------------------------------------------------------------------
 
     def _run_json(self) -> Path:
         return self.spec.run_dir / "run.json"
 
-    def _read_info(self) -> dict[str, Any]:
+    def _load_info(self, records: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        """run.json of earlier launches, and whether it had to be rebuilt. One that cannot be parsed
+        (torn by a crash, edited by hand) is moved aside and its launches rebuilt from
+        telemetry.jsonl: an empty record would reset the budget's count of what was spent."""
+        path = self._run_json()
         try:
-            return json.loads(self._run_json().read_text())
-        except (OSError, ValueError):
-            return {}
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return {}, False
+        except OSError as exc:
+            from trainready.errors import UsageError
+
+            raise UsageError(f"cannot read {path} ({exc.strerror or exc}): fix its permissions or use another "
+                             "--run-dir") from None
+        try:
+            info = json.loads(raw)
+            if not isinstance(info, dict) or not isinstance(info.get("launches", []), list) or \
+                    not all(isinstance(launch, dict) for launch in info.get("launches", [])):
+                raise ValueError("not a run.json object")
+            return info, False
+        except (ValueError, UnicodeDecodeError):
+            pass
+        aside = path.with_name(f"run.json.corrupt-{int(time.time())}")
+        os.replace(path, aside)
+        # it may hold an unredacted command of an older version: take away what our mode would not give
+        os.chmod(aside, os.stat(aside).st_mode & file_mode())
+        launches = launches_from_telemetry(records)
+        if launches:
+            spent = billed_seconds(launches, records)
+            self.on_output(f"trainready: warning: {path} was unreadable (moved to {aside.name}); rebuilt {len(launches)} "
+                           f"earlier launch(es) from {FILE}: {spent:.0f} s billed so far, still counted by the budget")
+        else:
+            self.on_output(f"trainready: warning: {path} was unreadable (moved to {aside.name}) and {FILE} has no launch "
+                           "records: what earlier launches spent is unknown and NOT counted by the budget")
+        return {"launches": launches}, True
 
     def _write_info(self, info: dict[str, Any]) -> None:
-        tmp = self._run_json().with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(info, indent=2, default=str))
-        os.replace(tmp, self._run_json())
+        replace_durable(self._run_json(), json.dumps(info, indent=2, default=str).encode())
 
     def _begin(self) -> None:
         run_dir = self.spec.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(run_dir)  # private (0700) unless TRAINREADY_FILE_MODE says otherwise: torchrun's logs inherit it
         self._lock_run_dir()
-        info = self._read_info()
-        if info.get("command") and info["command"] != self.spec.command:
-            self.on_output(f"trainready: note: {run_dir} holds a run of `{' '.join(info['command'])}`; resuming it with "
-                           f"`{' '.join(self.spec.command)}` (use another --run-dir for a new run)")
         # earlier launches' telemetry; the live view starts after it (nothing appends: the lock is ours, no workers)
         records, self._offset = read_records(run_dir / FILE)
-        prior = billed_seconds(info.get("launches", []), records)
-        self._check_budget_left(prior, records)
+        info, rebuilt = self._load_info(records)
+        # run.json holds the command with its secrets hidden: compare like with like
+        command = redact_argv(self.spec.command)
+        if info.get("command") and redact_argv(info["command"]) != command:
+            self.on_output(f"trainready: note: {run_dir} holds a run of `{' '.join(redact_argv(info['command']))}`; "
+                           f"resuming it with `{' '.join(command)}` (use another --run-dir for a new run)")
         from .environment import describe_environment
 
         info.setdefault("schema_version", RUN_SCHEMA_VERSION)
         info.setdefault("kind", "trainready-run")
-        info["command"] = self.spec.command
-        info["config"] = self.spec.config
-        info["environment"] = describe_environment(self.spec.command)
-        info.setdefault("created_unix", self.start_unix)
+        info["command"] = command
+        info["config"] = redact_values(self.spec.config)  # --archive may carry credentials or a presigned URL
+        info["environment"] = redact_values(describe_environment(self.spec.command))
+        info.setdefault("created_unix", min((launch.get("start_unix") or self.start_unix for launch in info.get("launches", [])),
+                                            default=self.start_unix))
+        if rebuilt:
+            self._write_info(info)  # what was rebuilt survives a budget refusal below
+        prior = billed_seconds(info.get("launches", []), records)
+        self._check_budget_left(prior, records)
         info.setdefault("launches", []).append({
             "start_unix": self.start_unix, "end_unix": None, "exit_code": None, "reason": None,
             "pid": os.getpid(), "pid_start_ticks": process_start_ticks(os.getpid()), "node_rank": self.spec.node_rank,
             "prior_billed_s": round(prior, 3)})
         self._write_info(info)
+        self._info = info
         (run_dir / STOP_FILE).unlink(missing_ok=True)
         self.settings = self.spec.settings.model_copy(update={
             "prior_s": prior, "launch_unix": self.start_unix, "launcher_pid": os.getpid(),
@@ -175,7 +212,7 @@ class Launcher:
 
         from trainready.errors import UsageError
 
-        fd = os.open(self.spec.run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_nofollow(self.spec.run_dir / ".lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -204,7 +241,7 @@ class Launcher:
                              "raise --budget-usd to continue from the last checkpoint")
 
     def _end(self, result: LaunchResult) -> None:
-        info = self._read_info()
+        info = self._info  # ours since _begin (the lock): not read back, so a damaged file cannot lose it
         launch = info["launches"][-1]
         launch.update(end_unix=time.time(), exit_code=result.exit_code, reason=result.reason, message=result.message)
         self._write_info(info)
@@ -212,7 +249,7 @@ class Launcher:
         writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
         writer.close()
         result.summary = summarize(self.spec.run_dir)
-        (self.spec.run_dir / "summary.json").write_text(result.summary.model_dump_json(indent=2))
+        replace_durable(self.spec.run_dir / "summary.json", result.summary.model_dump_json(indent=2).encode())
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -279,7 +316,9 @@ class Launcher:
 
     def _pump(self) -> None:
         assert self.agent is not None and self.agent.stdout is not None
-        with open(self.spec.run_dir / "launcher.log", "ab") as log:
+        fd = os.open(self.spec.run_dir / "launcher.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     file_mode())
+        with open(fd, "ab") as log:
             for raw in iter(self.agent.stdout.readline, b""):
                 log.write(raw)
                 log.flush()
@@ -297,7 +336,8 @@ class Launcher:
     def _outcome(self, returncode: int) -> LaunchResult:
         stop = self._read_stop()
         if stop is not None:
-            reason, message, code = stop.get("reason", "stopped"), stop.get("message", ""), int(stop.get("exit_code", 0))
+            reason, code = stop.get("reason", "stopped"), int(stop.get("exit_code", 0))
+            message = redact(stop.get("message", ""))  # may quote an upload error: it goes to run.json and the console
             if reason == "signal" and self.signalled is not None:  # the workers only saw the SIGTERM we sent
                 code = 128 + self.signalled
                 message = message.replace("SIGTERM", signal.Signals(self.signalled).name, 1)

@@ -12,6 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from trainready.io import redact_argv
+
 STATUS_EVERY_S = 10.0
 
 
@@ -34,7 +36,9 @@ def _usd(value: float | None) -> str:
 
 class LiveView:
     def __init__(self, console: Console, title: str, live: bool):
-        self.console, self.title = console, title
+        # the title quotes the user's command, joined by spaces: split back into words so that
+        # `--hf-token VALUE` is masked like in run.json
+        self.console, self.title = console, " ".join(redact_argv(title.split(" ")))
         self.step: dict[str, Any] | None = None
         self.start: dict[str, Any] | None = None
         self.events: list[str] = []
@@ -70,7 +74,7 @@ class LiveView:
             elif kind == "restore":
                 where = f"step {r['step']} from the {r.get('tier')} tier" if r.get("step") is not None else "nothing: fresh start"
                 self._event(f"restored {where}")
-            elif kind in ("ckpt_interval", "budget", "stop") and r.get("message"):
+            elif kind in ("ckpt_interval", "budget", "ckpt_dropped", "stop") and r.get("message"):
                 self._event(r["message"])
         if self._live is not None:
             self._live.update(self.render())

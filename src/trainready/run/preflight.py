@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainready.errors import UsageError, closest
+from trainready.io import redact
 
 from .launcher import PYTHONS
 
@@ -108,7 +109,7 @@ def check_archive(url: str | None) -> None:
     path = Path(url.removeprefix("file://"))
     parent = next((p for p in [path, *path.parents] if p.exists()), None)
     if parent is None or not os.access(parent, os.W_OK):
-        raise UsageError(f"--archive {url}: cannot create it ({parent or path} is not writable)")
+        raise UsageError(f"--archive {redact(url)}: cannot create it ({redact(parent or path)} is not writable)")
 
 
 def _check_s3(url: str) -> None:
@@ -118,33 +119,32 @@ def _check_s3(url: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
     except ImportError:
         raise UsageError("--archive s3://... needs boto3 and s3fs: pip install 'trainready[s3]'") from None
-    from trainready.io import redact
-
     bucket = url[len("s3://"):].split("/", 1)[0]
+    shown, shown_bucket = redact(url), redact(bucket)  # every message below: the URL may carry credentials
     if not bucket:
-        raise UsageError(f"--archive {url}: no bucket name")
+        raise UsageError(f"--archive {shown}: no bucket name")
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    where = f" at {endpoint}" if endpoint else ""
+    where = f" at {redact(endpoint)}" if endpoint else ""
     config = Config(connect_timeout=S3_TIMEOUT_S, read_timeout=S3_TIMEOUT_S, retries={"max_attempts": 1})
     try:
         client = boto3.client("s3", endpoint_url=endpoint, config=config)
         client.head_bucket(Bucket=bucket)
     except NoCredentialsError:
-        raise UsageError(f"--archive {url}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+        raise UsageError(f"--archive {shown}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                          "AWS_PROFILE, or run on an instance with an IAM role)") from None
     except EndpointConnectionError:
-        raise UsageError(f"--archive {url}: cannot reach the S3 endpoint{where or ' (default AWS endpoint)'}: "
+        raise UsageError(f"--archive {shown}: cannot reach the S3 endpoint{where or ' (default AWS endpoint)'}: "
                          "check the network, AWS_ENDPOINT_URL_S3 and the region") from None
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code in ("404", "NoSuchBucket"):
-            raise UsageError(f"--archive {url}: bucket {bucket!r} does not exist{where}") from None
+            raise UsageError(f"--archive {shown}: bucket {shown_bucket!r} does not exist{where}") from None
         if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            raise UsageError(f"--archive {url}: access denied to bucket {bucket!r}{where} ({code}): check the "
+            raise UsageError(f"--archive {shown}: access denied to bucket {shown_bucket!r}{where} ({code}): check the "
                              "credentials and the bucket policy") from None
-        raise UsageError(f"--archive {url}: {redact(str(exc))}") from None
+        raise UsageError(f"--archive {shown}: {redact(str(exc))}") from None
     except BotoCoreError as exc:
-        raise UsageError(f"--archive {url}: {redact(str(exc))}") from None
+        raise UsageError(f"--archive {shown}: {redact(str(exc))}") from None
 
 
 def check_rendezvous(nnodes: int, node_rank: int, endpoint: str | None) -> None:

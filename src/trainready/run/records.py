@@ -66,6 +66,7 @@ class CkptStatus(BaseModel):
     saving: bool
     uploading: str | None
     archived: int | None
+    dropped_unarchived: int = Field(0, description="hot checkpoints deleted before they reached the archive, so far")
 
 
 class StepRecord(_Record):
@@ -106,6 +107,12 @@ class IntervalRecord(_Record):
     mtbf_h: float
     assumption: str
     message: str
+
+
+class CkptDroppedRecord(_Record):
+    type: Literal["ckpt_dropped"]
+    message: str
+    names: list[str] = Field(description="the checkpoints dropped from the hot tier without an archived copy")
 
 
 class BudgetRecord(_Record):
@@ -151,7 +158,8 @@ class ExitRecord(_Record):
 
 
 TelemetryRecord = Annotated[Union[LaunchRecord, StartRecord, RestoreRecord, StepRecord, CkptRecord, IntervalRecord,
-                                  BudgetRecord, StopRecord, EndRecord, ExitRecord], Field(discriminator="type")]
+                                  BudgetRecord, CkptDroppedRecord, StopRecord, EndRecord, ExitRecord],
+                           Field(discriminator="type")]
 
 
 class TelemetryLine(RootModel[TelemetryRecord]):
@@ -165,10 +173,12 @@ class Launch(BaseModel):
     exit_code: int | None
     reason: str | None
     message: str | None = None
-    pid: int
+    pid: int | None = Field(description="the launcher's pid; None in a launch rebuilt from telemetry")
     pid_start_ticks: int | None = None
     node_rank: int
     prior_billed_s: float
+    recovered_from: str | None = Field(None, description="'telemetry.jsonl' when run.json was unreadable and this "
+                                                         "launch was rebuilt from its launch and exit records")
 
 
 class RunInfo(BaseModel):

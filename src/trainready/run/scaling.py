@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from trainready.errors import UsageError
+from trainready.io import redact_argv
 
 from .launcher import Launcher, LaunchSpec
 from .summary import WARMUP_STEPS
@@ -130,4 +131,5 @@ def run_scaling(spec: LaunchSpec, counts: list[int], steps: int, quiet: bool = F
         if p.tokens_per_s and base.tokens_per_s:
             p.efficiency = p.tokens_per_s / (base.tokens_per_s * p.processes / base.processes)
     ok = all(p.exit_code == 0 and p.tokens_per_s for p in points)
-    return ScalingReport(command=spec.command, steps_per_point=steps, points=points, findings=findings(points), ok=ok)
+    return ScalingReport(command=redact_argv(spec.command), steps_per_point=steps, points=points,
+                         findings=findings(points), ok=ok)

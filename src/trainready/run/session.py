@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from trainready.dist import STOP, DistContext, identity
 from trainready.errors import UsageError
-from trainready.io import redact
+from trainready.io import redact, replace_durable
 
 from .budget import BudgetGuard, CostClock
 from .interval import IntervalChoice, choose_interval, job_mtbf
@@ -381,14 +381,15 @@ class Session:
         else:
             message = f"stopped after {self._steps_this_launch} steps (max_steps)"
         exit_code = {"signal": 128 + (STOP.signum or signal.SIGTERM), "budget": EXIT_BUDGET, "max_steps": 0}[reason]
+        message = redact(message)
         info = {"schema_version": 1, "reason": reason, "step": step, "checkpoint": committed,
-                "message": message, "exit_code": exit_code, "upload_error": upload_error,
+                "message": message, "exit_code": exit_code, "upload_error": redact(upload_error) if upload_error else None,
                 "cost_usd": self.budget.clock.spent_usd(now)}
         self.telemetry.write("stop", **info)
         if self.is_main:
             sys.stderr.write(f"trainready: {message}\n")
         if self.local_rank == 0 and self.settings.run_dir is not None:  # every node's launcher reads its own
-            (self.settings.run_dir / STOP_FILE).write_text(json.dumps(info, indent=2))
+            replace_durable(self.settings.run_dir / STOP_FILE, json.dumps(info, indent=2).encode())
         try:
             self.finish(timeout_s=max(1.0, self.settings.grace_s - 5.0 - (time.monotonic() - started)))
         except Exception as exc:  # never trade a clean stop for a traceback: what is committed is intact

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from trainready.errors import UsageError
+from trainready.io import redact, redact_argv
 
 from .settings import node_run_dirs
 from .telemetry import FILE, read_records
@@ -116,7 +117,8 @@ def summarize(run_dir: Path) -> RunSummary:
     steady = _steady(steps, records)
     return RunSummary(
         run_dir=str(run_dir), status=_status(last_launch, records), exit_code=last_launch.get("exit_code"),
-        message=last_launch.get("message") or (stop or {}).get("message"), command=info.get("command", []),
+        message=_redacted(last_launch.get("message") or (stop or {}).get("message")),
+        command=redact_argv(info.get("command", [])),  # a run.json of an older version may hold it verbatim
         launches=len(launches) or len({r.get("run_id") for r in starts} - {None}) or 0,
         worker_restarts=sum(1 for r in starts if r.get("restart_count", 0) > 0),
         world_size=starts[-1].get("world_size") if starts else None,
@@ -133,8 +135,23 @@ def summarize(run_dir: Path) -> RunSummary:
         ckpt_interval=next((r.get("message") for r in reversed(records) if r["type"] == "ckpt_interval"), None),
         eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop),
         warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
-        stop={k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")} if stop else None,
+        stop=redact_values({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
     )
+
+
+def _redacted(text: str | None) -> str | None:
+    return None if text is None else redact(text)
+
+
+def redact_values(value: Any) -> Any:
+    """Every string in a JSON-like value passed through the redactor (run.json's config and environment)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [redact_values(v) for v in value]
+    if isinstance(value, dict):
+        return {k: redact_values(v) for k, v in value.items()}
+    return value
 
 
 def _launcher_alive(launch: dict[str, Any]) -> bool:
@@ -200,6 +217,23 @@ def billed_seconds(launches: list[dict[str, Any]], records: list[dict[str, Any]]
         end = launch.get("end_unix") or max((r["t"] for r in records if start <= r["t"] < before), default=start)
         total += max(0.0, end - start)
     return total
+
+
+def launches_from_telemetry(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """run.json's launches rebuilt from the launcher's `launch` and `exit` telemetry records, for a
+    run.json that was lost or torn. A launch starts at its `launch` record (a second or so after
+    the launcher started) and ends at its `exit` record; one without (the launcher was killed)
+    ends, for billed_seconds, at its last record."""
+    launches: list[dict[str, Any]] = []
+    for r in records:
+        if r.get("type") == "launch":
+            launches.append({"start_unix": r["t"], "end_unix": None, "exit_code": None, "reason": None, "pid": None,
+                             "node_rank": r.get("node_rank", 0), "prior_billed_s": r.get("prior_billed_s") or 0.0,
+                             "recovered_from": FILE})
+        elif r.get("type") == "exit" and launches and launches[-1]["end_unix"] is None:
+            launches[-1].update(end_unix=r["t"], exit_code=r.get("exit_code"), reason=r.get("reason"),
+                                message=r.get("message"))
+    return launches
 
 
 def _wall(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainready.io import file_mode, make_dir
+
 TELEMETRY_SCHEMA_VERSION = 1
 FILE = "telemetry.jsonl"
 
@@ -46,8 +48,8 @@ class TelemetryWriter:
         self._fd: int | None = None
         self._failed = False
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            make_dir(self.path.parent)  # private unless TRAINREADY_FILE_MODE says otherwise (trainready.io)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
 
     def write(self, type_: str, **fields: Any) -> dict[str, Any]:
         record = _clean({"schema_version": TELEMETRY_SCHEMA_VERSION, "type": type_, "t": round(time.time(), 3),

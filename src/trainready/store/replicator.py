@@ -156,7 +156,8 @@ class Replicator:
         uploads = [e for e in manifest.files if ours.get(e.path) == e]
         if self.archive.exists(name, MANIFEST):
             return  # already committed there (e.g. by an earlier run)
-        missing = [e for e in uploads if self.archive.remote_size(name, e.path) != e.size]
+        # a retried or resumed upload skips only objects proven identical by content, never by size
+        missing = [e for e in uploads if not self.archive.holds(self.hot.path(name) / e.path, name, e)]
         if missing:  # the largest first, a few at a time: one stream rarely fills the link
             missing.sort(key=lambda e: -e.size)
             with ThreadPoolExecutor(max_workers=self.upload_streams, thread_name_prefix="trainready-upload") as pool:

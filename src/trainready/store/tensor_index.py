@@ -8,18 +8,18 @@ reader and an exact list of the classes DCP puts there.
 
 Validation is complete: every name is a plain file name in the checkpoint directory, every
 chunk lies inside its tensor, every storage entry points at a chunk of a listed tensor, every
-number is a non-negative int, every dtype is one of DTYPES. Byte items (pickled objects DCP
+number is a non-negative int, every dtype is one of DTYPE_NAMES. Byte items (pickled objects DCP
 loads with torch.load) do not exist in this format.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import pickle_data
@@ -30,10 +30,18 @@ DCP_METADATA = ".metadata"
 SCHEMA_VERSION = 1
 MAX_DIMS = 32
 MAX_NUMEL = 1 << 50
-DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in (
-    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128")
-    if isinstance(getattr(torch, name, None), torch.dtype)}
+# dtype names a checkpoint may hold (torch attribute names; no torch needed to validate)
+DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+               "float8_e5m2fnuz", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
+               "complex64", "complex128")
+
+
+@functools.cache
+def torch_dtypes() -> dict[str, Any]:
+    """DTYPE_NAMES -> torch.dtype, for those this torch has (looked up by our names, never a file's)."""
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES if isinstance(getattr(torch, name, None), torch.dtype)}
 _FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -68,8 +76,8 @@ class TensorEntry(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, value: str) -> str:
-        if value not in DTYPES:
-            raise ValueError(f"dtype {value!r} is not one of {', '.join(DTYPES)}")
+        if value not in DTYPE_NAMES:
+            raise ValueError(f"dtype {value!r} is not one of {', '.join(DTYPE_NAMES)}")
         return value
 
     @field_validator("size")
@@ -161,8 +169,12 @@ class TensorIndex(BaseModel):
     def files(self) -> set[str]:
         return {e.file for e in self.storage}
 
-    def shapes(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
-        return {k: (torch.Size(t.size), DTYPES[t.dtype]) for k, t in self.tensors.items()}
+    def shapes(self) -> dict[str, tuple[Any, Any]]:
+        """fqn -> (torch.Size, torch.dtype)."""
+        import torch
+
+        dtypes = torch_dtypes()
+        return {k: (torch.Size(t.size), _known(dtypes, t.dtype)) for k, t in self.tensors.items()}
 
     # ---- DCP metadata --------------------------------------------------------------------------
 
@@ -187,6 +199,7 @@ class TensorIndex(BaseModel):
 
     def to_metadata(self, storage_meta: Any = None) -> Any:
         """DCP's Metadata for this index (built here from validated values; nothing unpickled)."""
+        import torch
         from torch.distributed.checkpoint.filesystem import _StorageInfo
         from torch.distributed.checkpoint.metadata import (
             ChunkStorageMetadata,
@@ -198,7 +211,7 @@ class TensorIndex(BaseModel):
 
         sd_meta = {
             fqn: TensorStorageMetadata(
-                properties=TensorProperties(dtype=DTYPES[t.dtype], requires_grad=t.requires_grad),
+                properties=TensorProperties(dtype=_known(torch_dtypes(), t.dtype), requires_grad=t.requires_grad),
                 size=torch.Size(t.size),
                 chunks=[ChunkStorageMetadata(offsets=torch.Size(c.offsets), sizes=torch.Size(c.sizes)) for c in t.chunks])
             for fqn, t in self.tensors.items()}
@@ -216,7 +229,7 @@ _LEGACY_GLOBALS = frozenset(
     | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
        ("collections", "OrderedDict"), ("torch", "contiguous_format"), ("torch", "strided")}
-    | {("torch", name) for name in DTYPES})
+    | {("torch", name) for name in DTYPE_NAMES})
 
 
 def legacy_index(data: bytes) -> TensorIndex:
@@ -245,6 +258,12 @@ def legacy_index(data: bytes) -> TensorIndex:
         raise TensorIndexError(str(exc)) from None
     return TensorIndex.from_bytes(json.dumps({"dcp_version": version if isinstance(version, str) else None,
                                               "tensors": tensors, "storage": storage}).encode())
+
+
+def _known(dtypes: dict[str, Any], name: str) -> Any:
+    if name not in dtypes:
+        raise TensorIndexError(f"dtype {name} is not supported by this torch")
+    return dtypes[name]
 
 
 def _state(value: Any, cls_name: str, kind: type) -> Any:
@@ -297,7 +316,7 @@ def _properties(value: Any) -> tuple[str, bool]:
         dtype, requires_grad = state.get("dtype"), state.get("requires_grad", False)
     else:
         raise TensorIndexError("TensorProperties with an unexpected state")
-    if not isinstance(dtype, Global) or dtype.module != "torch" or dtype.name not in DTYPES:
+    if not isinstance(dtype, Global) or dtype.module != "torch" or dtype.name not in DTYPE_NAMES:
         raise TensorIndexError(f"unsupported dtype {dtype}")
     if not isinstance(requires_grad, bool):
         raise TensorIndexError("requires_grad is not a bool")

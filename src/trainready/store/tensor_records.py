@@ -18,7 +18,9 @@ import torch
 
 from . import pickle_data
 from .pickle_data import Call, Global, PersistentId
-from .tensor_index import DTYPES
+from .tensor_index import torch_dtypes
+
+DTYPES = torch_dtypes()
 
 MAX_PICKLE_BYTES = 1 << 20
 _STORAGE_DTYPES = {name: dtype for dtype, name in torch.storage._dtype_to_storage_type_map().items()

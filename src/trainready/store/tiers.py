@@ -38,6 +38,7 @@ from trainready.io import (
     read_versioned,
     redact,
     sha256_file,
+    stored_matches,
     upload_checked,
     verify_file,
     write_synced,
@@ -298,6 +299,11 @@ class ArchiveTier:
         except FileNotFoundError:
             return None
         return int(info.get("size") or 0)
+
+    def holds(self, local: Path, name: str, entry: FileEntry) -> bool:
+        """Whether the archive already has this exact file (by content, see io.stored_matches)."""
+        return bool(self._call(f"check {entry.path}", stored_matches, self.fs, local, self._p(name, entry.path),
+                               entry.sha256, entry.size, part_size=self.part_size))
 
     def upload(self, local: Path, name: str, entry: FileEntry) -> str:
         """Put one file and prove the stored object matches it (see trainready.io.upload_checked):

@@ -1,0 +1,62 @@
+"""`trainready run` end to end (one tiny worker, no training): the run directory is private,
+secrets stay out of it and of the console, and a torn run.json between launches does not make
+the budget forget what the first launch spent."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+from run_helpers import env_for_run
+
+SECRETS = ("sigSECRET123", "hfSECRET456", "archSECRET000")
+SCRIPT = "import sys, time\ntime.sleep(float(sys.argv[1]))\nprint('worker done')\n"
+
+
+def launch(tmp_path, run_dir, *opts, env=None) -> tuple[int, str]:
+    (tmp_path / "sleepy.py").write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), *opts, "--", "python", "sleepy.py", "1.5",
+           "--data", "https://b.s3.amazonaws.com/x?X-Amz-Signature=sigSECRET123", "--hf-token", "hfSECRET456"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env_for_run(env), capture_output=True, text=True, timeout=180,
+                          preexec_fn=lambda: os.umask(0o022))  # the modes asserted must not depend on the tester's umask
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def modes(run_dir) -> dict[str, int]:
+    return {str(p.relative_to(run_dir)): stat.S_IMODE(p.lstat().st_mode) for p in run_dir.iterdir()}
+
+
+def test_run_dir_is_private_and_holds_no_secret(tmp_path):
+    run_dir = tmp_path / "run"
+    code, out = launch(tmp_path, run_dir, "--archive", "https://user:archSECRET000@host/x")
+    assert code == 0, out[-3000:]
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700  # what keeps torchrun's own logs/ private
+    found = modes(run_dir)
+    assert (run_dir / "logs").is_dir() and list((run_dir / "logs").rglob("stdout.log"))
+    assert {name: mode for name, mode in found.items() if name != "logs"} == {
+        name: 0o600 for name in (".lock", "run.json", "summary.json", "telemetry.jsonl", "launcher.log")}
+    assert not [s for s in SECRETS if s in out]
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert not [s for s in SECRETS if s in path.read_text(errors="replace")], path
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["command"][-3:] == ["https://b.s3.amazonaws.com/x?X-Amz-Signature=***", "--hf-token", "***"]
+
+
+def test_torn_run_json_between_launches_still_counts_the_first_launchs_spend(tmp_path):
+    run_dir = tmp_path / "run"
+    budget = ("--usd-per-hour", "3600", "--budget-usd", "1")  # $1 per second: the first launch spends it all
+    group = {"TRAINREADY_FILE_MODE": "group"}
+    code, out = launch(tmp_path, run_dir, *budget, env=group)
+    assert code == 0, out[-3000:]
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o750
+    assert {mode for name, mode in modes(run_dir).items() if name != "logs"} == {0o640}
+    whole = (run_dir / "run.json").read_bytes()
+    (run_dir / "run.json").write_bytes(whole[: len(whole) // 2])  # torn, as by a crash mid-write
+    code, out = launch(tmp_path, run_dir, *budget, env=group)
+    assert code == 2 and "already spent" in out and "Traceback" not in out, out[-3000:]
+    assert "was unreadable" in out and "rebuilt 1 earlier launch(es) from telemetry.jsonl" in out
+    assert [p.read_bytes() for p in run_dir.glob("run.json.corrupt-*")] == [whole[: len(whole) // 2]]
