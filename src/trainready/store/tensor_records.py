@@ -11,6 +11,8 @@ view stays inside them. Anything else is refused.
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import zipfile
 from typing import IO, Any
 
@@ -55,11 +57,13 @@ def read_record(stream: IO[bytes]) -> torch.Tensor:
         data = _member(archive, f"{prefix}/data/{key}", numel * _itemsize(dtype))
         if data.file_size != numel * _itemsize(dtype):
             raise RecordError(f"storage {key} holds {data.file_size} bytes, expected {numel * _itemsize(dtype)}")
-        buffer = bytearray(data.file_size)
-        with archive.open(data) as handle:
-            if handle.readinto(buffer) != len(buffer):  # type: ignore[attr-defined]
-                raise RecordError(f"storage {key} is truncated")
-    flat = torch.frombuffer(buffer, dtype=dtype) if numel else torch.empty(0, dtype=dtype)
+        raw = torch.empty(data.file_size, dtype=torch.uint8)
+        # read the stored bytes straight into the tensor's memory (zipfile would copy them twice
+        # and CRC them; a bytearray would be zeroed first)
+        stream.seek(_data_start(stream, data))
+        if data.file_size and stream.readinto(_writable(raw)) != data.file_size:
+            raise RecordError(f"storage {key} is truncated")
+    flat = raw.view(dtype) if numel else torch.empty(0, dtype=dtype)
     _check_view(numel, offset, size, stride)
     return flat.as_strided(size, stride, offset)
 
@@ -76,6 +80,26 @@ def _member(archive: zipfile.ZipFile, name: str, limit: int, optional: bool = Fa
     if optional:
         return archive.read(info)
     return info
+
+
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip local file header (zipfile.structFileHeader)
+
+
+def _data_start(stream: IO[bytes], info: zipfile.ZipInfo) -> int:
+    """Where a stored member's bytes begin: after its local header, name and extra field."""
+    stream.seek(info.header_offset)
+    raw = stream.read(_LOCAL_HEADER.size)
+    if len(raw) != _LOCAL_HEADER.size:
+        raise RecordError(f"{info.filename}: truncated local header")
+    fields = _LOCAL_HEADER.unpack(raw)
+    if fields[0] != b"PK\x03\x04":
+        raise RecordError(f"{info.filename}: bad local header")
+    return info.header_offset + _LOCAL_HEADER.size + fields[10] + fields[11]
+
+
+def _writable(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory."""
+    return memoryview((ctypes.c_char * tensor.numel()).from_address(tensor.data_ptr())).cast("B")
 
 
 def _itemsize(dtype: torch.dtype) -> int:
