@@ -294,6 +294,26 @@ def test_s3_archive(store, tmp_path, s3_env):
     left = {o["Key"].split("/")[1] for o in client.list_objects_v2(Bucket="ckpts", Prefix="run/")["Contents"]}
     assert left == set(names(300, 400)) | {"writer.json"}
     shutil.rmtree(tmp_path / "out")
+    for args in (("ls",), ("verify",), ("prune", "--keep", "1")):  # a missing bucket is a wrong location, not an empty one
+        proc = cli(*args[:1], "s3://no-such-bucket/run", *args[1:], env=env)
+        assert proc.returncode == 2 and "does not exist" in proc.stderr, proc.stderr
+
+
+def test_text_from_disk_is_never_markup_or_terminal_control(tmp_path):
+    """A run id or path with Rich markup or terminal escapes was rendered (or crashed the output)."""
+    base = write_ckpt(tmp_path / "loc[x]", 100)
+    manifest = json.loads((base / MANIFEST).read_text())
+    manifest["run_id"] = "[red]x[/] \x1b]0;owned\x07"
+    manifest["files"].append({"path": "a[/b]", "size": 1, "sha256": "0" * 64})
+    manifest["node_files"]["0"].append({"path": "a[/b]", "size": 1, "sha256": "0" * 64})
+    (base / MANIFEST).write_text(json.dumps(manifest))
+    shown = cli("ls", tmp_path / "loc[x]", env={"COLUMNS": "80"})
+    assert shown.returncode == 0 and "[red]x[/]" in shown.stdout and "\x1b" not in shown.stdout
+    assert "loc[x]" in shown.stdout
+    checked = cli("verify", tmp_path / "loc[x]", env={"COLUMNS": "80"})
+    assert checked.returncode == 1 and "a[/b]: missing" in checked.stdout
+    missing = cli("ls", tmp_path / "no[/such]")
+    assert missing.returncode == 2 and "no[/such]" in missing.stderr
 
 
 def test_ckpt_needs_no_torch(store):

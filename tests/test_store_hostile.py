@@ -286,3 +286,130 @@ def test_a_symlinked_data_file_is_refused(base, tmp_path):
     with CheckpointManager(hot, async_save=False) as mgr:
         result = mgr.restore_details(_state(0.0))
     assert result.step == 1 and "not a regular file" in result.skipped[0]
+
+
+# ---- found by attacking the change: each of these hung, exhausted memory or reached outside ----
+
+@pytest.fixture
+def alarm():
+    """A hang fails the test instead of the suite."""
+    import signal
+
+    def boom(*_):
+        raise TimeoutError("hung")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_shared_references_in_a_legacy_index_cannot_expand_it(base, tmp_path, alarm):
+    """A 1.3 KB .metadata whose MetadataIndex.index is a DAG of shared lists 40 levels deep."""
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    md = pickle.loads((base / checkpoint_name(2, 1) / ".metadata").read_bytes())
+    dag: list = [0, 0]
+    for _ in range(40):
+        dag = [dag, dag]
+    key = next(k for k in md.storage_data if k.fqn == "model/w")
+    md.storage_data[MetadataIndex(key.fqn, key.offset, dag)] = md.storage_data.pop(key)
+    hot = _plant(base, tmp_path, {"tensors.json": None, ".metadata": pickle.dumps(md, protocol=4)})
+    with pytest.raises(CheckpointError, match=r"\.metadata"):
+        read_index(hot / checkpoint_name(2, 1))
+
+
+def test_an_index_cannot_make_restore_allocate_what_it_does_not_store(base, tmp_path):
+    """A tensor the live state lacks is allocated from the index: 2 GiB declared, 1.5 KB stored."""
+    index = json.loads((base / checkpoint_name(2, 1) / "tensors.json").read_bytes())
+    first = index["storage"][0]
+    index["tensors"]["model/huge"] = {"dtype": "float32", "size": [1 << 29], "requires_grad": False,
+                                      "chunks": [{"offsets": [0], "sizes": [1 << 29]}]}
+    index["storage"].append(dict(first, fqn="model/huge", offset=[0]))
+    state = json.loads((base / checkpoint_name(2, 1) / "state.json").read_bytes())
+    state["model"]["huge"] = {"__tensor__": "model/huge"}
+    hot = _plant(base, tmp_path, {"tensors.json": json.dumps(index).encode(), "state.json": json.dumps(state).encode()})
+    with CheckpointManager(hot, async_save=False) as mgr:
+        result = mgr.restore_details(_state(0.0))
+    assert result.step == 1 and "stores" in result.skipped[0]
+
+
+def test_a_record_cannot_expand_into_more_elements_than_it_stores(tmp_path):
+    from trainready.store.tensor_records import RecordError, read_record
+
+    buf = io.BytesIO()
+    torch.save(torch.ones(1).expand(1 << 20), buf)  # stride 0: one stored element viewed a million times
+    buf.seek(0)
+    with pytest.raises(RecordError, match="expanded"):
+        read_record(buf)
+
+
+def test_files_the_manifest_does_not_vouch_for_are_never_read(base, tmp_path, alarm):
+    """A FIFO planted as tensors.json (unlisted, so verification never looks at it) hung restore."""
+    import os
+
+    hot = _plant(base, tmp_path, {"tensors.json": None})  # the manifest now lists no tensors.json
+    os.mkfifo(hot / checkpoint_name(2, 1) / "tensors.json")
+    loaded = _state(0.0)
+    with CheckpointManager(hot, async_save=False) as mgr:
+        assert mgr.restore(loaded) == 2  # read through the listed .metadata, decoded as data
+    assert torch.equal(loaded["model"]["w"], _state(2.0)["model"]["w"])
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_manifest_that_is_not_a_file_is_unreadable_not_a_hang(kind, base, tmp_path, alarm):
+    import os
+
+    hot = tmp_path / "hot"
+    shutil.copytree(base, hot)
+    manifest = hot / checkpoint_name(2, 1) / MANIFEST
+    manifest.unlink()
+    os.mkdir(manifest) if kind == "directory" else os.mkfifo(manifest)
+    assert {c.name: c.status for c in list_checkpoints(str(hot)).checkpoints}[checkpoint_name(2, 1)] == "unreadable"
+    with CheckpointManager(hot, async_save=False) as mgr:
+        assert mgr.restore(_state(0.0)) == 1
+
+
+def test_a_symlinked_checkpoint_directory_is_never_read_or_deleted_through(base, tmp_path):
+    """Location A's step-1 is a symlink to location B's: pruning A removed B's manifest."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(base, b)
+    a.mkdir()
+    shutil.copytree(base / checkpoint_name(2, 1), a / checkpoint_name(2, 1))
+    shutil.copy(base / "writer.json", a / "writer.json")
+    (a / checkpoint_name(1, 1)).symlink_to(b / checkpoint_name(1, 1))
+    statuses = {c.name: c.status for c in list_checkpoints(str(a)).checkpoints}
+    assert statuses[checkpoint_name(1, 1)] == "unreadable"
+    prune(str(a), keep=1)
+    assert (b / checkpoint_name(1, 1) / MANIFEST).exists()
+    with CheckpointManager(a, async_save=False, keep_hot=1) as mgr:
+        mgr.save(3, _state(3.0))
+        mgr.wait()
+    assert (b / checkpoint_name(1, 1) / MANIFEST).exists()
+
+
+def test_pull_never_follows_a_symlinked_file(base, tmp_path):
+    hot = _plant(base, tmp_path, {})
+    data = hot / checkpoint_name(2, 1) / "__0_0.distcp"
+    data.unlink()
+    data.symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        pull(str(hot), 2, tmp_path / "to")
+
+
+def test_generations_past_9999_stay_visible(tmp_path):
+    from trainready.store.manifest import LEASE, Lease, parse_name
+
+    hot = tmp_path / "hot"
+    with CheckpointManager(hot, async_save=False) as mgr:
+        run = mgr.run_id
+    (hot / LEASE).write_text(Lease(run_id=run, generation=9999).model_dump_json())
+    with CheckpointManager(hot, async_save=False) as mgr:
+        assert mgr.generation == 10000
+        mgr.save(5, _state(5.0))
+    assert parse_name(checkpoint_name(5, 10000)) == (5, 10000) and parse_name("step-000000000005-g00001") is None
+    with CheckpointManager(hot, async_save=False) as mgr:
+        assert mgr.restore(_state(0.0)) == 5

@@ -157,3 +157,109 @@ def test_group_readable_when_configured(tmp_path, monkeypatch):
     ckpt = tmp_path / "hot" / checkpoint_name(1, 1)
     assert stat.S_IMODE(os.stat(ckpt).st_mode) == 0o750
     assert stat.S_IMODE(os.stat(ckpt / MANIFEST).st_mode) == 0o640
+
+
+# ---- found by attacking the change ----
+
+def test_a_fenced_writer_never_takes_the_prefix_back_when_the_lease_goes_missing(tmp_path):
+    hot = tmp_path / "hot"
+    zombie = CheckpointManager(hot, async_save=False, keep_hot=5)
+    zombie.save(1, _state(1))
+    live = CheckpointManager(hot, async_save=False, keep_hot=5)
+    live.save(3, _state(3))
+    for damage in ("remove", "corrupt"):
+        if damage == "remove":
+            (hot / LEASE).unlink()
+        else:
+            (hot / LEASE).write_text("{")
+        with pytest.raises(Exception, match="generation 2"):
+            zombie.save(4 if damage == "remove" else 6, _state(4))
+        live.save(5 if damage == "remove" else 7, _state(5))  # the newer writer goes on, and takes its lease back
+    live.close()
+    assert not (hot / checkpoint_name(4, 1)).exists()
+    with CheckpointManager(hot, async_save=False) as mgr:
+        assert mgr.restore(_state(0)) == 7
+
+
+def _archive_down_once(monkeypatch):
+    from trainready.store.errors import ArchiveUnavailableError
+    from trainready.store.tiers import ArchiveTier
+
+    real = ArchiveTier.read_lease
+    calls = []
+
+    def flaky(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ArchiveUnavailableError("archive: simulated outage at start")
+        return real(self)
+
+    monkeypatch.setattr(ArchiveTier, "read_lease", flaky)
+    return calls
+
+
+def test_a_fresh_node_waits_for_an_unreachable_archive_instead_of_starting_from_scratch(tmp_path, monkeypatch):
+    archive = str(tmp_path / "archive")
+    with CheckpointManager(tmp_path / "first-node", archive, async_save=False) as mgr:
+        mgr.save(1, _state(1))
+    _archive_down_once(monkeypatch)
+    with CheckpointManager(tmp_path / "new-node", archive, async_save=False, retry_initial_s=0.05) as mgr:
+        assert mgr.generation == 2 and mgr.restore(_state(0)) == 1  # it waited, then saw the run
+
+
+def test_a_fresh_node_refuses_when_the_archive_stays_unreachable(tmp_path, monkeypatch):
+    from trainready.store.errors import ArchiveUnavailableError
+    from trainready.store.tiers import ArchiveTier
+
+    def down(self):
+        raise ArchiveUnavailableError("archive: down")
+
+    monkeypatch.setattr(ArchiveTier, "read_lease", down)
+    with pytest.raises(ArchiveUnavailableError, match="holds nothing of the run"):
+        CheckpointManager(tmp_path / "new-node", str(tmp_path / "archive"), claim_wait_s=0.3, retry_initial_s=0.05)
+
+
+def test_a_node_that_knows_the_run_starts_during_an_outage_and_catches_up(tmp_path, monkeypatch):
+    """It claimed from its hot tier; the archive's lease (of the dead writer before it) must not
+    then fence its uploads forever."""
+    archive = str(tmp_path / "archive")
+    with CheckpointManager(tmp_path / "hot", archive, async_save=False) as mgr:
+        mgr.save(1, _state(1))
+    _archive_down_once(monkeypatch)
+    with CheckpointManager(tmp_path / "hot", archive, async_save=False) as mgr:
+        assert mgr.generation == 2 and mgr.lease.fenced is None  # nothing known of the archive: nothing fenced
+        assert mgr.restore(_state(0)) == 1
+        mgr.save(2, _state(2))
+        mgr.wait(timeout_s=30)
+    names = {c.name for c in list_checkpoints(archive).checkpoints if c.status == "committed"}
+    assert checkpoint_name(2, 2) in names
+
+
+def test_one_unreadable_archive_entry_does_not_hide_the_others(tmp_path):
+    archive = tmp_path / "archive"
+    with CheckpointManager(tmp_path / "hot", str(archive), async_save=False) as mgr:
+        mgr.save(1, _state(1))
+    (archive / checkpoint_name(2, 1)).mkdir()
+    (archive / checkpoint_name(2, 1) / MANIFEST).mkdir()
+    statuses = {c.name: c.status for c in list_checkpoints(f"file://{archive}").checkpoints}
+    assert statuses == {checkpoint_name(1, 1): "committed", checkpoint_name(2, 1): "unreadable"}
+    with CheckpointManager(tmp_path / "fresh", f"file://{archive}", async_save=False) as mgr:
+        assert mgr.restore(_state(0)) == 1
+
+
+def test_preempted_is_what_the_ranks_agreed_not_what_one_rank_saw(tmp_path):
+    """A signal that lands after save()'s agreement made `preempted` true on that rank alone: it
+    left the loop and the other rank waited in the next collective forever."""
+    import signal
+
+    from trainready.dist import STOP
+
+    try:
+        with CheckpointManager(tmp_path / "hot", async_save=False, save_interval_steps=100) as mgr:
+            mgr.install_preemption_handler(exit_code=None)
+            STOP.request(signal.SIGTERM)  # as the handler does when the signal arrives
+            assert not mgr.preempted      # seen here, not yet agreed
+            assert mgr.should_save(1)     # the agreement
+            assert mgr.preempted
+    finally:
+        STOP.reset()

@@ -24,6 +24,7 @@ def emit_json(data: BaseModel | dict[str, Any]) -> None:
 
 def error(message: str, *, as_json: bool, exit_code: int) -> None:
     # never wrapped: an error is copied, grepped and read in logs whole
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    err.print("[bold red]error:[/] ", end="", markup=True, highlight=False)
+    err.print(message, markup=False, highlight=False, soft_wrap=True)  # a message may quote anything: never markup
     if as_json:
         emit_json({"schema_version": 1, "error": {"message": message, "exit_code": exit_code}})

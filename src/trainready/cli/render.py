@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -219,27 +220,35 @@ def _age(unix: float | None, now: float | None = None) -> str:
     return f"{s:.0f} s" if s < 90 else (f"{s / 60:.0f} min" if s < 5400 else _hours(s / 3600))
 
 
+def _plain(text: object) -> str:
+    """Text from a disk, a URL or a library, safe to print with markup on: control characters
+    (terminal escapes) shown as \\xNN, brackets escaped so nothing is read as a style."""
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(text))
+    return escape(shown)
+
+
 def render_ckpt_list(con: Console, listing: CheckpointListing) -> None:
     items = listing.checkpoints
+    url = _plain(listing.url)
     if not items:
-        con.print(f"no checkpoints in {listing.url}")
+        con.print(f"no checkpoints in {url}")
         return
-    t = _table(f"Checkpoints in {listing.url} ({items[0].tier})")  # one tier per location: said once
+    t = _table(f"Checkpoints in {url} ({items[0].tier})")  # one tier per location: said once
     for col in ("step", "gen", "commit", "check", "size", "files", "world", "age", "run"):
         t.add_column(col, justify="right" if col in ("step", "gen", "size", "files", "world", "age") else "left",
-                     no_wrap=col != "run")
+                     no_wrap=col != "run", overflow="fold" if col == "run" else "ellipsis")
     styles = {"committed": "[green]yes[/]", "uncommitted": "[yellow]no[/]", "unreadable": "[red]unreadable[/]",
               "fenced": "[red]fenced[/]"}
     for c in items:
-        committed = styles.get(c.status, c.status)
+        committed = styles.get(c.status, _plain(c.status))
         verified = "-" if c.verified is None else ("[green]ok[/]" if c.verified else "[red]FAILED[/]")
         world = "-" if c.world_size is None else str(c.world_size) + (f" (node {c.node})" if c.node is not None else "")
         t.add_row(f"{c.step:,}", str(c.generation), committed, verified, _size(c.size_bytes), str(c.files),
-                  world, _age(c.created_unix), c.run_id or "-")
+                  world, _age(c.created_unix), _plain(c.run_id or "-"))
     con.print(t)
     for c in items:
         if c.problem:
-            con.print(f"  {c.name}: " + (c.problem if not c.committed else f"[red]{c.problem}[/]"))
+            con.print(f"  {_plain(c.name)}: " + (_plain(c.problem) if not c.committed else f"[red]{_plain(c.problem)}[/]"))
     done = [c for c in items if c.committed]
     line = f"{len(done)} committed ({_size(sum(c.size_bytes for c in done))})"
     unreadable = sum(c.status == "unreadable" for c in items)
@@ -260,36 +269,37 @@ def render_ckpt_list(con: Console, listing: CheckpointListing) -> None:
 def render_ckpt_verify(con: Console, report: VerifyReport) -> None:
     how = "sizes and SHA-256 checksums" if report.checksums else "sizes only"
     if not report.checkpoints:
-        con.print(f"[red]{report.problem}[/]")
+        con.print(f"[red]{_plain(report.problem)}[/]")
         return
-    t = _table(f"Verified in {report.url} ({how})")
+    t = _table(f"Verified in {_plain(report.url)} ({how})")
     for col in ("name", "files", "size", "result"):
         t.add_column(col, justify="right" if col in ("files", "size") else "left", no_wrap=True)
     for c in report.checkpoints:
-        t.add_row(c.name, str(c.files), _size(c.size_bytes), "[green]ok[/]" if c.ok else f"[red]{len(c.problems)} problem(s)[/]")
+        t.add_row(_plain(c.name), str(c.files), _size(c.size_bytes),
+                  "[green]ok[/]" if c.ok else f"[red]{len(c.problems)} problem(s)[/]")
     con.print(t)
     for c in report.checkpoints:
         for p in c.problems:
-            con.print(f"[red]{c.name}[/]: {p}")
+            con.print(f"[red]{_plain(c.name)}[/]: {_plain(p)}")
     bad = sum(not c.ok for c in report.checkpoints)
     con.print(f"[green]all {len(report.checkpoints)} intact[/]" if not bad
               else f"[red]{bad} of {len(report.checkpoints)} damaged[/]")
 
 
 def render_ckpt_pull(con: Console, r: PullResult) -> None:
-    con.print(f"pulled {r.name} ({r.files} files, {_size(r.size_bytes)}, every checksum matched) from {r.url} "
-              f"to {r.path} in {r.seconds:,.1f} s")
+    con.print(f"pulled {_plain(r.name)} ({r.files} files, {_size(r.size_bytes)}, every checksum matched) from "
+              f"{_plain(r.url)} to {_plain(r.path)} in {r.seconds:,.1f} s")
 
 
 def render_ckpt_prune(con: Console, r: PruneResult) -> None:
     verb = "would delete" if r.dry_run else "deleted"
-    con.print(f"{verb} {len(r.deleted)}: " + (", ".join(r.deleted) or "nothing"))
-    con.print(f"kept {len(r.kept)}: " + (", ".join(r.kept) or "nothing"))
+    con.print(f"{verb} {len(r.deleted)}: " + (_plain(", ".join(r.deleted)) or "nothing"))
+    con.print(f"kept {len(r.kept)}: " + (_plain(", ".join(r.kept)) or "nothing"))
     if r.untouched:
-        con.print(f"never deleted automatically (unreadable manifest, fenced commit, or not run {r.run_id or '-'}): "
-                  + ", ".join(r.untouched))
+        con.print(f"never deleted automatically (unreadable manifest, fenced commit, or not run "
+                  f"{_plain(r.run_id or '-')}): " + _plain(", ".join(r.untouched)))
     for name in r.broken:
-        con.print(f"[yellow]warning:[/] {name} is committed but fails the size check: kept, not counted toward "
-                  f"--keep {r.keep} (trainready ckpt verify {r.url} for details)")
+        con.print(f"[yellow]warning:[/] {_plain(name)} is committed but fails the size check: kept, not counted toward "
+                  f"--keep {r.keep} (trainready ckpt verify {_plain(r.url)} for details)")
     if r.dry_run:
         con.print("[dim]dry run: nothing was deleted[/]")

@@ -13,11 +13,13 @@ from .files import (
     fsync_dir,
     fsync_file,
     hash_stream,
+    local_tag,
     make_dir,
     mismatch,
     open_nofollow,
     owned_private_dir,
     put_if_local,
+    read_regular,
     replace_durable,
     sha256_file,
     verify_file,
@@ -40,8 +42,8 @@ from .urls import (
 
 __all__ = [
     "CHUNK", "HashingWriter", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file",
-    "hash_stream", "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "replace_durable", "sha256_file",
-    "verify_file", "write_synced", "put_if_local", "redact", "redact_argv", "S3_PART", "IntegrityError",
+    "hash_stream", "local_tag", "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "replace_durable", "sha256_file",
+    "verify_file", "write_synced", "put_if_local", "read_regular", "redact", "redact_argv", "S3_PART", "IntegrityError",
     "PreconditionFailed", "SourceChangedError", "is_local", "is_s3", "open_url", "protocols", "put_if",
     "read_versioned", "stored_matches", "upload_checked",
 ]

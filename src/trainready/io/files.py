@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import io
@@ -150,10 +151,49 @@ class PreconditionFailed(TrainreadyError):
     """A conditional write lost: the object exists (create-only) or changed (update-if-unchanged)."""
 
 
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of a small file we did not write ourselves: opened without following a symlink
+    and without blocking (a FIFO planted in its place must not hang us), refused unless it is a
+    regular file of at most `limit` bytes. OSError (FileNotFoundError when absent) otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} such a file may have", str(path))
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, CHUNK))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"grew past {limit} bytes while being read", str(path))
+    return data
+
+
+def local_tag(path: str | os.PathLike) -> str | None:
+    """A version tag of a local file for compare-and-replace: None when absent, the sha256 of a
+    regular file's content, and a tag naming what else sits there (a symlink, a directory)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return f"not-a-file:{stat.S_IFMT(st.st_mode):o}"
+    try:
+        return hashlib.sha256(read_regular(path, 1 << 26)).hexdigest()
+    except OSError as exc:
+        return f"unreadable:{exc.errno}"
+
+
 def put_if_local(path: Path, data: bytes, *, if_match: str | None = None, create_only: bool = False) -> None:
     """A local conditional write: create-only (an atomic hard link of a finished temp file) or
-    update-if-unchanged (`if_match`: the sha256 of the content we read, compared under an flock on
-    a side file). PreconditionFailed when the condition does not hold."""
+    update-if-unchanged (`if_match`: the `local_tag` we read, compared under an flock on a side
+    file). PreconditionFailed when the condition does not hold. Whatever sits at `path` (a
+    symlink included) is replaced by the rename, never written through."""
     make_dir(path.parent)
     if create_only:
         tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{os.urandom(4).hex()}")
@@ -166,17 +206,13 @@ def put_if_local(path: Path, data: bytes, *, if_match: str | None = None, create
             tmp.unlink(missing_ok=True)
         fsync_dir(path.parent)
         return
-    if not if_match:
+    if if_match is None:
         replace_durable(path, data)
         return
     fd = open_nofollow(path.with_name(f".{path.name}.lock"))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            current = hashlib.sha256(path.read_bytes()).hexdigest()
-        except FileNotFoundError:
-            current = None
-        if current != if_match:
+        if local_tag(path) != if_match:
             raise PreconditionFailed(f"{path} changed under us")
         replace_durable(path, data)
     finally:

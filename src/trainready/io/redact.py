@@ -1,11 +1,17 @@
 """Secrets never leave the process: one redactor for every message, record and file we write.
 
-What it hides: URL user-info (`s3://user:pw@...`), presigned-URL query parameters
-(X-Amz-Signature/Credential/Security-Token, GCS and Azure SAS signatures, `token=`), `key=value`
-pairs whose key names a secret (`password=` in an fstab line, `secret=`, `token=`), AWS access
-key ids, and the values of secret-looking environment variables (AWS keys, HF_TOKEN,
-WANDB_API_KEY, anything named *_TOKEN, *SECRET*, *PASSWORD*, *_API_KEY) wherever they appear.
-`redact_argv` also hides the value after a secret-looking option (`--hf-token abc`).
+What it hides:
+- URL user-info (`s3://key:secret@bucket`, up to the last `@` of the URL: secrets contain `/`);
+- presigned-URL and SAS query parameters (X-Amz-Signature/Credential/Security-Token, GCS and
+  Azure signatures, `token=`);
+- `key=value` / `key: value` pairs (quoted or not) whose key names a secret: always for
+  password, secret, api key, access/private/account key, credentials and the *_token family
+  named for sessions, auth and refresh; for bare `token`, `pass` and `signature` only when the
+  value looks like one (8+ characters, not a number), so `eos_token=2` or `pass: 12` survive;
+- `Bearer`/`Basic` credentials, AWS access key ids and tokens with well-known prefixes (GitHub,
+  Hugging Face, OpenAI-style `sk-`, Slack, Google API keys);
+- the values of secret-looking environment variables wherever they appear.
+`redact_argv` also hides the word after a secret-looking option (`--hf-token abc`).
 """
 
 from __future__ import annotations
@@ -15,23 +21,45 @@ import re
 from collections.abc import Iterable
 
 MASK = "***"
-_USERINFO = re.compile(r"\b([a-zA-Z][\w+.-]*://)[^/@\s]+@")
-_SECRET_WORD = (r"(?:password|passwd|pwd|pass|secret|token|api[_-]?key|access[_-]?key|secret[_-]?key|credentials?|sig|"
-                r"signature|security[_-]?token|auth[_-]?token)")
-# query parameters of presigned URLs and SAS tokens: ?X-Amz-Signature=...&Signature=...&sig=...
+_USERINFO = re.compile(r"\b([a-zA-Z][\w+.-]*://)\S*@")
 _QUERY = re.compile(r"(?i)([?&;](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
                     r"x-goog-credential|signature|awsaccesskeyid|sig|token|access_token|se|sv|skoid|sktid)=)[^&\s\"'#]+")
-# key=value / key: value where the key names a secret (fstab options, config dumps, headers)
-_PAIR = re.compile(r"(?i)(?<![/\w.-])((?:[\w.-]*[_.-])?" + _SECRET_WORD + r")([\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)([^\s,;&\"'}]+)")
-_AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")
+_STRONG = (r"password|passwd|secret|secret[_-]?key|secret[_-]?access[_-]?key|client[_-]?secret|api[_-]?key|"
+           r"access[_-]?key(?:[_-]?id)?|private[_-]?key|account[_-]?key|credentials?|security[_-]?token|"
+           r"session[_-]?token|auth[_-]?token|access[_-]?token|refresh[_-]?token|authorization")
+_WEAK = r"token|pass|signature"
+_PAIR = re.compile(r"(?i)(?<![/\w.-])([\w.-]*?(?:(" + _STRONG + r")|" + _WEAK + r"))([\"']?\s*[=:]\s*)"
+                   r"(?:\"((?:[^\"\\]|\\.)*)\"|'([^']*)'|(?!\*\*\*)([^\s,;&}\"']+[^\s,;&}]*))")
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+_KNOWN_TOKENS = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bgh[pousr]_[A-Za-z0-9]{30,}\b|\bgithub_pat_\w{30,}\b|"
+                           r"\bsk-[A-Za-z0-9_-]{20,}\b|\bhf_[A-Za-z0-9]{30,}\b|\bxox[abprs]-[A-Za-z0-9-]{10,}\b|"
+                           r"\bAIza[0-9A-Za-z_-]{35}\b")
 _SECRET_ENV = re.compile(r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|SECRET_KEY|ACCESS_KEY_ID)(_|$)")
-_SECRET_OPTION = re.compile(r"(?i)^--?(?:[\w-]*[_-])?" + _SECRET_WORD + r"$")
+_SECRET_OPTION = re.compile(r"(?i)^--?(?:[\w-]*[_-])?(?:" + _STRONG + r"|token|pass)$")
+_NUMBERISH = re.compile(r"^[-+]?[\d.,]+[a-z%]{0,3}$", re.IGNORECASE)
 _MIN_SECRET_LEN = 6  # shorter environment values ("1", "true") would mask ordinary words
 
 
 def _secret_values() -> list[str]:
     values = [v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= _MIN_SECRET_LEN]
     return sorted(set(values), key=len, reverse=True)
+
+
+def _looks_secret(value: str) -> bool:
+    return len(value) >= 8 and not _NUMBERISH.match(value)
+
+
+def _pair(match: re.Match[str]) -> str:
+    key, strong, sep = match.group(1), match.group(2), match.group(3)
+    double, single, bare = match.group(4), match.group(5), match.group(6)
+    value = next(v for v in (double, single, bare) if v is not None)
+    if not strong and not _looks_secret(value):
+        return match.group(0)
+    if double is not None:
+        return f'{key}{sep}"{MASK}"'
+    if single is not None:
+        return f"{key}{sep}'{MASK}'"
+    return f"{key}{sep}{MASK}"
 
 
 def redact(text: object) -> str:
@@ -42,8 +70,9 @@ def redact(text: object) -> str:
             out = out.replace(value, MASK)
     out = _USERINFO.sub(r"\1" + MASK + "@", out)
     out = _QUERY.sub(r"\1" + MASK, out)
-    out = _PAIR.sub(lambda m: m.group(1) + m.group(2) + MASK, out)
-    return _AWS_KEY_ID.sub(MASK, out)
+    out = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", out)
+    out = _PAIR.sub(_pair, out)
+    return _KNOWN_TOKENS.sub(MASK, out)
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from trainready.errors import TrainreadyError, UsageError
 
-from .files import CHUNK, PreconditionFailed, file_mode, hash_stream, make_dir, put_if_local
+from .files import CHUNK, PreconditionFailed, file_mode, hash_stream, local_tag, make_dir, put_if_local, read_regular
 from .redact import redact
 
 S3_PART = 64 << 20  # S3 multipart part size (a part is held in memory while it is sent)
@@ -222,6 +222,14 @@ def read_versioned(fs: Any, path: str) -> tuple[bytes, str]:
     if is_s3(fs):
         with fs.open(path, "rb", cache_type="none") as handle:
             return handle.read(), str(handle.details.get("ETag", ""))
+    if is_local(fs):
+        tag = local_tag(path)
+        if tag is None:
+            raise FileNotFoundError(path)
+        try:
+            return read_regular(path, 1 << 26), tag
+        except OSError:
+            return b"", tag  # a directory or symlink in its place: no content, a tag to replace it by
     data = fs.cat_file(path)
     return data, hashlib.sha256(data).hexdigest()
 

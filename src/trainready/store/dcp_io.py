@@ -18,6 +18,7 @@ import dataclasses
 import io
 import os
 import pickle
+import stat
 import threading
 import warnings
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 
-from trainready.io import HashingWriter, file_mode
+from trainready.io import HashingWriter, file_mode, read_regular
 
 from .errors import CheckpointError
 from .tensor_index import DCP_METADATA, TENSOR_INDEX_JSON, TensorIndex, TensorIndexError, legacy_index
@@ -134,30 +135,33 @@ def save_tensors(tensors: dict[str, torch.Tensor], directory: Path, process_grou
 
 # ---- reading --------------------------------------------------------------------------------
 
-def read_index(directory: Path) -> TensorIndex:
+MAX_INDEX_BYTES = 256 << 20
+
+
+def read_index(directory: Path, listed: set[str] | None = None) -> TensorIndex:
     """The checkpoint's tensor index: tensors.json, or for an older checkpoint `.metadata` decoded
-    as data. Never unpickles. CheckpointError names the file and what is wrong with it."""
+    as data. Never unpickles. `listed`: the files the manifest vouches for (sizes checked before
+    loading); the index and every data file it names must be among them. CheckpointError names
+    the file and what is wrong with it."""
     json_path, legacy_path = directory / TENSOR_INDEX_JSON, directory / DCP_METADATA
-    path = json_path if _exists(json_path) else legacy_path
+    if listed is None:
+        path = json_path if os.path.lexists(json_path) else legacy_path
+    else:
+        path = json_path if TENSOR_INDEX_JSON in listed else legacy_path
+        if path.name not in listed:
+            raise CheckpointError(f"{directory.name}: the manifest lists no tensor index ({TENSOR_INDEX_JSON})")
     try:
-        data = _read_plain(path)
+        data = read_regular(path, MAX_INDEX_BYTES)
         index = TensorIndex.from_bytes(data) if path is json_path else legacy_index(data)
     except FileNotFoundError:
         raise CheckpointError(f"{directory.name} has no tensor index ({TENSOR_INDEX_JSON})") from None
     except (TensorIndexError, OSError) as exc:
         raise CheckpointError(f"{directory.name}/{path.name} is not a valid tensor index: {exc}") from None
+    unlisted = sorted(index.files() - listed) if listed is not None else []
+    if unlisted:
+        raise CheckpointError(f"{directory.name}/{path.name} names {unlisted[0]}, which the manifest does not list")
     _check_ranges(directory, index)
     return index
-
-
-def _exists(path: Path) -> bool:
-    return os.path.lexists(path)
-
-
-def _read_plain(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
 
 
 def _check_ranges(directory: Path, index: TensorIndex) -> None:
@@ -168,7 +172,7 @@ def _check_ranges(directory: Path, index: TensorIndex) -> None:
             st = os.lstat(directory / name)
         except OSError:
             raise CheckpointError(f"{directory.name}: the tensor index names {name}, which is missing") from None
-        if not os.path.isfile(directory / name) or os.path.islink(directory / name):
+        if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{directory.name}/{name} is not a regular file")
         sizes[name] = st.st_size
     for entry in index.storage:

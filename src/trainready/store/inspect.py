@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,7 +149,23 @@ def open_tier(url: str) -> Tier:
         raise UsageError(str(exc)) from None
     if tier.is_local and not Path(tier.root).is_dir():
         raise StorageAccessError(f"{tier.url}: no such directory")
+    if tier.is_s3:
+        _bucket_exists(tier)
     return tier
+
+
+def _bucket_exists(tier: ArchiveTier) -> None:
+    """A missing bucket is a wrong location (exit 2), not an empty one; an empty prefix is fine."""
+    bucket = tier.root.split("/", 1)[0]
+    if not bucket:
+        raise StorageAccessError(f"{tier.url}: no bucket in the URL (s3://BUCKET/prefix)")
+    try:
+        tier._call("find the bucket", tier.fs.info, bucket)
+    except FileNotFoundError:
+        raise StorageAccessError(f"{tier.url}: bucket {bucket!r} does not exist (or is not visible with these "
+                                 "credentials)") from None
+    except ArchiveUnavailableError as exc:
+        raise StorageAccessError(str(exc)) from None
 
 
 def tier_kind(tier: Tier) -> str:
@@ -185,10 +202,13 @@ def _present(tier: Tier, name: str) -> dict[str, int]:
     if isinstance(tier, HotTier):
         base = tier.path(name)
         found = {}
+        if not stat.S_ISDIR(os.lstat(base).st_mode):
+            return {}  # a symlink or file in a checkpoint's place: nothing is read through it
         for dirpath, _dirs, files in os.walk(base):
             for file in files:
                 full = Path(dirpath) / file
-                found[full.relative_to(base).as_posix()] = full.stat().st_size
+                with contextlib.suppress(OSError):  # a dangling link or a file removed meanwhile
+                    found[full.relative_to(base).as_posix()] = os.lstat(full).st_size
     else:
         prefix = f"{tier.root}/{name}/"
         try:
@@ -369,6 +389,12 @@ def _download_checked(tier: ArchiveTier, name: str, entry: FileEntry, dest: Path
 def _copy_checked(tier: HotTier, name: str, entry: FileEntry, dest: Path) -> None:
     source = tier.path(name) / entry.path
     target = dest / entry.path
+    try:
+        if not stat.S_ISREG(os.lstat(source).st_mode):
+            raise CheckpointError(f"{tier.url}: {name}/{entry.path} is not a regular file (a checkpoint never points "
+                                  "outside itself)")
+    except FileNotFoundError:
+        raise CheckpointError(f"{tier.url}: {name}/{entry.path} is missing") from None
     target.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode())
     try:
         shutil.copyfile(source, target, follow_symlinks=False)

@@ -12,6 +12,7 @@ are re-raised by the next save/wait/close on every rank, never swallowed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
@@ -55,6 +56,10 @@ class CheckpointManager:
       a different run_id for a prefix that holds another run is refused (FencedError).
     checksums: "auto" (for small files and files changed since commit), "always" or "never"
       (sizes are always checked) when restoring from the hot tier; downloads are always checked.
+    claim_wait_s: how long to wait for an unreachable archive at start when this node's hot tier
+      knows nothing of the run (starting without it could start from scratch while the archive
+      holds the run's checkpoints: after this, ArchiveUnavailableError). A hot tier that knows the
+      run starts at once and catches up with the archive later.
     """
 
     def __init__(self, hot: str | os.PathLike, archive: str | None = None, *, keep_hot: int = 2,
@@ -62,7 +67,7 @@ class CheckpointManager:
                  when_busy: Literal["wait", "skip"] = "wait", run_id: str | None = None,
                  save_interval_steps: int | None = None, checksums: Literal["auto", "always", "never"] = "auto",
                  metadata: dict[str, Any] | None = None, process_group: Any = None,
-                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0):
+                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0, claim_wait_s: float = 60.0):
         if keep_hot < 1:
             raise BadStateError(f"keep_hot={keep_hot}: keep at least 1 checkpoint on the hot tier")
         if keep_archive is not None and keep_archive < 1:
@@ -73,6 +78,7 @@ class CheckpointManager:
             raise BadStateError(f"checksums={checksums!r}: valid values are 'auto', 'always', 'never'")
         self.keep_hot, self.keep_archive, self.async_save, self.when_busy = keep_hot, keep_archive, async_save, when_busy
         self.save_interval_steps, self.metadata = save_interval_steps, dict(metadata or {})
+        self.claim_wait_s, self._retry_initial_s = claim_wait_s, retry_initial_s
         self.checksums = {"auto": None, "always": True, "never": False}[checksums]
         self.hot = HotTier(hot)
         self.archive = ArchiveTier(archive) if archive else None
@@ -114,6 +120,8 @@ class CheckpointManager:
                 found = self._claim_rank0(run_id)
             except CheckpointError as exc:
                 found = exc
+            except Exception as exc:  # every rank must learn of it, or the others wait in the broadcast
+                found = CheckpointError(f"claiming {self.hot.root} failed: {type(exc).__name__}: {redact(str(exc))}")
         found = self.ctx.broadcast(found)
         if isinstance(found, BaseException):
             raise found
@@ -130,14 +138,11 @@ class CheckpointManager:
         """Read both leases and every checkpoint, pick run and generation, write the leases
         conditionally; a writer that claimed in between makes us read again and take the next."""
         for _ in range(CLAIM_ATTEMPTS):
-            hot_state, archive_state = self.hot.read_lease(), None
+            hot_state = self.hot.read_lease()
             refs = self.hot.list()
-            if self.archive is not None:
-                try:
-                    archive_state = self.archive.read_lease()
-                    refs += self.archive.list()
-                except ArchiveUnavailableError as exc:
-                    log.warning("archive unreachable at start (%s); claiming from the hot tier only", exc)
+            archive_state, archive_refs = self._archive_for_claim(hot_state.lease is not None or any(
+                r.committed for r in refs))
+            refs += archive_refs
             states = [s for s in (hot_state, archive_state) if s is not None]
             for state in states:
                 if state.damaged:
@@ -145,7 +150,9 @@ class CheckpointManager:
             leases = [s.lease for s in states if s.lease is not None]
             run = self._pick_run(run_id, leases, refs)
             generation = 1 + max([lease.generation for lease in leases] + [r.generation for r in refs], default=0)
-            lease = self._lease(run, generation, _fence_map(refs, run, leases))
+            # without the archive's view, what older writers committed there is unknown: fence nothing
+            seen_all = self.archive is None or archive_state is not None
+            lease = self._lease(run, generation, _fence_map(refs, run, leases) if seen_all else None)
             try:
                 if self.archive is not None and archive_state is not None:
                     try:
@@ -158,6 +165,30 @@ class CheckpointManager:
                 continue
             return lease
         raise FencedError(f"could not claim {self.hot.root}: other writers kept claiming it ({CLAIM_ATTEMPTS} tries)")
+
+    def _archive_for_claim(self, hot_knows_run: bool) -> tuple[Any, list[Ref]]:
+        """The archive's lease and checkpoints for a claim. Unreachable: a hot tier that knows the
+        run claims without it (and catches up later); one that knows nothing waits up to
+        claim_wait_s, then refuses rather than start from scratch beside an archive it cannot see."""
+        if self.archive is None:
+            return None, []
+        deadline, delay = time.monotonic() + self.claim_wait_s, max(self._retry_initial_s, 0.05)
+        while True:
+            try:
+                return self.archive.read_lease(), self.archive.list()
+            except ArchiveUnavailableError as exc:
+                if hot_knows_run:
+                    log.warning("archive unreachable at start (%s); claiming from the hot tier %s, which holds this "
+                                "run, and catching up with the archive later", exc, self.hot.root)
+                    return None, []
+                if time.monotonic() + delay > deadline:
+                    raise ArchiveUnavailableError(
+                        f"{exc}; this node's hot tier {self.hot.root} holds nothing of the run, so starting without the "
+                        f"archive could start from scratch beside its checkpoints. Waited {self.claim_wait_s:.0f}s; "
+                        "retry when it is reachable (or use another archive for a new run)") from None
+                log.warning("archive unreachable at start (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
     def _pick_run(self, run_id: str | None, leases: list[Lease], refs: list[Ref]) -> str:
         committed = [r for r in refs if r.committed]
@@ -184,35 +215,38 @@ class CheckpointManager:
             self.run_id, self.generation, socket.gethostname(), os.getpid())
 
     def _check_hot_fence(self) -> None:
-        state = self.hot.read_lease()
-        if state.lease is None:  # removed, or torn/corrupted under us (leases are replaced atomically)
-            if state.damaged:
-                log.warning("%s: writing this writer's lease again", state.damaged)
-            try:
-                self.hot.write_lease(self._lease(self.run_id, self.generation, self.lease.fenced), state)
-            except PreconditionFailed:
-                pass  # replaced meanwhile: the check below decides
-            state = self.hot.read_lease()
-        if not self._is_mine(state.lease):
-            owner = state.lease
-            raise FencedError(f"{self.hot.root} now belongs to run {owner.run_id!r} generation {owner.generation} "
-                              f"(this writer: generation {self.generation}); this writer stops" if owner else
-                              f"{state.damaged} in {self.hot.root}; this writer stops")
+        self._check_fence(self.hot)
 
     def _check_archive_fence(self) -> None:
         assert self.archive is not None
-        state = self.archive.read_lease()
-        if not state.exists or state.damaged:  # claimed while the archive was down, or damaged since
-            try:
-                self.archive.write_lease(self._lease(self.run_id, self.generation, self.lease.fenced), state)
-            except PreconditionFailed:
-                pass  # someone else wrote it meanwhile: the check below decides
-            state = self.archive.read_lease()
-        if not self._is_mine(state.lease):
-            owner = state.lease
-            raise FencedError(f"archive {self.archive.url} now belongs to run {owner.run_id!r} generation "
-                              f"{owner.generation} (this writer: generation {self.generation}); uploads stop"
-                              if owner else f"{state.damaged}; uploads stop")
+        self._check_fence(self.archive)
+
+    def _check_fence(self, tier: HotTier | ArchiveTier) -> None:
+        """Stop (FencedError) unless this writer owns `tier`. A higher generation wins: the lease
+        of another run, of a newer generation or of this generation elsewhere fences this writer;
+        a missing or damaged lease, or one a writer this one fenced left behind, is replaced with
+        ours (conditionally) unless a newer generation has committed there meanwhile."""
+        for _ in range(CLAIM_ATTEMPTS):  # a lost compare-and-replace means it changed: look again
+            state = tier.read_lease()
+            lease = state.lease
+            if self._is_mine(lease):
+                return
+            if lease is not None and (lease.run_id != self.run_id or lease.generation >= self.generation):
+                raise FencedError(f"{tier.url} now belongs to run {lease.run_id!r} generation {lease.generation} (this "
+                                  f"writer: generation {self.generation}); this writer stops")
+            newer = [r for r in retention.owned(tier.list(), self.run_id) if r.committed and r.generation > self.generation]
+            if newer:
+                raise FencedError(f"{tier.url} holds {newer[0].name}, committed by generation {newer[0].generation} "
+                                  f"(this writer: generation {self.generation}); this writer stops")
+            if state.damaged:
+                log.warning("%s: writing this writer's lease again", state.damaged)
+            elif lease is not None:
+                log.warning("%s holds the lease of generation %d, which this writer (generation %d) fenced: replacing "
+                            "it", tier.url, lease.generation, self.generation)
+            with contextlib.suppress(PreconditionFailed):
+                tier.write_lease(self._lease(self.run_id, self.generation, self.lease.fenced), state)
+        raise FencedError(f"{tier.url}: the writer lease keeps changing under this writer (generation "
+                          f"{self.generation}); this writer stops")
 
     # ---- saving ------------------------------------------------------------------------------
 
@@ -493,7 +527,9 @@ class CheckpointManager:
 
     @property
     def preempted(self) -> bool:
-        return bool(self._preempt and (STOP.requested or self._preempt["agreed"]))
+        """Whether all ranks agreed to stop (in should_save or save): a signal this rank alone
+        has seen does not count until then, so every rank leaves its loop at the same step."""
+        return bool(self._preempt and self._preempt["agreed"])
 
     def _finish_preemption(self) -> None:
         started = STOP.at or time.monotonic()

@@ -21,7 +21,8 @@ MANIFEST = "manifest.json"
 LEASE = "writer.json"
 TMP_PREFIX = ".tmp-"
 PARTS_DIR = ".parts"
-_NAME = re.compile(r"^step-(\d{12})-g(\d{4})$")
+MAX_GENERATION = 999_999_999  # g + up to 9 digits
+_NAME = re.compile(r"^step-(\d{12})-g(\d{4,9})$")
 
 
 def checkpoint_name(step: int, generation: int) -> str:
@@ -31,7 +32,10 @@ def checkpoint_name(step: int, generation: int) -> str:
 def parse_name(name: str) -> tuple[int, int] | None:
     """(step, generation) of a checkpoint directory name, None for anything else."""
     match = _NAME.match(name)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    if not match:
+        return None
+    step, generation = int(match.group(1)), int(match.group(2))
+    return (step, generation) if name == checkpoint_name(step, generation) else None  # one spelling per checkpoint
 
 
 def confined(path: str) -> str:
@@ -65,7 +69,7 @@ class Manifest(BaseModel):
     kind: str = "trainready.checkpoint"
     step: int = Field(ge=0)
     run_id: str = Field(min_length=1, max_length=128)
-    generation: int = Field(ge=1, description="Writer generation; a newer writer fences older ones.")
+    generation: int = Field(ge=1, le=MAX_GENERATION, description="Writer generation; a newer writer fences older ones.")
     world_size: int = Field(ge=1)
     nodes: int = Field(ge=1)
     created_unix: float
@@ -99,7 +103,7 @@ class Lease(BaseModel):
     model_config = ConfigDict(extra="ignore")
     schema_version: int = SCHEMA_VERSION
     run_id: str = Field(min_length=1, max_length=128)
-    generation: int = Field(ge=1)
+    generation: int = Field(ge=1, le=MAX_GENERATION)
     host: str = ""
     pid: int = 0
     started_unix: float = 0.0

@@ -107,7 +107,7 @@ def restore_newest(tiers: Tiers, state: dict[str, Any], step: int | None) -> Res
         problems = [p for p in ctx.all_gather(problem) if p]
         if not problems:
             try:
-                loaded_notes = load_into(state, tiers.hot.path(name), ctx)
+                loaded_notes = load_into(state, tiers.hot.path(name), ctx, listed=_listed(tiers, name))
             except BaseException as exc:  # one that cannot be loaded is skipped, like a corrupt one
                 if not isinstance(exc, Exception) and type(exc).__name__ != "CheckpointException":
                     raise  # KeyboardInterrupt, SystemExit (DCP's CheckpointException is a BaseException)
@@ -131,13 +131,23 @@ def _why_never(ref: Ref) -> str:
     return f"{ref.problem}; kept, not restored"
 
 
-def _verify_local(tiers: Tiers, name: str) -> str:
+def _entries(tiers: Tiers, name: str) -> list[Any] | None:
+    """What this node's hot copy of `name` must hold, by its manifest (None: not committed)."""
     ref = next((r for r in tiers.hot.list() if r.name == name), None)
     if ref is None or ref.manifest is None:
-        return f"not committed on node {tiers.ctx.node}'s hot tier"
+        return None
     entries = ref.manifest.node_files.get(tiers.ctx.node)
-    if entries is None:  # downloaded from the archive: it holds every file
-        entries = ref.manifest.files
+    return ref.manifest.files if entries is None else entries  # downloaded from the archive: every file
+
+
+def _listed(tiers: Tiers, name: str) -> set[str]:
+    return {e.path for e in _entries(tiers, name) or []}
+
+
+def _verify_local(tiers: Tiers, name: str) -> str:
+    entries = _entries(tiers, name)
+    if entries is None:
+        return f"not committed on node {tiers.ctx.node}'s hot tier"
     problems = tiers.verify_hot(name, entries)
     return "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
 

@@ -135,14 +135,14 @@ class TensorIndex(BaseModel):
         if self.schema_version != SCHEMA_VERSION or self.kind != "trainready.tensor-index":
             raise ValueError(f"not a tensor index this trainready reads (kind {self.kind!r}, "
                              f"schema_version {self.schema_version})")
+        chunks = {fqn: {tuple(c.offsets) for c in t.chunks} for fqn, t in self.tensors.items()}
         seen = set()
         for entry in self.storage:
-            tensor = self.tensors.get(entry.fqn)
-            if tensor is None:
+            if entry.fqn not in chunks:
                 raise ValueError(f"storage entry for {entry.fqn!r}, which is not in tensors")
-            if not any(c.offsets == entry.offset for c in tensor.chunks):
-                raise ValueError(f"storage entry for {entry.fqn!r} at {entry.offset} matches none of its chunks")
             key = (entry.fqn, tuple(entry.offset))
+            if key[1] not in chunks[entry.fqn]:
+                raise ValueError(f"storage entry for {entry.fqn!r} at {entry.offset} matches none of its chunks")
             if key in seen:
                 raise ValueError(f"two storage entries for {entry.fqn!r} at {entry.offset}")
             seen.add(key)
@@ -233,7 +233,10 @@ _LEGACY_GLOBALS = frozenset(
 
 
 def legacy_index(data: bytes) -> TensorIndex:
-    """The index of a DCP `.metadata` pickle, decoded as data (see pickle_data) and matched exactly."""
+    """The index of a DCP `.metadata` pickle, decoded as data (see pickle_data) and matched exactly.
+    Every value is checked for its type before it is used, and the items converted are bounded by
+    the file's size: shared references (the memo) cannot expand a small file into a huge index."""
+    budget = [len(data)]
     try:
         root = pickle_data.load(data, _LEGACY_GLOBALS)
         md = _state(root, "Metadata", dict)
@@ -243,21 +246,41 @@ def legacy_index(data: bytes) -> TensorIndex:
                 raise TensorIndexError(f"{fqn!r} is a pickled byte item; trainready never writes them and will not load them")
             tm = _state(item, "TensorStorageMetadata", dict)
             dtype, requires_grad = _properties(tm.get("properties"))
-            tensors[_str(fqn)] = {"dtype": dtype, "size": _size(tm.get("size")), "requires_grad": requires_grad,
-                                  "chunks": [_chunk(c) for c in _list(tm.get("chunks"))]}
+            chunks = _list(tm.get("chunks"))
+            _spend(budget, len(chunks))
+            tensors[_str(fqn)] = {"dtype": dtype, "size": _size(tm.get("size"), budget), "requires_grad": requires_grad,
+                                  "chunks": [_chunk(c, budget) for c in chunks]}
         storage = []
         for key, info in _dict(md.get("storage_data")).items():
+            _spend(budget, 1)
             index, sinfo = _state(key, "MetadataIndex", dict), _state(info, "_StorageInfo", dict)
             if sinfo.get("transform_descriptors"):
                 raise TensorIndexError("DCP stream transforms are not supported")
-            storage.append({"fqn": _str(index.get("fqn")), "offset": _size(index.get("offset")) if index.get("offset")
-                            is not None else [], "index": index.get("index"), "file": _str(sinfo.get("relative_path")),
-                            "at": sinfo.get("offset"), "length": sinfo.get("length")})
+            offset = index.get("offset")
+            storage.append({"fqn": _str(index.get("fqn")), "offset": [] if offset is None else _size(offset, budget),
+                            "index": _int(index.get("index"), optional=True), "file": _str(sinfo.get("relative_path")),
+                            "at": _int(sinfo.get("offset")), "length": _int(sinfo.get("length"))})
         version = md.get("version")
     except pickle_data.PickleDataError as exc:
         raise TensorIndexError(str(exc)) from None
+    except (TypeError, ValueError, RecursionError) as exc:  # shapes the checks above did not foresee
+        raise TensorIndexError(f"malformed: {type(exc).__name__}: {str(exc)[:200]}") from None
     return TensorIndex.from_bytes(json.dumps({"dcp_version": version if isinstance(version, str) else None,
                                               "tensors": tensors, "storage": storage}).encode())
+
+
+def _spend(budget: list[int], items: int) -> None:
+    budget[0] -= items
+    if budget[0] < 0:
+        raise TensorIndexError("refers to more items than the file could hold (shared references expanded)")
+
+
+def _int(value: Any, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 62:
+        raise TensorIndexError(f"expected a non-negative int, found {type(value).__name__}")
+    return value
 
 
 def _known(dtypes: dict[str, Any], name: str) -> Any:
@@ -294,16 +317,17 @@ def _str(value: Any) -> str:
     return value
 
 
-def _size(value: Any) -> list[int]:
+def _size(value: Any, budget: list[int]) -> list[int]:
     if (isinstance(value, Call) and value.func == Global("torch", "Size") and len(value.args) == 1
-            and isinstance(value.args[0], tuple)):
-        return list(value.args[0])
+            and isinstance(value.args[0], tuple) and len(value.args[0]) <= MAX_DIMS):
+        _spend(budget, len(value.args[0]))
+        return [_int(v) for v in value.args[0]]
     raise TensorIndexError("expected a torch.Size")
 
 
-def _chunk(value: Any) -> dict[str, list[int]]:
+def _chunk(value: Any, budget: list[int]) -> dict[str, list[int]]:
     state = _state(value, "ChunkStorageMetadata", dict)
-    return {"offsets": _size(state.get("offsets")), "sizes": _size(state.get("sizes"))}
+    return {"offsets": _size(state.get("offsets"), budget), "sizes": _size(state.get("sizes"), budget)}
 
 
 def _properties(value: Any) -> tuple[str, bool]:

@@ -12,6 +12,7 @@ view stays inside them. Anything else is refused.
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 import zipfile
 from typing import IO, Any
@@ -153,6 +154,8 @@ def _describe(tree: Any) -> tuple[str, torch.dtype, int, int, tuple[int, ...], t
 def _check_view(numel: int, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> None:
     if any(s == 0 for s in size):
         return
+    if math.prod(size) > numel:  # DCP stores each chunk in a storage of its own size: no stride-0 expansion
+        raise RecordError(f"tensor of size {size} from a storage of {numel} elements (expanded view)")
     last = offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True))
     if last >= numel:
         raise RecordError(f"tensor view (offset {offset}, size {size}, stride {stride}) reaches past its {numel} elements")

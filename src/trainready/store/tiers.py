@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import shutil
 import stat
@@ -31,10 +30,12 @@ from trainready.io import (
     fsync_dir,
     is_local,
     is_s3,
+    local_tag,
     make_dir,
     open_url,
     put_if,
     put_if_local,
+    read_regular,
     read_versioned,
     redact,
     sha256_file,
@@ -47,6 +48,13 @@ from trainready.io import (
 from .errors import ArchiveUnavailableError, CheckpointError, StorageFullError
 from .faults import fault_point
 from .manifest import LEASE, MANIFEST, PARTS_DIR, TMP_PREFIX, FileEntry, Lease, Manifest, parse_name
+
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_LEASE_BYTES = 1 << 20
+
+
+class _EntryError(Exception):
+    """One archive object cannot be read (denied, a directory, oversized): that entry's problem."""
 
 
 class LocalCopyChangedError(CheckpointError):
@@ -144,21 +152,22 @@ class HotTier:
             parsed = parse_name(entry)
             if parsed is None:
                 continue
-            refs.append(self._ref(entry, parsed))
+            with contextlib.suppress(FileNotFoundError):  # deleted while we looked
+                refs.append(self._ref(entry, parsed))
         return refs
 
     def _ref(self, entry: str, parsed: tuple[int, int]) -> Ref:
-        path = self.root / entry / MANIFEST
+        st = os.lstat(self.root / entry)
+        if not stat.S_ISDIR(st.st_mode):  # a symlink or file under a checkpoint's name: never read through it
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            return Ref(entry, *parsed, "hot", None, f"{kind}, not a checkpoint directory", unreadable=True)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            data = read_regular(self.root / entry / MANIFEST, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             return Ref(entry, *parsed, "hot", None, "no manifest (never committed)")
         except OSError as exc:
-            if not os.path.lexists(path) and exc.errno != errno.EACCES:
-                return Ref(entry, *parsed, "hot", None, "no manifest (never committed)")
-            return Ref(entry, *parsed, "hot", None, f"manifest unreadable: {exc.strerror}", unreadable=True)
-        with os.fdopen(fd, "rb") as handle:
-            manifest, problem = _read_manifest(handle.read(), entry)
+            return Ref(entry, *parsed, "hot", None, f"manifest unreadable: {exc.strerror or exc}", unreadable=True)
+        manifest, problem = _read_manifest(data, entry)
         return Ref(entry, *parsed, "hot", manifest, problem, unreadable=manifest is None)
 
     def path(self, name: str) -> Path:
@@ -185,16 +194,21 @@ class HotTier:
             raise as_store_error(exc, self.root) from exc
 
     def delete(self, name: str) -> None:
-        """Uncommit first (manifest gone, dir fsynced), then remove the data."""
+        """Uncommit first (manifest gone, dir fsynced), then remove the data. A symlink or file in
+        a checkpoint's place is removed itself: nothing is ever deleted through it."""
         path = self.path(name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            os.remove(path)
+            return
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.remove(path / MANIFEST)
             fsync_dir(path)
         fault_point("retention.deleting")
-        if os.path.islink(path):
-            os.remove(path)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
 
     def verify(self, name: str, entries: list[FileEntry], checksums: bool | None) -> list[str]:
         """Problems with the files of a checkpoint; sizes always; checksums when `checksums` is
@@ -226,26 +240,29 @@ class HotTier:
 
     def read_lease(self) -> LeaseState:
         path = self.root / LEASE
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
+        tag = local_tag(path)
+        if tag is None:
             return LeaseState()
+        try:
+            data = read_regular(path, MAX_LEASE_BYTES)
+        except FileNotFoundError:
+            return LeaseState()  # removed between the two looks
         except OSError as exc:
-            return LeaseState(None, "", f"{path} cannot be read ({exc.strerror})")
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read()
-        return _parse_lease(data, hashlib.sha256(data).hexdigest(), str(path))
+            return LeaseState(None, tag, f"{path} cannot be read ({exc.strerror or exc})")
+        return _parse_lease(data, tag, str(path))
 
     def write_lease(self, lease: Lease, prior: LeaseState | None = None) -> None:
         """Replace writer.json if it is still what `prior` read (PreconditionFailed otherwise);
         without `prior`, unconditionally. Durable either way."""
         data = lease.model_dump_json().encode()
-        if prior is None:
-            put_if_local(self.root / LEASE, data)
-        elif prior.exists:
-            put_if_local(self.root / LEASE, data, if_match=prior.tag)
-        else:
-            put_if_local(self.root / LEASE, data, create_only=True)
+        condition: dict[str, Any] = {}
+        if prior is not None:
+            condition = {"if_match": prior.tag} if prior.exists else {"create_only": True}
+        try:
+            put_if_local(self.root / LEASE, data, **condition)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write the writer lease {self.root / LEASE}: {exc.strerror or exc} "
+                                  "(if something other than a file is there, remove it)") from None
 
 
 class ArchiveTier:
@@ -267,7 +284,7 @@ class ArchiveTier:
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (FileNotFoundError, PreconditionFailed, SourceChangedError):
+        except (FileNotFoundError, PreconditionFailed, SourceChangedError, _EntryError):
             raise
         except Exception as exc:
             reason = redact(str(exc)) or type(exc).__name__
@@ -285,13 +302,32 @@ class ArchiveTier:
             if parsed is None:
                 continue
             try:
-                data = self._call("read manifest", self.fs.cat_file, self._p(name, MANIFEST))
+                data = self._call("read manifest", self._read_entry, self._p(name, MANIFEST))
             except FileNotFoundError:
                 refs.append(Ref(name, *parsed, "archive", None, "no manifest (never committed)"))
+                continue
+            except _EntryError as exc:  # this one object: denied, a directory, too big; not the archive
+                refs.append(Ref(name, *parsed, "archive", None, f"manifest unreadable: {exc}", unreadable=True))
                 continue
             manifest, problem = _read_manifest(data, name)
             refs.append(Ref(name, *parsed, "archive", manifest, problem, unreadable=manifest is None))
         return refs
+
+    def _read_entry(self, path: str) -> bytes:
+        """One small object; problems of that object alone (not of the archive) are _EntryError."""
+        try:
+            if self.is_local:
+                return read_regular(path, MAX_MANIFEST_BYTES)
+            size = int(self.fs.info(path).get("size") or 0)
+            if size > MAX_MANIFEST_BYTES:
+                raise _EntryError(f"{size} bytes, more than a manifest may have")
+            return self.fs.cat_file(path)
+        except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+            raise _EntryError(redact(str(exc.strerror or exc))) from None
+        except OSError as exc:
+            if self.is_local and not isinstance(exc, FileNotFoundError):
+                raise _EntryError(exc.strerror or str(exc)) from None
+            raise
 
     def remote_size(self, name: str, path: str) -> int | None:
         try:

@@ -1,0 +1,52 @@
+"""The one redactor: secrets it must hide wherever they appear, and ordinary text it must leave alone."""
+
+import pytest
+
+from trainready.io import redact, redact_argv
+
+SECRETS = [
+    ("s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@bucket/p", "wJalrXUtnFEMI"),  # '/' in it
+    ("https://user:p@ss@host/x", "p@ss"),
+    ("//srv/share /mnt cifs username=bob,password=hunter2,uid=0 0 0", "hunter2"),
+    ("//srv/share /mnt cifs pass=hunter2secret 0 0", "hunter2secret"),
+    ('{"password": "two words"}', "two"),
+    ("password=a\"b c", 'a"b'),
+    ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop"),
+    ("clientSecret=zzzzzzzzzz", "zzzzzzzzzz"),
+    ("AccountName=x;AccountKey=abc123xyz==;EndpointSuffix=core.windows.net", "abc123xyz"),
+    ("token ghp_abcdefghijklmnopqrstuvwxyz0123456789 here", "ghp_abc"),
+    ("key sk-abcdefghijklmnopqrstuvwxyz", "sk-abc"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F2026&X-Amz-Signature=abcdef0123&x=1",
+     "abcdef0123"),
+    ("Credential=AKIAIOSFODNN7EXAMPLE/2026, Signature=deadbeefdeadbeef", "deadbeefdeadbeef"),
+    ("secret_key=abc", "=abc"),
+    ("--data https://x.blob.core.windows.net/c?sv=2021&sig=abcdEFGH123%3D", "abcdEFGH123"),
+]
+
+ORDINARY = ["all checks pass: 12", "forward_pass: 0.12s", "token: 4096", "eos_token=2", "sig: 15", "PWD=/work/main",
+            "the signature: valid", "tokens_per_s: 123", "shards.3.name = '../../etc/passwd': escapes",
+            "bypass=1 compass: north", "pad_token: <pad>", "stopped by signal SIGTERM after step 5",
+            "s3://bucket/run-1/step-000000000005-g0001", "--tokens 2e9 --token-budget 5"]
+
+
+@pytest.mark.parametrize("text, secret", SECRETS)
+def test_secrets_are_hidden(text, secret):
+    assert secret not in redact(text)
+
+
+def test_secret_environment_values_are_hidden_anywhere(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghij")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3tvalue")
+    assert "hf_abcdefghij" not in redact("loaded hf_abcdefghij from the env") and "s3cr3t" not in redact("x s3cr3tvalue")
+
+
+@pytest.mark.parametrize("text", ORDINARY)
+def test_ordinary_text_is_left_alone(text):
+    assert redact(text) == text
+
+
+def test_argv_hides_the_value_after_a_secret_option():
+    argv = ["python", "train.py", "--hf-token", "abc", "--wandb_api_key=zzzzzzzzzz", "--lr", "3", "--password", "x",
+            "--tokens", "2e9"]
+    assert redact_argv(argv) == ["python", "train.py", "--hf-token", "***", "--wandb_api_key=***", "--lr", "3",
+                                 "--password", "***", "--tokens", "2e9"]
