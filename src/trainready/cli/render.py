@@ -194,11 +194,12 @@ def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
 
 def render_models(con: Console, models: list[ModelSpec]) -> None:
     t = _table("Model presets")
-    for col in ("name", "params", "layers", "hidden", "heads (kv)", "ffn", "mlp", "vocab", "tied"):
-        t.add_column(col, justify="left" if col in ("name", "mlp") else "right")
+    t.collapse_padding, t.show_edge = True, False  # one space between columns: every name and number fits in 80
+    for col in ("name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab", "tied"):
+        t.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=True)
     for m in models:
         t.add_row(m.name, f"{m.param_count() / 1e9:,.2f}B", str(m.num_layers), str(m.hidden_size),
-                  f"{m.num_heads} ({m.num_kv_heads})", str(m.ffn_hidden_size), m.mlp, str(m.vocab_size),
+                  str(m.num_heads), str(m.num_kv_heads), str(m.ffn_hidden_size), m.mlp, str(m.vocab_size),
                   "yes" if m.tied_embeddings else "no")
     con.print(t)
 
