@@ -118,10 +118,6 @@ class Replicator:
         while not self._stop:
             try:
                 self._replicate(name, manifest)
-                self.status.mark_archived(name)
-                self.status.attempts, self.status.last_error = 0, ""
-                self.on_archived(name)
-                return
             except FencedError as exc:
                 self.status.fatal = exc
                 return
@@ -133,9 +129,9 @@ class Replicator:
                 if not (self.hot.path(name) / MANIFEST).exists():
                     log.warning("upload of %s stopped: its hot copy is gone (dropped by retention)", name)
                     return
-                local = isinstance(exc, LocalCopyChangedError) or not isinstance(exc, ArchiveUnavailableError)
-                if local and (isinstance(exc, LocalCopyChangedError) or self.status.attempts >= self.local_error_attempts):
-                    # a local problem (hot copy changed) will not heal by waiting: give up on this one
+                # a local problem (the hot copy changed, or keeps failing) will not heal by waiting
+                if isinstance(exc, LocalCopyChangedError) or (not isinstance(exc, ArchiveUnavailableError)
+                                                              and self.status.attempts >= self.local_error_attempts):
                     self.status.unarchivable.append(name)
                     log.error("giving up on archiving %s to %s after %d attempts: %s; the next checkpoint will be "
                               "uploaded", name, self.archive.url, self.status.attempts, self.status.last_error)
@@ -147,6 +143,21 @@ class Replicator:
                         return  # superseded while failing: go straight to the newer one
                     self._cv.wait(timeout=delay)
                 delay = min(delay * 2, self.retry_max_s)
+                continue
+            self.status.mark_archived(name)
+            self.status.attempts, self.status.last_error = 0, ""
+            self._after_archived(name)
+            return
+
+    def _after_archived(self, name: str) -> None:
+        """Retention once a checkpoint is archived; its failure is reported, not retried (the upload is done)."""
+        try:
+            self.on_archived(name)
+        except FencedError as exc:
+            self.status.fatal = exc
+        except Exception as exc:
+            self.status.last_error = redact(f"retention after archiving {name}: {type(exc).__name__}: {exc}")
+            log.error("%s", self.status.last_error)
 
     def _newer_queued(self, manifest: Manifest) -> bool:
         return any((m.step, m.generation) > (manifest.step, manifest.generation) for _, m in self._queue)
