@@ -9,7 +9,7 @@ import typer
 
 from . import options as o
 from .console import emit_json, out
-from .render import render_ckpt_list, render_ckpt_prune, render_ckpt_pull, render_ckpt_verify
+from .render_ckpt import render_ckpt_list, render_ckpt_prune, render_ckpt_pull, render_ckpt_verify
 
 WHERE = ("URL is a local directory (a node's hot tier, or a local archive) or an fsspec URL such as "
          "s3://bucket/prefix (AWS_ENDPOINT_URL_S3 for other S3 endpoints) or file:///path.")

@@ -13,7 +13,7 @@ from rich.table import Table
 from trainready.errors import UsageError
 
 from . import options as o
-from .console import emit_json, err, out
+from .console import emit_json, err, line, out, styled
 from .render import _size  # one byte-size format for every table
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def render_pack(result: PackResult) -> None:
     table.add_row("seconds", f"{result.seconds:.1f}")
     out.print(table)
     for note in result.notes:
-        err.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        err.print(line(("note:", "yellow"), f" {note}"), soft_wrap=True)
 
 
 @app.command("pack", short_help="Pack a directory of text, JSONL or token files into tar shards, resumably.",
@@ -153,4 +153,4 @@ def _render_bench(r) -> None:  # noqa: ANN001 - DataBenchResult, imported lazily
     if r.need is not None:
         out.print(f"needed: {r.need.tokens_per_s_per_node:,.0f} tokens/s per node ({r.need.source})", highlight=False)
     style = {True: "green", False: "bold red", None: "cyan"}[r.keeps_up]
-    out.print(f"[{style}]{r.verdict}[/]", highlight=False)
+    out.print(styled(r.verdict, style))

@@ -1,14 +1,27 @@
 """The `trainready` command. Exit codes (every command): 0 success; 1 the command ran but its
 answer is negative (plan: nothing fits the constraints; ckpt: a checkpoint is damaged); 2 usage
 error (bad option, unknown name, impossible setup, unreadable file or location); 3 internal
-error (a bug: please report it)."""
+error (a bug: please report it); 130 interrupted (Ctrl-C); and, like any Unix tool, killed by
+SIGPIPE (141 in the shell) when the reader of its output goes away (`| head`)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import select
+import signal
+import stat
 import sys
+from typing import Any
 
 import typer
+
+try:  # typer >= 0.2x ships its own copy of click; older ones use click itself
+    from typer._click import exceptions as click_errors
+    from typer._click.utils import echo
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_errors
+    from click.utils import echo
 
 from trainready import __version__
 from trainready.errors import TrainreadyError
@@ -17,7 +30,7 @@ from . import catalog_cmd, check_cmd, ckpt_cmd, data_cmd, diagnose_cmd, estimate
 from .console import error
 
 app = typer.Typer(
-    name="trainready", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="trainready", no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
     help="Plan, check, checkpoint and run LLM training on rented GPU nodes.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -32,6 +45,33 @@ app.command("report", help=run_cmd.REPORT_HELP)(run_cmd.report)
 app.command("diagnose", help=diagnose_cmd.HELP)(diagnose_cmd.diagnose)
 
 
+def _type_label(param: object, ctx: object) -> str | None:
+    """The type column of `-h` in words a user types: INT, FLOAT, TEXT, PATH, or the choices;
+    nothing for flags and arguments (their name says it), never Python's `<bool>` or `<list[str]>`."""
+    if getattr(param, "is_flag", False) or getattr(param, "param_type_name", "") == "argument":
+        return None
+    label = type(param).display_type(param, ctx).strip("<>")  # type: ignore[attr-defined]
+    if label.startswith("list[") and label.endswith("]"):
+        label = label[5:-1]
+    label = label.split(" range")[0]  # the range itself is in the help text
+    return {"int": "INT", "float": "FLOAT", "str": "TEXT", "path": "PATH", "file": "PATH",
+            "directory": "DIR", "bool": None}.get(label, label)
+
+
+def _plain_help_types(command: Any) -> None:
+    def plain(param: Any) -> Any:
+        if param is not None and hasattr(type(param), "display_type"):  # typer >= 0.2x
+            param.display_type_rich = functools.partial(_type_label, param)
+        return param
+
+    for param in command.params:
+        plain(param)
+    help_option = command.get_help_option  # made per context: -h/--help
+    command.get_help_option = lambda ctx: plain(help_option(ctx))
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help_types(sub)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"trainready {__version__}")
@@ -39,23 +79,102 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _root(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """trainready"""
 
 
-def run() -> None:
-    as_json = "--json" in sys.argv
+def _fd_kinds() -> tuple[int, ...]:
+    kinds = []
+    for fd in (1, 2):
+        try:
+            kinds.append(stat.S_IFMT(os.fstat(fd).st_mode))
+        except OSError:
+            kinds.append(0)
+    return tuple(kinds)
+
+
+def _output_closed(kinds_at_start: tuple[int, ...] = ()) -> bool:
+    """True when stdout or stderr is a pipe whose reader has gone (`trainready ... | head`), or
+    was a pipe and Rich has already put /dev/null in its place (help text goes through Rich)."""
+    if any(was == stat.S_IFIFO and now == stat.S_IFCHR for was, now in zip(kinds_at_start, _fd_kinds())):
+        return True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(events & select.POLLERR for _fd, events in poller.poll(0)):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def _die_of_sigpipe() -> None:
+    """What `yes | head` does: end silently, killed by SIGPIPE, so shells see 141."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())  # nothing more reaches the closed pipe, even at exit
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    sys.exit(141)  # not reached on POSIX
+
+
+def _usage_error(exc: click_errors.UsageError, as_json: bool) -> int:
+    """Click's parse errors, in our format: one line naming the bad value, then where help is."""
+    message = exc.format_message()
+    if exc.ctx is not None:
+        message += f" (try '{exc.ctx.command_path} -h' for help)"
+    error(message, as_json=as_json, exit_code=2)
+    return 2
+
+
+def _main(as_json: bool) -> int:
+    command = typer.main.get_command(app)
+    _plain_help_types(command)
     try:
-        app()
+        result = command.main(prog_name="trainready", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:  # `trainready`, `trainready ckpt`: help, then usage error
+        echo(exc.ctx.get_help())
+        return 2
+    except click_errors.UsageError as exc:
+        return _usage_error(exc, as_json)
+    except click_errors.ClickException as exc:  # e.g. a file Click could not open
+        error(exc.format_message(), as_json=as_json, exit_code=2)
+        return 2
+    except typer.Abort:
+        return 130
     except TrainreadyError as exc:
         error(str(exc), as_json=as_json, exit_code=exc.exit_code)
-        sys.exit(exc.exit_code)
+        return exc.exit_code
+    return result if isinstance(result, int) else 0
+
+
+def run() -> None:
+    as_json = "--json" in sys.argv
+    kinds = _fd_kinds()
+    try:
+        code = _main(as_json)
+        sys.stdout.flush()
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
+    except SystemExit:  # click and Rich turn EPIPE into a silent exit 1 of their own
+        if _output_closed(kinds):
+            _die_of_sigpipe()
+        raise
+    except BrokenPipeError:
+        if not _output_closed():
+            raise
+        _die_of_sigpipe()
     except Exception as exc:  # a bug: say so plainly, keep the traceback for who asks
+        if isinstance(exc, OSError) and _output_closed():
+            _die_of_sigpipe()
         if os.environ.get("TRAINREADY_DEBUG"):
             raise
         error(f"internal error: {type(exc).__name__}: {exc} (set TRAINREADY_DEBUG=1 for the traceback)",
               as_json=as_json, exit_code=3)
-        sys.exit(3)
+        code = 3
+    sys.exit(code)

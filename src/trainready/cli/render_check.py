@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainready.check.findings import SEVERITY, CheckReport
+from trainready.cli.console import styled
 
 STYLE = {"fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim"}
 
@@ -24,7 +25,7 @@ def render_check(console: Console, report: CheckReport) -> None:
             table.add_section()
         for finding in findings:
             detail = finding.reason + (f"\n-> {finding.advice}" if finding.advice and finding.status != "pass" else "")
-            table.add_row(f"[{STYLE[finding.status]}]{finding.status}[/]", finding.id, finding.observed, detail)
+            table.add_row(styled(finding.status, STYLE[finding.status]), finding.id, finding.observed, detail)
     console.print(table)
     s = report.summary
     console.print(f"{s['fail']} fail, {s['warn']} warn, {s['pass']} pass, {s['skip']} skip"
