@@ -97,7 +97,7 @@ def _fd_kinds() -> tuple[int, ...]:
 def _output_closed(kinds_at_start: tuple[int, ...] = ()) -> bool:
     """True when stdout or stderr is a pipe whose reader has gone (`trainready ... | head`), or
     was a pipe and Rich has already put /dev/null in its place (help text goes through Rich)."""
-    if any(was == stat.S_IFIFO and now == stat.S_IFCHR for was, now in zip(kinds_at_start, _fd_kinds())):
+    if any(was == stat.S_IFIFO and now == stat.S_IFCHR for was, now in zip(kinds_at_start, _fd_kinds(), strict=False)):
         return True
     for stream in (sys.stdout, sys.stderr):
         try:
