@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel
@@ -50,3 +52,44 @@ def error(message: str, *, as_json: bool, exit_code: int) -> None:
     err.print(line(("error:", "bold red"), " ", message), soft_wrap=True)
     if as_json:
         emit_json({"schema_version": 1, "error": {"message": message, "exit_code": exit_code}})
+
+
+class ProgressSink:
+    """What long work reports to: `advance(n)` as work is done, `set_total(n)` once known.
+    Library code takes a plain callable (`on_progress=sink.advance`) and never imports the CLI."""
+
+    def __init__(self, progress: Any = None, task: Any = None):
+        self._progress, self._task = progress, task
+
+    def advance(self, amount: float = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, amount)
+
+    def set_total(self, total: float | None) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=total)
+
+
+@contextmanager
+def progress(description: str, *, total: float | None = None, as_json: bool = False,
+             unit: str = "items") -> Iterator[ProgressSink]:
+    """A progress bar on stderr for long work (pull, verify, bench, deep checks): shown only on a
+    terminal and never with --json; in a pipe or a log the work is silent until its result."""
+    if as_json or not err.is_terminal:
+        yield ProgressSink()
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    amount = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), amount, TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        yield ProgressSink(bar, bar.add_task(description, total=total))
