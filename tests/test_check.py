@@ -34,7 +34,9 @@ STATUSES = {"pass", "warn", "fail", "skip"}
 KEY_IDS = ("gpu.count", "gpu.model", "gpu.driver", "gpu.ecc", "gpu.xid", "gpu.throttle", "gpu.pcie",
            "gpu.nvlink-topology", "gpu.nvlink-links", "cpu.vcpu-per-gpu", "mem.host", "storage.hot-tier",
            "storage.shared", "net.efa", "net.nccl-env", "cuda.runtime", "cuda.graphs")
-CRASHED = "check could not run"  # registry.run_checks' reason when a check raised
+CRASHED = "check could not run"
+DEPENDS_ON_A_GPU = ("gpu.model", "gpu.driver", "gpu.ecc", "gpu.throttle", "gpu.pcie", "gpu.nvlink-topology",
+                    "gpu.nvlink-links")  # registry.run_checks' reason when a check raised
 
 
 def cli(*args, timeout=120):
@@ -45,11 +47,19 @@ def cli(*args, timeout=120):
     return proc
 
 
-def cli_report(*args):
+def cli_report(*args, code):
+    """`check ARGS --json`, which must exit with `code`; the report and its findings by id."""
     proc = cli("check", *args, "--json")
-    assert proc.returncode in (0, 1), (proc.returncode, proc.stdout[-1000:], proc.stderr[-1000:])
     data = json.loads(proc.stdout)
-    return proc.returncode, data, {c["id"]: c for c in data["checks"]}
+    by_id = {c["id"]: c for c in data["checks"]}
+    assert proc.returncode == code, (proc.returncode, {i: (c["status"], c["reason"]) for i, c in by_id.items()
+                                                       if c["status"] == "fail"}, proc.stderr[-1000:])
+    assert code == (1 if data["summary"]["fail"] else 0)
+    return data, by_id
+
+
+NO_NVIDIA_SMI = shutil.which("nvidia-smi", path="/usr/bin:/bin") is None
+needs_no_gpu = pytest.mark.skipif(not NO_NVIDIA_SMI, reason="this machine has nvidia-smi: its GPUs decide the answer")
 
 
 def findings(directory, instance=None):
@@ -82,11 +92,10 @@ def no_crash(by_id):
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 def test_healthy_bundle_passes(kind):
-    code, data, by_id = cli_report("--bundle", BUNDLES / kind)
+    data, by_id = cli_report("--bundle", BUNDLES / kind, code=0)
     assert_well_formed(data)
     no_crash(by_id)
     assert data["instance_type"] == INSTANCE[kind] and data["source"] == str(BUNDLES / kind)
-    assert code == 0 and data["summary"]["fail"] == 0, {i: c["reason"] for i, c in by_id.items() if c["status"] == "fail"}
     not_passed = {i: (by_id[i]["status"], by_id[i]["reason"]) for i in KEY_IDS if by_id[i]["status"] != "pass"}
     assert not not_passed
 
@@ -136,7 +145,7 @@ def test_every_variant_has_an_expectation():
 @pytest.mark.parametrize("variant", sorted(BROKEN))
 def test_broken_variant_fails_the_right_check(variant, tmp_path):
     directory = make_variant(variant, tmp_path)
-    code, data, by_id = cli_report("--bundle", directory)
+    data, by_id = cli_report("--bundle", directory, code=1)
     assert_well_formed(data)
     no_crash(by_id)
     expected = BROKEN[variant]
@@ -148,18 +157,21 @@ def test_broken_variant_fails_the_right_check(variant, tmp_path):
         assert not missing, (check_id, reason, missing)
     others = {i: c["reason"] for i, c in by_id.items() if c["status"] == "fail" and i not in expected}
     assert not others, others
-    assert code == 1
 
 
 def test_driver_error_instead_of_output(tmp_path):
-    # what nvidia-smi prints (exit 9) when the driver is not loaded: the file is there, its content is an error
+    # what nvidia-smi prints (exit 9) when the driver is not loaded: the file is there, its content is an error.
+    # One root cause, one finding: gpu.count fails quoting nvidia-smi, the checks that need a GPU point at it.
     message = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
                "latest NVIDIA driver is installed and running.\n\n")
     directory = make_bundle("p4d", tmp_path, replace={QUERY: message, TOPO: message, NVLINK: message})
     _, by_id = findings(directory)
     no_crash(by_id)
-    assert by_id["gpu.count"].status == "fail" and "0 GPUs" in by_id["gpu.count"].reason
-    assert by_id["gpu.nvlink-topology"].status == "fail" and "NVIDIA-SMI has failed" in by_id["gpu.nvlink-topology"].reason
+    count = by_id["gpu.count"]
+    assert count.status == "fail" and "p4d.24xlarge has 8 GPUs" in count.reason and "NVIDIA-SMI has failed" in count.reason
+    for check_id in DEPENDS_ON_A_GPU:
+        assert (by_id[check_id].status, by_id[check_id].reason) == ("skip", "no GPU visible: see gpu.count"), check_id
+    assert [i for i, f in by_id.items() if "NVIDIA-SMI has failed" in f.reason] == ["gpu.count"]
     # the files were collected: a reason must not claim the probe did not run
     wrong = {i: f.reason for i, f in by_id.items() if "not in the bundle" in f.reason}
     assert not wrong, wrong
@@ -189,25 +201,98 @@ def test_pcie_width_degraded_names_the_gpu(tmp_path):
 # ---------------------------------------------------------------- no GPU
 
 
-def test_cpu_only_bundle_skips_gpu_checks():
-    code, data, by_id = cli_report("--bundle", BUNDLES / "cpu-only")
+def test_no_gpu_fails_once_unless_cpu_only():
+    # `check && launch` must not launch on a node without GPU: gpu.count fails, with the one reason
+    data, by_id = cli_report("--bundle", BUNDLES / "cpu-only", code=1)
     assert_well_formed(data)
     no_crash(by_id)
-    assert code == 0 and data["instance_type"] is None
-    gpu = {i: c for i, c in by_id.items() if c["area"] == "gpu"}
-    assert gpu and all(c["status"] == "skip" and c["reason"] for c in gpu.values()), gpu
-    assert "nvidia-smi" in by_id["gpu.count"]["reason"]  # from the manifest: the command was not found
-    assert by_id["cuda.runtime"]["status"] == "skip" and "CUDA" in by_id["cuda.runtime"]["observed"]
-    ran = {i: c["status"] for i, c in by_id.items() if c["area"] in ("cpu", "mem", "storage") and not CHECKS[i][2]}
-    assert ran and "skip" not in ran.values(), ran
-    assert by_id["cpu.vcpu-per-gpu"]["status"] == "pass" and "2 vCPUs" in by_id["cpu.vcpu-per-gpu"]["observed"]
+    assert data["instance_type"] is None
+    assert {i for i, c in by_id.items() if c["status"] == "fail"} == {"gpu.count"}
+    count = by_id["gpu.count"]
+    assert count["observed"] == "no GPU visible" and "training needs a GPU" in count["reason"]
+    assert "--cpu-only" in count["advice"]
+    # ... said once, on the bundle's machine (named by the manifest), never "this machine"
+    root = "nvidia-smi not available on the bundle's machine ip-172-31-9-40 (nvidia-smi: command not found)"
+    assert root in count["reason"]
+    assert [i for i, c in by_id.items() if "nvidia-smi not available" in c["reason"]] == ["gpu.count"]
+    assert not [i for i, c in by_id.items() if "this machine" in c["reason"]]
+    for check_id in DEPENDS_ON_A_GPU:
+        assert (by_id[check_id]["status"], by_id[check_id]["reason"]) == ("skip", "no GPU visible: see gpu.count")
+        assert by_id[check_id]["advice"] == ""
+    cpu = by_id["cpu.vcpu-per-gpu"]  # nothing to divide by: unknown, not a pass
+    assert cpu["status"] == "skip" and cpu["observed"] == "2 vCPUs" and "see gpu.count" in cpu["reason"]
+    assert (by_id["cuda.runtime"]["status"], by_id["cuda.runtime"]["reason"]) == ("skip", "no GPU visible: see gpu.count")
+    assert "CUDA not available" in by_id["cuda.runtime"]["observed"]
     assert by_id["mem.host"]["status"] == "pass" and "23 GiB" in by_id["mem.host"]["observed"]
+    assert by_id["gpu.xid"]["status"] == "skip" and "dmesg needs root" in by_id["gpu.xid"]["reason"]
 
 
-def test_cpu_only_without_manifest_says_the_files_are_missing(tmp_path):
+def test_cpu_only_option_says_no_gpu_is_expected():
+    data, by_id = cli_report("--bundle", BUNDLES / "cpu-only", "--cpu-only", code=0)
+    assert_well_formed(data)
+    assert data["summary"] == {"pass": 3, "warn": 2, "fail": 0, "skip": 15}, {i: c["status"] for i, c in by_id.items()}
+    count = by_id["gpu.count"]
+    assert (count["status"], count["observed"], count["expected"]) == ("pass", "no GPU", "no GPU (--cpu-only)")
+    for check_id in DEPENDS_ON_A_GPU:
+        assert by_id[check_id]["reason"] == "CPU-only node (--cpu-only): no GPU to check"
+    assert by_id["cpu.vcpu-per-gpu"]["reason"] == "CPU-only node (--cpu-only): no GPU to feed"
+    # GPUs where --cpu-only says there are none: a warning, not silence
+    data, by_id = cli_report("--bundle", BUNDLES / "p4d", "--cpu-only", code=0)
+    assert by_id["gpu.count"]["status"] == "warn" and "but 8 are visible" in by_id["gpu.count"]["reason"]
+
+
+def test_without_manifest_a_missing_file_is_unknown_not_absent(tmp_path):
+    # no manifest: nothing says nvidia-smi is missing on that machine, so no GPU count is known
     directory = make_bundle("cpu-only", tmp_path, drop=("manifest.json",))
-    _, by_id = findings(directory)
+    report, by_id = findings(directory)
     assert by_id["gpu.count"].status == "skip" and QUERY in by_id["gpu.count"].reason
+    assert "nothing else in the bundle counts GPUs" in by_id["gpu.count"].reason
+    assert by_id["cpu.vcpu-per-gpu"].reason == "GPU count unknown (see gpu.count): vCPUs per GPU cannot be judged"
+    assert not report.failed
+
+
+def test_gpus_counted_from_every_file_there_is(tmp_path):
+    # a container without nvidia-smi, where torch sees the GPUs: counted by torch, no failure
+    gone = (QUERY, TOPO, NVLINK)
+    report, by_id = findings(make_bundle("p5", tmp_path, drop=gone))
+    assert by_id["gpu.count"].status == "pass" and "counted by torch (cuda.json)" in by_id["gpu.count"].reason
+    assert by_id["gpu.model"].status == "skip" and not report.failed
+    # nothing at all about GPUs in the bundle of a GPU instance: unknown (skip), never a failure
+    report, by_id = findings(make_bundle("p5", tmp_path, drop=(*gone, "cuda.json")))
+    assert by_id["gpu.count"].status == "skip" and "cannot count GPUs" in by_id["gpu.count"].reason
+    assert not report.failed, {f.id: f.reason for f in report.checks if f.status == "fail"}
+
+
+def test_efa_judged_from_every_file_present(tmp_path):
+    # fi_info listing the efa provider proves libfabric is installed, with or without efa-software.txt
+    _, by_id = findings(make_bundle("p5", tmp_path, drop=("efa-software.txt",)))
+    efa = by_id["net.efa"]
+    assert efa.status == "warn" and "libfabric found" in efa.observed and "aws-ofi-nccl unknown" in efa.observed
+    assert "could not tell the aws-ofi-nccl plugin" in efa.reason and "efa-software.txt not in the bundle" in efa.reason
+    # p4d's NCCL log shows NCCL running over the plugin: that settles it
+    _, by_id = findings(make_bundle("p4d", tmp_path, drop=("efa-software.txt",)))
+    assert by_id["net.efa"].status == "pass" and "aws-ofi-nccl found" in by_id["net.efa"].observed
+    # fi_info ran (the manifest says so) but the software listing says absent: fi_info wins
+    lib = "/opt/amazon/efa/lib/libfabric.so"
+    _, by_id = findings(make_bundle("p4d", tmp_path, replace={
+        "efa-software.txt": lambda t: t.replace(f"present {lib}", f"absent {lib}")}))
+    assert by_id["net.efa"].status == "pass" and "libfabric found" in by_id["net.efa"].observed
+    # no device listing at all: the count is unknown, not zero
+    _, by_id = findings(make_bundle("p5", tmp_path, drop=("fi_info-p-efa.txt", "sys-class-infiniband.txt")))
+    efa = by_id["net.efa"]
+    assert efa.status == "warn" and efa.observed.startswith("? EFA device(s)") and "EFA device count" in efa.reason
+    # evidence of absence still fails: the software listing says neither is there, and no fi_info output or
+    # NCCL log says otherwise
+    _, by_id = findings(make_bundle("p5", tmp_path, drop=("fi_info-p-efa.txt",),
+                                    replace={"efa-software.txt": lambda t: t.replace("present", "absent")}))
+    assert by_id["net.efa"].status == "fail" and "libfabric and the aws-ofi-nccl plugin not found" in by_id["net.efa"].reason
+
+
+def test_fstab_client_presence_is_not_assumed(tmp_path):
+    fstab = "fs-0abc.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh /data lustre defaults,noatime,_netdev 0 0\n"
+    _, by_id = findings(make_bundle("p4d", tmp_path, replace={"fstab.txt": fstab}))
+    shared = by_id["storage.shared"]  # /data in fstab, not mounted: a fact; the client: unknown, not "present"
+    assert shared.status == "fail" and "kernel client unknown" in shared.observed and "client present" not in shared.observed
 
 
 # ---------------------------------------------------------------- damaged input
@@ -226,10 +311,12 @@ def test_garbage_and_truncated_files_never_crash(kind, tmp_path):
 
 
 def test_garbage_bundle_through_the_cli(tmp_path):
+    # every file garbage, instance-type.txt too: nothing is known, so nothing fails (and nothing crashes)
     directory = make_bundle("p4d", tmp_path, replace=every_file("p4d", garbage(99)))
-    code, data, by_id = cli_report("--bundle", directory)
+    data, by_id = cli_report("--bundle", directory, code=0)
     assert_well_formed(data)
     no_crash(by_id)
+    assert by_id["gpu.count"]["status"] == "warn" and "instance type unknown" in by_id["gpu.count"]["reason"]
 
 
 def test_damaged_manifest_is_a_usage_error(tmp_path):
@@ -240,7 +327,29 @@ def test_damaged_manifest_is_a_usage_error(tmp_path):
 
 def test_missing_bundle_directory(tmp_path):
     proc = cli("check", "--bundle", tmp_path / "nope", "--json")
-    assert proc.returncode == 2 and "does not exist" in proc.stdout + proc.stderr
+    assert proc.returncode == 2 and f"bundle directory {tmp_path / 'nope'} does not exist" in proc.stderr
+    assert "does not exist" in json.loads(proc.stdout)["error"]["message"]
+
+
+def test_a_path_that_is_not_a_bundle_is_a_usage_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("hello\n")
+    cases = {
+        empty: f"{empty} is not a bundle: no manifest.json and none of the probe files",
+        tmp_path / "empty" / "notes.txt": "is a file, not a directory",
+        BUNDLES / "p4d" / "manifest.json": f"pass the directory that holds it ({BUNDLES / 'p4d'})",
+    }
+    import tarfile
+
+    archive = tmp_path / "node7.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(BUNDLES / "p4d", arcname="node7")
+    cases[archive] = "an archive, not a directory: unpack it first"
+    for path, words in cases.items():
+        proc = cli("check", "--bundle", path)
+        assert proc.returncode == 2 and words in proc.stderr, (path, proc.returncode, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == "", proc.stderr
 
 
 def test_unknown_instance_is_a_usage_error():
@@ -251,9 +360,35 @@ def test_unknown_instance_is_a_usage_error():
 
 
 def test_human_output():
-    for kind, code in (("p4d", 0), ("cpu-only", 0)):
-        proc = cli("check", "--bundle", BUNDLES / kind)
+    for kind, extra, code in (("p4d", [], 0), ("cpu-only", [], 1), ("cpu-only", ["--cpu-only"], 0)):
+        proc = cli("check", "--bundle", BUNDLES / kind, *extra)
         assert proc.returncode == code and "gpu.count" in proc.stdout
+        assert f"(bundle {BUNDLES / kind})" in proc.stdout and "None" not in proc.stdout
+    assert "1 fail, 2 warn, 2 pass, 15 skip  -> not ready: fix the failures first" in cli(
+        "check", "--bundle", BUNDLES / "cpu-only").stdout
+
+
+def test_80_columns_never_cut_a_check_id():
+    for kind in ("p4d", "cpu-only"):
+        proc = subprocess.run([sys.executable, "-m", "trainready", "check", "--bundle", str(BUNDLES / kind)],
+                              capture_output=True, text=True, timeout=120,
+                              env={"COLUMNS": "80", "PATH": "/usr/bin:/bin", "TRAINREADY_NO_IMDS": "1"})
+        assert proc.returncode == (0 if kind == "p4d" else 1)
+        assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+        shown = {line.split("\u2502")[2].strip() for line in proc.stdout.splitlines() if line.count("\u2502") >= 3}
+        assert set(CHECKS) <= shown, set(CHECKS) - shown
+
+
+def test_torch_advice_prints_whole(tmp_path):
+    # the extra in brackets is text, not markup: it must reach the terminal as written
+    no_torch = json.dumps({"torch": None, "cuda_available": False, "reason": "torch is not installed"})
+    directory = make_bundle("p4d", tmp_path, replace={"cuda.json": no_torch})
+    for columns, words in (("200", "pip install 'trainready[torch]' (or your own CUDA build of torch)"),
+                           ("80", "'trainready[torch]'")):
+        proc = subprocess.run([sys.executable, "-m", "trainready", "check", "--bundle", str(directory)],
+                              capture_output=True, text=True, timeout=120,
+                              env={"COLUMNS": columns, "PATH": "/usr/bin:/bin", "TRAINREADY_NO_IMDS": "1"})
+        assert proc.returncode == 0 and words in proc.stdout, proc.stdout
 
 
 # ---------------------------------------------------------------- this machine
@@ -263,26 +398,84 @@ def test_collect_then_analyze(tmp_path):
     out = tmp_path / "bundle"
     proc = cli("check", "collect", "--out", out)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"bundle written to {out}: ")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["schema_version"] == 1 and manifest["kind"] == "trainready.check-bundle"
     probes = {p["file"]: p for p in manifest["probes"]}
     assert set(COMMANDS) <= set(probes) and {"meminfo.txt", "mounts.txt", "env.txt"} <= set(probes)
-    if shutil.which("nvidia-smi", path="/usr/bin:/bin") is None:
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # the write test left nothing behind
+    if NO_NVIDIA_SMI:
         assert probes[QUERY]["exit_code"] is None and probes[QUERY]["error"]
         assert not (out / QUERY).exists()
-    code, data, by_id = cli_report("--bundle", out)
-    assert_well_formed(data)
-    no_crash(by_id)
-    if shutil.which("nvidia-smi", path="/usr/bin:/bin") is None:
-        assert by_id["gpu.count"]["status"] == "skip" and "nvidia-smi" in by_id["gpu.count"]["reason"]
+        data, by_id = cli_report("--bundle", out, code=1)
+        assert_well_formed(data)
+        no_crash(by_id)
+        assert by_id["gpu.count"]["status"] == "fail" and "nvidia-smi not available on the bundle's machine" in \
+            by_id["gpu.count"]["reason"]
+        cli_report("--bundle", out, "--cpu-only", code=0)
 
 
-def test_live_check_smoke():
+@pytest.mark.parametrize(("where", "words"), [
+    ("/proc/trainready-test/b", "cannot write the bundle to /proc/trainready-test/b: /proc does not allow creating"),
+    ("FILE/sub", "cannot write the bundle to FILE/sub: FILE is a file, not a directory"),
+    ("FILE", "cannot write the bundle to FILE: it is a file, not a directory"),
+])
+def test_collect_to_a_path_we_cannot_write_is_a_usage_error(tmp_path, where, words):
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("x")
+    where, words = where.replace("FILE", str(blocker)), words.replace("FILE", str(blocker))
+    proc = cli("check", "collect", "--out", where)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {words}"), lines
+    assert blocker.read_text() == "x"
+
+
+def test_collect_checks_the_directory_before_any_probe_runs(tmp_path, monkeypatch):
+    import errno
+
+    from trainready.check import bundle as bundle_module
+    from trainready.check.probes import collect
+    from trainready.errors import UsageError
+
+    def read_only(path, **_kw):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(bundle_module, "make_dir", read_only)
+    ran = []
+    with pytest.raises(UsageError) as caught:
+        collect(tmp_path / "b", runner=lambda argv, timeout: ran.append(argv))
+    assert str(caught.value) == (f"cannot write the bundle to {tmp_path / 'b'}: permission denied on {tmp_path / 'b'} "
+                                 "(choose a directory you can write to)")
+    assert ran == []
+
+    def read_only_fs(path, **_kw):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(bundle_module, "make_dir", read_only_fs)
+    with pytest.raises(UsageError, match="is on a read-only file system"):
+        Bundle({"lscpu.txt": "x"}).save(tmp_path / "c")
+
+
+def test_collect_reports_progress_per_probe():
+    from trainready.check.probes import PROBE_COUNT, Result, collect
+
+    ticks = []
+    bundle = collect(None, runner=lambda argv, timeout: Result(None, "", "not here", 0.0), on_progress=ticks.append)
+    assert ticks == [1] * PROBE_COUNT and bundle.source == "live"
+
+
+@needs_no_gpu
+def test_live_check_without_gpu_fails_unless_cpu_only():
     # TRAINREADY_NO_IMDS (set by cli) keeps instance detection off the network
-    code, data, by_id = cli_report()
+    data, by_id = cli_report(code=1)
     assert_well_formed(data)
     no_crash(by_id)
     assert data["source"] == "live"
+    assert {i for i, c in by_id.items() if c["status"] == "fail"} == {"gpu.count"}
+    assert "nvidia-smi not available on this machine" in by_id["gpu.count"]["reason"]
+    data, by_id = cli_report("--cpu-only", code=0)
+    assert by_id["gpu.count"]["status"] == "pass"
 
 
 def test_pending_row_remap_and_remap_failure_from_smi_q(tmp_path):
@@ -317,11 +510,11 @@ def test_hot_tier_free_space_against_the_jobs_checkpoints(tmp_path):
 
 
 def test_model_options_check_host_ram_for_offload():
-    code, _, by_id = cli_report("--bundle", BUNDLES / "p4d", "--model", "llama-2-70b", "--strategy", "zero3",
-                                "--offload", "optimizer")
+    _, by_id = cli_report("--bundle", BUNDLES / "p4d", "--model", "llama-2-70b", "--strategy", "zero3",
+                          "--offload", "optimizer", code=0)
     assert by_id["mem.host"]["status"] == "pass" and "GiB fits" in by_id["mem.host"]["reason"]
-    code, _, by_id = cli_report("--bundle", BUNDLES / "g5", "--instance", "g5.12xlarge", "--model", "llama-2-70b",
-                                "--strategy", "zero3", "--offload", "optimizer")
+    _, by_id = cli_report("--bundle", BUNDLES / "g5", "--instance", "g5.12xlarge", "--model", "llama-2-70b",
+                          "--strategy", "zero3", "--offload", "optimizer", code=1)
     assert by_id["mem.host"]["status"] == "fail" and "needs" in by_id["mem.host"]["reason"], by_id["mem.host"]
     proc = cli("check", "--bundle", BUNDLES / "cpu-only", "--model", "llama-2-7b")
     assert proc.returncode == 2 and "--instance" in proc.stderr
@@ -340,16 +533,18 @@ def test_slow_nvlink_and_unmounted_lustre_are_named(tmp_path):
     assert shared.status == "fail" and "/data" in shared.observed and "no kernel support for lustre" in shared.observed
 
 
+@needs_no_gpu
 def test_check_runs_without_torch(tmp_path):
     # torch blocked: the GPU/CUDA checks skip with why, the command still answers
     blocker = tmp_path / "torch.py"
     blocker.write_text("raise ImportError('torch blocked for this test')\n")
     env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TRAINREADY_NO_IMDS": "1", "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "trainready", "check", "--json"], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert proc.returncode in (0, 1), proc.stderr[-1000:]
+    proc = subprocess.run([sys.executable, "-m", "trainready", "check", "--cpu-only", "--json"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1000:]
     found = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
-    assert found["cuda.runtime"]["status"] == "skip" and "torch" in found["cuda.runtime"]["reason"]
+    assert found["cuda.runtime"]["status"] == "skip" and found["cuda.runtime"]["reason"] == "torch is not installed"
+    assert found["cuda.runtime"]["advice"] == "pip install 'trainready[torch]' (or your own CUDA build of torch)"
 
 
 def test_unparsable_output_is_shown_in_the_finding():

@@ -108,7 +108,7 @@ def test_large_objects_pass(tmp_path):
 
 def test_cli_adds_the_finding_and_a_missing_url_is_exit_2(small_dir):
     proc = cli("check", "--bundle", BUNDLES / "p4d", "--dataset", small_dir, "--json")
-    assert proc.returncode in (0, 1), proc.stderr[-1000:]
+    assert proc.returncode == 0, proc.stderr[-1000:]  # a healthy node; many small files only warn
     layout = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}["data.layout"]
     assert layout["status"] == "warn" and layout["area"] == "data" and "2,000 objects" in layout["observed"]
     proc = cli("check", "--dataset", "/nonexistent", "--json")

@@ -3,6 +3,7 @@ bandwidth, and the multi-node form under torchrun (two local processes over gloo
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -59,13 +60,48 @@ def test_storage_bandwidth_writes_reads_and_cleans_up(tmp_path):
     assert "skipped" in storage_bandwidth(tmp_path / "absent")
 
 
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="measures the CPU analogue (gloo); a GPU node uses NCCL")
 def test_deep_under_torchrun_measures_the_whole_world(tmp_path):
     env = {**os.environ, "TRAINREADY_NO_IMDS": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "trainready", "check", "--deep", "--hot-dir", str(tmp_path), "--json"],
+                           "-m", "trainready", "check", "--deep", "--cpu-only", "--hot-dir", str(tmp_path), "--json"],
                           capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    # a CPU-only machine said to be one: nothing fails (the gloo figure is reported, not judged)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)  # only rank 0 prints
     found = {c["id"]: c for c in report["checks"]}
-    assert "gloo, 2 ranks" in found["nccl.allreduce"]["observed"]
-    assert found["storage.hot-tier-bandwidth"]["status"] in ("pass", "warn")
+    assert report["summary"]["fail"] == 0
+    assert found["nccl.allreduce"]["status"] == "skip" and "gloo, 2 ranks" in found["nccl.allreduce"]["observed"]
+    hot = found["storage.hot-tier-bandwidth"]  # the speed of this disk decides pass or warn: both name it
+    assert f"on {tmp_path}" in hot["observed"] and hot["status"] == ("pass" if "fast enough" in hot["reason"] else "warn")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_deep_reports_progress_per_measurement(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+
+    from trainready.check import deep
+    from trainready.cli import check_cmd
+
+    shown = []
+
+    @contextmanager
+    def recorder(description, *, total=None, as_json=False, unit="items"):
+        shown.append([description, total, as_json, 0])
+
+        class Sink:
+            def advance(self, amount=1):
+                shown[-1][3] += amount
+        yield Sink()
+
+    monkeypatch.setattr(check_cmd, "progress", recorder)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(deep, "gemm", lambda: {"skipped": "test"})
+    monkeypatch.setattr(deep, "allreduce_local", lambda: {"skipped": "test"})
+    bundle = Bundle({}, source="live")
+    assert check_cmd._add_deep(bundle, tmp_path, None) == 0
+    assert shown == [["measuring (--deep): GEMM, all-reduce, hot tier", 3, False, 3]]
+    assert json.loads(bundle.files["deep.json"])["hot_tier"]["directory"] == str(tmp_path)
+    shown.clear()
+    check_cmd._add_deep(bundle, None, None, json_out=True)  # --json: the progress helper is told to stay silent
+    assert shown == [["measuring (--deep): GEMM, all-reduce", 2, True, 2]]

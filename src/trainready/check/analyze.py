@@ -24,7 +24,8 @@ def job_needs(job: JobSpec) -> JobNeeds:
 
 
 def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | None = None, deep: bool = False,
-            live: bool = False) -> CheckReport:
+            live: bool = False, cpu_only: bool = False) -> CheckReport:
+    """`cpu_only`: the user says the node has no GPU; otherwise no GPU where training needs one fails."""
     catalog = load_catalog()
     name = instance_type or (bundle.text("instance-type.txt") or "").strip() or None
     instance = gpu = None
@@ -37,5 +38,5 @@ def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | No
             instance = None
         if instance is not None:
             gpu = catalog.gpu_of(instance)
-    ctx = Context(bundle=bundle, instance=instance, gpu=gpu, job=job, live=live)
+    ctx = Context(bundle=bundle, instance=instance, gpu=gpu, job=job, live=live, cpu_only=cpu_only)
     return CheckReport.build(instance.name if instance else name, bundle.source, run_checks(ctx, deep))

@@ -9,15 +9,20 @@ the redactor (an fstab's CIFS `password=`, URL credentials, tokens) and writes t
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import secrets
+import tarfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from trainready import __version__
 from trainready.errors import UsageError
-from trainready.io import make_dir, redact, replace_durable
+from trainready.io import create_exclusive, make_dir, redact, replace_durable
 
 MANIFEST = "manifest.json"
 
@@ -76,31 +81,53 @@ class Bundle:
 
     @classmethod
     def load(cls, directory: str | Path) -> Bundle:
+        """Read a bundle directory. UsageError (exit 2) when the path is missing, is a file, or is a
+        directory with neither a manifest nor any probe file (not a bundle)."""
         root = Path(directory)
+        make = "make one with: trainready check collect --out DIR"
+        if not root.exists():
+            raise UsageError(f"bundle directory {root} does not exist ({make})")
         if not root.is_dir():
-            raise UsageError(f"bundle directory {root} does not exist (make one with: trainready check collect --out DIR)")
+            raise UsageError(f"bundle {root} is {_not_a_directory(root)}")
+        try:
+            entries = sorted(root.iterdir())
+        except OSError as exc:
+            raise UsageError(f"cannot read bundle directory {root}: {exc.strerror or exc}") from exc
+        known = [p.name for p in entries if p.name in FILES]
+        if not (root / MANIFEST).exists() and not known:
+            raise UsageError(f"{root} is not a bundle: no {MANIFEST} and none of the probe files "
+                             f"({', '.join(list(FILES)[:3])}, ...; docs/check.md lists them); {make}")
         files = {}
-        for path in sorted(root.iterdir()):
-            if path.is_file() and path.name != MANIFEST:
-                files[path.name] = path.read_bytes().decode("utf-8", errors="replace")
+        for path in entries:
+            if path.name != MANIFEST and path.is_file():
+                try:
+                    files[path.name] = path.read_bytes().decode("utf-8", errors="replace")
+                except OSError as exc:
+                    raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
         manifest = None
         if (root / MANIFEST).exists():
             try:
                 manifest = BundleManifest.model_validate(json.loads((root / MANIFEST).read_text()))
+            except OSError as exc:
+                raise UsageError(f"cannot read {root / MANIFEST}: {exc.strerror or exc}") from exc
             except Exception as exc:  # a foreign or damaged manifest: the files still speak
                 raise UsageError(f"{root / MANIFEST} is not a trainready bundle manifest: {str(exc).splitlines()[0]}") from exc
         return cls(files, manifest, str(root))
 
     def save(self, directory: str | Path, names: list[str] | None = None) -> None:
-        """Write the bundle (or only `names`) to `directory`, secrets redacted, each file replaced whole."""
-        root = make_dir(directory)
-        for name in self.files if names is None else names:
-            replace_durable(root / name, shareable(name, self.files[name]).encode())
-        if self.manifest is not None and names is None:
-            probes = [p.model_copy(update={"command": redact(p.command), "error": redact(p.error)})
-                      for p in self.manifest.probes]
-            manifest = self.manifest.model_copy(update={"probes": probes})
-            replace_durable(root / MANIFEST, (manifest.model_dump_json(indent=1) + "\n").encode())
+        """Write the bundle (or only `names`) to `directory`, secrets redacted, each file replaced whole.
+        UsageError (exit 2) naming the path and why when it cannot be written there."""
+        root = prepare_out(directory)
+        try:
+            for name in self.files if names is None else names:
+                replace_durable(root / name, shareable(name, self.files[name]).encode())
+            if self.manifest is not None and names is None:
+                probes = [p.model_copy(update={"command": redact(p.command), "error": redact(p.error)})
+                          for p in self.manifest.probes]
+                manifest = self.manifest.model_copy(update={"probes": probes})
+                replace_durable(root / MANIFEST, (manifest.model_dump_json(indent=1) + "\n").encode())
+        except OSError as exc:
+            raise UsageError(f"cannot write the bundle to {root}: {_write_problem(Path(root), exc)}") from exc
 
     def text(self, name: str) -> str | None:
         return self.files.get(name)
@@ -110,13 +137,76 @@ class Bundle:
             return None
         return next((p for p in self.manifest.probes if p.file == name), None)
 
+    @property
+    def machine(self) -> str:
+        """How findings name the machine the probes ran on."""
+        if self.source == "live":
+            return "this machine"
+        host = self.manifest.hostname if self.manifest is not None else ""
+        return f"the bundle's machine {host}" if host else "the bundle's machine"
+
+    def probe_state(self, name: str) -> Literal["present", "not-installed", "failed", "empty", "unknown"]:
+        """What we know about a probe's output: its file is here; the manifest says its command is
+        not installed, failed, or ran and printed nothing (evidence about the machine); or nothing
+        (not in the bundle, no record: absence of evidence, never evidence of absence)."""
+        if name in self.files:
+            return "present"
+        record = self.record(name)
+        if record is None:
+            return "unknown"
+        return "not-installed" if record.exit_code is None else "failed" if record.exit_code != 0 else "empty"
+
     def why_missing(self, name: str) -> str:
         record = self.record(name)
         if record is not None and record.exit_code is None:
-            return f"{record.command.split()[0]} not available on this machine ({record.error or 'not found'})"
+            return f"{record.command.split()[0]} not available on {self.machine} ({record.error or 'not found'})"
         if record is not None and record.error:
-            return f"`{record.command}` failed: {record.error}"
+            return f"`{record.command}` failed on {self.machine}: {record.error}"
         return f"{name} not in the bundle (probe did not run)"
+
+
+def prepare_out(directory: str | Path) -> Path:
+    """Create the bundle directory (if missing) and make sure we can write files in it, before any
+    probe runs. UsageError (exit 2) naming the path and why otherwise (a file in the way, /proc,
+    a read-only or foreign directory)."""
+    root = Path(directory)
+    try:
+        if root.exists() and not root.is_dir():
+            raise UsageError(f"cannot write the bundle to {root}: it is {_not_a_directory(root)}")
+        make_dir(root)
+        probe = root / f".trainready-write-test-{os.getpid()}-{secrets.token_hex(4)}"
+        os.close(create_exclusive(probe))
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write the bundle to {root}: {_write_problem(root, exc)}") from exc
+    return root
+
+
+def _not_a_directory(path: Path) -> str:
+    if path.name == MANIFEST:
+        return f"a file, not a directory: pass the directory that holds it ({path.parent})"
+    if path.is_file() and tarfile.is_tarfile(path):
+        return f"an archive, not a directory: unpack it first (mkdir b && tar -xf {path} -C b) and pass the directory"
+    kind = "a file" if path.is_file() else "not a regular directory"
+    return f"{kind}, not a directory (a bundle is the directory `trainready check collect --out DIR` writes)"
+
+
+def _write_problem(root: Path, exc: OSError) -> str:
+    """Why `root` cannot be written, in words, naming the path at fault."""
+    where = Path(exc.filename) if exc.filename else root
+    ancestor = next((p for p in [root, *root.parents] if p.exists()), Path("/"))
+    if exc.errno == errno.ENOTDIR or (ancestor != root and not ancestor.is_dir()):
+        blocking = next((p for p in root.parents if p.exists() and not p.is_dir()), ancestor)
+        return f"{blocking} is a file, not a directory"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied on {where} (choose a directory you can write to)"
+    if exc.errno == errno.EROFS:
+        return f"{where} is on a read-only file system"
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on the device of {where}"
+    if exc.errno == errno.ENOENT:
+        return f"{ancestor} does not allow creating {where} (a kernel or virtual file system?)"
+    return f"{where}: {exc.strerror or exc}"
 
 
 def shareable(name: str, text: str) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from .context import Context
 from .findings import Finding, skip
 from .parsers import nvsmi
@@ -10,6 +13,9 @@ from .registry import check
 QUERY = "nvidia-smi-query-gpu.csv"
 TOPO = "nvidia-smi-topo-m.txt"
 NO_GPU_ADVICE = "install the NVIDIA driver (nvidia-smi must run), or run on a GPU node"
+# what nvidia-smi prints when it sees no GPU: evidence, unlike output we cannot parse
+NO_GPU_WORDS = re.compile(r"NVIDIA-SMI has failed|No devices were found|couldn't communicate with the NVIDIA driver|"
+                          r"No supported GPUs|Unable to determine the device handle|GPU is lost", re.I)
 
 
 def _rows(ctx: Context) -> list | None:
@@ -17,44 +23,128 @@ def _rows(ctx: Context) -> list | None:
     return None if query is None else query.rows
 
 
+@dataclass
+class Presence:
+    """How many GPUs the bundle shows, from every file that can tell (one root cause, one finding:
+    gpu.count reports it, the checks that need a GPU point at gpu.count)."""
+
+    count: int | None  # None: nothing in the bundle can tell
+    source: str = ""  # where the count comes from
+    why: str = ""  # when count is 0/None, or a GPU tool is missing: why, in the tool's own words
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "(empty output)")[:160]
+
+
+def presence(ctx: Context) -> Presence:
+    """Worked out once per analysis (every GPU check asks)."""
+    if "__gpu_presence__" not in ctx._parsed:
+        ctx._parsed["__gpu_presence__"] = _presence(ctx)
+    return ctx._parsed["__gpu_presence__"]
+
+
+def _presence(ctx: Context) -> Presence:
+    from .probes import cuda_summary
+
+    bundle = ctx.bundle
+    rows = _rows(ctx)
+    if rows:
+        return Presence(len(rows), "nvidia-smi --query-gpu")
+    topo_text = bundle.text(TOPO)
+    if topo_text is not None and (n := len(nvsmi.parse_topo(topo_text).gpus)):
+        return Presence(n, "nvidia-smi topo -m", "" if rows is not None else bundle.why_missing(QUERY))
+    # nvidia-smi ran and said there is no GPU (its own words), or failed: the driver cannot see one
+    query_text = bundle.text(QUERY)
+    for text in (query_text, topo_text):
+        if text is not None and (NO_GPU_WORDS.search(text) or (text is query_text and rows is not None and
+                                                                 ctx.parsed(QUERY, nvsmi.parse_query_gpu).fields)):
+            said = NO_GPU_WORDS.search(text)
+            return Presence(0, "nvidia-smi", f"nvidia-smi listed no GPU: {_first_line(text[said.start():] if said else text)}")
+    if query_text is not None or topo_text is not None:  # output we cannot read is not evidence of no GPU
+        unread = _first_line(query_text if query_text is not None else topo_text or "")
+        return Presence(None, "", f"nvidia-smi output unreadable (first line {unread[:80]!r})")
+    state = bundle.probe_state(QUERY)
+    if state in ("failed", "empty"):
+        return Presence(0, "nvidia-smi", bundle.why_missing(QUERY) if state == "failed" else "nvidia-smi listed no GPU")
+    # no nvidia-smi output: torch may still see GPUs (containers often lack nvidia-smi)
+    cuda = cuda_summary(bundle) or {}
+    missing = bundle.why_missing(QUERY)
+    if cuda.get("cuda_available") and isinstance(cuda.get("device_count"), int) and cuda["device_count"] > 0:
+        return Presence(cuda["device_count"], "torch (cuda.json)", missing)
+    if state == "not-installed":  # evidence: no driver tools on the machine
+        return Presence(0, "nvidia-smi", missing)
+    return Presence(None, "", f"{missing}; nothing else in the bundle counts GPUs")
+
+
+def _see_count(ctx: Context, check_id: str, need: str = QUERY) -> Finding | None:
+    """The skip of a check that needs a GPU (or nvidia-smi output) when gpu.count already reports why
+    there is none: one root cause, one finding. None when this check has its own story to tell."""
+    seen = presence(ctx)
+    if seen.count == 0:
+        reason = "CPU-only node (--cpu-only): no GPU to check" if ctx.cpu_only else "no GPU visible: see gpu.count"
+        return skip(check_id, "gpu", reason)
+    if seen.count is None:
+        return skip(check_id, "gpu", "no GPU output to read: see gpu.count")
+    if ctx.bundle.text(need) is None and ctx.bundle.probe_state(need) == "not-installed":
+        return skip(check_id, "gpu", f"needs `{ctx.bundle.record(need).command.split()[0]}` output: see gpu.count")
+    return None
+
+
 def _no_query(check_id: str, ctx: Context) -> Finding:
+    folded = _see_count(ctx, check_id)
+    if folded is not None:
+        return folded
     text = ctx.bundle.text(QUERY)
     if text is None:
         return skip(check_id, "gpu", ctx.bundle.why_missing(QUERY), NO_GPU_ADVICE)
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "(empty)")
-    return skip(check_id, "gpu", f"nvidia-smi --query-gpu gave no GPU rows: {first[:120]}", NO_GPU_ADVICE)
+    return skip(check_id, "gpu", f"nvidia-smi --query-gpu gave no GPU rows: {_first_line(text)[:120]}", NO_GPU_ADVICE)
 
 
 @check("gpu.count", "gpu")
 def gpu_count(ctx: Context) -> Finding:
-    rows = _rows(ctx)
-    if rows is None:
-        topo_text = ctx.bundle.text(TOPO)
-        if topo_text is None and ctx.gpu_count:
-            return Finding(id="gpu.count", area="gpu", status="fail", observed="no GPU visible (nvidia-smi gave nothing)",
-                           expected=f"{ctx.gpu_count} GPUs", reason=f"{ctx.instance.name} has {ctx.gpu_count} GPUs; "
-                           + ctx.bundle.why_missing(QUERY), advice=NO_GPU_ADVICE)
-        if topo_text is None:
-            return _no_query("gpu.count", ctx)
-        found = len(nvsmi.parse_topo(topo_text).gpus)
-    else:
-        found = len(rows)
+    seen = presence(ctx)
     expected = ctx.gpu_count
+    if not seen.count:
+        return _no_gpu(ctx, seen)
+    found = seen.count
+    via = "" if seen.source == "nvidia-smi --query-gpu" else f" (counted by {seen.source}; {seen.why})" if seen.why \
+        else f" (counted by {seen.source})"
     finding = Finding(id="gpu.count", area="gpu", status="pass", observed=f"{found} GPUs",
                       expected=ctx.expect(f"{expected} GPUs"))
-    if expected is None:
-        finding.status, finding.reason = "warn", "instance type unknown: cannot tell how many GPUs there should be"
+    if ctx.cpu_only:
+        finding.status, finding.expected = "warn", "no GPU (--cpu-only)"
+        finding.reason = f"--cpu-only says this node has no GPU, but {found} are visible" + via
+        finding.advice = "drop --cpu-only to check the GPUs"
+    elif expected is None:
+        finding.status, finding.reason = "warn", "instance type unknown: cannot tell how many GPUs there should be" + via
         finding.advice = "pass --instance TYPE (e.g. p4d.24xlarge)"
     elif found < expected:
         finding.status = "fail"
-        finding.reason = f"found {found} GPUs, expected {expected}: {expected - found} missing (fallen off the bus or not visible)"
+        finding.reason = f"found {found} GPUs, expected {expected}: {expected - found} missing (fallen off the bus or not visible)" + via
         finding.advice = "check `nvidia-smi -L` and the kernel log for Xid 79; stop/start the instance to get other hardware"
     elif found > expected:
-        finding.status, finding.reason = "warn", f"found {found} GPUs, more than the {expected} of {ctx.instance.name}"
+        finding.status, finding.reason = "warn", f"found {found} GPUs, more than the {expected} of {ctx.instance.name}" + via
         finding.advice = "check --instance"
     else:
-        finding.reason = f"all {found} GPUs visible"
+        finding.reason = f"all {found} GPUs visible" + via
     return finding
+
+
+def _no_gpu(ctx: Context, seen: Presence) -> Finding:
+    """No GPU visible (count 0), or nothing to count from (None)."""
+    expected = f"{ctx.gpu_count} GPUs" if ctx.gpu_count else "at least one GPU (training needs one)"
+    if seen.count is None:
+        return Finding(id="gpu.count", area="gpu", status="skip", expected="no GPU (--cpu-only)" if ctx.cpu_only else expected,
+                       reason=f"cannot count GPUs: {seen.why}",
+                       advice="" if ctx.cpu_only else "collect the bundle with `trainready check collect` on the node")
+    if ctx.cpu_only:
+        return Finding(id="gpu.count", area="gpu", status="pass", observed="no GPU", expected="no GPU (--cpu-only)",
+                       reason=f"CPU-only node, as --cpu-only says: {seen.why}")
+    return Finding(id="gpu.count", area="gpu", status="fail", observed="no GPU visible", expected=expected,
+                   reason=(f"{ctx.instance.name} has {ctx.gpu_count} GPUs; " if ctx.instance and ctx.gpu_count else
+                           "training needs a GPU; ") + seen.why,
+                   advice=NO_GPU_ADVICE + "; if this node is meant to have none, pass --cpu-only")
 
 
 def _model_matches(ctx: Context, name: str, memory_mib: float | None) -> bool:
@@ -74,7 +164,7 @@ def gpu_model(ctx: Context) -> Finding:
     rows = _rows(ctx)
     if not rows:
         return _no_query("gpu.model", ctx)
-    models = sorted({f"{r.name} ({r.memory_total_mib:.0f} MiB)" if r.memory_total_mib else str(r.name) for r in rows})
+    models = sorted({f"{r.name or '?'} ({r.memory_total_mib:.0f} MiB)" if r.memory_total_mib else (r.name or "?") for r in rows})
     finding = Finding(id="gpu.model", area="gpu", status="pass", observed=", ".join(models),
                       expected=ctx.expect(f"{ctx.gpu.display_name or ctx.gpu.name} ({ctx.gpu.memory_gib:g} GiB)" if ctx.gpu else ""))
     if len(models) > 1:
@@ -112,6 +202,11 @@ def gpu_driver(ctx: Context) -> Finding:
     else:
         finding.reason = "driver version consistent" + ("" if cuda else " (CUDA version not reported without nvidia-smi -q)")
     return finding
+
+
+def _label(row, position: int) -> str:
+    """A GPU's index as nvidia-smi printed it; the row's position (#N) where the index is unreadable."""
+    return str(row.index) if row.index is not None else f"#{position}"
 
 
 def _major(version: str) -> int | None:
@@ -171,8 +266,8 @@ def _ecc_counts(ctx: Context) -> Finding:
     rows = _rows(ctx)
     if not rows:
         return _no_query("gpu.ecc", ctx)
-    volatile = {r.index: _int(r.get("ecc.errors.uncorrected.volatile.total")) for r in rows}
-    aggregate = {r.index: _int(r.get("ecc.errors.uncorrected.aggregate.total")) for r in rows}
+    volatile = {_label(r, k): _int(r.get("ecc.errors.uncorrected.volatile.total")) for k, r in enumerate(rows)}
+    aggregate = {_label(r, k): _int(r.get("ecc.errors.uncorrected.aggregate.total")) for k, r in enumerate(rows)}
     if all(v is None for v in volatile.values()) and all(v is None for v in aggregate.values()):
         return skip("gpu.ecc", "gpu", "ECC counters not reported (ECC off or not supported on this GPU)",
                     "on data-center GPUs enable ECC: nvidia-smi -e 1, then reboot")
@@ -182,11 +277,11 @@ def _ecc_counts(ctx: Context) -> Finding:
     finding = Finding(id="gpu.ecc", area="gpu", status="pass", observed=observed, expected="0 uncorrectable errors")
     if bad_now:
         finding.status = "fail"
-        finding.reason = "uncorrectable ECC errors since boot on GPU " + ", ".join(f"{i} ({n})" for i, n in sorted(bad_now.items()))
+        finding.reason = "uncorrectable ECC errors since boot on GPU " + ", ".join(f"{i} ({n})" for i, n in bad_now.items())
         finding.advice = "do not train here: stop/start the instance (new hardware) or drain the node"
     elif bad_ever:
         finding.status = "warn"
-        finding.reason = "uncorrectable ECC errors in the GPU's lifetime on GPU " + ", ".join(str(i) for i in sorted(bad_ever))
+        finding.reason = "uncorrectable ECC errors in the GPU's lifetime on GPU " + ", ".join(str(i) for i in bad_ever)
         finding.advice = "watch for retired/remapped rows (nvidia-smi -q -d ROW_REMAPPER); replace if they recur"
     else:
         finding.reason = "no uncorrectable ECC errors"
@@ -234,11 +329,11 @@ def gpu_throttle(ctx: Context) -> Finding:
     rows = _rows(ctx)
     if not rows:
         return _no_query("gpu.throttle", ctx)
-    reasons = {r.index: r.get("clocks_throttle_reasons.active") for r in rows}
+    reasons = {_label(r, k): r.get("clocks_throttle_reasons.active") for k, r in enumerate(rows)}
     if all(v is None for v in reasons.values()):
         return skip("gpu.throttle", "gpu", "throttle reasons not reported", "")
     bad, unreadable = {}, []
-    for index, value in sorted(reasons.items(), key=lambda kv: (kv[0] is None, kv[0])):
+    for index, value in reasons.items():
         bits = _throttle_bits(value) if value else 0
         if bits is None:
             unreadable.append(f"GPU {index}: {value!r}")
@@ -266,14 +361,14 @@ def gpu_pcie(ctx: Context) -> Finding:
         return _no_query("gpu.pcie", ctx)
     degraded = []
     seen = 0
-    for r in rows:
+    for k, r in enumerate(rows):
         gen, gen_max = _int(r.get("pcie.link.gen.current")), _int(r.get("pcie.link.gen.max"))
         width, width_max = _int(r.get("pcie.link.width.current")), _int(r.get("pcie.link.width.max"))
         if None in (gen, gen_max, width, width_max):
             continue
         seen += 1
         if width < width_max:  # width never drops at idle; generation does (power saving)
-            degraded.append(f"GPU {r.index} x{width} of x{width_max}")
+            degraded.append(f"GPU {_label(r, k)} x{width} of x{width_max}")
     if not seen:
         return skip("gpu.pcie", "gpu", "PCIe link fields not reported", "")
     finding = Finding(id="gpu.pcie", area="gpu", status="pass", expected="full link width on every GPU",
@@ -290,13 +385,16 @@ def gpu_pcie(ctx: Context) -> Finding:
 @check("gpu.nvlink-topology", "gpu")
 def nvlink_topology(ctx: Context) -> Finding:
     text = ctx.bundle.text(TOPO)
+    folded = _see_count(ctx, "gpu.nvlink-topology", TOPO)
+    if folded is not None:
+        return folded
     if text is None:
         return skip("gpu.nvlink-topology", "gpu", ctx.bundle.why_missing(TOPO), NO_GPU_ADVICE)
     topo = nvsmi.parse_topo(text)
     n = len(topo.gpus)
-    if n == 0:
-        line = topo.problems[0] if topo.problems else text.strip().splitlines()[0][:120] if text.strip() else "(empty)"
-        return Finding(id="gpu.nvlink-topology", area="gpu", status="fail", observed="no GPU rows parsed",
+    if n == 0:  # GPUs are there (gpu.count), this output does not show them: unreadable, not evidence
+        line = topo.problems[0] if topo.problems else _first_line(text)[:120]
+        return Finding(id="gpu.nvlink-topology", area="gpu", status="warn", observed="no GPU rows parsed",
                        expected="a GPU matrix", reason=f"could not parse nvidia-smi topo -m: {line}",
                        advice="run `nvidia-smi topo -m` by hand; a driver that cannot list GPUs needs reinstalling")
     pairs = topo.nvlink_pairs()
@@ -359,6 +457,9 @@ def nvlink_links(ctx: Context) -> Finding:
     if ctx.gpu is not None and not ctx.gpu.has_nvlink:
         return Finding(id="gpu.nvlink-links", area="gpu", status="pass", observed="not applicable",
                        expected=f"no NVLink on {ctx.gpu.name}", reason="PCIe-only GPU: no links to check")
+    folded = _see_count(ctx, "gpu.nvlink-links", name)
+    if folded is not None:
+        return folded
     if text is None:
         return skip("gpu.nvlink-links", "gpu", ctx.bundle.why_missing(name), NO_GPU_ADVICE)
     status = nvsmi.parse_nvlink_status(text)

@@ -30,9 +30,12 @@ def vcpu_per_gpu(ctx: Context) -> Finding:
     gpus = ctx.gpu_count or _gpus_seen(ctx)
     if not cpus:
         return skip("cpu.vcpu-per-gpu", "cpu", "CPU count not found in lscpu output" + _unparsed(lscpu, text))
-    if not gpus:
-        return Finding(id="cpu.vcpu-per-gpu", area="cpu", status="pass", observed=f"{cpus} vCPUs, no GPUs",
-                       expected=">= 8 vCPUs per GPU", reason="no GPUs to feed")
+    if not gpus:  # nothing to divide by: unknown, not a pass
+        return Finding(id="cpu.vcpu-per-gpu", area="cpu", status="skip", observed=f"{cpus} vCPUs",
+                       expected=">= 8 vCPUs per GPU",
+                       reason="CPU-only node (--cpu-only): no GPU to feed" if ctx.cpu_only and gpus == 0 else
+                       "no GPU visible (see gpu.count): vCPUs per GPU cannot be judged" if gpus == 0 else
+                       "GPU count unknown (see gpu.count): vCPUs per GPU cannot be judged")
     per = cpus / gpus
     finding = Finding(id="cpu.vcpu-per-gpu", area="cpu", status="pass", observed=f"{cpus} vCPUs for {gpus} GPUs ({per:.1f} each)",
                       expected=">= 8 vCPUs per GPU")
@@ -50,10 +53,9 @@ def vcpu_per_gpu(ctx: Context) -> Finding:
 
 
 def _gpus_seen(ctx: Context) -> int | None:
-    from .checks_gpu import _rows
+    from .checks_gpu import presence
 
-    rows = _rows(ctx)
-    return len(rows) if rows is not None else None
+    return presence(ctx).count
 
 
 @check("mem.host", "mem")
@@ -165,7 +167,7 @@ def shared_storage(ctx: Context) -> Finding:
         return Finding(id="storage.shared", area="storage", status="fail", observed="; ".join(missing[:3]),
                        expected="every shared filesystem in /etc/fstab mounted",
                        reason="a shared filesystem the node is configured for is not mounted" +
-                       ("" if all("client present" in m for m in missing) else " and its client is missing"),
+                       (" and its client is missing" if any("no kernel support" in m for m in missing) else ""),
                        advice="install the client (FSx Lustre: lustre-client matching the kernel; EFS: amazon-efs-utils / "
                               "nfs-utils), then `sudo mount -a`")
     if not shared:
@@ -191,7 +193,8 @@ def _fstab_unmounted(ctx: Context, mounts) -> list[str]:
     fstab = ctx.bundle.text("fstab.txt")
     if not fstab:
         return []
-    known = set((ctx.bundle.text("filesystems.txt") or "").split())
+    filesystems = ctx.bundle.text("filesystems.txt")
+    known = set(filesystems.split()) if filesystems else None
     mounted = {m.mountpoint for m in mounts.entries}
     missing = []
     for line in fstab.splitlines():
@@ -200,45 +203,107 @@ def _fstab_unmounted(ctx: Context, mounts) -> list[str]:
             continue
         if cells[1] not in mounted and "noauto" not in (cells[3] if len(cells) > 3 else ""):
             kernel_type = "nfs4" if cells[2] == "efs" else cells[2]
-            client = "client present" if kernel_type in known or not known else "no kernel support for " + kernel_type
+            client = ("kernel client unknown (/proc/filesystems not in the bundle)" if known is None else
+                      "client present" if kernel_type in known else "no kernel support for " + kernel_type)
             missing.append(f"{cells[1]} ({cells[2]} from {cells[0]}) not mounted, {client}")
     return missing
 
 
 @check("net.efa", "net")
 def efa(ctx: Context) -> Finding:
+    """Judged from every file that can tell (fi_info, the /sys listing, the software listing, the
+    manifest, an NCCL log); what none of them shows is `unknown` (warn/skip), never a failure."""
     want = ctx.instance.efa_interfaces if ctx.instance else None
-    text = ctx.bundle.text("fi_info-p-efa.txt")
     if ctx.instance is not None and not want:
         return Finding(id="net.efa", area="net", status="pass", observed="not applicable",
                        expected=f"no EFA on {ctx.instance.name}", reason="instance type without EFA")
-    devices = system.parse_fi_info(text).device_count if text is not None else 0
-    listing = ctx.bundle.text("sys-class-infiniband.txt") or ""
-    rdmap = len([line for line in listing.splitlines() if line.startswith("rdmap")])
-    software = ctx.bundle.text("efa-software.txt") or ""
-    has_libfabric = "present" in "".join(line for line in software.splitlines() if "libfabric" in line)
-    has_plugin = "present" in "".join(line for line in software.splitlines() if "nccl-net" in line)
-    found = max(devices, rdmap)
-    observed = f"{found} EFA device(s); libfabric {'found' if has_libfabric else 'not found'}; " \
-               f"aws-ofi-nccl {'found' if has_plugin else 'not found'}"
-    if want is None and found == 0:
+    found, libfabric, plugin, sources = _efa_evidence(ctx)
+    if found is None and libfabric is None and plugin is None:
+        return skip("net.efa", "net", "nothing in the bundle shows EFA devices or software"
+                    + (f" ({'; '.join(sources)})" if sources else ""),
+                    "collect the bundle with `trainready check collect` on the node")
+    if want is None and not found:
         return skip("net.efa", "net", "instance type unknown and no EFA device found", "pass --instance TYPE")
+    word = {True: "found", False: "not found", None: "unknown"}
+    observed = f"{'?' if found is None else found} EFA device(s); libfabric {word[libfabric]}; aws-ofi-nccl {word[plugin]}"
     finding = Finding(id="net.efa", area="net", status="pass", observed=observed,
                       expected=f"{want} EFA device(s), libfabric, aws-ofi-nccl" if want else "EFA devices with libfabric and aws-ofi-nccl")
-    if want and found < want:
+    missing = [x for x, ok in (("libfabric", libfabric), ("the aws-ofi-nccl plugin", plugin)) if ok is False]
+    unknown = [x for x, ok in (("the EFA device count", found), ("libfabric", libfabric), ("the aws-ofi-nccl plugin", plugin))
+               if ok is None]
+    if want and found is not None and found < want:
         finding.status = "fail"
         finding.reason = (f"{found} of {want} EFA devices: multi-node NCCL falls back to TCP sockets (several x slower). "
                           "EFA is SRD over libfabric, not RoCE/InfiniBand")
         finding.advice = ("launch with EFA interfaces attached (InterfaceType=efa on every network card), in a cluster "
                           "placement group, security group allowing all traffic to and from itself; install the EFA driver")
-    elif not has_libfabric or not has_plugin:
-        finding.status = "fail" if (ctx.instance and ctx.instance.efa_interfaces) else "warn"
-        finding.reason = "EFA device present but " + " and ".join(
-            x for x, ok in (("libfabric", has_libfabric), ("the aws-ofi-nccl plugin", has_plugin)) if not ok) + " not found"
+    elif missing:
+        finding.status = "fail" if want else "warn"
+        finding.reason = "EFA device present but " + " and ".join(missing) + " not found"
         finding.advice = "install the EFA installer (libfabric) and aws-ofi-nccl, or use a Deep Learning AMI"
+    elif unknown:
+        finding.status = "warn"
+        finding.reason = "could not tell " + " or ".join(unknown) + (": " + "; ".join(sources) if sources else "")
+        finding.advice = "collect the bundle with `trainready check collect` (it lists the EFA software), or look in /opt/amazon"
     else:
         finding.reason = "EFA devices and software present"
     return finding
+
+
+def _efa_evidence(ctx: Context) -> tuple[int | None, bool | None, bool | None, list[str]]:
+    """(EFA devices, libfabric present, aws-ofi-nccl present, what could not be read); None: unknown."""
+    bundle = ctx.bundle
+    counts: list[int] = []
+    libfabric: bool | None = None
+    plugin: bool | None = None
+    gaps: list[str] = []
+    fi_text = bundle.text("fi_info-p-efa.txt")
+    fi_state = bundle.probe_state("fi_info-p-efa.txt")
+    if fi_text is not None:
+        fi = system.parse_fi_info(fi_text)
+        if fi.entries or fi.no_data:  # fi_info ran: libfabric is installed; it lists the EFA devices it has
+            counts.append(fi.device_count)
+            libfabric = True
+        elif fi.libfabric_version:
+            libfabric = True
+        elif not fi.command_missing:
+            gaps.append(f"fi_info output unreadable{_unparsed(fi, fi_text)}")
+    elif fi_state in ("failed", "empty"):  # it ran (so libfabric is there) but listed nothing
+        libfabric = True
+        record = bundle.record("fi_info-p-efa.txt")
+        if fi_state == "empty" or "-61" in (record.error if record else ""):
+            counts.append(0)
+    elif fi_state == "unknown":
+        gaps.append("fi_info-p-efa.txt not in the bundle")
+    listing = bundle.text("sys-class-infiniband.txt")
+    if listing is not None:
+        counts.append(len([line for line in listing.splitlines() if line.startswith("rdmap")]))
+    else:
+        gaps.append("sys-class-infiniband.txt not in the bundle")
+    software = bundle.text("efa-software.txt")
+    if software is not None:
+        cells = [line.split(None, 1) for line in software.splitlines()]
+        paths = [(c[0], c[1]) for c in cells if len(c) == 2 and c[0] in ("present", "absent")]
+        fabric = [state for state, path in paths if "libfabric" in path]
+        nccl_net = [state for state, path in paths if "nccl-net" in path]
+        if fabric and libfabric is None:
+            libfabric = "present" in fabric
+        if nccl_net:
+            plugin = "present" in nccl_net
+        if not fabric or not nccl_net:
+            gaps.append(f"efa-software.txt unreadable{_unparsed(None, software)}")
+    else:
+        gaps.append("efa-software.txt not in the bundle")
+    log_text = bundle.text("nccl-debug.log")
+    if log_text:
+        log = system.parse_nccl_debug(log_text)
+        if log.transport == "ofi" or log.ofi_plugin_version or log.ofi_provider:
+            plugin, libfabric = True, True  # NCCL used the plugin, over libfabric
+        elif log.plugin_missing and plugin is None:
+            plugin = False
+    if libfabric is None and fi_state == "not-installed" and software is None:
+        gaps.append("fi_info not installed (it lives in /opt/amazon/efa/bin, often not on PATH)")
+    return (max(counts) if counts else None), libfabric, plugin, gaps
 
 
 def _bad_env(env: dict[str, str], efa_node: bool) -> list[str]:
@@ -288,22 +353,32 @@ def nccl_env(ctx: Context) -> Finding:
     return finding
 
 
+TORCH_ADVICE = "pip install 'trainready[torch]' (or your own CUDA build of torch)"
+
+
 @check("cuda.runtime", "cuda")
 def cuda_runtime(ctx: Context) -> Finding:
     data = cuda_summary(ctx.bundle)
     if data is None:
-        return skip("cuda.runtime", "cuda", ctx.bundle.why_missing("cuda.json"), "pip install 'trainready[torch]'")
+        return skip("cuda.runtime", "cuda", ctx.bundle.why_missing("cuda.json"))
     if "unparsable" in data:
         return skip("cuda.runtime", "cuda", f"cuda.json unparsable: {data['unparsable']}")
     if not data.get("torch"):
-        return skip("cuda.runtime", "cuda", "torch is not installed", "pip install 'trainready[torch]' (your CUDA build)")
+        return skip("cuda.runtime", "cuda", "torch is not installed", TORCH_ADVICE)
     if not data.get("cuda_available"):
-        expected_gpus = ctx.gpu_count
+        seen = _gpus_seen(ctx)
+        observed = f"torch {data['torch']}: CUDA not available"
+        if seen == 0:  # no GPU at all: one root cause, reported by gpu.count
+            return Finding(id="cuda.runtime", area="cuda", status="skip", observed=observed, expected="a GPU",
+                           reason="CPU-only node (--cpu-only): CUDA not needed" if ctx.cpu_only else
+                           "no GPU visible: see gpu.count")
+        expected_gpus = seen or ctx.gpu_count
         status = "fail" if expected_gpus else "skip"
-        return Finding(id="cuda.runtime", area="cuda", status=status, observed=f"torch {data['torch']}: CUDA not available",
+        return Finding(id="cuda.runtime", area="cuda", status=status, observed=observed,
                        expected=f"torch sees {expected_gpus} GPUs" if expected_gpus else "a GPU",
-                       reason=data.get("reason", ""), advice="install a CUDA build of torch matching the driver"
-                       if expected_gpus else "")
+                       reason=data.get("reason", "") if expected_gpus else
+                       f"{data.get('reason', 'CUDA not available')}; GPU count unknown (see gpu.count)",
+                       advice="install a CUDA build of torch matching the driver" if expected_gpus else "")
     count = data.get("device_count", 0)
     want = ctx.gpu_count
     finding = Finding(id="cuda.runtime", area="cuda", status="pass", observed=f"torch {data['torch']} sees {count} GPUs",
@@ -321,7 +396,10 @@ def cuda_graphs(ctx: Context) -> Finding:
     data = cuda_summary(ctx.bundle)
     graphs = (data or {}).get("graphs")
     if not graphs:
-        reason = "no CUDA device to capture on" if data else ctx.bundle.why_missing("cuda.json")
+        no_gpu = "CPU-only node (--cpu-only)" if ctx.cpu_only else "no GPU visible: see gpu.count"
+        reason = (no_gpu if _gpus_seen(ctx) == 0 else
+                  "CUDA not available: see cuda.runtime" if data and not data.get("cuda_available") else
+                  "no CUDA device to capture on" if data else ctx.bundle.why_missing("cuda.json"))
         return skip("cuda.graphs", "cuda", reason)
     if graphs.get("ok"):
         return Finding(id="cuda.graphs", area="cuda", status="pass", observed="captured and replayed; result matches eager",

@@ -29,6 +29,7 @@ class Context:
     gpu: Gpu | None
     job: JobNeeds | None = None
     live: bool = False
+    cpu_only: bool = False  # the user says this node has no GPU (--cpu-only): no GPU is then no failure
     _parsed: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def parsed(self, name: str, parser: Callable[[str], Any]) -> Any:

@@ -12,6 +12,7 @@ import mmap
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +174,17 @@ def storage_bandwidth(directory: str | Path, size_mib: int = 1024) -> dict[str, 
             "write_gbps": total / write_s / 1e9, "read_gbps": total / read_s / 1e9}
 
 
-def run_deep(hot_dir: str | None, shared_dir: str | None, storage_mib: int = 1024) -> dict[str, Any]:
+def deep_steps(hot_dir: str | None, shared_dir: str | None) -> int:
+    """How many measurements run_deep makes (GEMM, all-reduce, and each directory given): for progress."""
+    return 2 + bool(hot_dir) + bool(shared_dir)
+
+
+def run_deep(hot_dir: str | None, shared_dir: str | None, storage_mib: int = 1024,
+             on_progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """Every --deep measurement; `on_progress(1)` after each of deep_steps(...)."""
+    tick = on_progress or (lambda _n: None)
     result: dict[str, Any] = {"schema_version": 1, "gemm": gemm()}
+    tick(1)
     try:
         import torch.distributed as dist
 
@@ -184,8 +194,11 @@ def run_deep(hot_dir: str | None, shared_dir: str | None, storage_mib: int = 102
             result["allreduce"] = allreduce_local()
     except Exception as exc:  # a failing collective is a finding, not a crash
         result["allreduce"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    tick(1)
     if hot_dir:
         result["hot_tier"] = storage_bandwidth(hot_dir, storage_mib)
+        tick(1)
     if shared_dir:
         result["shared"] = storage_bandwidth(shared_dir, storage_mib)
+        tick(1)
     return result

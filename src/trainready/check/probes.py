@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle import Bundle, BundleManifest, ProbeRecord, shareable
+from .bundle import Bundle, BundleManifest, ProbeRecord, prepare_out, shareable
 
 QUERY_FIELDS = ("index,name,memory.total,driver_version,pcie.link.gen.current,pcie.link.gen.max,"
                 "pcie.link.width.current,pcie.link.width.max,clocks_throttle_reasons.active,"
@@ -114,15 +114,32 @@ def detect_instance_type(timeout_s: float = 1.0) -> str | None:
         return None
 
 
+READ_FILES = ("meminfo.txt", "mounts.txt", "fstab.txt", "filesystems.txt", "env.txt", "sys-class-infiniband.txt",
+              "efa-software.txt")  # read, not run (the readers in collect)
+PROBE_COUNT = len(COMMANDS) + len(READ_FILES)
+
+
 def collect(out: Path | None, runner: Runner = run_command, instance_type: str | None = None,
-            environ: dict[str, str] | None = None, timeout_s: float = 20.0) -> Bundle:
-    """Run every probe; write the bundle to `out` when given; return it."""
+            environ: dict[str, str] | None = None, timeout_s: float = 20.0,
+            on_progress: Callable[[float], None] | None = None) -> Bundle:
+    """Run every probe; write the bundle to `out` when given (checked writable first: a UsageError
+    before any probe runs); return it. `on_progress(1)` after each of PROBE_COUNT probes."""
+    if out is not None:
+        prepare_out(out)
     files: dict[str, str] = {}
     records: list[ProbeRecord] = []
+    tick = on_progress or (lambda _n: None)
+
+    def run(argv: list[str]) -> Result:
+        try:
+            return runner(argv, timeout_s)
+        finally:
+            tick(1)
+
     # In parallel: four nvidia-smi calls and the CUDA probe each take seconds on an 8-GPU node,
     # and the quick check has a 10 s budget.
     with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
-        results = dict(zip(COMMANDS, pool.map(lambda argv: runner(argv, timeout_s), COMMANDS.values()), strict=True))
+        results = dict(zip(COMMANDS, pool.map(run, COMMANDS.values()), strict=True))
     for name, argv in COMMANDS.items():
         result = results[name]
         text = result.stdout
@@ -141,6 +158,7 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
         "env.txt": lambda: _filtered_env(dict(os.environ if environ is None else environ)),
         "sys-class-infiniband.txt": lambda: _listing("/sys/class/infiniband"), "efa-software.txt": _efa_software,
     }
+    assert tuple(readers) == READ_FILES
     for name, read in readers.items():
         started = time.monotonic()
         try:
@@ -150,6 +168,7 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
             error = str(exc)
         records.append(ProbeRecord(file=name, command=name, exit_code=0 if not error else 1, error=error,
                                    duration_s=round(time.monotonic() - started, 3), timestamp_unix=time.time()))
+        tick(1)
     if instance_type:
         files["instance-type.txt"] = instance_type + "\n"
     manifest = BundleManifest(hostname=socket.gethostname(), probes=records)
