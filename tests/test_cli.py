@@ -1,6 +1,7 @@
 """The `trainready` command end to end: output, JSON, exit codes, errors without tracebacks."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -122,3 +123,166 @@ def test_planning_commands_need_no_torch():
             "app(['plan', '--model', 'llama-2-7b', '--instances', 'p4d.24xlarge', '--json'], standalone_mode=False)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------ user mistakes: exit 2, one line
+
+BINARY = b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00>\x00\x01\x00\x00\x00\xd0\xff"
+
+
+@pytest.mark.parametrize("args,words", [
+    (("plan", "--model", "llama-2-13b", "--tokens", "inf"),
+     "Invalid value for '--tokens': inf is not a finite number above 0, e.g. 2e9"),
+    (("plan", "--model", "llama-2-13b", "--tokens", "nan"), "Invalid value for '--tokens': nan is not a finite number"),
+    (("estimate", "--model", "llama-2-13b", "--gpu", "h100", "--tokens", "inf"), "'--tokens': inf is not a finite number"),
+    (("estimate", "--model", "llama-2-13b", "--gpu", "h100", "--tokens", "-2e9"), "'--tokens': -2e+09 is not a finite number"),
+    (("plan", "--params", "nan"), "Invalid value for '--params': nan is not a finite number above 0, e.g. 13e9"),
+    (("plan", "--model", "llama-2-7b", "--usd-per-hour", "-1"), "'--usd-per-hour': -1 is not a finite number above 0"),
+    (("plan", "--model", "llama-2-7b", "--max-usd", "nan"), "'--max-usd': nan is not a finite number above 0"),
+    (("plan", "--model", "llama-2-7b", "--max-usd", "-5"), "'--max-usd': -5 is not a finite number above 0"),
+    (("plan", "--model", "llama-2-7b", "--deadline-hours", "inf"), "'--deadline-hours': inf is not a finite number"),
+    (("plan", "--model", "llama-2-7b", "--min-gpu-mem", "nan"), "'--min-gpu-mem': nan is not a finite number"),
+    (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--spot-mtbf-hours", "0"), "'--spot-mtbf-hours': 0 is not"),
+    (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--inter-node-gbps", "inf"), "'--inter-node-gbps': inf"),
+    (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--seq-len", "10" * 12), "--seq-len 101010101010101010101010"),
+    (("plan", "--model", "llama-2-7b", "--job", "{binary}"), "job file {binary} is not a text file (byte 24 is not UTF-8)"),
+    (("plan", "--model", "llama-2-7b", "--catalog", "{binary}"), "catalog file {binary} is not a text file (byte 24"),
+    (("estimate", "--model-config", "{binary}", "--gpu", "h100"), "model config {binary} is not a text file (byte 24"),
+    (("plan", "--model", "llama-2-7b", "--job", "{dir}"), "cannot read job file {dir}: it is a directory, not a file"),
+    (("catalog", "gpus", "--catalog", "{dir}"), "cannot read catalog file {dir}: it is a directory, not a file"),
+    (("estimate", "--job", "/dev/zero"), "job file /dev/zero is more than the 16 MiB a job file may have"),
+    (("estimate", "--job", "{empty}"), "job file {empty} is empty: a job spec starts with schema_version = 1"),
+    (("plan", "--model", "llama-2-7b", "--global-batch", "3", "--instances", "p4d.24xlarge", "--json"), None),
+])
+def test_user_mistakes_are_one_line_errors_with_exit_2(tmp_path, args, words):
+    binary, empty = tmp_path / "ls", tmp_path / "empty.toml"
+    binary.write_bytes(BINARY)
+    empty.write_text("")
+    fill = {"binary": str(binary), "dir": str(tmp_path), "empty": str(empty)}
+    out = cli(*(a.format(**fill) for a in args))
+    if words is None:  # a plan nothing fits: the answer is negative (1), not a usage error
+        assert out.returncode == 1
+        assert json.loads(out.stdout)["excluded"][0]["reason"].endswith("(nearest valid: 8)")
+        return
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert words.format(**fill) in out.stderr
+
+
+def test_a_binary_job_file_with_json_is_a_json_error(tmp_path):
+    binary = tmp_path / "job.png"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    out = cli("estimate", "--job", binary, "--json")
+    assert out.returncode == 2
+    assert json.loads(out.stdout)["error"] == {
+        "message": f"job file {binary} is not a text file (byte 0 is not UTF-8): is it the right file?", "exit_code": 2}
+
+
+def test_a_model_name_prints_as_typed():
+    out = cli("estimate", "--model", "llama[/x]", "--gpu", "h100")
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: unknown model 'llama[/x]'. Did you mean: ")
+
+
+# ------------------------------------------------------------------ 80 columns, through a pipe
+
+def cli80(*args, code=0):
+    proc = subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
+                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})  # stdout is a pipe here
+    assert proc.returncode == code, proc.stderr
+    for text in (proc.stdout, proc.stderr):
+        assert "…" not in text and "None" not in text, text  # nothing cut, no Python None
+        assert max(map(len, text.splitlines()), default=0) <= 80
+    return proc.stdout
+
+
+def _line_with(out: str, name: str) -> str:
+    lines = [ln for ln in out.splitlines() if f" {name} " in f" {ln} "]
+    assert lines, f"{name} is not printed whole"
+    return lines[0]
+
+
+def test_catalog_instances_at_80_columns_prints_every_name_and_price_whole():
+    out = cli80("catalog", "instances")
+    for inst in json.loads(cli("catalog", "instances", "--json").stdout)["instances"]:
+        row = _line_with(out, inst["name"])
+        for p in inst["price"]:
+            if p["usd_per_hour"] is not None:
+                assert f"{p['usd_per_hour']:,.2f}" in row, (inst["name"], row)
+    assert "not shown in 80 columns: region" in out  # what did not fit is named
+
+
+def test_catalog_gpus_and_models_at_80_columns_print_every_name_and_figure_whole():
+    out = cli80("catalog", "gpus")
+    for g in json.loads(cli("catalog", "gpus", "--json").stdout)["gpus"]:
+        row = _line_with(out, g["name"])
+        assert f" {g['memory_gib']:g} " in row and f" {g['hbm_gbps']:g} " in row
+        if g["tflops"]["bf16"]:
+            assert f" {g['tflops']['bf16']:g} " in row
+    out = cli80("catalog", "models")
+    for m in json.loads(cli("catalog", "models", "--json").stdout)["models"]:
+        assert f"{m['params'] / 1e9:,.2f}B" in _line_with(out, m["name"])
+
+
+@pytest.mark.parametrize("args", [
+    ("--model", "llama-2-70b", "--tokens", "2e11", "--clouds", "azure"),  # the longest instance names
+    ("--model", "llama-2-70b", "--tokens", "2e11", "--by", "time", "--top", "8"),  # 16 nodes, days, $100,000s
+    ("--params", "1e9", "--tokens", "1e30"),  # absurd: huge figures, still whole and short
+    ("--model", "llama-2-7b", "--spot"),
+])
+def test_plan_at_80_columns_prints_every_row_whole(args):
+    from trainready.plan.units import hours_text, usd_text
+
+    out = cli80("plan", *args)
+    result = json.loads(cli("plan", *args, "--json").stdout)
+    for row in result["rows"]:
+        e = row["estimate"]
+        line = _line_with(out, f"{e['setup']['nodes']} x {e['setup']['instance']}")
+        cost = e["cost"]["total_usd"] if result["tokens"] else e["cost"]["usd_per_billion_tokens"]
+        assert f" {usd_text(cost)}" in line and (not result["tokens"] or f" {hours_text(e['time']['train_hours'])} " in line)
+    assert not re.search(r"\d{16}", out.replace(",", ""))  # no 31-digit integers
+
+
+def test_huge_token_counts_are_written_short():
+    out = cli80("plan", "--params", "1e9", "--tokens", "1e30", "--top", "1")
+    assert out.startswith("generic-1b (0.93B), full, 1.0e30 tokens, ranked by cost")
+    out = cli80("estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--tokens", "1e30")
+    est = json.loads(cli("estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--tokens", "1e30",
+                         "--json").stdout)
+    assert f"{est['time']['steps']:.1e}".replace("e+", "e") in out  # 9.5e23 steps, not 24 digits
+    assert not re.search(r"\d{16}", out.replace(",", ""))
+
+
+def test_plan_max_usd_excluded_rows_at_80_columns_name_the_cheapest_cost():
+    out = cli80("plan", "--model", "llama-2-13b", "--tokens", "2e10", "--max-usd", "10", code=1)
+    assert "gpu_8x_h100_sxm5: fits, but its cheapest setup (1 node) costs $4,6" in " ".join(out.split())
+
+
+def test_no_python_none_in_human_output(tmp_path):
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[[instance]]\nname = "onprem"\ncloud = "dc"\ngpu = "h100"\ngpu_count = 8\ntopology = "nvswitch"\n'
+                    '[[instance.price]]\nregion = "dc1"\nmodel = "on-demand"\nsuspect = true\n'
+                    '[[instance]]\nname = "p4d.24xlarge"\n[[instance.price]]\nregion = "us-east-1"\n'
+                    'model = "spot"\nusd_per_hour = 1.5\nsuspect = true\n')
+    for code, args in ((0, ("catalog", "instances", "--catalog", mine)),
+                       (0, ("estimate", "--model", "llama-2-7b", "--instance", "onprem", "--catalog", mine)),
+                       (0, ("estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--spot", "--catalog", mine)),
+                       (0, ("estimate", "--model", "llama-2-7b", "--gpu", "a10g", "--gpus", "16", "--inter-node-gbps", "100")),
+                       (1, ("plan", "--model", "llama-2-7b", "--instances", "onprem,p5e.48xlarge", "--catalog", mine))):
+        out = cli(*args)
+        assert out.returncode == code and "None" not in out.stdout + out.stderr, args
+    assert "marked suspect: verify it before buying" in cli(
+        "estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--spot", "--catalog", mine).stdout
+
+
+def test_readme_install_line_names_every_extra_and_the_project_has_urls():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extras = set(project["optional-dependencies"]) - {"dev"}
+    named = re.findall(r"pip install 'trainready\[([a-z0-9,]+)\]'", (root / "README.md").read_text())
+    assert extras in [set(n.split(",")) for n in named], named  # one line a user copies to get everything
+    assert {"Homepage", "Documentation", "Issues"} <= set(project["urls"])

@@ -5,6 +5,7 @@ import pytest
 from trainready.errors import UsageError
 from trainready.plan.job import JobSpec
 from trainready.plan.search import PlanRequest, plan
+from trainready.plan.units import hours_text, usd_text
 
 
 def run(catalog, **kw):
@@ -65,3 +66,56 @@ def test_spot_ranking_uses_spot_prices(catalog):
     r = run(catalog, spot=True, top=3)
     for row in r.rows:
         assert row.estimate.cost.pricing.model == "spot"
+
+
+def _cheapest_by_instance(r) -> dict[str, float]:
+    """Each instance's cheapest setup as the unconstrained plan shows it (a row or "Also fits")."""
+    best: dict[str, float] = {}
+    for row in r.rows:
+        name, usd = row.estimate.setup.instance, row.estimate.cost.total_usd
+        best[name] = min(best.get(name, usd), usd)
+    for alt in r.others:
+        best.setdefault(alt.instance, alt.total_usd)
+    return best
+
+
+def test_max_usd_exclusions_quote_each_instance_true_cheapest_cost(catalog):
+    free = _cheapest_by_instance(run(catalog, tokens=2e10))
+    limited = run(catalog, tokens=2e10, max_usd=10)
+    assert not limited.rows
+    quoted = {x.instance: x.reason for x in limited.excluded if "--max-usd" in x.reason}
+    assert set(quoted) == set(free)  # every instance that fits is excluded by the limit alone
+    for name, usd in free.items():
+        assert f"costs {usd_text(usd)} > --max-usd $10.00" in quoted[name], (name, quoted[name])
+
+
+def test_max_usd_compares_the_cost_the_row_shows(catalog):
+    first = run(catalog, top=1).rows[0].estimate
+    cost = first.cost.total_usd
+    kept = run(catalog, top=1, max_usd=cost * 1.0001).rows[0].estimate
+    assert (kept.setup, kept.cost.total_usd) == (first.setup, cost)
+    r = run(catalog, top=1, max_usd=cost * 0.9999)  # the #1 row costs more than this: it must go
+    assert all(row.estimate.cost.total_usd <= cost * 0.9999 for row in r.rows)
+    assert first.setup.instance in {x.instance for x in r.excluded} | {a.instance for a in r.others} | {
+        row.estimate.setup.instance for row in r.rows}
+
+
+def test_deadline_exclusions_quote_the_fastest_time(catalog):
+    free = run(catalog, by="time", top=100, instances=["p4d.24xlarge"])
+    fastest = min(row.estimate.time.train_hours for row in free.rows)
+    r = run(catalog, by="time", instances=["p4d.24xlarge"], deadline_hours=fastest * 0.99)
+    assert not r.rows
+    assert r.excluded[0].reason.startswith(f"fits, but its fastest setup ({free.rows[0].estimate.setup.nodes} nodes) "
+                                           f"takes {hours_text(fastest)} > --deadline-hours {fastest * 0.99:g}")
+
+
+def test_plan_global_batch_that_no_data_parallel_size_divides_names_valid_ones(catalog):
+    r = run(catalog, model="llama-2-7b", global_batch=3, instances=["p4d.24xlarge"])
+    assert not r.rows
+    assert r.excluded[0].reason == "global batch 3 is not divisible by data-parallel size 8 (nearest valid: 8)"
+
+
+def test_no_price_reason_says_it_once(catalog):
+    r = run(catalog, instances=["p5e.48xlarge"])
+    assert r.excluded[0].reason == ("fits, but no on-demand price in the catalog (sold as Capacity Blocks; not offered "
+                                    "in us-east-1); give --usd-per-hour or try --spot")

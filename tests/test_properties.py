@@ -1,5 +1,6 @@
 """Hypothesis properties of the memory and compute model."""
 
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -75,3 +76,25 @@ def test_more_gpus_never_lower_total_flops(model, mb, g1, factor, strategy, gpu,
         return estimate_step(s).hardware_flops_per_token * s.tokens
 
     assert total(g1 * factor) >= total(g1) * (1 - 1e-9)
+
+
+@given(x=st.floats(min_value=0, max_value=1e300, allow_nan=False))
+def test_every_figure_is_short_and_reads_back(x):
+    from trainready.plan.units import count_text, hours_text, usd_text
+
+    for text, value, unit in ((count_text(x), x, ""), (usd_text(x), x, "$")):
+        assert len(text) <= 22  # 999,999,999,999,999 at most; 1.0e30, never 31 digits
+        back = float(text.removeprefix(unit).replace(",", ""))
+        assert back == pytest.approx(value, rel=0.05, abs=0.5)
+    assert len(hours_text(x)) <= 14
+
+
+@given(value=st.integers(1, 1 << 24), unit=st.integers(1, 1 << 12))
+def test_nearest_valid_batches_are_distinct_multiples_around_the_value(value, unit):
+    from trainready.plan.setup import nearest_multiples
+
+    offered = [int(v) for v in nearest_multiples(value, unit).split(" or ")]
+    assert len(offered) == len(set(offered)) >= 1
+    assert all(v > 0 and v % unit == 0 for v in offered)
+    assert offered[-1] > value and (len(offered) == 1 or offered[0] <= value)
+    assert offered[-1] - unit <= value  # the nearest ones, no multiple skipped

@@ -36,16 +36,54 @@ def test_rule_named(catalog, kw, words):
     assert words in str(exc.value)
 
 
-def test_global_batch_error_gives_nearest_valid(catalog):
+@pytest.mark.parametrize("micro,batch,nearest", [
+    (2, 100, "nearest valid: 96 or 112"),
+    (1, 3, "nearest valid: 8"),  # below the smallest valid batch: one suggestion, not "8 or 8"
+    (1, 30, "nearest valid: 24 or 32"),
+])
+def test_global_batch_error_gives_the_distinct_nearest_valid_values(catalog, micro, batch, nearest):
     with pytest.raises(UsageError) as exc:
-        resolve(job(micro_batch=2, global_batch=100), catalog)
-    assert "96" in str(exc.value) and "112" in str(exc.value)
+        resolve(job(micro_batch=micro, global_batch=batch), catalog)
+    assert str(exc.value).endswith(nearest)
 
 
-@pytest.mark.parametrize("field,value", [("tp", 0), ("micro_batch", -1), ("tokens", 0), ("gpus", -8)])
-def test_non_positive_values_rejected(field, value):
+@pytest.mark.parametrize("field,value", [
+    ("tp", 0), ("micro_batch", -1), ("tokens", 0), ("gpus", -8),
+    ("tokens", float("inf")), ("tokens", float("nan")), ("params", float("inf")), ("usd_per_hour", float("nan")),
+    ("inter_node_gbps", float("inf")), ("seq_len", 10**20), ("global_batch", 2**40), ("gpus", 10**12),
+])
+def test_values_no_run_can_have_are_rejected(field, value):
     with pytest.raises(ValueError):
         job(**{field: value})
+
+
+@pytest.mark.parametrize("text,words", [
+    ("", "is empty: a job spec starts with schema_version = 1"),
+    ("\n# just a comment\n", "is empty: a job spec starts with schema_version = 1"),
+    ('model = "llama-2-7b"\n', "has no schema_version: a job spec starts with schema_version = 1"),
+    ('schema_version = 1\nkind = "trainready-run"\n', "kind 'trainready-run' is not a job spec"),
+    ("schema_version = 1\ntokens = inf\n", "field 'tokens': Input should be a finite number"),
+    ("schema_version = 1\ntokens = nan\n", "field 'tokens': Input should be a finite number"),
+])
+def test_job_file_that_is_not_a_job_says_what_is_missing(tmp_path, text, words):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as exc:
+        load_job(path)
+    assert str(path) in str(exc.value) and words in str(exc.value)
+    assert "None" not in str(exc.value)
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00\xd0\xff", "is not a text file (byte 10 is not UTF-8): is it the right file?"),
+    (b"\x89PNG\r\n\x1a\n", "is not a text file (byte 0 is not UTF-8): is it the right file?"),
+])
+def test_binary_job_file_is_refused_naming_it(tmp_path, content, words):
+    path = tmp_path / "job.toml"
+    path.write_bytes(content)
+    with pytest.raises(UsageError) as exc:
+        load_job(path)
+    assert str(exc.value) == f"job file {path} {words}"
 
 
 def test_defaults_and_derived_values(catalog):

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from trainready.errors import UnknownNameError, UsageError, normalize_name
 
 from .schema import Gpu, Instance
+from .textfile import read_user_text
 
 SCHEMA_VERSION = 1
 
@@ -57,11 +58,14 @@ class Catalog:
         return self.gpus[inst.gpu]
 
 
-def _read_toml(text: str, label: str) -> dict[str, Any]:
+def read_toml(text: str, label: str) -> dict[str, Any]:
+    """Parse TOML text; a syntax error (or absurd nesting) is a UsageError naming `label`."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{label}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{label}: not valid TOML: nested too deeply") from None
 
 
 def _locate(text: str, loc: tuple[Any, ...]) -> int | None:
@@ -110,14 +114,47 @@ def _validation_message(exc: ValidationError, text: str, label: str, prefix: tup
     return "\n".join(msgs)
 
 
-def _entries(data: dict, label: str) -> dict[str, list]:
+def _tables(value: Any, key: str, text: str, label: str) -> list[dict]:
+    """`value` must be an array of tables (`[[key]]`): anything else names the key and its line."""
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return value
+    last = key.split(".")[-1]
+    pattern = re.compile(r"^\s*(\[+\s*" + re.escape(key) + r"\s*\]|" + re.escape(last) + r"\s*=)")
+    line = next((n for n, ln in enumerate(text.splitlines(), 1) if pattern.match(ln)), None)
+    where = f"{label}:{line}" if line else label
+    raise UsageError(f"{where}: '{last}' must be written as [[{key}]] tables, one per entry "
+                     f"(found {_kind(value)})")
+
+
+def _kind(value: Any) -> str:
+    """What a TOML value is, in TOML's words."""
+    if isinstance(value, dict):
+        return "a single table"
+    if isinstance(value, list):
+        inner = next((v for v in value if not isinstance(v, dict)), None)
+        return f"an array holding {_kind(inner)}"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    return "a date or time"
+
+
+def _entries(data: dict, text: str, label: str) -> dict[str, list]:
     version = data.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
-        raise UsageError(f"{label}: schema_version {version} is not supported (this trainready reads {SCHEMA_VERSION})")
+        raise UsageError(f"{label}: schema_version {version!r} is not supported; this trainready reads "
+                         f"schema_version = {SCHEMA_VERSION}")
     unknown = set(data) - {"schema_version", "gpu", "instance"}
     if unknown:
-        raise UsageError(f"{label}: unknown top-level key(s) {sorted(unknown)}; expected [[gpu]] and [[instance]] tables")
-    return {"gpu": data.get("gpu", []), "instance": data.get("instance", [])}
+        raise UsageError(f"{label}: unknown top-level key(s) {', '.join(sorted(unknown))}; expected [[gpu]] "
+                         f"and [[instance]] tables")
+    if "gpu" not in data and "instance" not in data:
+        raise UsageError(f"{label}: no [[gpu]] or [[instance]] tables: nothing to merge "
+                         f"(see docs/catalog.md for the format)")
+    return {k: _tables(data.get(k, []), k, text, label) for k in ("gpu", "instance")}
 
 
 def _build(kind: str, raw: dict, text: str, label: str, index: int):
@@ -129,30 +166,33 @@ def _build(kind: str, raw: dict, text: str, label: str, index: int):
 
 
 def _merge_into(gpus: dict, instances: dict, text: str, label: str, user: bool) -> None:
-    data = _read_toml(text, label)
-    entries = _entries(data, label)
+    data = read_toml(text, label)
+    entries = _entries(data, text, label)
     for idx, raw in enumerate(entries["gpu"]):
         raw = dict(raw)
-        name = raw.get("name")
+        name = raw.get("name") if isinstance(raw.get("name"), str) else None  # else validation names it
         if user:
             raw.setdefault("source", f"user catalog {label}")
             if name in gpus:
                 raw = {**gpus[name].model_dump(exclude_defaults=True), **raw}
-        gpus[raw.get("name", f"#{idx}")] = _build("gpu", raw, text, label, idx)
+        gpu = _build("gpu", raw, text, label, idx)
+        gpus[gpu.name] = gpu
     for idx, raw in enumerate(entries["instance"]):
         raw = dict(raw)
-        name = raw.get("name")
+        name = raw.get("name") if isinstance(raw.get("name"), str) else None
         if user:
             raw.setdefault("source", f"user catalog {label}")
+            if "price" in raw:
+                raw["price"] = [dict(p) for p in _tables(raw["price"], "instance.price", text, label)]
             for p in raw.get("price", []):
-                if isinstance(p, dict):
-                    p.setdefault("source", f"user catalog {label}")
+                p.setdefault("source", f"user catalog {label}")
             if name in instances:
                 base = instances[name].model_dump(exclude_defaults=True, exclude={"expected_nvlink"})
-                prices = {(p["region"], p["model"]): p for p in base.get("price", [])}
-                for p in raw.get("price", []):
-                    if isinstance(p, dict) and "region" in p and "model" in p:
-                        prices[(p["region"], p["model"])] = p
+                prices: dict[Any, dict] = {(p["region"], p["model"]): p for p in base.get("price", [])}
+                for n, p in enumerate(raw.get("price", [])):
+                    # an entry without region or model stays on its own, for validation to name it
+                    key = (p.get("region"), p.get("model"))
+                    prices[key if all(isinstance(k, str) for k in key) else n] = p
                 raw = {**base, **raw, "price": list(prices.values())}
         if isinstance(raw.get("gpu"), str):  # accept any GPU alias, store the canonical name
             raw["gpu"] = _gpu_aliases(gpus).get(normalize_name(raw["gpu"]), raw["gpu"])
@@ -193,10 +233,7 @@ def load_catalog(user_file: str | Path | None = None) -> Catalog:
     if user_file is None:
         return base
     path = Path(user_file)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read catalog file {path}: {exc.strerror or exc}") from None
+    text = read_user_text(path, "catalog file")
     gpus, instances = dict(base.gpus), dict(base.instances)
     _merge_into(gpus, instances, text, str(path), user=True)
     return Catalog(gpus=gpus, instances=instances, files=(str(path),))

@@ -13,7 +13,7 @@ PricingModel = Literal["on-demand", "spot"]
 
 class _Strict(BaseModel):
     # A typo in a user's catalog must be an error, not a silently ignored key.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PeakTflops(_Strict):

@@ -38,7 +38,7 @@ def estimate(
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU when no instance is given: a100-40gb, a100-80gb, h100-80gb, h200, b200, v100-16gb, v100-32gb, a10g, l4, l40s.", rich_help_panel=HW)] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
-    inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
+    inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", callback=o.positive("400"), help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
     strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="Data parallelism: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]", rich_help_panel=PAR)] = None,
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
     pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,

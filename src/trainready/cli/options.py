@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -70,6 +72,18 @@ class DType(str, Enum):
     bf16 = "bf16"
 
 
+def positive(example: str) -> Callable[[Any], float | None]:
+    """A callback for a float option: a finite number above 0 or a usage error naming it
+    (Click's FLOAT accepts inf and nan, which would end in an internal error further on)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise typer.BadParameter(f"{value:g} is not a finite number above 0, e.g. {example}")
+        return value
+
+    return check
+
+
 JobPath = Annotated[Optional[Path], typer.Option("--job", help="Job spec written by `plan --save` or `estimate --save`; options given here override it.", rich_help_panel=JOB)]
 Save = Annotated[Optional[Path], typer.Option("--save", help="Write the chosen setup as a job spec (TOML) for later commands.", rich_help_panel=JOB)]
 CatalogFile = Annotated[Optional[Path], typer.Option("--catalog", help="Merge your own catalog file (negotiated prices, on-prem nodes).", rich_help_panel=JOB)]
@@ -77,10 +91,10 @@ Json = Annotated[bool, typer.Option("--json", help="Machine-readable output (sch
 
 ModelName = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset, e.g. llama-2-13b (`trainready catalog models`).", rich_help_panel=MODEL)]
 ModelConfig = Annotated[Optional[Path], typer.Option("--model-config", help="Hugging Face config.json, read offline.", rich_help_panel=MODEL)]
-Params = Annotated[Optional[float], typer.Option("--params", help="Generic dense decoder of this many parameters, e.g. 13e9.", rich_help_panel=MODEL)]
+Params = Annotated[Optional[float], typer.Option("--params", callback=positive("13e9"), help="Generic dense decoder of this many parameters, e.g. 13e9.", rich_help_panel=MODEL)]
 MethodOpt = Annotated[Optional[Method], typer.Option("--method", help="Full fine-tuning/pre-training, LoRA or QLoRA.", rich_help_panel=MODEL)]
 LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", help="LoRA rank (adapters on every linear layer). [default: 16]", rich_help_panel=MODEL)]
-Tokens = Annotated[Optional[float], typer.Option("--tokens", help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
+Tokens = Annotated[Optional[float], typer.Option("--tokens", callback=positive("2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
 SeqLen = Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
 GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per optimizer step. [default: ~1M tokens]", rich_help_panel=PAR)]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Compute precision. [default: bf16, fp16 on V100]", rich_help_panel=NUM)]
@@ -90,8 +104,8 @@ KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager:
 AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: sdpa]", rich_help_panel=NUM)]
 Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price on spot (with expected interruption rework) or on-demand.", rich_help_panel=COST)]
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
-UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
-SpotMtbf = Annotated[Optional[float], typer.Option("--spot-mtbf-hours", help="Mean hours between spot interruptions per node. [default: 24, an assumption]", rich_help_panel=COST)]
+UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", callback=positive("32.77"), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
+SpotMtbf = Annotated[Optional[float], typer.Option("--spot-mtbf-hours", callback=positive("24"), help="Mean hours between spot interruptions per node. [default: 24, an assumption]", rich_help_panel=COST)]
 
 
 def build_job(job_path: Path | None, **opts: Any) -> JobSpec:

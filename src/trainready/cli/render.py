@@ -6,34 +6,79 @@ import time
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.cli.console import line, styled
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.search import PlanResult
+from trainready.plan.units import BIG, count_text, hours_text, usd_text
 
 
 def _f(x: float | None, fmt: str = ",.1f", none: str = "-") -> str:
-    return none if x is None else format(x, fmt)
+    if x is None:
+        return none
+    if fmt.endswith(("d", ".0f")) and abs(x) >= BIG:
+        return count_text(x)  # 1.0e30, not 31 digits
+    return format(x, fmt)
 
 
-def _usd(x: float | None) -> str:
-    return "-" if x is None else (f"${x:,.0f}" if x >= 100 else f"${x:,.2f}")
-
-
-def _hours(h: float | None) -> str:
-    if h is None:
-        return "-"
-    return f"{h * 60:.0f} min" if h < 1 else (f"{h:,.1f} h" if h < 72 else f"{h / 24:,.1f} d")
+_usd = usd_text
+_hours = hours_text
 
 
 def _table(title: str) -> Table:
     """A compact table: fits 80 columns for the commands' usual widths."""
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+
+
+class _Grid:
+    """A table's columns and rows, laid out by `print_fitted` to the console's width."""
+
+    def __init__(self, title: str, columns: list[str], left: tuple[str, ...] = ()):
+        self.title, self.columns, self.left = title, columns, left
+        self.rows: list[list[str | Text]] = []
+
+    def add_row(self, *cells: str | Text) -> None:
+        self.rows.append(list(cells))
+
+    def table(self, keep: list[str], wrap: bool = False) -> Table:
+        """Every cell whole: no_wrap (a name or number never folds) unless even the narrowest
+        choice does not fit, then cells fold onto more lines; never an ellipsis."""
+        t = _table(self.title)
+        t.collapse_padding, t.show_edge = True, False  # two spaces between columns, none at the edges
+        for name in keep:
+            t.add_column(name, justify="left" if name in self.left else "right", no_wrap=not wrap,
+                         overflow="fold")
+        index = [self.columns.index(name) for name in keep]
+        for row in self.rows:
+            t.add_row(*(row[i] for i in index))
+        return t
+
+    def print_fitted(self, con: Console, optional: tuple[str, ...]) -> None:
+        """Drop `optional` columns, least useful first, until the table fits the console
+        (80 columns in a pipe) with every identifier and number whole, and say what went.
+        A name may hold a newline: a two-line header keeps its column narrow."""
+        keep, dropped = list(self.columns), []
+        for name in (None, *optional):
+            if name is not None:
+                keep.remove(name)
+                dropped.append(name.replace("\n", " "))
+            table = self.table(keep)
+            natural = Measurement.get(con, con.options.update(width=1 << 16), table).maximum
+            if natural <= con.width:
+                break
+        else:
+            table = self.table(keep, wrap=True)
+        con.print(table)
+        if dropped:
+            con.print(styled(f"not shown in {con.width} columns: {', '.join(dropped)} "
+                             f"(a wider terminal or --json has them)", "dim"))
 
 
 def _setup_line(e: EstimateResult) -> str:
@@ -44,20 +89,20 @@ def _setup_line(e: EstimateResult) -> str:
         par += f", tp {s.tp} x pp {s.pp} x dp {s.dp}"
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
-            f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}, ckpt {s.activation_checkpointing}")
+            f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}, "
+            f"{'no' if s.activation_checkpointing == 'none' else s.activation_checkpointing} recompute")
 
 
 def render_estimate(con: Console, e: EstimateResult) -> None:
     con.print(line((e.model.name, "bold"), f" ({e.model.params / 1e9:,.2f}B parameters)"))
     con.print(_setup_line(e))
-    mem = _table("Memory per GPU (GiB)")
-    for col in ("weights", "grads", "optimizer", "activations", "other", "peak", "GPU", "fits"):
-        mem.add_column(col, justify="right", no_wrap=True)
+    mem = _Grid("Memory per GPU (GiB)", ["weights", "grads", "optimizer", "activations", "other", "peak", "GPU",
+                                         "fits"])
     p = e.memory.per_gpu_gib
     fits = styled("yes", "green") if e.memory.fits else styled("NO", "red")
     mem.add_row(_f(p.weights), _f(p.gradients), _f(p.optimizer), _f(p.activations), _f(p.other),
                 styled(_f(p.peak), "bold"), _f(e.memory.gpu_gib, ",.0f"), fits)
-    con.print(mem)
+    mem.print_fitted(con, ("other", "grads", "weights"))
     host = line(f"peak at {e.memory.peak_phase}; persistent states {e.memory.states_gib:,.1f} GiB; "
                 f"host RAM per node: {e.memory.host_gib:,.0f} GiB needed")
     if e.memory.host_ram_gib:
@@ -66,25 +111,21 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
             host.append(" (too much)", "red")
     con.print(host)
     t = e.throughput
-    speed = _table("Speed")
-    for col in ("tokens/s", "per GPU", "MFU", "HFU", "step s", "compute", "comm", "other"):
-        speed.add_column(col, justify="right", no_wrap=True)
+    speed = _Grid("Speed", ["tokens/s", "per GPU", "MFU", "HFU", "step s", "compute", "comm", "other"])
     b = t.step_breakdown_s
     speed.add_row(_f(t.tokens_per_s, ",.0f"), _f(t.tokens_per_s_per_gpu, ",.0f"), f"{t.mfu * 100:.1f}%",
                   f"{t.hfu * 100:.1f}%", f"{t.step_time_s:,.2f}", f"{b.compute:,.2f}",
                   f"{b.exposed_communication:,.2f}", f"{b.other:,.2f}")
-    con.print(speed)
+    speed.print_fitted(con, ("HFU", "other", "per GPU"))
     con.print(f"bottleneck: {t.bottleneck} (comm = exposed communication; {t.communication_s:,.2f} s "
               f"of communication per step in all)")
     c = e.cost
-    cost = _table("Time and cost")
-    for col in ("train time", "steps", "$/node-h", "total", "$/1B tok", "spot $/h", "spot total"):
-        cost.add_column(col, justify="right", no_wrap=True)
+    cost = _Grid("Time and cost", ["train time", "steps", "$/node-h", "total", "$/1B tok", "spot $/h", "spot total"])
     price = line(_usd(c.usd_per_hour), (" (suspect)", "yellow") if c.pricing.suspect else "")
-    cost.add_row(_hours(e.time.train_hours), _f(e.time.steps, ",d"), price,
+    cost.add_row(_hours(e.time.train_hours), count_text(e.time.steps), price,
                  _usd(c.total_usd), _usd(c.usd_per_billion_tokens), _usd(c.spot_usd_per_hour),
                  _usd(c.spot_total_usd))
-    con.print(cost)
+    cost.print_fitted(con, ("spot $/h", "$/1B tok", "steps"))
     st = e.storage
     have = "unknown" if st.hot_tier_have_gb_per_node is None else f"{st.hot_tier_have_gb_per_node:,.0f} GB"
     con.print(f"checkpoints: {st.checkpoint_gb:,.0f} GB each ({st.checkpoint_gb_per_node:,.0f} GB per node), "
@@ -109,17 +150,16 @@ def _how(e: EstimateResult) -> str:
 
 
 def render_plan(con: Console, r: PlanResult) -> None:
-    tokens = f"{r.tokens:,.0f} tokens" if r.tokens else "per 1B tokens"
+    tokens = f"{count_text(r.tokens)} tokens" if r.tokens else "per 1B tokens"
     con.print(line((r.model, "bold"), f" ({r.params / 1e9:,.2f}B), {r.method}, {tokens}, ranked by {r.ranked_by}; "
                    f"{r.searched:,} configurations searched"))
     for n in r.notes:
         con.print(styled(n, "dim"))
     if not r.rows:
         con.print(styled("nothing fits the constraints", "red"))
-    table = _table("Best setups")
     cost_label = "cost" if r.tokens else "$/1B tok"
-    for col in ("#", "nodes x instance", "GiB/GPU", "tok/s", "MFU", "time", cost_label, "spot"):
-        table.add_column(col, justify="left" if col == "nodes x instance" else "right", no_wrap=True)
+    table = _Grid("Best setups", ["#", "nodes x instance", "GiB/GPU", "tok/s", "MFU", "time", cost_label, "spot"],
+                  left=("nodes x instance",))
     for row in r.rows:
         e, s = row.estimate, row.estimate.setup
         cost = line(_usd(e.cost.total_usd if r.tokens else e.cost.usd_per_billion_tokens),
@@ -129,7 +169,8 @@ def render_plan(con: Console, r: PlanResult) -> None:
                       _f(e.throughput.tokens_per_s, ",.0f"), f"{e.throughput.mfu * 100:.0f}%",
                       _hours(e.time.train_hours), cost, _usd(e.cost.spot_total_usd))
     if r.rows:
-        con.print(table)
+        # MFU and memory are in each row's line below, speed relative to #1 as well
+        table.print_fitted(con, ("MFU", "GiB/GPU", "tok/s", "spot"))
         for row in r.rows:
             con.print(line(f"  #{row.rank} ", (_how(row.estimate), "bold"), f": {row.why}"))
     if r.others:
@@ -152,16 +193,16 @@ def render_plan(con: Console, r: PlanResult) -> None:
 
 
 def render_gpus(con: Console, gpus: list[Gpu]) -> None:
-    t = _table("GPUs (dense peak TFLOP/s)")
-    for col in ("name", "GiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM GB/s", "GPU-GPU", "NVLink"):
-        t.add_column(col, justify="left" if col in ("name", "GPU-GPU") else "right")
+    t = _Grid("GPUs (dense peak TFLOP/s)", ["name", "GiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM\nGB/s",
+                                            "GPU-GPU\nlink", "GPU-GPU\nGB/s", "NVLink\nlinks x GB/s"],
+              left=("name", "GPU-GPU\nlink"))
     for g in gpus:
         tf = g.tflops
-        nv = f"{g.nvlink_links} x {g.nvlink_link_gbps:g} GB/s" if g.nvlink_links else "-"
+        nv = f"{g.nvlink_links} x {g.nvlink_link_gbps:g}" if g.nvlink_links and g.nvlink_link_gbps else "-"
         t.add_row(line(g.name, (" *", "yellow") if g.uncertain else ""), f"{g.memory_gib:g}", _f(tf.bf16, "g"),
                   _f(tf.fp16, "g"), _f(tf.fp8, "g"), _f(tf.tf32, "g"), _f(tf.fp32, "g"), f"{g.hbm_gbps:g}",
-                  f"{g.gpu_link} {_f(g.gpu_gpu_gbps_bidir, 'g')} GB/s", nv)
-    con.print(t)
+                  g.gpu_link, _f(g.gpu_gpu_gbps_bidir, "g"), nv)
+    t.print_fitted(con, ("tf32", "fp32", "NVLink\nlinks x GB/s", "fp16", "GPU-GPU\nlink"))
     for g in gpus:
         if g.uncertain:
             con.print(line(("*", "yellow"), f" {g.name}: {g.uncertain}"))
@@ -169,37 +210,39 @@ def render_gpus(con: Console, gpus: list[Gpu]) -> None:
 
 
 def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
-    t = _table("Instance types")
-    for col in ("cloud", "name", "GPUs", "vCPU", "RAM GiB", "NVMe", "net Gbps", "EFA", "topology",
-                "on-demand $/h", "spot $/h", "region"):
-        numeric = ("vCPU", "RAM GiB", "net Gbps", "EFA", "on-demand $/h", "spot $/h")
-        t.add_column(col, justify="right" if col in numeric else "left")
+    t = _Grid("Instance types", ["cloud", "name", "GPUs", "vCPU", "RAM\nGiB", "NVMe", "net\nGbps", "EFA", "topology",
+                                 "on-demand\n$/h", "spot\n$/h", "region"],
+              left=("cloud", "name", "GPUs", "NVMe", "topology", "region"))
+
+    def price(p):
+        if p is None:
+            return "-"
+        if p.usd_per_hour is None:
+            return "unknown"
+        return line(f"{p.usd_per_hour:,.2f}", ("?", "yellow") if p.suspect else "")
+
     for i in items:
         od, sp = i.price_for("on-demand"), i.price_for("spot")
-        nvme = "-" if i.nvme_count is None else ("none" if i.nvme_count == 0 else f"{i.nvme_count} x {i.nvme_gb:g} GB")
-
-        def price(p):
-            if p is None or p.usd_per_hour is None:
-                return "unknown" if p is not None else "-"
-            return line(f"{p.usd_per_hour:,.2f}", (" suspect", "yellow") if p.suspect else "")
+        nvme = "-" if i.nvme_count is None else ("none" if i.nvme_count == 0 else
+                                                 f"{i.nvme_count} x {_f(i.nvme_gb, 'g', '?')} GB")
         t.add_row(i.cloud, i.name, f"{i.gpu_count} x {i.gpu}", _f(i.vcpus, "d"), _f(i.ram_gib, ",.0f"), nvme,
                   _f(i.network_gbps, "g", "unknown"), _f(i.efa_interfaces, "d"), i.topology, price(od), price(sp),
                   (od or sp).region if (od or sp) else "-")
-    con.print(t)
+    t.print_fitted(con, ("region", "EFA", "topology", "vCPU", "NVMe", "cloud", "net\nGbps", "RAM\nGiB"))
+    if any(p.suspect for i in items for p in i.price):
+        con.print(line(("?", "yellow"), " price marked suspect in the catalog: `--json` says why; verify it before buying"))
     con.print(styled("prices: SkyPilot catalog snapshot, late 2025; `--json` gives every value's source and the "
                      "expected NVLink matrix", "dim"))
 
 
 def render_models(con: Console, models: list[ModelSpec]) -> None:
-    t = _table("Model presets")
-    t.collapse_padding, t.show_edge = True, False  # one space between columns: every name and number fits in 80
-    for col in ("name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab", "tied"):
-        t.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=True)
+    t = _Grid("Model presets", ["name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab", "tied"],
+              left=("name", "mlp"))
     for m in models:
         t.add_row(m.name, f"{m.param_count() / 1e9:,.2f}B", str(m.num_layers), str(m.hidden_size),
                   str(m.num_heads), str(m.num_kv_heads), str(m.ffn_hidden_size), m.mlp, str(m.vocab_size),
                   "yes" if m.tied_embeddings else "no")
-    con.print(t)
+    t.print_fitted(con, ("tied", "mlp", "kv"))
 
 
 def _size(n: int | None) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, Field
 
 from trainready.catalog import Price
@@ -159,10 +161,41 @@ def _bottleneck(step: StepResult) -> str:
     return "compute"
 
 
-def checkpoint_stall_s(s: Setup, mem: MemoryResult) -> float:
+def checkpoint_stall_s(s: Setup, checkpoint_bytes: float) -> float:
     """Blocked time per async checkpoint: copying this GPU's share to pinned host memory."""
     pcie = (s.gpu.pcie_gbps_per_dir or 16.0) * 0.8 * 1e9
-    return mem.checkpoint_bytes / s.n_gpus / pcie
+    return checkpoint_bytes / s.n_gpus / pcie
+
+
+@dataclass(frozen=True, slots=True)
+class RunCost:
+    """Time and money for `tokens` on one setup: what `estimate` shows and `plan` ranks by."""
+
+    od: rel.Reliability
+    sp: rel.Reliability
+    od_price: Price | None
+    spot_price: Price | None
+    per_node_usd_h: float | None  # the price this run pays per node-hour (spot with --spot)
+    compute_h: float
+    train_h: float  # with on-demand checkpoint and failure overhead: the time shown
+    spot_h: float  # with spot interruptions
+    total_usd: float | None  # per_node x nodes x (spot_h with --spot, else train_h)
+
+
+def run_cost(s: Setup, checkpoint_bytes: float, tokens_per_s: float, tokens: float, *,
+             spot_mtbf_h: float | None = None) -> RunCost:
+    stall = checkpoint_stall_s(s, checkpoint_bytes)
+    od = rel.reliability(stall, rel.job_mtbf_h(s.nodes, s.gpus_per_node, False), spot=False)
+    sp = rel.reliability(stall, rel.job_mtbf_h(s.nodes, s.gpus_per_node, True, spot_mtbf_h), spot=True)
+    od_price, spot_price = _price(s, "on-demand"), _price(s, "spot")
+    per_node = s.usd_per_hour or (od_price.usd_per_hour if od_price else None)
+    if s.spot and not s.usd_per_hour:
+        per_node = spot_price.usd_per_hour if spot_price else None
+    compute_h = tokens / tokens_per_s / 3600
+    train_h, spot_h = compute_h * (1 + od.overhead), compute_h * (1 + sp.overhead)
+    total = per_node * s.nodes * (spot_h if s.spot else train_h) if per_node else None
+    return RunCost(od=od, sp=sp, od_price=od_price, spot_price=spot_price, per_node_usd_h=per_node,
+                   compute_h=compute_h, train_h=train_h, spot_h=spot_h, total_usd=total)
 
 
 def estimate_setup(s: Setup, *, spot_mtbf_h: float | None = None, memory_margin: float = 0.0) -> EstimateResult:
@@ -176,24 +209,19 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     m = s.model
     gpu_gib = s.gpu.memory_gib
     limit = gpu_gib * (1 - memory_margin)
-    stall = checkpoint_stall_s(s, mem)
-    od = rel.reliability(stall, rel.job_mtbf_h(s.nodes, s.gpus_per_node, False), spot=False)
-    sp = rel.reliability(stall, rel.job_mtbf_h(s.nodes, s.gpus_per_node, True, spot_mtbf_h), spot=True)
     tps = step.tokens_per_s
-    compute_h = s.tokens / tps / 3600 if s.tokens else None
-    train_h = compute_h * (1 + od.overhead) if compute_h is not None else None
+    rc = run_cost(s, mem.checkpoint_bytes, tps, s.tokens or 1e9, spot_mtbf_h=spot_mtbf_h)
+    od, sp, od_price, spot_price, per_node = rc.od, rc.sp, rc.od_price, rc.spot_price, rc.per_node_usd_h
+    compute_h = rc.compute_h if s.tokens else None
+    train_h = rc.train_h if s.tokens else None
+    spot_hours = rc.spot_h if s.tokens else None
+    total = rc.total_usd if s.tokens else None
     steps = int(-(-s.tokens // s.tokens_per_step)) if s.tokens else None
-    od_price, spot_price = _price(s, "on-demand"), _price(s, "spot")
-    per_node = s.usd_per_hour or (od_price.usd_per_hour if od_price else None)
-    if s.spot and not s.usd_per_hour:
-        per_node = spot_price.usd_per_hour if spot_price else None
     spot_rate = spot_price.usd_per_hour if spot_price else None
     total_rate = per_node * s.nodes if per_node else None
-    spot_hours = compute_h * (1 + sp.overhead) if compute_h is not None else None
-    hours_for_cost = spot_hours if s.spot else train_h
-    total = total_rate * hours_for_cost if (total_rate and hours_for_cost is not None) else None
     spot_total = spot_rate * s.nodes * spot_hours if (spot_rate and spot_hours is not None) else None
-    per_btok = total_rate / (tps * 3600) * 1e9 * (1 + (sp.overhead if s.spot else od.overhead)) if total_rate else None
+    # the same arithmetic as total_usd, for 1B tokens: plan ranks by it when --tokens is not given
+    per_btok = run_cost(s, mem.checkpoint_bytes, tps, 1e9, spot_mtbf_h=spot_mtbf_h).total_usd
     interval = sp.interval_s if s.spot else od.interval_s
     warnings = list(s.notes)
     assumptions = [
@@ -207,13 +235,13 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         assumptions.append(m.derived)
     if s.instance is None:
         assumptions.append(f"no instance given: {s.gpus_per_node} x {s.gpu.name} per node, no price")
-    if od_price and od_price.suspect:
-        warnings.append(f"on-demand price of {s.instance.name} is marked suspect: {od_price.note}")
-    if spot_price and spot_price.suspect:
-        warnings.append(f"spot price of {s.instance.name} is marked suspect: {spot_price.note}")
+    for kind, p in (("on-demand", od_price), ("spot", spot_price)):
+        if p and p.suspect:
+            warnings.append(f"{kind} price of {s.instance.name} is marked suspect: "
+                            f"{p.note or 'verify it before buying'}")
     if od_price and od_price.usd_per_hour is None and not s.usd_per_hour:
-        warnings.append(f"no on-demand price for {s.instance.name} in the catalog "
-                        f"({od_price.note or 'unknown'}); give --usd-per-hour")
+        warnings.append(f"no on-demand price for {s.instance.name} in the catalog"
+                        + (f" ({od_price.note})" if od_price.note else "") + "; give --usd-per-hour")
     if s.spot and spot_price is None and s.instance is not None and not s.usd_per_hour:
         warnings.append(f"no spot price for {s.instance.name} in the catalog: the spot cost is unknown")
     ram = s.instance.ram_gib if s.instance else None

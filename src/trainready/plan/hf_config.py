@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError
 
 from .model_spec import ModelSpec
@@ -165,9 +166,9 @@ PARSERS: dict[str, Callable[[_Config], dict]] = {
 def from_dict(data: dict[str, Any], path: str = "<config>") -> ModelSpec:
     c = _Config(data, path)
     model_type = c.need("model_type")
-    parser = PARSERS.get(model_type)
+    parser = PARSERS.get(model_type) if isinstance(model_type, str) else None
     if parser is None:
-        raise UsageError(f"{path}: model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED)}")
+        raise UsageError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
     fields = parser(c)
     name = data.get("_name_or_path") or Path(path).parent.name or model_type
     try:
@@ -181,12 +182,13 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
+    text = read_user_text(p, "model config")
     try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read model config {p}: {exc.strerror or exc}") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{p}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{p}: not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise UsageError(f"{p}: expected a JSON object (a Hugging Face config.json)")
     return from_dict(data, str(p))

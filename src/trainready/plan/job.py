@@ -7,18 +7,23 @@ table with the resolved shape, so the file is self-contained. See docs/job-spec.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainready.catalog.loader import read_toml
+from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError
 
 from .model_spec import ModelSpec
 
 JOB_SCHEMA_VERSION = 1
+# Far beyond any real run, so a typo (an extra 0s, a float) is an error and not a silly answer.
+MAX_GPUS = 1 << 20
+MAX_BATCH = 1 << 24  # sequences
+MAX_SEQ_LEN = 1 << 24  # tokens
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -30,25 +35,25 @@ Method = Literal["full", "lora", "qlora"]
 class JobSpec(BaseModel):
     """A training job. Unset (None) fields are chosen by `plan` or defaulted by `estimate`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str | None = Field(None, description="preset name (see `trainready catalog models`)")
     model_config_path: str | None = Field(None, description="Hugging Face config.json read offline")
     params: float | None = Field(None, gt=0, description="generic dense decoder of this many parameters")
     model_spec: ModelSpec | None = Field(None, description="resolved shape (written by --save)")
     method: Method = "full"
-    lora_rank: int = Field(16, gt=0)
+    lora_rank: int = Field(16, gt=0, le=65536)
     instance: str | None = None
     gpu: str | None = None
-    gpus: int | None = Field(None, gt=0, description="total GPUs")
-    gpus_per_node: int | None = Field(None, gt=0)
+    gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="total GPUs")
+    gpus_per_node: int | None = Field(None, gt=0, le=1024)
     inter_node_gbps: float | None = Field(None, gt=0)
     strategy: Strategy = "fsdp"
-    tp: int = Field(1, gt=0)
-    pp: int = Field(1, gt=0)
-    micro_batch: int | None = Field(None, gt=0, description="sequences per GPU per forward")
-    global_batch: int | None = Field(None, gt=0, description="sequences per optimizer step")
-    seq_len: int | None = Field(None, gt=0)
+    tp: int = Field(1, gt=0, le=1024)
+    pp: int = Field(1, gt=0, le=1024)
+    micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per GPU per forward")
+    global_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per optimizer step")
+    seq_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN)
     precision: Precision | None = None
     optimizer_dtype: Literal["fp32", "bf16"] = "fp32"
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
@@ -61,7 +66,7 @@ class JobSpec(BaseModel):
     spot: bool = False
     region: str | None = None
     usd_per_hour: float | None = Field(None, gt=0, description="price per node-hour, overrides the catalog")
-    keep_hot: int = Field(2, ge=1, description="checkpoints kept on the hot tier")
+    keep_hot: int = Field(2, ge=1, le=1000, description="checkpoints kept on the hot tier")
 
 
 def save_job(job: JobSpec, path: str | Path) -> None:
@@ -78,16 +83,19 @@ def save_job(job: JobSpec, path: str | Path) -> None:
 
 def load_job(path: str | Path) -> JobSpec:
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read job file {p}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{p}: not valid TOML: {exc}") from None
-    version = data.pop("schema_version", None)
+    data = read_toml(read_user_text(p, "job file"), str(p))
+    expected = f"schema_version = {JOB_SCHEMA_VERSION}; `plan --save` and `estimate --save` write job files"
+    if not data:
+        raise UsageError(f"job file {p} is empty: a job spec starts with {expected}")
+    if "schema_version" not in data:
+        raise UsageError(f"job file {p} has no schema_version: a job spec starts with {expected}")
+    version = data.pop("schema_version")
     if version != JOB_SCHEMA_VERSION:
-        raise UsageError(f"{p}: schema_version {version!r} is not supported (expected {JOB_SCHEMA_VERSION})")
-    data.pop("kind", None)
+        raise UsageError(f"job file {p}: schema_version {version!r} is not supported; this trainready reads "
+                         f"schema_version = {JOB_SCHEMA_VERSION}")
+    kind = data.pop("kind", "trainready-job")
+    if kind != "trainready-job":
+        raise UsageError(f"job file {p}: kind {kind!r} is not a job spec (expected kind = \"trainready-job\")")
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:

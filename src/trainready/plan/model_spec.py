@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+MAX_PARAMS = 1e14  # 100x the largest dense model trained so far; a bigger count is a typo
+
 
 class ModelSpec(BaseModel):
     """The shape of a dense decoder-only transformer: enough to count parameters exactly
@@ -53,6 +55,9 @@ class ModelSpec(BaseModel):
             raise ValueError("SwiGLU MLPs use silu; GELU-style MLPs use gelu, gelu_tanh_composed or relu")
         if self.position == "learned" and self.max_seq_len is None:
             raise ValueError("learned positions need max_seq_len")
+        if self.param_count() > MAX_PARAMS:
+            raise ValueError(f"{self.param_count():.3g} parameters is more than the {MAX_PARAMS:.0e} this "
+                             f"planner models: check the shape's sizes")
         return self
 
     # --- shapes -------------------------------------------------------------------------

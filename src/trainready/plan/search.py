@@ -9,17 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.catalog import Catalog, Instance
 from trainready.errors import UsageError
 
-from .estimate import EstimateResult, assemble
+from .estimate import EstimateResult, assemble, run_cost
 from .job import JobSpec
 from .memory import GiB, estimate_memory
 from .performance import estimate_step
 from .recipe import Recipe, recipe_for
-from .setup import Setup, default_precision, default_seq_len, resolve_model
+from .setup import Setup, default_precision, default_seq_len, nearest_multiples, resolve_model
+from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -35,6 +36,8 @@ COMPLEXITY = 0.05  # TP/PP or offload must be 5% better than a plain data-parall
 
 class PlanRequest(BaseModel):
     """What to plan for: the job (model, method, tokens, batch) and the constraints."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     job: JobSpec
     by: Literal["cost", "time"] = "cost"
@@ -91,6 +94,8 @@ class _Best:
     mem: object
     step: object
     score: float
+    usd: float | None = None
+    hours: float = 0.0
 
 
 @dataclass
@@ -103,7 +108,7 @@ class _InstanceLog:
     network: str = ""
     batch: str = ""
     price: str = ""
-    constraint: list[str] = field(default_factory=list)
+    over_limits: list[_Best] = field(default_factory=list)  # fit, but beyond --max-usd or --deadline-hours
 
 
 def _global_batch(job: JobSpec, seq_len: int) -> int:
@@ -184,15 +189,12 @@ def largest_fitting_micro_batch(s: Setup) -> tuple[Setup, str]:
     return chosen, "micro-batch 1 (no --micro-batch given): even that does not fit"
 
 
-def _score(req: PlanRequest, s: Setup, tps: float) -> tuple[float, float | None, float]:
-    """(rank key, total usd or None, hours or usd-per-token proxy)."""
-    price = req.job.usd_per_hour
-    if price is None and s.instance is not None:
-        p = s.instance.price_for("spot" if req.job.spot else "on-demand", req.job.region)
-        price = p.usd_per_hour if p else None
-    tokens = req.job.tokens or 1e9
-    hours = tokens / tps / 3600
-    usd = price * s.nodes * hours if price else None
+def _score(req: PlanRequest, s: Setup, mem, tps: float) -> tuple[float, float | None, float]:
+    """(rank key, total usd or None, hours), for --tokens or else per 1B tokens: the very
+    figures the rows show (checkpoint and failure overheads included), so the ranking, the
+    limits and the table agree."""
+    rc = run_cost(s, mem.checkpoint_bytes, tps, req.job.tokens or 1e9, spot_mtbf_h=req.spot_mtbf_h)
+    usd, hours = rc.total_usd, rc.train_h
     if req.by == "time":
         return hours, usd, hours
     return (usd if usd is not None else float("inf")), usd, hours
@@ -225,7 +227,8 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                 n = nodes * base.gpus_per_node
                 dp = n // (tp * pp)
                 if gb % dp:
-                    log.batch = log.batch or f"global batch {gb} is not divisible by data-parallel size {dp}"
+                    log.batch = log.batch or (f"global batch {gb} is not divisible by data-parallel size {dp} "
+                                              f"(nearest valid: {nearest_multiples(gb, dp)})")
                     continue
                 per_dp = gb // dp
                 for ckpt in ("none", "full"):
@@ -249,7 +252,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                                                 f"per node at {nodes} node(s); {inst.name} has {inst.ram_gib:,.0f}")
                         continue
                     step = estimate_step(cand)
-                    key, usd, hours = _score(req, cand, step.tokens_per_s)
+                    key, usd, hours = _score(req, cand, mem, step.tokens_per_s)
                     if req.by == "cost" and usd is None:
                         model_name = "spot" if req.job.spot else "on-demand"
                         p = inst.price_for(model_name)
@@ -259,13 +262,12 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                         continue
                     log.fitted += 1
                     fitted_here = True
-                    if req.max_usd is not None and usd is not None and usd > req.max_usd:
-                        log.constraint.append(f"${usd:,.0f} > --max-usd {req.max_usd:,.0f}")
+                    found = _Best(cand, mem, step, key, usd, hours)
+                    if ((req.max_usd is not None and usd is not None and usd > req.max_usd)
+                            or (req.deadline_hours is not None and hours > req.deadline_hours)):
+                        log.over_limits.append(found)  # kept to say what the limits cost this instance
                         continue
-                    if req.deadline_hours is not None and hours > req.deadline_hours:
-                        log.constraint.append(f"{hours:,.1f} h > --deadline-hours {req.deadline_hours:g}")
-                        continue
-                    results.append(_Best(cand, mem, step, key))
+                    results.append(found)
     return results, log, searched
 
 
@@ -303,9 +305,46 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
             detail = (f"(least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
                       f"largest parts {log.smallest_parts} GiB){tail}")
         return f"{head} {detail}" + (f"; {log.network}" if log.network else "")
-    if log.constraint:
-        return "fits, but " + sorted(set(log.constraint), key=log.constraint.index)[0]
+    if log.over_limits:
+        return "fits, but " + _over_limits(req, log.over_limits)
     return "fits, ranked below the shown rows"
+
+
+def _over_limits(req: PlanRequest, over: list[_Best]) -> str:
+    """Why no setup of an instance meets --max-usd / --deadline-hours, in the figures the rows
+    would show: its cheapest and its fastest setup as the unconstrained plan picks them."""
+    priced = _best_per_nodes([c for c in over if c.usd is not None], lambda c: c.usd).values()
+    cheapest = min(priced, key=lambda c: (c.usd, c.hours)) if priced else None
+    fastest = min(_best_per_nodes(over, lambda c: c.hours).values(), key=lambda c: c.hours)
+    what = "costs" if req.job.tokens else "costs per 1B tokens"
+    parts = []
+    if req.max_usd is not None and cheapest is not None and cheapest.usd > req.max_usd:
+        parts.append(f"its cheapest setup ({_nodes(cheapest.setup.nodes)}) {what} {usd_text(cheapest.usd)} "
+                     f"> --max-usd {usd_text(req.max_usd)}")
+    if req.deadline_hours is not None and fastest.hours > req.deadline_hours:
+        parts.append(f"its fastest setup ({_nodes(fastest.setup.nodes)}) takes {hours_text(fastest.hours)} "
+                     f"> --deadline-hours {req.deadline_hours:g}")
+    if parts:
+        return "; ".join(parts)
+    return (f"no setup is within both --max-usd {usd_text(req.max_usd)} and --deadline-hours "
+            f"{req.deadline_hours:g}: the cheapest {what} {usd_text(cheapest.usd)} in {hours_text(cheapest.hours)}, "
+            f"the fastest takes {hours_text(fastest.hours)} for {usd_text(fastest.usd)}")
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+def _best_per_nodes(candidates: list[_Best], value=lambda c: c.score) -> dict[tuple[str, int], _Best]:
+    """The configuration kept per (instance, nodes) by `value` (the rank key unless told):
+    candidates come in order of simplicity, so the first stays unless a later one is clearly
+    better (by more than TIE, after the handicap for tensor/pipeline parallelism and offload)."""
+    best_per: dict[tuple[str, int], _Best] = {}
+    for c in candidates:
+        key = (c.setup.instance.name, c.setup.nodes)
+        if key not in best_per or _adjusted(c, value(c)) < _adjusted(best_per[key], value(best_per[key])) * (1 - TIE):
+            best_per[key] = c
+    return best_per
 
 
 def _zero3_at(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: int):
@@ -336,11 +375,11 @@ def _comm_bound(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes
     return step.exposed_comm_s / step.step_s > 0.3
 
 
-def _adjusted(c: _Best) -> float:
-    """Score with a handicap for what a user must build or buy extra: tensor/pipeline
+def _adjusted(c: _Best, value: float) -> float:
+    """A score with a handicap for what a user must build or buy extra: tensor/pipeline
     parallelism needs Megatron-style code, offload needs host RAM and a CPU optimizer."""
     penalty = 1.0 + COMPLEXITY * ((c.setup.tp > 1 or c.setup.pp > 1) + (c.setup.offload != "none"))
-    return c.score * penalty
+    return value * penalty
 
 
 def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult) -> str:
@@ -392,12 +431,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             excluded.append(Exclusion(instance=inst.name, reason=_exclusion_reason(req, inst, log, model, catalog)))
         candidates.extend(found)
     # best configuration per (instance, nodes), then the top rows overall
-    best_per: dict[tuple[str, int], _Best] = {}
-    for c in candidates:  # candidates come in order of simplicity: keep the first unless clearly better
-        key = (c.setup.instance.name, c.setup.nodes)
-        if key not in best_per or _adjusted(c) < _adjusted(best_per[key]) * (1 - TIE):
-            best_per[key] = c
-    ranked = sorted(best_per.values(), key=lambda c: (c.score, -c.step.tokens_per_s))
+    ranked = sorted(_best_per_nodes(candidates).values(), key=lambda c: (c.score, -c.step.tokens_per_s))
     rows: list[PlanRow] = []
     for i, c in enumerate(ranked[: req.top], start=1):
         est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,
@@ -409,10 +443,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         name = c.setup.instance.name
         if name in shown or any(o.instance == name for o in others):
             continue
-        _, usd, hours = _score(req, c.setup, c.step.tokens_per_s)
+        _, usd, hours = _score(req, c.setup, c.mem, c.step.tokens_per_s)
         others.append(Alternative(instance=name, nodes=c.setup.nodes, total_usd=usd if job.tokens else None,
                                   train_hours=hours if job.tokens else None, tokens_per_s=c.step.tokens_per_s))
-    notes = [f"global batch {gb} sequences of {seq_len} tokens ({gb * seq_len:,} tokens per step)"
+    notes = [f"global batch {gb} sequences of {seq_len} tokens ({count_text(gb * seq_len)} tokens per step)"
              + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)")]
     if not job.tokens:
         notes.append("no --tokens: costs are per 1B tokens")

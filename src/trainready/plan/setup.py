@@ -102,6 +102,12 @@ def default_global_batch(seq_len: int, dp: int, micro_batch: int) -> int:
     return max(unit, math.ceil(target / unit) * unit)
 
 
+def nearest_multiples(value: int, unit: int) -> str:
+    """The multiples of `unit` nearest to `value` from below and above, each once: "8" or "24 or 32"."""
+    below, above = value // unit * unit, (value // unit + 1) * unit
+    return " or ".join(str(v) for v in dict.fromkeys((below, above)) if v > 0)
+
+
 def _normalize_strategy(strategy: str) -> str:
     return "zero3" if strategy == "fsdp" else strategy
 
@@ -182,9 +188,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     global_batch = job.global_batch or default_global_batch(seq_len, dp, micro)
     if global_batch % (micro * dp):
         raise UsageError(f"global batch {global_batch} is not divisible by micro-batch {micro} x data-parallel "
-                         f"size {dp} = {micro * dp}; nearest valid: "
-                         f"{max(micro * dp, global_batch // (micro * dp) * micro * dp)} or "
-                         f"{(global_batch // (micro * dp) + 1) * micro * dp}")
+                         f"size {dp} = {micro * dp}; nearest valid: {nearest_multiples(global_batch, micro * dp)}")
     accum = global_batch // (micro * dp)
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
