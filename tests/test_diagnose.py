@@ -5,21 +5,24 @@ the out-of-memory estimate for a job, and arbitrary input that must never raise.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import typer
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
 from trainready.cli import diagnose_cmd
+from trainready.cli.main import app
 from trainready.errors import UsageError
+from trainready.io import redact
 from trainready.plan.job import JobSpec
-from trainready.run.diagnose import MAX_EVIDENCE, DiagnosisReport, diagnose_files, diagnose_text
+from trainready.run.diagnose import EVIDENCE_CHARS, MAX_EVIDENCE, DiagnosisReport, diagnose_files, diagnose_text
 
 LOGS = Path(__file__).parent / "fixtures" / "run" / "logs"
 REFERENCE = Path("/work/shared/reference/fixtures")
@@ -72,6 +75,25 @@ EXPECTED = {
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_fixture_gives_exactly_its_diagnoses(name):
     assert set(found(name)) == EXPECTED[name]
+
+
+def documented_rules() -> dict[str, set[str]]:
+    """docs/diagnose.md's rule table: rule id -> the names in its details column."""
+    table = (Path(__file__).parents[1] / "docs" / "diagnose.md").read_text().split("## Rules", 1)[1].split("###", 1)[0]
+    rows = [row.split(" | ") for row in table.splitlines() if row.startswith("| `")]
+    return {row[0].strip("| `"): set(re.findall(r"`([a-z_]+)`", row[-1])) for row in rows}
+
+
+def test_every_documented_rule_has_a_fixture_and_no_rule_is_undocumented():
+    fired = set().union(*EXPECTED.values())
+    assert fired == set(documented_rules())
+
+
+@pytest.mark.parametrize("name", sorted(n for n, ids in EXPECTED.items() if ids))
+def test_details_keys_are_documented(name):
+    rules = documented_rules()
+    for d in found(name).values():
+        assert set(d.details) <= rules[d.id], f"{d.id}: document {sorted(set(d.details) - rules[d.id])} in docs/diagnose.md"
 
 
 def test_every_fixture_is_covered_and_documented():
@@ -239,6 +261,15 @@ def test_cuda_oom_with_a_job_that_fits_blames_what_the_estimate_does_not_model()
     assert d.details["estimate_fits"] == "yes" and "does not model" in d.explanation
 
 
+def test_cuda_oom_with_a_job_the_estimate_rejects_says_why():
+    job = JobSpec(model="llama-2-7b", instance="p4d.24xlarge", tp=3)
+    d = found("cuda_oom.log", job=job)["cuda.oom"]
+    assert d.details["estimate_error"] == "--tp 3 must divide the number of attention heads (32)"
+    assert "estimate_peak_gib" not in d.details and "estimate_error" in documented_rules()["cuda.oom"]
+    assert d.explanation.endswith("could not be estimated, so no plan estimate is shown: "
+                                  "--tp 3 must divide the number of attention heads (32).")
+
+
 # ----------------------------------------------------------------- how workers died
 
 def test_sigkill_in_torchrun_summary_is_host_oom():
@@ -373,37 +404,29 @@ def test_odd_bytes_and_huge_lines_are_read(tmp_path):
 
 # --------------------------------------------------------------------------- CLI
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        """test root: the lead registers the command in cli/main.py"""
-
-    app.command("diagnose", help=diagnose_cmd.HELP)(diagnose_cmd.diagnose)
-    return app
+def trainready(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The installed command as a user runs it (through cli.main: its error and JSON-error paths)."""
+    return subprocess.run([sys.executable, "-m", "trainready", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd, env={**os.environ, "COLUMNS": "300", "TRAINREADY_DEBUG": ""})
 
 
 def test_cli_json_and_exit_codes():
     runner = CliRunner()
-    bad = runner.invoke(_app(), ["diagnose", str(LOGS / "nccl_watchdog_timeout.log"), "--json"])
+    bad = runner.invoke(app, ["diagnose", str(LOGS / "nccl_watchdog_timeout.log"), "--json"])
     assert bad.exit_code == 1, bad.output
     report = DiagnosisReport.model_validate_json(bad.stdout)
     assert report.schema_version == 1 and report.kind == "trainready-diagnose"
     assert json.loads(bad.stdout)["diagnoses"][0]["details"]["collective"] == "ALLREDUCE"
-    good = runner.invoke(_app(), ["diagnose", str(LOGS / "healthy_training.log"), "--json"])
+    good = runner.invoke(app, ["diagnose", str(LOGS / "healthy_training.log"), "--json"])
     assert good.exit_code == 0 and DiagnosisReport.model_validate_json(good.stdout).diagnoses == []
-    warn_only = runner.invoke(_app(), ["diagnose", str(LOGS / "torchrun_logdir")])
+    warn_only = runner.invoke(app, ["diagnose", str(LOGS / "torchrun_logdir")])
     assert warn_only.exit_code == 1 and "torchrun: a worker process failed" in warn_only.stdout
 
 
 def test_cli_missing_file_exits_2_without_traceback(tmp_path):
-    script = ("from trainready.cli import main, diagnose_cmd; "
-              "main.app.command('diagnose', help=diagnose_cmd.HELP)(diagnose_cmd.diagnose); main.run()")
-    proc = subprocess.run([sys.executable, "-c", script, "diagnose", str(tmp_path / "nope.log")],
-                          capture_output=True, text=True, timeout=60, env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 2 and "nope.log" in proc.stderr and "no such file" in proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
+    proc = trainready("diagnose", str(tmp_path / "nope.log"))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"error: cannot read log file {tmp_path / 'nope.log'}: no such file or directory\n"
 
 
 def test_cli_with_job_file(tmp_path):
@@ -411,9 +434,52 @@ def test_cli_with_job_file(tmp_path):
 
     job = tmp_path / "job.toml"
     save_job(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", strategy="ddp", micro_batch=8, seq_len=4096), job)
-    result = CliRunner().invoke(_app(), ["diagnose", str(LOGS / "cuda_oom.log"), "--job", str(job), "--json"])
+    result = CliRunner().invoke(app, ["diagnose", str(LOGS / "cuda_oom.log"), "--job", str(job), "--json"])
     assert result.exit_code == 1
     assert json.loads(result.stdout)["diagnoses"][0]["details"]["estimate_capacity_gib"] == 40.0
+
+
+BRACKETED = ("[rank0]:[E1 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+             "WorkNCCL(SeqNum=42, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=60000) ran for 60010 "
+             "milliseconds before timing out. [/x] [bold]x[/bold] :smile: [link=http://a]b[/link]")
+
+
+def test_brackets_in_log_text_and_file_names_print_as_written(tmp_path):
+    logdir = tmp_path / "[bold]r["  # a file name that is also Rich markup: `[bold]r[/x].log`
+    logdir.mkdir()
+    log = logdir / "x].log"
+    log.write_text(BRACKETED + "\n")
+    human = trainready("diagnose", str(log))
+    assert human.returncode == 1 and human.stderr == ""
+    assert f"read: {log}\n" in human.stdout
+    assert f"  {log}:1  {BRACKETED[:157]}..." in human.stdout  # the evidence line, cut at 160 characters
+    assert "error: NCCL collective timed out: a rank never joined it  [nccl.watchdog-timeout]\n" in human.stdout
+    as_json = trainready("diagnose", str(log), "--json")
+    assert as_json.returncode == 1 and as_json.stderr == ""
+    report = json.loads(as_json.stdout)
+    assert report["files"] == [str(log)]
+    assert report["diagnoses"][0]["evidence"] == [{"file": str(log), "line": 1, "text": BRACKETED[:EVIDENCE_CHARS]}]
+
+
+@pytest.mark.parametrize("name", ["[/x].log", "[bold]a.log", "[rank0]:.log"])
+def test_missing_file_with_brackets_is_named_as_written(tmp_path, name):
+    missing = tmp_path / name
+    message = f"cannot read log file {missing}: no such file or directory"
+    human = trainready("diagnose", str(missing))
+    assert (human.returncode, human.stdout, human.stderr) == (2, "", f"error: {message}\n")
+    as_json = trainready("diagnose", str(missing), "--json")
+    assert (as_json.returncode, as_json.stderr) == (2, f"error: {message}\n")
+    assert json.loads(as_json.stdout) == {"schema_version": 1, "error": {"message": message, "exit_code": 2}}
+
+
+def test_render_fits_80_columns_without_trailing_spaces():
+    console = Console(record=True, width=80, highlight=False, markup=False)
+    report = diagnose_files([LOGS / "nccl_socket_fallback_ec2.log", LOGS / "cuda_oom_fragmented.log"])
+    diagnose_cmd.render_diagnoses(console, report)
+    lines = console.export_text().splitlines()
+    assert max(len(x) for x in lines) <= 80 and [x for x in lines if x != x.rstrip()] == []
+    assert any(x.startswith("   - Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") for x in lines)
+    assert "  [0]ens3:172.31.10.182<0>" in "\n".join(lines)  # a long evidence line continues indented
 
 
 def test_render_prints_log_text_literally():
@@ -449,12 +515,33 @@ log_lines = st.one_of(st.text(max_size=80), st.sampled_from(SNIPPETS),
                       st.tuples(st.sampled_from(SNIPPETS), st.text(max_size=20), st.sampled_from(SNIPPETS)).map("".join))
 
 
+RULE_IDS = set().union(*EXPECTED.values())
+
+
+def check_report_invariants(diagnoses, lines: list[str], source: str) -> None:
+    """What holds for any input: known rule ids, evidence that quotes real lines of the input in order."""
+    for d in diagnoses:
+        assert d.id in RULE_IDS and d.severity in ("error", "warning")
+        assert d.count >= len(d.evidence) >= 1 and len(d.evidence) <= MAX_EVIDENCE
+        assert [e.line for e in d.evidence] == sorted(e.line for e in d.evidence)
+        for e in d.evidence:
+            assert e.file == source and 1 <= e.line <= len(lines)
+            assert len(e.text) <= EVIDENCE_CHARS
+            assert e.text == redact(lines[e.line - 1].strip())[:EVIDENCE_CHARS]  # the line itself
+    assert [d.severity for d in diagnoses] == sorted((d.severity for d in diagnoses), key=lambda s: s != "error")
+
+
 @given(st.lists(log_lines, max_size=40).map("\n".join))
-def test_arbitrary_text_never_raises(text):
-    for diagnosis in diagnose_text(text):
-        assert diagnosis.count >= len(diagnosis.evidence) >= 1
+def test_arbitrary_text_gives_well_formed_diagnoses(text):
+    check_report_invariants(diagnose_text(text), text.split("\n"), "<text>")
 
 
 @given(st.binary(max_size=2000))
-def test_arbitrary_bytes_never_raise(data):
-    diagnose_text(data.decode("utf-8", errors="replace"))
+def test_arbitrary_bytes_in_a_file_give_a_well_formed_report(tmp_path_factory, data):
+    path = tmp_path_factory.getbasetemp() / "arbitrary.log"
+    path.write_bytes(data)
+    report = diagnose_files([path])
+    assert report.files == [str(path)] and report.summary.endswith(
+        "in 1 file" if not report.diagnoses else f"({', '.join(d.id for d in report.diagnoses)})")
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    check_report_invariants(report.diagnoses, [x.rstrip("\r") for x in lines], str(path))

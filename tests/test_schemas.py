@@ -1,24 +1,229 @@
-"""The documented JSON schemas (docs/schemas) match what the code emits."""
+"""The documented JSON schemas (docs/schemas) hold for what trainready really prints and writes.
 
+docs/schemas has one schema for every `--json` output and every file trainready writes, generated
+from the pydantic models (`python -m trainready.schemas docs/schemas`). These tests hold the
+committed files to the two promises the README makes:
+- they are what the models generate now and they are committed (a model change without a docs
+  update fails, and so does a schema file that documents nothing);
+- each command, run as a user runs it on realistic input, prints (or writes) documents that
+  validate against the committed schema, with every field it prints documented: the schemas are
+  validated in a strict copy where an object takes no property its schema does not list.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
+from run_helpers import TINY_GPT, env_for_run, records, wait_for
 
 from trainready.schemas import ROOT_MODELS, SCHEMAS, render
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "schemas"
+LOGS = ROOT / "tests" / "fixtures" / "run" / "logs"
+BUNDLES = ROOT / "tests" / "fixtures" / "check" / "bundles"
 
+Outputs = dict[str, list[tuple[str, Any]]]  # schema name -> (what produced it, the document)
+
+
+# ------------------------------------------------------------ the committed files are the code's
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_committed_schema_matches_code(name):
-    committed = (DOCS / f"{name}.schema.json").read_text()
-    assert committed == render(name), (
+    path = DOCS / f"{name}.schema.json"
+    assert path.is_file(), f"docs/schemas/{name}.schema.json is missing: run `python -m trainready.schemas docs/schemas`"
+    assert path.read_text() == render(name), (
         f"docs/schemas/{name}.schema.json is stale: run `python -m trainready.schemas docs/schemas` "
         "and describe the change in docs/")
 
 
+def test_every_schema_file_documents_an_output():
+    assert sorted(p.name for p in DOCS.iterdir()) == sorted(f"{name}.schema.json" for name in SCHEMAS)
+
+
+def test_schema_files_are_tracked_by_git():
+    proc = subprocess.run(["git", "ls-files", "--", "docs/schemas"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"not a git checkout: {proc.stderr.strip()}")
+    assert sorted(Path(p).name for p in proc.stdout.split()) == sorted(f"{name}.schema.json" for name in SCHEMAS)
+
+
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_every_output_is_versioned(name):
-    if name in ROOT_MODELS:  # the job file carries schema_version outside the model; telemetry in every record
-        return
-    assert "schema_version" in SCHEMAS[name].model_json_schema()["properties"]
+def test_every_schema_is_a_valid_versioned_json_schema(name):
+    schema = json.loads((DOCS / f"{name}.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    if name in ROOT_MODELS:  # telemetry: one schema per record type, each versioned
+        members = [schema["$defs"][ref["$ref"].rsplit("/", 1)[-1]] for ref in schema["oneOf"]]
+    else:
+        members = [schema]
+    for member in members:
+        version = member["properties"]["schema_version"]
+        assert version.get("const", version.get("default")) == 1, member.get("title")
+
+
+# ------------------------------------------------------------ real outputs, run as a user runs them
+
+def strict(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object that lists its properties and says
+    nothing about others: a field the output has and the documentation lacks fails validation."""
+    if isinstance(schema, dict):
+        out = {key: strict(value) for key, value in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(value) for value in schema]
+    return schema
+
+
+def _no_constant(token: str) -> None:
+    raise AssertionError(f"not JSON: {token} (JSON has no NaN or Infinity)")
+
+
+def parse(text: str) -> Any:
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def trainready(*args: str, cwd: Path, expect: int = 0, timeout: float = 180) -> str:
+    proc = subprocess.run([sys.executable, "-m", "trainready", *args], cwd=cwd, env=env_for_run(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, f"trainready {' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def json_of(outputs: Outputs, name: str, *args: str, cwd: Path, expect: int = 0, timeout: float = 180) -> None:
+    outputs.setdefault(name, []).append((" ".join(args), parse(trainready(*args, cwd=cwd, expect=expect,
+                                                                          timeout=timeout))))
+
+
+def file_of(outputs: Outputs, name: str, path: Path) -> None:
+    text = path.read_text()
+    docs = [parse(line) for line in text.splitlines()] if path.suffix == ".jsonl" else \
+        [tomllib.loads(text)] if path.suffix == ".toml" else [parse(text)]
+    assert docs, path
+    outputs.setdefault(name, []).extend((str(path), doc) for doc in docs)
+
+
+@pytest.fixture(scope="module")
+def planning(tmp_path_factory) -> Outputs:
+    """catalog, estimate, plan, diagnose, job files and errors: each a few realistic invocations."""
+    cwd = tmp_path_factory.mktemp("planning")
+    out: Outputs = {}
+    for what in ("gpus", "instances", "models"):
+        json_of(out, f"catalog-{what}", "catalog", what, "--json", cwd=cwd)
+    json_of(out, "estimate", "estimate", "--model", "llama-2-13b", "--instance", "p4d.24xlarge", "--strategy", "fsdp",
+            "--tokens", "2e9", "--save", "estimated.toml", "--json", cwd=cwd)
+    json_of(out, "estimate", "estimate", "--model", "llama-2-70b", "--instance", "p4de.24xlarge", "--gpus", "32",
+            "--strategy", "fsdp", "--activation-checkpointing", "full", "--tokens", "2e10", "--spot", "--json", cwd=cwd)
+    json_of(out, "estimate", "estimate", "--params", "7e9", "--gpu", "h100-80gb", "--gpus", "8", "--method", "qlora",
+            "--json", cwd=cwd)  # no tokens, no price: the nulls
+    json_of(out, "plan", "plan", "--model", "llama-2-13b", "--tokens", "2e9", "--save", "planned.toml", "--json", cwd=cwd)
+    json_of(out, "plan", "plan", "--model", "llama-2-70b", "--tokens", "2e10", "--max-usd", "1", "--json", cwd=cwd,
+            expect=1)  # nothing fits
+    file_of(out, "job", cwd / "planned.toml")
+    file_of(out, "job", cwd / "estimated.toml")
+    json_of(out, "diagnose", "diagnose", str(LOGS / "cuda_oom.log"), "--job", "planned.toml", "--json", cwd=cwd, expect=1)
+    json_of(out, "diagnose", "diagnose", str(LOGS), "--json", cwd=cwd, expect=1)  # every rule
+    json_of(out, "diagnose", "diagnose", str(LOGS / "healthy_training.log"), "--json", cwd=cwd)
+    json_of(out, "error", "estimate", "--model", "no-such-model", "--json", cwd=cwd, expect=2)
+    json_of(out, "error", "plan", "--no-such-option", "--json", cwd=cwd, expect=2)
+    json_of(out, "error", "diagnose", "missing.log", "--json", cwd=cwd, expect=2)
+    json_of(out, "error", "ckpt", "verify", str(cwd / "nowhere"), "--json", cwd=cwd, expect=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory) -> Outputs:
+    """One real run stopped by SIGTERM after its first step (every run file, stop.json included, and a
+    checkpoint), then report and every ckpt command on it, and a one-point scaling run."""
+    cwd = tmp_path_factory.mktemp("training")
+    out: Outputs = {}
+    run_dir = cwd / "run"
+    with (cwd / "stderr.txt").open("w") as stderr:  # workers' output goes to stderr under --json
+        proc = subprocess.Popen([sys.executable, "-m", "trainready", "run", "--json", "--run-dir", str(run_dir),
+                                 "--nproc-per-node", "1", "--usd-per-hour", "3.5", "--", sys.executable, str(TINY_GPT),
+                                 "--steps", "100000"], cwd=cwd, env=env_for_run(), stdout=subprocess.PIPE, stderr=stderr,
+                                text=True)
+        try:
+            wait_for(lambda: any(r["type"] == "step" for r in records(run_dir)), 150, "the first step")
+        finally:
+            proc.send_signal(signal.SIGTERM)  # stopped like a spot reclaim: save, stop.json, exit 143
+            stdout, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 143, (cwd / "stderr.txt").read_text()[-3000:]
+    out["run-result"] = [("run --json, then SIGTERM", parse(stdout))]
+    assert out["run-result"][0][1]["reason"] == "signal"
+    json_of(out, "run-summary", "report", str(run_dir), "--json", cwd=cwd)
+    file_of(out, "run-summary", run_dir / "summary.json")
+    file_of(out, "run-info", run_dir / "run.json")
+    file_of(out, "run-stop", run_dir / "stop.json")
+    file_of(out, "run-telemetry", run_dir / "telemetry.jsonl")
+    ckpts = run_dir / "checkpoints"
+    (step_dir,) = sorted(ckpts.glob("step-*"))
+    file_of(out, "ckpt-manifest", step_dir / "manifest.json")
+    file_of(out, "ckpt-tensor-index", step_dir / "tensors.json")
+    file_of(out, "ckpt-lease", ckpts / "writer.json")
+    step = str(int(step_dir.name.split("-")[1]))
+    json_of(out, "ckpt-ls", "ckpt", "ls", str(ckpts), "--verify", "--json", cwd=cwd)
+    json_of(out, "ckpt-verify", "ckpt", "verify", str(ckpts), "--json", cwd=cwd)
+    json_of(out, "ckpt-pull", "ckpt", "pull", str(ckpts), "--step", step, "--to", "pulled", "--json", cwd=cwd)
+    json_of(out, "ckpt-prune", "ckpt", "prune", str(ckpts), "--keep", "1", "--dry-run", "--json", cwd=cwd)
+    json_of(out, "run-scaling", "run", "--scaling", "1", "--json", "--run-dir", str(cwd / "scaling"), "--",
+            sys.executable, str(TINY_GPT), "--steps", "3", cwd=cwd)
+    return out
+
+
+@pytest.fixture(scope="module")
+def node_and_data(tmp_path_factory) -> Outputs:
+    """check on a captured bundle and on a bundle collected here; data pack and bench on a small corpus."""
+    cwd = tmp_path_factory.mktemp("node")
+    out: Outputs = {}
+    json_of(out, "check", "check", "--bundle", str(BUNDLES / "p4d"), "--json", cwd=cwd)
+    trainready("check", "collect", "--out", "collected", cwd=cwd)
+    file_of(out, "check-bundle", cwd / "collected" / "manifest.json")
+    corpus = cwd / "corpus"
+    corpus.mkdir()
+    for part in range(3):
+        (corpus / f"part{part}.jsonl").write_text("".join(json.dumps({"text": f"doc {part} {n} " * 20}) + "\n"
+                                                          for n in range(100)))
+    json_of(out, "data-pack", "data", "pack", str(corpus), "--format", "jsonl", "--out", "packed", "--shard-size",
+            "64KiB", "--json", cwd=cwd)
+    file_of(out, "data-index", cwd / "packed" / "index.json")
+    json_of(out, "data-bench", "data", "bench", "packed", "--workers", "1", "--seconds", "1", "--plan-tokens-per-s",
+            "1", "--json", cwd=cwd)
+    return out
+
+
+PRODUCER = {"catalog-gpus": "planning", "catalog-instances": "planning", "catalog-models": "planning",
+            "estimate": "planning", "plan": "planning", "job": "planning", "diagnose": "planning", "error": "planning",
+            "run-result": "training", "run-summary": "training", "run-info": "training", "run-stop": "training",
+            "run-telemetry": "training", "run-scaling": "training", "ckpt-manifest": "training",
+            "ckpt-tensor-index": "training", "ckpt-lease": "training", "ckpt-ls": "training", "ckpt-verify": "training",
+            "ckpt-pull": "training", "ckpt-prune": "training",
+            "check": "node_and_data", "check-bundle": "node_and_data", "data-pack": "node_and_data",
+            "data-index": "node_and_data", "data-bench": "node_and_data"}
+
+
+def test_every_schema_has_a_real_output_below():
+    assert sorted(PRODUCER) == sorted(SCHEMAS)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_real_output_validates_against_the_documented_schema(name, request):
+    assert name in PRODUCER, f"{name}: add a command that produces it to PRODUCER"
+    documents = request.getfixturevalue(PRODUCER[name]).get(name, [])
+    assert documents, f"{name}: no output produced"
+    validator = jsonschema.Draft202012Validator(strict(json.loads((DOCS / f"{name}.schema.json").read_text())))
+    for origin, document in documents:
+        problems = [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(document)]
+        assert problems == [], f"{name} from `{origin}` does not match docs/schemas/{name}.schema.json:\n" + \
+            "\n".join(problems[:10])
+        assert document["schema_version"] == 1, origin  # job files and each telemetry record too

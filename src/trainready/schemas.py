@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -31,6 +32,13 @@ from trainready.store.manifest import Lease, Manifest
 from trainready.store.tensor_index import TensorIndex
 
 
+class JobFile(JobSpec):
+    """A job file (TOML from `plan --save` or `estimate --save`, read by `--job`). Unset fields: `plan` chooses them."""
+
+    schema_version: Literal[1]  # load_job refuses a file without it
+    kind: Literal["trainready-job"] = "trainready-job"
+
+
 class ErrorBody(BaseModel):
     message: str
     exit_code: int
@@ -44,7 +52,7 @@ class ErrorOutput(BaseModel):
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {
-    "estimate": EstimateResult, "plan": PlanResult, "job": JobSpec, "catalog-gpus": GpuList,
+    "estimate": EstimateResult, "plan": PlanResult, "job": JobFile, "catalog-gpus": GpuList,
     "catalog-instances": InstanceList, "catalog-models": ModelList, "error": ErrorOutput,
     "ckpt-ls": CheckpointListing, "ckpt-verify": VerifyReport, "ckpt-pull": PullResult, "ckpt-prune": PruneResult,
     "ckpt-manifest": Manifest, "ckpt-lease": Lease, "ckpt-tensor-index": TensorIndex, "check": CheckReport,
@@ -53,7 +61,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "run-stop": StopInfo, "run-telemetry": TelemetryLine, "diagnose": DiagnosisReport,
     "data-index": DataIndex, "data-pack": PackResult, "data-bench": DataBenchResult,
 }
-ROOT_MODELS = {"job", "run-telemetry"}  # versioned inside the file / in each record rather than a top-level field
+ROOT_MODELS = {"run-telemetry"}  # versioned in each record rather than a top-level field
 
 
 def render(name: str) -> str:

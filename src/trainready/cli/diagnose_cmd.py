@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.padding import Padding
-from rich.table import Table
 from rich.text import Text
 
 from . import options as o
@@ -53,28 +51,34 @@ def _clip(text: str, width: int = EVIDENCE_WIDTH) -> str:
 
 def render_diagnoses(console: Console, report: DiagnosisReport) -> None:
     """Each diagnosis: severity and title, evidence lines, explanation, fixes; then the summary line.
-    Log text is printed as plain Text, never as Rich markup (logs are full of [rank0]-style brackets)."""
+    Log text and file names are printed as plain Text, never as Rich markup (logs are full of [rank0]-style
+    brackets), wrapped to the console with hanging indents and no trailing spaces (output is pasted and piped)."""
     shown = ", ".join(report.files[:FILES_SHOWN]) + (f" (+{len(report.files) - FILES_SHOWN} more)"
                                                       if len(report.files) > FILES_SHOWN else "")
-    console.print(Text(f"read: {shown}", style="dim"))
+    _print_wrapped(console, Text(f"read: {shown}", style="dim"), "", "  ")
     for diagnosis in report.diagnoses:
         console.print()
-        heading = Text(f"{diagnosis.severity}: ", style=SEVERITY_STYLE[diagnosis.severity])
-        heading.append(diagnosis.title, style=SEVERITY_STYLE[diagnosis.severity])
+        style = SEVERITY_STYLE[diagnosis.severity]
+        heading = Text(f"{diagnosis.severity}: {diagnosis.title}", style=style)
         heading.append(f"  [{diagnosis.id}" + (f", {diagnosis.count} lines]" if diagnosis.count > 1 else "]"), style="dim")
-        console.print(heading)
+        _print_wrapped(console, heading, "", "  ")
         for ev in diagnosis.evidence:
-            console.print(Text(f"  {ev.file}:{ev.line}  {_clip(ev.text)}", style="dim"))
+            _print_wrapped(console, Text(f"{ev.file}:{ev.line}  {_clip(ev.text)}", style="dim"), "  ", "    ")
         if diagnosis.count > len(diagnosis.evidence):
             console.print(Text(f"  ... and {diagnosis.count - len(diagnosis.evidence)} more", style="dim"))
-        console.print(Padding(Text(diagnosis.explanation), (0, 0, 0, 2)))
-        fixes = Table.grid(padding=(0, 1))  # a hanging indent for each fix
-        fixes.add_column(no_wrap=True)
-        fixes.add_column()
+        _print_wrapped(console, Text(diagnosis.explanation), "  ", "  ")
         for fix in diagnosis.fixes:
-            fixes.add_row(" -", Text(fix))
-        console.print(Padding(fixes, (0, 0, 0, 2)))
+            _print_wrapped(console, Text(fix), "   - ", "     ")
     console.print()
     style = "bold red" if any(d.severity == "error" for d in report.diagnoses) else \
         "bold yellow" if report.diagnoses else "bold green"
-    console.print(Text(report.summary, style=style))
+    _print_wrapped(console, Text(report.summary, style=style), "", "  ")
+
+
+def _print_wrapped(console: Console, text: Text, first: str, rest: str) -> None:
+    """`text` wrapped to the console width after the prefix `first` (later lines after `rest`); a word
+    longer than a line (a path, a URL) is folded, never cut."""
+    width = max(console.width - max(len(first), len(rest)), 20)
+    for number, piece in enumerate(text.wrap(console, width, overflow="fold")):
+        piece.rstrip()
+        console.print(Text(first if number == 0 else rest) + piece, soft_wrap=True)

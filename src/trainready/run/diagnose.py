@@ -177,7 +177,9 @@ def add_memory_estimate(diagnosis: Diagnosis, job: JobSpec) -> None:
     try:
         memory = estimate_setup(resolve(job, catalog)).memory
     except TrainreadyError as exc:
-        diagnosis.details["estimate_error"] = str(exc)[:240]
+        reason = str(exc)[:240]
+        diagnosis.details["estimate_error"] = reason
+        diagnosis.explanation += f" The job file could not be estimated, so no plan estimate is shown: {reason.rstrip('.')}."
         return
     peak, capacity = round(memory.per_gpu_gib.peak, 1), round(memory.gpu_gib, 1)
     fitting: list[tuple[str, float]] = []
