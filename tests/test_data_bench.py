@@ -3,73 +3,159 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
 import subprocess
 import sys
 
 import pytest
 from run_helpers import env_for_run
 
-from trainready.data.bench import DataBenchResult
+from trainready.data.bench import DataBenchResult, planned_need
 from trainready.data.pack import pack
+
+SAMPLES = 400
+TEXT_BYTES = sum(len(("word " * (50 + i % 50)).strip()) for i in range(SAMPLES))
+NO_TORCH = ("import sys; sys.modules['torch'] = None  # as if torch were not installed\n"
+            "sys.argv = ['trainready', 'data', 'bench', *sys.argv[1:]]\n"
+            "from trainready.cli.main import run; run()")
+NEEDS_TORCH = ("trainready data bench reads through a torch DataLoader: pip install 'trainready[torch,data]' "
+               "(or your CUDA build of torch, then 'trainready[data]')")
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     src = tmp_path_factory.mktemp("src")
-    for i in range(400):
+    for i in range(SAMPLES):
         (src / f"doc{i:04d}.txt").write_text(("word " * (50 + i % 50)).strip())
     out = tmp_path_factory.mktemp("ds") / "ds"
-    pack(src, str(out), "text", 16 << 10)
+    pack(src, str(out), "text", 64 << 10)
     return out
 
 
-def bench(*args: str, env: dict | None = None) -> tuple[int, str, str]:
-    proc = subprocess.run([sys.executable, "-m", "trainready", "data", "bench", *args], capture_output=True, text=True,
-                          env=env_for_run(env), timeout=120)
+def bench(*args: str, env: dict | None = None, code: str | None = None) -> tuple[int, str, str]:
+    run = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "trainready", "data", "bench", *args]
+    proc = subprocess.run(run, capture_output=True, text=True, env=env_for_run(env), timeout=300)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def test_keeps_up_and_starves(packed):
-    code, out, _ = bench(str(packed), "--workers", "0", "--seconds", "5", "--plan-tokens-per-s", "1000", "--json")
+def test_keeps_up_reads_every_sample_cold_and_warm(packed):
+    code, out, err = bench(str(packed), "--workers", "0", "--seconds", "120", "--plan-tokens-per-s", "1", "--json")
+    assert (code, err) == (0, "")  # no progress bar in a pipe
     result = DataBenchResult.model_validate_json(out)
-    assert code == 0 and result.keeps_up and result.ratio > 1
-    assert result.cold.samples == result.warm.samples == 400 and result.cold.exhausted
-    assert result.tokens_counted_as == "bytes" and "no tokenizer" in result.verdict
-    code, out, _ = bench(str(packed), "--workers", "1", "--seconds", "5", "--plan-tokens-per-s", "1e12", "--json")
+    assert (result.url, result.format, result.workers, result.local) == (str(packed), "text", 0, True)
+    for p in (result.cold, result.warm):  # the time limit is far away: both passes read everything
+        assert (p.samples, p.exhausted) == (SAMPLES, True)
+        assert p.tokens_per_s == pytest.approx(TEXT_BYTES / p.seconds, rel=1e-2)
+        assert p.samples_per_s == pytest.approx(SAMPLES / p.seconds, rel=1e-2)
+    assert result.need.model_dump() == {"tokens_per_s_per_node": 1.0, "source": "--plan-tokens-per-s"}
+    assert result.keeps_up is True and result.ratio == pytest.approx(result.warm.tokens_per_s)
+    assert result.tokens_counted_as == "bytes" and result.verdict.startswith("this pipeline delivers ")
+    assert "bytes counted as tokens: no tokenizer" in result.verdict
+
+
+def test_starves_with_worker_processes(packed):
+    code, out, err = bench(str(packed), "--workers", "2", "--seconds", "120", "--plan-tokens-per-s", "1e12", "--json")
+    assert (code, err) == (1, "")
     result = json.loads(out)
-    assert code == 1 and result["keeps_up"] is False and "will starve the GPUs by" in result["verdict"]
+    assert result["workers"] == 2 and result["cold"]["samples"] == result["warm"]["samples"] == SAMPLES
+    assert result["keeps_up"] is False and result["ratio"] < 1e-3
+    assert result["verdict"].startswith("will starve the GPUs by 100%: ")
 
 
-def test_compares_with_the_plan_and_reads_s3(packed, s3_bucket):
+def test_table_at_80_columns(packed):
+    code, out, err = bench(str(packed), "--workers", "0", "--seconds", "120", env={"COLUMNS": "80"})
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"{packed} (text, 0 workers, local: read in place)"
+    assert all(len(line) <= 80 for line in lines[1:]) and "…" not in out and "None" not in out
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in lines if line.startswith("│")}
+    assert rows == {"cold (all read)": f"{SAMPLES}", "warm (all read)": f"{SAMPLES}"}
+    after = lines.index("tokens/s: bytes counted as tokens (text/JSONL, no tokenizer here)") + 1
+    verdict = " ".join(line.strip() for line in lines[after:])  # wrapped at 80 columns between words
+    assert re.fullmatch(r"delivers [\d,]+ tokens/s warm \(400 samples read; bytes counted as tokens: no tokenizer\); "
+                        r"give --job or --plan-tokens-per-s to compare", verdict)
+
+
+def test_progress_shows_on_a_terminal_only(packed):
+    """The bar goes to stderr when it is a terminal (above: silent in a pipe)."""
+    primary, secondary = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "trainready", "data", "bench", str(packed), "--workers", "0",
+                               "--seconds", "120"], stdout=subprocess.PIPE, stderr=secondary, text=True,
+                              env=env_for_run({"TERM": "xterm"}), timeout=300)
+        os.close(secondary)
+        secondary = -1
+        terminal = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the other side is closed and everything was read
+                break
+            if not chunk:
+                break
+            terminal += chunk
+    finally:
+        os.close(primary)
+        if secondary >= 0:
+            os.close(secondary)
+    assert proc.returncode == 0 and "cold (all read)" in proc.stdout
+    assert "reading cold, then warm (seconds of 240)" in terminal.decode(errors="replace")
+
+
+def test_compares_with_the_plan_and_reads_s3(packed, s3_bucket, tmp_path):
+    from trainready.plan.job import JobSpec
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(50):  # ~1 MB: read in well under a second, against a need of ~28,000 tokens/s
+        (src / f"d{i:02d}.txt").write_text("x" * (20_000 + i))
     url = f"s3://{s3_bucket}/ds"
-    pack(_src_of(packed), url, "text", 16 << 10)
-    code, out, err = bench(url, "--workers", "0", "--seconds", "5", "--model", "llama-2-7b", "--instance", "p4d.24xlarge")
-    assert code in (0, 1), err
-    assert "cold" in out and "warm" in out and "plan: llama-2-7b" in " ".join(out.split())
-    assert not result_is_local(url)
+    pack(src, url, "text", 256 << 10)
+    code, out, err = bench(url, "--workers", "0", "--seconds", "120", "--model", "llama-2-7b", "--instance",
+                           "p4d.24xlarge", "--json")
+    assert (code, err) == (0, "")
+    result = DataBenchResult.model_validate_json(out)
+    need = planned_need(None, JobSpec(model="llama-2-7b", instance="p4d.24xlarge"))
+    assert result.need == need and need.source.startswith("plan: llama-2-7b on 8 x a100-40gb per node (1 node(s)")
+    assert result.local is False and result.cold.samples == result.warm.samples == 50
+    assert result.keeps_up is True and result.ratio == pytest.approx(result.warm.tokens_per_s / need.tokens_per_s_per_node)
 
 
-def _src_of(packed):
-    src = packed.parent / "again"
-    src.mkdir(exist_ok=True)
-    for i in range(50):
-        (src / f"d{i}.txt").write_text("x" * (100 + i))
-    return src
+def test_a_corrupt_shard_read_by_a_worker_is_one_line_exit_1(packed, tmp_path):
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    shard = ds / "shards" / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code, out, err = bench(str(ds), "--workers", "2", "--seconds", "120")
+    assert (code, out) == (1, "")
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"error: DataLoader worker 0: shard shards/shard-000001.tar ({shard}) is corrupt: sha256 ")
 
 
-def result_is_local(url: str) -> bool:
-    from trainready.data.index_io import is_local, open_dataset
+def test_without_torch_is_a_usage_error_saying_what_to_install(packed):
+    code, out, err = bench(str(packed), code=NO_TORCH)
+    assert (code, out, err) == (2, "", f"error: {NEEDS_TORCH}\n")
+    code, out, _ = bench(str(packed), "--json", code=NO_TORCH)
+    assert code == 2 and json.loads(out) == {"schema_version": 1, "error": {"message": NEEDS_TORCH, "exit_code": 2}}
 
-    return is_local(open_dataset(url)[0])
 
-
-@pytest.mark.parametrize("args, words", [
-    (["/nonexistent/ds"], "/nonexistent/ds"),
-    (["{ds}", "--model", "llama-2-7b"], "--model and --instance go together"),
-    (["{ds}", "--plan-tokens-per-s", "5", "--model", "llama-2-7b", "--instance", "p4d.24xlarge"], "one of"),
-    (["{ds}", "--model", "llama-2-7x", "--instance", "p4d.24xlarge"], "Did you mean"),
+@pytest.mark.parametrize("args, message", [
+    (["/nonexistent/ds"], "no packed dataset at /nonexistent/ds: nothing exists at /nonexistent/ds. Pack one with "
+                          "`trainready data pack SRC --out URL`."),
+    (["{ds}", "--model", "llama-2-7b"], "--model and --instance go together (or use --job / --plan-tokens-per-s)"),
+    (["{ds}", "--plan-tokens-per-s", "5", "--model", "llama-2-7b", "--instance", "p4d.24xlarge"],
+     "compare with one of --plan-tokens-per-s, --job, or --model with --instance"),
+    (["{ds}", "--plan-tokens-per-s", "0"], "--plan-tokens-per-s 0: must be > 0"),
+    (["{ds}", "--model", "llama-2-7x", "--instance", "p4d.24xlarge"],
+     "unknown model 'llama-2-7x'. Did you mean: llama-2-7b, llama-2-70b, llama-3-70b?"),
 ])
-def test_usage_errors(packed, args, words):
-    code, _, err = bench(*(a.format(ds=packed) for a in args))
-    assert code == 2 and words in " ".join(err.split())
+def test_usage_errors(packed, args, message):
+    code, out, err = bench(*(a.format(ds=packed) for a in args))
+    assert (code, out) == (2, "") and err.startswith(f"error: {message}") and len(err.splitlines()) == 1

@@ -69,16 +69,24 @@ def read_back(out: Path) -> tuple[DataIndex, list[tuple[str, bytes]]]:
     return index, members
 
 
+def tar_size(payloads: list[int]) -> int:
+    """A shard file's size, counted from the tar format: per member a 512-byte header and its data
+    padded to 512 bytes; then two zero blocks, and the whole padded to a 10 KiB record."""
+    members = sum(512 + -(-n // 512) * 512 for n in payloads)
+    return -(-(members + 1024) // 10240) * 10240
+
+
 def check_shard_sizes(index: DataIndex, members: list[tuple[str, bytes]], limit: int) -> None:
-    """Each shard holds at most `limit` payload bytes (unless it is one oversized sample), and is
-    closed only because the next sample would not fit."""
+    """Each shard file is at most `limit` bytes, tar headers included (unless it is one oversized
+    sample), and is closed only because the next sample would not fit."""
     at = 0
     for i, shard in enumerate(index.shards):
         payload = [len(data) for _, data in members[at:at + shard.samples]]
         at += shard.samples
-        assert sum(payload) <= limit or shard.samples == 1
+        assert shard.bytes == tar_size(payload)
+        assert shard.bytes <= limit or shard.samples == 1
         if i + 1 < len(index.shards):
-            assert sum(payload) + len(members[at][1]) > limit
+            assert tar_size([*payload, len(members[at][1])]) > limit
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +102,11 @@ def _no_fault(monkeypatch):
 
 def test_text_tree_every_file_once_in_order(text_src, tmp_path):
     src, expected = text_src
-    result = pack(src, str(tmp_path / "ds"), "text", 2000)
+    result = pack(src, str(tmp_path / "ds"), "text", 20 << 10)
     index, members = read_back(tmp_path / "ds")
     assert [name for name, _ in members] == [f"{i:012d}.txt" for i in range(len(expected))]
     assert [data for _, data in members] == expected
-    check_shard_sizes(index, members, 2000)
+    check_shard_sizes(index, members, 20 << 10)
     assert index.complete and index.tokens_counted_as == "bytes" and index.source.files == 300
     assert result.status == "packed" and result.shards_written == result.shards_total == len(index.shards) > 5
     assert result.samples_total == 300 and result.tokens_total == sum(map(len, expected)) == index.total_tokens
@@ -109,12 +117,12 @@ def test_text_tree_every_file_once_in_order(text_src, tmp_path):
 def test_oversized_sample_gets_a_shard_of_its_own(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name, size in [("a", 10), ("b", 10), ("c", 500), ("d", 10), ("e", 10)]:
+    for name, size in [("a", 10), ("b", 10), ("c", 12_000), ("d", 10), ("e", 10)]:
         (src / name).write_bytes(b"x" * size)
-    pack(src, str(tmp_path / "ds"), "text", 100)
+    pack(src, str(tmp_path / "ds"), "text", 10240)
     index, members = read_back(tmp_path / "ds")
-    assert [s.samples for s in index.shards] == [2, 1, 2]
-    check_shard_sizes(index, members, 100)
+    assert [(s.samples, s.bytes) for s in index.shards] == [(2, 10240), (1, 20480), (2, 10240)]
+    check_shard_sizes(index, members, 10240)
 
 
 def test_jsonl_lines_are_samples_and_other_files_are_skipped(tmp_path):
@@ -186,7 +194,7 @@ def test_webdataset_reads_our_shards(text_src, tmp_path):
     import webdataset as wds
 
     src, expected = text_src
-    pack(src, str(tmp_path / "ds"), "text", 4000)
+    pack(src, str(tmp_path / "ds"), "text", 16 << 10)
     index, _ = load_index(str(tmp_path / "ds"))[:2]
     urls = [shard_url(str(tmp_path / "ds"), s.name) for s in index.shards]
     seen = [(s["__key__"], s["txt"]) for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
@@ -196,22 +204,22 @@ def test_webdataset_reads_our_shards(text_src, tmp_path):
 def test_s3_pack_matches_local_bytes(text_src, tmp_path, s3_bucket):
     src, _ = text_src
     url = f"s3://{s3_bucket}/ds"
-    result = pack(src, url, "text", 8000)
-    local = pack(src, str(tmp_path / "ds"), "text", 8000)
+    result = pack(src, url, "text", 32 << 10)
+    local = pack(src, str(tmp_path / "ds"), "text", 32 << 10)
     index, fs, root = load_index(url)
     assert index.complete and result.shards_total == local.shards_total == len(index.shards)
     local_index, _ = read_back(tmp_path / "ds")
     assert index == local_index
     for shard in index.shards:
         assert fs.cat_file(shard_url(root, shard.name)) == (tmp_path / "ds" / shard.name).read_bytes()
-    assert pack(src, url, "text", 8000).status == "already packed"
+    assert pack(src, url, "text", 32 << 10).status == "already packed"
 
 
 def test_s3_missing_bucket_is_a_usage_error(text_src, s3_bucket):
     src, _ = text_src
     url = f"s3://{s3_bucket}-missing/ds"
     with pytest.raises(UsageError, match=rf"{url}: writing index.json failed"):
-        pack(src, url, "text", 8000)
+        pack(src, url, "text", 32 << 10)
     with pytest.raises(UsageError, match=f"nothing exists at {url}"):
         load_index(url)
 
@@ -225,12 +233,12 @@ def _pack_killed_at(fault: str, src: Path, url: str, size: int) -> None:
 @pytest.mark.parametrize(("fault", "committed"), [("data.shard_uploaded#3", 2), ("data.index_written#2", 2)])
 def test_killed_pack_resumes_to_the_same_bytes(text_src, tmp_path, fault, committed):
     src, _ = text_src
-    _pack_killed_at(fault, src, str(tmp_path / "ds"), 2000)
+    _pack_killed_at(fault, src, str(tmp_path / "ds"), 20 << 10)
     interrupted = DataIndex.model_validate_json((tmp_path / "ds" / INDEX).read_bytes())
     assert len(interrupted.shards) == committed and not interrupted.complete
-    resumed = pack(src, str(tmp_path / "ds"), "text", 2000)
+    resumed = pack(src, str(tmp_path / "ds"), "text", 20 << 10)
     assert resumed.status == "resumed" and resumed.resumed_from_shard == committed
-    clean = pack(src, str(tmp_path / "clean"), "text", 2000)
+    clean = pack(src, str(tmp_path / "clean"), "text", 20 << 10)
     assert resumed.shards_written == clean.shards_total - committed
     assert (tmp_path / "ds" / INDEX).read_bytes() == (tmp_path / "clean" / INDEX).read_bytes()
     assert sorted(os.listdir(tmp_path / "ds" / "shards")) == sorted(os.listdir(tmp_path / "clean" / "shards"))
@@ -243,10 +251,10 @@ def test_killed_pack_resumes_to_the_same_bytes(text_src, tmp_path, fault, commit
 def test_killed_s3_pack_resumes(text_src, tmp_path, s3_bucket):
     src, _ = text_src
     url = f"s3://{s3_bucket}/ds"
-    _pack_killed_at("data.shard_uploaded#3", src, url, 4000)
+    _pack_killed_at("data.shard_uploaded#3", src, url, 16 << 10)
     assert len(load_index(url)[0].shards) == 2
-    assert pack(src, url, "text", 4000).resumed_from_shard == 2
-    pack(src, str(tmp_path / "clean"), "text", 4000)
+    assert pack(src, url, "text", 16 << 10).resumed_from_shard == 2
+    pack(src, str(tmp_path / "clean"), "text", 16 << 10)
     assert load_index(url)[0] == read_back(tmp_path / "clean")[0]
 
 
@@ -262,7 +270,7 @@ def test_changed_source_and_restart(tmp_path):
         pack(src, out, "text", 200)
     with pytest.raises(UsageError, match="packed as --format text, not jsonl"):
         pack(src / "20.txt", out, "jsonl", 200)
-    result = pack(src, out, "text", 1000, restart=True)   # fewer, bigger shards: the old ones must go
+    result = pack(src, out, "text", 20 << 10, restart=True)   # 2 shards, not 20: the old ones must go
     assert result.status == "packed" and result.samples_total == 21
     index, members = read_back(tmp_path / "ds")
     assert sorted(os.listdir(tmp_path / "ds" / "shards")) == [s.name.split("/")[-1] for s in index.shards]
@@ -271,13 +279,13 @@ def test_changed_source_and_restart(tmp_path):
 
 def test_packing_twice_is_idempotent(text_src, tmp_path):
     src, _ = text_src
-    pack(src, str(tmp_path / "ds"), "text", 5000)
+    pack(src, str(tmp_path / "ds"), "text", 50 << 10)
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "ds").rglob("*")}
-    again = pack(src, str(tmp_path / "ds"), "text", 5000)
+    again = pack(src, str(tmp_path / "ds"), "text", 50 << 10)
     assert again.status == "already packed" and again.shards_written == 0 and again.samples_total == 300
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "ds").rglob("*")} == before
-    with pytest.raises(UsageError, match="--shard-size 5000 bytes, not 6000"):
-        pack(src, str(tmp_path / "ds"), "text", 6000)
+    with pytest.raises(UsageError, match="--shard-size 51200 bytes, not 61440"):
+        pack(src, str(tmp_path / "ds"), "text", 60 << 10)
 
 
 def test_bad_sources(tmp_path):
@@ -322,11 +330,11 @@ def test_cli_json_and_table(text_src, tmp_path):
     root.add_typer(data_cmd.app, name="data")
     src, _ = text_src
     runner = CliRunner()
-    result = runner.invoke(root, ["data", "pack", str(src), "--out", str(tmp_path / "ds"), "--shard-size", "4KiB", "--json"])
+    result = runner.invoke(root, ["data", "pack", str(src), "--out", str(tmp_path / "ds"), "--shard-size", "64KiB", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["kind"] == "trainready-data-pack" and report["samples_total"] == 300 and report["status"] == "packed"
-    again = runner.invoke(root, ["data", "pack", str(src), "--out", str(tmp_path / "ds"), "--shard-size", "4KiB"])
+    again = runner.invoke(root, ["data", "pack", str(src), "--out", str(tmp_path / "ds"), "--shard-size", "64KiB"])
     assert again.exit_code == 0 and "already packed" in again.stdout and "counted as bytes" in again.stdout
 
 
@@ -342,3 +350,59 @@ def test_cli_usage_errors_exit_2_without_traceback(tmp_path):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert json.loads(proc.stdout)["error"]["exit_code"] == 2
+
+
+def test_small_shard_size_is_warned_with_the_reason(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        (src / f"{i:02d}.txt").write_bytes(b"z" * 300)
+    one_each = pack(src, str(tmp_path / "ds1"), "text", 1)
+    assert one_each.shards_total == one_each.samples_total == 12  # as asked, but said
+    assert one_each.notes == ["--shard-size 1 byte is under 1 MiB and makes one shard per sample (a tar shard is at "
+                              "least 10 KiB): every shard is one object to fetch, and per-object request overhead "
+                              "(~10-50 ms per GET on S3) then dominates reading; 100 MiB to 1 GiB suits object storage"]
+    few = pack(src, str(tmp_path / "ds2"), "text", 10 << 10)  # 9 members of 1 KiB (header + padded data) fit
+    assert [s.samples for s in read_back(tmp_path / "ds2")[0].shards] == [9, 3]
+    assert few.notes[0].startswith("--shard-size 10,240 bytes is under 1 MiB and makes shards of a few samples: ")
+    assert pack(src, str(tmp_path / "ds3"), "text", 1 << 20).notes == []
+    assert pack(src, str(tmp_path / "ds1"), "text", 1).notes == []  # already packed: nothing new to warn about
+
+
+def test_cli_warns_before_packing_and_keeps_tables_whole_at_80_columns(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.txt").write_bytes(b"w" * 10)
+    out = tmp_path / ("a-long-directory-name-so-that-the-dataset-url-does-not-fit-in-eighty-columns" * 2)
+    proc = subprocess.run([sys.executable, "-c", CLI, "pack", str(src), "--out", str(out), "--shard-size", "1"],
+                          capture_output=True, text=True, timeout=60, env=subprocess_env(COLUMNS="80"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("warning: --shard-size 1 byte is under 1 MiB and makes one shard per sample")
+    assert len(proc.stderr.splitlines()) == 1  # said once: not repeated as a note after the table
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"{out}: packed"
+    assert all(len(line) <= 80 for line in lines[1:]) and "None" not in proc.stdout and "…" not in proc.stdout
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in lines if line.startswith("│")}
+    assert (rows["shards"], rows["samples"], rows["bytes"]) == ("3 (3 written now)", "3", "30.0 KiB")
+    json_run = subprocess.run([sys.executable, "-c", CLI, "pack", str(src), "--out", str(tmp_path / "j"), "--shard-size",
+                               "1", "--json"], capture_output=True, text=True, timeout=60, env=subprocess_env())
+    assert (json_run.returncode, json_run.stderr) == (0, "")
+    assert json.loads(json_run.stdout)["notes"][0].startswith("--shard-size 1 byte is under 1 MiB")
+
+
+def test_cli_help_says_what_the_shard_size_counts():
+    proc = subprocess.run([sys.executable, "-c", CLI, "pack", "--help"], capture_output=True, text=True, timeout=60,
+                          env=subprocess_env(COLUMNS="250"))
+    assert proc.returncode == 0
+    assert ("Largest shard file, tar headers and padding included (e.g. 256MiB, 64MB, 1GiB, 1000000 (bytes)); a sample "
+            "too big for it gets a shard of its own. Under 1MiB: a warning (per-object request overhead).") in \
+        " ".join(proc.stdout.replace("│", " ").split())
+
+
+def test_tokens_without_numpy_is_a_usage_error(tmp_path):
+    code = "import sys; sys.modules['numpy'] = None\n" + CLI
+    proc = subprocess.run([sys.executable, "-c", code, "pack", str(tmp_path), "--out", str(tmp_path / "ds"), "--format",
+                           "tokens"], capture_output=True, text=True, timeout=60, env=subprocess_env())
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "error: --format tokens needs numpy: pip install 'trainready[data]'\n"

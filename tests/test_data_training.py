@@ -32,7 +32,7 @@ def dataset(tmp_path_factory, moto):
     boto3.client("s3", endpoint_url=moto.url, aws_access_key_id="testing", aws_secret_access_key="testing-secret",
                  region_name="us-east-1").create_bucket(Bucket="tiny-data")
     out = subprocess.run([sys.executable, "-m", "trainready", "data", "pack", str(src), "--format", "tokens",
-                          "--out", "s3://tiny-data/tiny", "--shard-size", "7KiB", "--json"],
+                          "--out", "s3://tiny-data/tiny", "--shard-size", "60KiB", "--json"],
                          env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["shards_total"] >= 3

@@ -13,7 +13,7 @@ from rich.table import Table
 from trainready.errors import UsageError
 
 from . import options as o
-from .console import emit_json, err, line, out, styled
+from .console import emit_json, err, line, out, progress, styled
 from .render import _size  # one byte-size format for every table
 
 if TYPE_CHECKING:
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 WHERE = ("--out is a local directory, file:///path, or s3://bucket/prefix (AWS_ENDPOINT_URL_S3 for other S3 endpoints); "
          "the dataset is tar shards plus index.json (docs/data.md).")
 CODES = ("Exit codes: 0 ok (packed, resumed, or already packed); 2 usage error (SRC missing, empty or unreadable, "
-         "bad --shard-size, a JSONL line that is not JSON, a .npy that is not uint16/uint32, SRC changed since packing "
-         "started, --out unreachable or not writable); 3 internal error.")
+         "bad --shard-size, a JSONL line that is not JSON, a .npy that is not uint16/uint32, --format tokens without "
+         "numpy, SRC changed since packing started, --out unreachable or not writable); 3 internal error.")
 SIZE_EXAMPLES = "e.g. 256MiB, 64MB, 1GiB, 1000000 (bytes)"
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -55,10 +55,11 @@ def parse_size(text: str) -> int:
     return size
 
 
-def render_pack(result: PackResult) -> None:
-    table = Table(title=f"{result.url}: {result.status}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
+def render_pack(result: PackResult, skip_note: str | None = None) -> None:
+    out.print(f"{result.url}: {result.status}", soft_wrap=True)  # a URL is never cut, whatever the width
+    table = Table(show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     table.add_row("format", result.format + (f" ({result.token_dtype})" if result.token_dtype else ""))
     table.add_row("shards", f"{result.shards_total} ({result.shards_written} written now"
                   + (f", resumed at shard {result.resumed_from_shard})" if result.resumed_from_shard is not None else ")"))
@@ -72,6 +73,8 @@ def render_pack(result: PackResult) -> None:
     table.add_row("seconds", f"{result.seconds:.1f}")
     out.print(table)
     for note in result.notes:
+        if note == skip_note:
+            continue
         err.print(line(("note:", "yellow"), f" {note}"), soft_wrap=True)
 
 
@@ -84,28 +87,35 @@ def render_pack(result: PackResult) -> None:
                   f"{WHERE}\n\n{CODES}")
 def pack_cmd(src: Annotated[Path, typer.Argument(metavar="SRC", help="Directory (or one .jsonl/.npy file) to pack.", show_default=False)],
              out_url: Annotated[str, typer.Option("--out", help="Dataset location: local directory or s3://bucket/prefix.", show_default=False)],
-             shard_size: Annotated[str, typer.Option("--shard-size", help=f"Sample bytes per shard ({SIZE_EXAMPLES}); a larger sample gets a shard of its own.")] = "256MiB",
+             shard_size: Annotated[str, typer.Option("--shard-size", help=f"Largest shard file, tar headers and padding included ({SIZE_EXAMPLES}); a sample too big for it gets a shard of its own. Under 1MiB: a warning (per-object request overhead).")] = "256MiB",
              fmt: Annotated[DataFormat, typer.Option("--format", help="What a sample is: a whole text file, a JSONL line, or a token array/row.")] = DataFormat.text,
              restart: Annotated[bool, typer.Option("--restart", help="Delete what an earlier pack to --out wrote and start over.")] = False,
              json_out: o.Json = False) -> None:
-    from trainready.data.pack import pack
+    from trainready.data.pack import pack, shard_size_note
 
     size = parse_size(shard_size)
+    small = shard_size_note(size)
+    if small and not json_out:  # said before the work starts (--json: in the result's notes)
+        err.print(line(("warning:", "yellow"), f" {small}"), soft_wrap=True)
+    with progress("packing", as_json=json_out, unit="bytes") as sink:
+        reported = 0
+
+        def advance(done: int, total: int) -> None:  # pack reports (source bytes done, total)
+            nonlocal reported
+            sink.set_total(total)
+            sink.advance(done - reported)
+            reported = done
+
+        result = pack(src, out_url, fmt.value, size, restart=restart, progress=advance)
     if json_out:
-        emit_json(pack(src, out_url, fmt.value, size, restart=restart))
+        emit_json(result)
         return
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-    with Progress(TextColumn("packing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=err, transient=True) as bar:
-        task = bar.add_task("pack", total=None)
-        result = pack(src, out_url, fmt.value, size, restart=restart,
-                      progress=lambda done, total: bar.update(task, completed=done, total=total))
-    render_pack(result)
+    render_pack(result, skip_note=small)
 
 
-BENCH_CODES = ("Exit codes: 0 the pipeline keeps up (or nothing to compare with); 1 it would starve the GPUs; "
-               "2 usage error (no dataset at URL, bad option, unknown model/instance); 3 internal error.")
+BENCH_CODES = ("Exit codes: 0 the pipeline keeps up (or nothing to compare with); 1 it would starve the GPUs, or a "
+               "shard is corrupt or missing; 2 usage error (no dataset at URL, bad option, unknown model/instance, "
+               "torch not installed); 3 internal error.")
 
 
 @app.command("bench", short_help="Measure read speed, cold and warm, against what the planned GPUs consume.",
@@ -132,7 +142,9 @@ def bench_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="Packed dat
     if (model is None) != (instance is None):
         raise UsageError("--model and --instance go together (or use --job / --plan-tokens-per-s)")
     spec = load_job(job) if job else (JobSpec(model=model, instance=instance) if model else None)
-    result = bench(url, workers=workers, seconds=seconds, tokens_per_s=plan_tokens_per_s, job=spec)
+    with progress(f"reading cold, then warm (seconds of {2 * seconds:g})", total=2 * seconds, as_json=json_out) as sink:
+        result = bench(url, workers=workers, seconds=seconds, tokens_per_s=plan_tokens_per_s, job=spec,
+                       on_progress=sink.advance)
     if json_out:
         emit_json(result)
     else:
@@ -141,15 +153,22 @@ def bench_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="Packed dat
         raise typer.Exit(1)
 
 
+def _rate(value: float) -> str:
+    """Three significant digits at least, never a bare 0.0 for a small non-zero value."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _render_bench(r) -> None:  # noqa: ANN001 - DataBenchResult, imported lazily
-    counted = "tokens" if r.tokens_counted_as == "tokens" else "tokens (= bytes)"
-    table = Table(title=f"{r.url} ({r.format}, {r.workers} workers{', local: read in place' if r.local else ''})")
-    for col in ("pass", "samples", "seconds", "samples/s", f"{counted}/s", "MB/s"):
-        table.add_column(col, justify="right" if col != "pass" else "left")
+    out.print(f"{r.url} ({r.format}, {r.workers} workers{', local: read in place' if r.local else ''})", soft_wrap=True)
+    table = Table()
+    for col in ("pass", "samples", "seconds", "samples/s", "tokens/s", "MB/s"):
+        table.add_column(col, justify="right" if col != "pass" else "left", no_wrap=True)
     for name, p in (("cold", r.cold), ("warm", r.warm)):
-        table.add_row(name + (" (all read)" if p.exhausted else ""), f"{p.samples:,}", f"{p.seconds:.1f}",
-                      f"{p.samples_per_s:,.0f}", f"{p.tokens_per_s:,.0f}", f"{p.mb_per_s:,.1f}")
+        table.add_row(name + (" (all read)" if p.exhausted else ""), f"{p.samples:,}", _rate(p.seconds),
+                      _rate(p.samples_per_s), _rate(p.tokens_per_s), _rate(p.mb_per_s))
     out.print(table)
+    if r.tokens_counted_as != "tokens":
+        out.print("tokens/s: bytes counted as tokens (text/JSONL, no tokenizer here)")
     if r.need is not None:
         out.print(f"needed: {r.need.tokens_per_s_per_node:,.0f} tokens/s per node ({r.need.source})", highlight=False)
     style = {True: "green", False: "bold red", None: "cyan"}[r.keeps_up]

@@ -1,9 +1,10 @@
 """Shard packing and streaming: keep the GPUs fed from object storage.
 
     trainready data pack SRC --out s3://bucket/ds        # tar shards + index.json (format.py)
-    from trainready.data import ShardedDataset, LoaderState
+    from trainready.data import ShardedDataset, LoaderState, worker_context
     ds = ShardedDataset("s3://bucket/ds", seed=0)         # disjoint per rank and worker, cached
-    loader = StatefulDataLoader(ds, batch_size=8, num_workers=2)
+    loader = StatefulDataLoader(ds, batch_size=8, num_workers=2,
+                                multiprocessing_context=worker_context())  # forkserver, torch preloaded
     state = training_state(model, opt, position=pos, data=LoaderState(loader))  # exact resume
 
 The dataset needs torch (and torchdata for StatefulDataLoader): they load on first use, so
@@ -15,7 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {"ShardedDataset": "dataset", "ShardCache": "cache", "CorruptShardError": "cache", "MissingShardError": "cache",
+_LAZY = {"ShardedDataset": "dataset", "ShardCache": "cache", "ShardError": "errors", "CorruptShardError": "errors",
+         "MissingShardError": "errors", "CacheFullError": "errors", "worker_context": "workers",
          "pack": "pack", "load_index": "index_io", "DataIndex": "format"}
 
 __all__ = [*_LAZY, "LoaderState"]

@@ -6,6 +6,8 @@ from the cache; a local dataset is read in place, so both passes read the disk).
 warm rate with the tokens/s one node of the planned training consumes: `--plan-tokens-per-s`,
 or the planner's estimate for `--job` / `--model --instance` (divided by the job's nodes).
 For text and JSONL there is no tokenizer: tokens are counted as bytes, and the result says so.
+Workers start through worker_context() (forkserver, torch preloaded), as docs/data.md advises
+for training; starting its server is not timed.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from trainready.errors import UsageError
+from trainready.errors import TrainreadyError, UsageError
 
+from .errors import worker_message
 from .index_io import is_local, load_index
 
 
@@ -77,22 +81,63 @@ def planned_need(tokens_per_s: float | None, job: object | None) -> Need | None:
                        f"({setup.nodes} node(s), {setup.strategy}), {est.throughput.tokens_per_s:,.0f} tokens/s in all")
 
 
-def _pass(url: str, workers: int, seconds: float, cache_dir: str) -> PassRate:
+def _needs_torch() -> None:
+    try:
+        import torch.utils.data  # noqa: F401
+    except ImportError:
+        raise UsageError("trainready data bench reads through a torch DataLoader: pip install 'trainready[torch,data]' "
+                         "(or your CUDA build of torch, then 'trainready[data]')") from None
+
+
+def _start_workers_server(workers: int) -> object | None:
+    """The workers' multiprocessing context (forkserver, as training uses: docs/data.md), its
+    server started and ready, so the passes time reading, not Python starting up."""
+    if not workers:
+        return None
+    from .workers import worker_context
+
+    context = worker_context()
+    probe = context.Process(target=time.sleep, args=(0,))
+    probe.start()
+    probe.join()
+    return context
+
+
+def _pass(url: str, workers: int, seconds: float, cache_dir: str, context: object | None,
+          on_progress: Callable[[float], None] | None) -> PassRate:
     from torch.utils.data import DataLoader
 
     from .assign import Throughput
     from .dataset import ShardedDataset
 
     ds = ShardedDataset(url, shuffle=False, cache_dir=cache_dir, rank=0, world_size=1)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=context)
     meter = Throughput()
-    deadline = time.monotonic() + seconds
+    last = time.monotonic()
+    deadline = last + seconds
     exhausted = True
-    for sample in loader:
-        meter.add(sample)
-        if time.monotonic() >= deadline:
-            exhausted = False
-            break
+    try:
+        for sample in loader:
+            meter.add(sample)
+            now = time.monotonic()
+            if now >= deadline:
+                exhausted = False
+                break
+            if on_progress is not None and now - last >= 0.1:
+                on_progress(now - last)
+                last = now
+    except TrainreadyError as exc:  # from a worker: torch's text holds the worker's traceback; say it in one line
+        message, trace = worker_message(str(exc), type(exc).__name__)
+        if trace is None:
+            raise
+        try:
+            clean = type(exc)(message)
+        except Exception:
+            raise exc from None
+        raise clean from None
+    finally:
+        if on_progress is not None:
+            on_progress(max(0.0, deadline - last))  # this pass's share of the time budget is done
     del loader
     r = meter.report()
     return PassRate(samples=int(r["samples"]), seconds=round(r["seconds"], 3), samples_per_s=r["samples_per_s"],
@@ -100,30 +145,45 @@ def _pass(url: str, workers: int, seconds: float, cache_dir: str) -> PassRate:
 
 
 def verdict(warm: PassRate, need: Need | None, counted_as: str) -> tuple[float | None, str, bool | None]:
-    unit = "tokens" if counted_as == "tokens" else "bytes counted as tokens (no tokenizer)"
+    note = "" if counted_as == "tokens" else "; bytes counted as tokens: no tokenizer"
     if need is None:
-        return None, f"delivers {warm.tokens_per_s:,.0f} {unit}/s warm; give --job or --plan-tokens-per-s to compare", None
+        return None, (f"delivers {warm.tokens_per_s:,.0f} tokens/s warm ({_plural(warm.samples)}{note}); "
+                      "give --job or --plan-tokens-per-s to compare"), None
     ratio = warm.tokens_per_s / need.tokens_per_s_per_node
     if ratio >= 1.0:
         return ratio, (f"this pipeline delivers {ratio:.1f}x what one node of the planned training consumes "
-                       f"({warm.tokens_per_s:,.0f} vs {need.tokens_per_s_per_node:,.0f} {unit}/s)"), True
+                       f"({warm.tokens_per_s:,.0f} vs {need.tokens_per_s_per_node:,.0f} tokens/s{note})"), True
     return ratio, (f"will starve the GPUs by {1 - ratio:.0%}: {warm.tokens_per_s:,.0f} of the "
-                   f"{need.tokens_per_s_per_node:,.0f} {unit}/s one node consumes; raise --workers (DataLoader "
+                   f"{need.tokens_per_s_per_node:,.0f} tokens/s one node consumes{note}; raise --workers (DataLoader "
                    "num_workers), the shard size (fewer, larger reads) or prefetch_shards, or cache on local NVMe"), False
 
 
+def _plural(samples: int) -> str:
+    return f"{samples:,} sample{'s' if samples != 1 else ''} read"
+
+
 def bench(url: str, workers: int = 4, seconds: float = 20.0, tokens_per_s: float | None = None,
-          job: object | None = None) -> DataBenchResult:
+          job: object | None = None, on_progress: Callable[[float], None] | None = None) -> DataBenchResult:
+    """Two passes of at most `seconds` each. on_progress(s) is called as each pass uses up its
+    time budget, in seconds (2 * seconds in all; a pass that reads everything early jumps ahead).
+    Starting the worker processes' server (once) is not timed."""
     if workers < 0 or seconds <= 0:
         raise UsageError(f"--workers {workers} / --seconds {seconds:g}: workers >= 0, seconds > 0")
+    _needs_torch()
     index, fs, _ = load_index(url)
     if not index.shards:
         raise UsageError(f"{url}: the dataset has no committed shards yet (is `trainready data pack` still running?)")
+    if index.format == "tokens":
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            raise UsageError(f"{url} holds token arrays (.npy): pip install 'trainready[data]' for numpy") from None
     need = planned_need(tokens_per_s, job)
+    context = _start_workers_server(workers)
     cache = tempfile.mkdtemp(prefix="trainready-data-bench-")
     try:
-        cold = _pass(url, workers, seconds, cache)
-        warm = _pass(url, workers, seconds, cache)
+        cold = _pass(url, workers, seconds, cache, context, on_progress)
+        warm = _pass(url, workers, seconds, cache, context, on_progress)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     ratio, text, keeps_up = verdict(warm, need, index.tokens_counted_as)

@@ -44,8 +44,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from trainready.errors import TrainreadyError, UsageError
-from trainready.io import CHUNK, HashingWriter, create_exclusive, mismatch, open_nofollow, owned_private_dir, redact, verify_file
+from trainready.errors import UsageError
+from trainready.io import CHUNK, HashingWriter, create_exclusive, mismatch, open_nofollow, owned_private_dir, verify_file
+
+from .errors import CacheFullError, CorruptShardError, MissingShardError, ShardError  # noqa: F401 - raised here, imported from here
 
 log = logging.getLogger(__name__)
 TMP_PREFIX = ".tmp-"
@@ -53,31 +55,6 @@ SOURCE = "index.json"  # what a size or sha256 mismatch is measured against, in 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHARD_FILE = re.compile(r"([0-9a-f]{64})\.tar")
 _TMP_FILE = re.compile(re.escape(TMP_PREFIX) + r"([0-9a-f]{64})-.*")
-
-
-class ShardError(TrainreadyError):
-    """A shard that cannot be used; names the shard and where it lives."""
-
-    exit_code = 1
-
-    def __init__(self, name: str, url: str, why: str):
-        self.name, self.url, self.why = name, redact(url), why
-        super().__init__(f"shard {name} ({self.url}) {why}. Re-pack or re-upload the dataset "
-                         f"(`trainready data pack`), or read it with on_corrupt='skip' to skip this shard.")
-
-
-class CorruptShardError(ShardError):
-    def __init__(self, name: str, url: str, why: str):
-        super().__init__(name, url, f"is corrupt: {why}")
-
-
-class MissingShardError(ShardError):
-    def __init__(self, name: str, url: str):
-        super().__init__(name, url, "is missing: index.json lists it but the object does not exist")
-
-
-class CacheFullError(TrainreadyError):
-    exit_code = 1
 
 
 @dataclass

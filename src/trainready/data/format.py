@@ -46,9 +46,15 @@ def sample_key(ordinal: int) -> str:
 
 
 class IndexFieldError(ValueError):
-    """A check across fields that names the one it is about (pydantic would name only the list)."""
+    """A check across fields that names the one it is about (pydantic would name only the list).
+    Also built from one message (how torch re-raises a worker's error, and how pickle rebuilds
+    one): then `loc` is () and `value` None."""
 
-    def __init__(self, loc: tuple[str | int, ...], value: Any, message: str):
+    def __init__(self, loc: tuple[str | int, ...] | str, value: Any = None, message: str | None = None):
+        if message is None and isinstance(loc, str):
+            from .errors import worker_message
+
+            loc, message = (), worker_message(loc, type(self).__name__)[0]
         super().__init__(message)
         self.loc, self.value = loc, value
 
@@ -150,11 +156,31 @@ def index_problem(exc: ValidationError) -> str:
     return f"{where} = {shown}: {why}" if not isinstance(value, (dict, list)) else f"{where}: {why}"
 
 
-def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def _member_info(name: str, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
+    info.size, info.mtime, info.mode, info.uid, info.gid = size, 0, 0o644, 0, 0
     info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
+    return info
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    tar.addfile(_member_info(name, len(data)), io.BytesIO(data))
+
+
+def member_bytes(tar: tarfile.TarFile, name: str, size: int) -> int:
+    """Bytes a member adds to a shard: its header (512, more if PAX needs extended records) and its
+    data padded to 512-byte blocks."""
+    if size < 8**11 and len(name) <= 100 and name.isascii():  # fits a plain ustar header (every name we write)
+        header = tarfile.BLOCKSIZE
+    else:
+        header = len(_member_info(name, size).tobuf(tar.format, tar.encoding, tar.errors))
+    return header + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def tar_file_size(members_bytes: int) -> int:
+    """A shard's file size from its members' bytes: tarfile ends an archive with two zero blocks
+    and pads it to a whole record (10 KiB)."""
+    return -(-(members_bytes + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
 def iter_members(fileobj: IO[bytes]) -> Iterator[tuple[str, bytes]]:

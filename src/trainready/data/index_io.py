@@ -30,7 +30,18 @@ from trainready.io import (
     upload_checked,
 )
 
-from .format import INDEX, SHARD_DIR, DataIndex, ShardInfo, SourcePosition, add_member, index_problem, shard_name
+from .format import (
+    INDEX,
+    SHARD_DIR,
+    DataIndex,
+    ShardInfo,
+    SourcePosition,
+    add_member,
+    index_problem,
+    member_bytes,
+    shard_name,
+    tar_file_size,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,10 +138,15 @@ class ShardBuilder:
         self.handle = os.fdopen(create_exclusive(path), "wb")
         self.out = HashingWriter(self.handle)  # closing it leaves self.handle open: closed below
         self.tar = tarfile.open(fileobj=self.out, mode="w|", format=tarfile.PAX_FORMAT)  # w|: no seeks
-        self.samples = self.payload = self.tokens = 0
+        self.samples = self.payload = self.tokens = self.members_bytes = 0
         self.end = SourcePosition(file=0, record=0)
 
+    def file_size_with(self, member: str, size: int) -> int:
+        """The shard's file size, tar headers and padding included, if a member of `size` bytes were added."""
+        return tar_file_size(self.members_bytes + member_bytes(self.tar, member, size))
+
     def add(self, member: str, payload: bytes, tokens: int, end: SourcePosition) -> None:
+        self.members_bytes += member_bytes(self.tar, member, len(payload))
         add_member(self.tar, member, payload)
         self.samples += 1
         self.payload += len(payload)

@@ -25,12 +25,13 @@ from trainready.errors import UsageError
 from trainready.io import redact
 from trainready.store.faults import fault_point
 
-from .format import EXT, DataIndex, Format, SourceInfo, SourcePosition, sample_key, shard_name
+from .format import EXT, DataIndex, Format, SourceInfo, SourcePosition, sample_key, shard_name, tar_file_size
 from .index_io import ShardBuilder, clear_dataset, is_local, open_dataset, put_shard, read_index, shard_temp_path, write_index
 
 SUFFIXES = {"jsonl": (".jsonl", ".json"), "tokens": (".npy",)}
 TOKEN_DTYPES = ("uint16", "uint32")
 MMAP_OVER = 64 << 20  # .npy files bigger than this are memory-mapped, not read whole
+SMALL_SHARD = 1 << 20  # below this --shard-size gets a warning: per-object request overhead dominates reading
 Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
 
 
@@ -205,6 +206,25 @@ def iter_samples(files: list[SourceFile], fmt: Format, start: SourcePosition) ->
         done += f.size
 
 
+def shard_size_note(shard_size_bytes: int) -> str | None:
+    """The warning for a --shard-size too small for object storage, or None."""
+    if shard_size_bytes >= SMALL_SHARD:
+        return None
+    few = ("one shard per sample (a tar shard is at least 10 KiB)" if shard_size_bytes < tar_file_size(1)
+           else "shards of a few samples")
+    size = f"{shard_size_bytes:,} byte{'s' if shard_size_bytes != 1 else ''}"
+    return (f"--shard-size {size} is under 1 MiB and makes {few}: every shard is one object to "
+            "fetch, and per-object request overhead (~10-50 ms per GET on S3) then dominates reading; "
+            "100 MiB to 1 GiB suits object storage")
+
+
+def _needs_numpy() -> None:
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        raise UsageError("--format tokens needs numpy: pip install 'trainready[data]'") from None
+
+
 def _check_resumable(index: DataIndex, source: SourceInfo, fmt: Format, shard_size: int, url: str) -> None:
     again = "use --restart to pack it again from scratch, or a new --out"
     if index.format != fmt:
@@ -223,6 +243,8 @@ def pack(src: Path, out_url: str, fmt: Format, shard_size_bytes: int, progress: 
     url = redact(out_url)
     if shard_size_bytes < 1:
         raise UsageError(f"--shard-size must be at least 1 byte, got {shard_size_bytes}")
+    if fmt == "tokens":
+        _needs_numpy()
     src = Path(src)
     files, skipped = list_sources(src, fmt)
     token_dtype = check_token_files(files) if fmt == "tokens" else None
@@ -243,7 +265,9 @@ def pack(src: Path, out_url: str, fmt: Format, shard_size_bytes: int, progress: 
                           shard_size_bytes=shard_size_bytes, source=source)
         write_index(fs, root, index, url)
     written = 0 if already else _write_shards(fs, root, url, index, files, progress)
-    notes = [f"every file is a {other} file but --format is text (one file = one sample): did you mean --format {other}?"
+    small = shard_size_note(index.shard_size_bytes) if written else None
+    notes = [small] if small else []
+    notes += [f"every file is a {other} file but --format is text (one file = one sample): did you mean --format {other}?"
              for other, suffixes in SUFFIXES.items() if fmt == "text" and all(f.rel.lower().endswith(suffixes) for f in files)]
     status = "already packed" if already else "resumed" if resumed_from is not None else "packed"
     return PackResult(url=url, format=fmt, status=status, shards_written=written, shards_total=len(index.shards),
@@ -272,13 +296,14 @@ def _write_shards(fs: Any, root: str, url: str, index: DataIndex, files: list[So
     with tempfile.TemporaryDirectory(prefix="trainready-pack-") as scratch:
         try:
             for sample in iter_samples(files, index.format, start):
-                if builder is not None and builder.payload + len(sample.payload) > index.shard_size_bytes:
+                member = f"{sample_key(ordinal)}.{ext}"
+                if builder is not None and builder.file_size_with(member, len(sample.payload)) > index.shard_size_bytes:
                     commit(builder, last=False)
                     number, written, builder = number + 1, written + 1, None
                 if builder is None:
                     path = shard_temp_path(fs, root, shard_name(number), Path(scratch))
                     builder = ShardBuilder(path, number, ordinal)
-                builder.add(f"{sample_key(ordinal)}.{ext}", sample.payload, sample.tokens, sample.end)
+                builder.add(member, sample.payload, sample.tokens, sample.end)
                 ordinal += 1
                 if progress is not None and time.monotonic() - last_report > 0.1:
                     progress(sample.source_done, total)
