@@ -43,8 +43,22 @@ def emit_json(data: BaseModel | dict[str, Any]) -> None:
         text = data.model_dump_json(indent=2)
     else:
         text = json.dumps(data, indent=2, default=str)
-    sys.stdout.write(text + "\n")
+    _write_all(text + "\n")
+
+
+def _write_all(text: str) -> None:
+    """All of it or an error: unbuffered (PYTHONUNBUFFERED=1) a single write to a pipe may take
+    only part, and the rest would be dropped without a word."""
     sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a test's StringIO
+        sys.stdout.write(text)
+        return
+    view = memoryview(text.encode(sys.stdout.encoding or "utf-8", errors="replace"))
+    while view:
+        written = buffer.write(view)
+        view = view[written if written is not None else len(view):]
+    buffer.flush()
 
 
 def error(message: str, *, as_json: bool, exit_code: int) -> None:

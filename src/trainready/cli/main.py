@@ -18,10 +18,8 @@ import typer
 
 try:  # typer >= 0.2x ships its own copy of click; older ones use click itself
     from typer._click import exceptions as click_errors
-    from typer._click.utils import echo
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_errors
-    from click.utils import echo
 
 from trainready import __version__
 from trainready.errors import TrainreadyError
@@ -137,8 +135,7 @@ def _main(as_json: bool) -> int:
     _plain_help_types(command)
     try:
         result = command.main(prog_name="trainready", standalone_mode=False)
-    except click_errors.NoArgsIsHelpError as exc:  # `trainready`, `trainready ckpt`: help, then usage error
-        echo(exc.ctx.get_help())
+    except click_errors.NoArgsIsHelpError:  # `trainready`, `trainready ckpt`: click printed the help
         return 2
     except click_errors.UsageError as exc:
         return _usage_error(exc, as_json)
