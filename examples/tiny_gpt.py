@@ -132,7 +132,7 @@ class StreamedBatches:
     def __init__(self, url: str, sess, args: argparse.Namespace, position: Position):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        from trainready.data import ShardedDataset
+        from trainready.data import ShardedDataset, worker_context
 
         self.position = position
         self.dataset = ShardedDataset(url, seed=args.seed, shuffle_buffer=256, rank=sess.rank, world_size=sess.world_size)
@@ -140,8 +140,9 @@ class StreamedBatches:
                                          collate_fn=stack_rows, drop_last=True,
                                          # forkserver, not fork: this process has threads (gloo, checkpoint writers,
                                          # s3fs's event loop) and a forked worker can inherit one of their locks
-                                         # held, and hang (seen in CI)
-                                         multiprocessing_context="forkserver" if args.data_workers else None,
+                                         # held, and hang (seen in CI); with torch and the data stack preloaded,
+                                         # or every worker re-imports them on every epoch (docs/data.md)
+                                         multiprocessing_context=worker_context() if args.data_workers else None,
                                          # its own generator: starting an epoch's iterator then draws its seed
                                          # from here, not from the global torch RNG that dropout uses (which
                                          # would make a resumed run diverge from an uninterrupted one)
