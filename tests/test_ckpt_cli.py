@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import re
+import select
 import shutil
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,17 +22,29 @@ from trainready.store.manifest import MANIFEST, FileEntry, Manifest, checkpoint_
 
 FILES = {"__0_0.distcp": 3000, "__1_0.distcp": 2500, ".metadata": 300, "state/rank-00000.json": 120}
 CORRUPT_FILE = "__1_0.distcp"
+NOBODY = ["--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-def cli(*args, env=None, timeout=60):
-    proc = subprocess.run([sys.executable, "-m", "trainready", "ckpt", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
+def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNULL):
+    """Run `trainready ckpt ARGS` (stdin not a terminal, output in pipes). `unprivileged`: as a
+    user file permissions apply to (root ignores them: then as nobody, through setpriv)."""
+    prefix = []
+    if unprivileged and os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: file permissions cannot be tested")
+        prefix = [setpriv, *NOBODY]
+    proc = subprocess.run([*prefix, sys.executable, "-m", "trainready", "ckpt", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, stdin=stdin,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    if "--json" not in args:  # people never read Python's None
+        assert not re.search(r"\bNone\b", proc.stdout + proc.stderr), proc.stdout + proc.stderr
     return proc
 
 
-def cli_json(*args, code=0, env=None):
-    proc = cli(*args, "--json", env=env)
+def cli_json(*args, code=0, env=None, unprivileged=False):
+    proc = cli(*args, "--json", env=env, unprivileged=unprivileged)
     assert proc.returncode == code, proc.stdout + proc.stderr
     return json.loads(proc.stdout)
 
@@ -185,7 +200,7 @@ def test_newest_generation_is_pulled(tmp_path):
     (("ls", "{tmp}/nonexistent"), ["no such directory"]),
     (("verify", "{tmp}/nonexistent"), ["no such directory"]),
     (("prune", "{store}"), ["--keep"]),
-    (("pull", "{store}", "--to", "{tmp}/x"), ["--step"]),
+    (("pull", "{store}", "--step", "300"), ["--to"]),
 ])
 def test_usage_errors_exit_2(store, tmp_path, args, words):
     out = cli(*(a.format(store=store, tmp=tmp_path) for a in args))
@@ -231,54 +246,35 @@ def test_file_url(store):
     assert cli_json("verify", f"file://{store}", code=1)["checkpoints"][1]["problems"] == [f"{CORRUPT_FILE}: checksum mismatch"]
 
 
-# --- S3 (moto's standalone server) --------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# --- S3 (moto's standalone server, tests/s3server.py via conftest) -------------------------------
 
 
 @pytest.fixture
-def s3_env(tmp_path):
-    pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
-    boto3 = pytest.importorskip("boto3")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "HOME": str(tmp_path)}
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    pytest.fail("moto server did not start")
-                time.sleep(0.1)
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
-        client.create_bucket(Bucket="ckpts")
-        yield env, client
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+def s3_env(s3_bucket):
+    """The AWS variables that point a `trainready` subprocess at the test server, a client, and
+    the fresh bucket's name."""
+    import boto3
+
+    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                      "AWS_DEFAULT_REGION")}
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"])
+    return env, client, s3_bucket
+
+
+def upload(client, bucket: str, root: Path, prefix: str) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
+
+
+def keys(client, bucket: str) -> set[str]:
+    return {o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])}
 
 
 def test_s3_archive(store, tmp_path, s3_env):
-    env, client = s3_env
-    for path in store.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), "ckpts", f"run/{path.relative_to(store).as_posix()}")
-    url = "s3://ckpts/run"
+    env, client, bucket = s3_env
+    upload(client, bucket, store, "run")
+    url = f"s3://{bucket}/run"
     data = cli_json("ls", url, "--verify", env=env)
     assert [c["committed"] for c in data["checkpoints"]] == [True, False, True, True, False]
     assert data["checkpoints"][3]["verified"] is True and data["checkpoints"][1]["files"] == len(FILES)
@@ -289,14 +285,74 @@ def test_s3_archive(store, tmp_path, s3_env):
     for rel in FILES:
         assert (Path(pulled["path"]) / rel).read_bytes() == (store / names(300)[0] / rel).read_bytes()
     assert cli("pull", url, "--step", "200", "--to", tmp_path / "out", env=env).returncode == 1
-    pruned = cli_json("prune", url, "--keep", "1", env=env)
-    assert pruned["deleted"] == names(100, 150, 200)
-    left = {o["Key"].split("/")[1] for o in client.list_objects_v2(Bucket="ckpts", Prefix="run/")["Contents"]}
+    pruned = cli_json("prune", url, "--keep", "1", "--yes", env=env)
+    assert pruned["deleted"] == names(100, 150, 200) and pruned["cancelled"] is False
+    left = {k.split("/")[1] for k in keys(client, bucket)}
     assert left == set(names(300, 400)) | {"writer.json"}
-    shutil.rmtree(tmp_path / "out")
-    for args in (("ls",), ("verify",), ("prune", "--keep", "1")):  # a missing bucket is a wrong location, not an empty one
-        proc = cli(*args[:1], "s3://no-such-bucket/run", *args[1:], env=env)
-        assert proc.returncode == 2 and "does not exist" in proc.stderr, proc.stderr
+
+
+def test_missing_s3_location(store, tmp_path, s3_env):
+    """A missing bucket, no bucket at all, or a prefix with nothing under it looked like an empty
+    location (exit 0, `prune` "deleted nothing"): each is exit 2 naming what is missing."""
+    env, client, bucket = s3_env
+    upload(client, bucket, store, "run-1")
+    every = [("ls",), ("verify",), ("prune", "--keep", "1", "--yes"), ("prune", "--keep", "1", "--dry-run"),
+             ("pull", "--to", tmp_path / "out")]
+    missing = " (or is not visible with these credentials)"
+    cases = [("s3://no-such-bucket/run-1", "bucket 'no-such-bucket' does not exist" + missing, every),
+             (f"s3://{bucket}/run-2", f"nothing is stored under this prefix; nearest: s3://{bucket}/run-1",
+              every[2:]),
+             ("s3://", "no bucket in the URL (s3://BUCKET/prefix)", every[:3]),
+             ("s3:///run-1", "no bucket in the URL (s3://BUCKET/prefix)", every[:1]),
+             ("s3://no-such-bucket", "bucket 'no-such-bucket' does not exist" + missing, every[:1]),
+             (f"s3://{bucket}/run-1/writer.json", "is a file, not a folder of checkpoints", every[:1])]
+    for url, message, commands in cases:
+        for cmd, *rest in commands:
+            proc = cli(cmd, url, *rest, env=env)
+            assert (proc.returncode, proc.stdout) == (2, ""), (cmd, url, proc.stdout, proc.stderr)
+            assert proc.stderr == f"error: {url}: {message}\n", (cmd, url, proc.stderr)
+    assert not (tmp_path / "out").exists()
+    assert len(keys(client, bucket)) == sum(1 for p in store.rglob("*") if p.is_file())  # nothing deleted
+
+
+def test_an_empty_bucket_is_an_empty_location(s3_env):
+    env, _client, bucket = s3_env
+    assert cli_json("ls", f"s3://{bucket}", env=env)["checkpoints"] == []
+    assert cli("ls", f"s3://{bucket}", env=env).stdout == f"no checkpoints in s3://{bucket}\n"
+
+
+def test_prune_deletes_only_its_own_prefix_when_the_url_has_glob_characters(store, s3_env):
+    """fsspec's rm expands `*?[`: pruning s3://b/run[1] deleted run1's checkpoints and left run[1]'s."""
+    env, client, bucket = s3_env
+    upload(client, bucket, store, "run1")
+    upload(client, bucket, store, "run[1]")
+    before = {k for k in keys(client, bucket) if k.startswith("run1/")}
+    result = cli_json("prune", f"s3://{bucket}/run[1]", "--keep", "1", "--yes", env=env)
+    assert result["deleted"] == names(100, 150, 200)
+    assert {k for k in keys(client, bucket) if k.startswith("run1/")} == before
+    assert {k.split("/")[1] for k in keys(client, bucket) if k.startswith("run[1]/")} == {*names(300, 400), "writer.json"}
+
+
+def test_prune_of_a_local_archive_url_with_glob_characters(store, tmp_path):
+    for place in ("run1", "run[1]"):
+        shutil.copytree(store, tmp_path / place)
+    result = cli_json("prune", f"file://{tmp_path}/run[1]", "--keep", "1", "--yes")
+    assert result["deleted"] == names(100, 150, 200)
+    assert sorted(os.listdir(tmp_path / "run[1]")) == sorted([*names(300, 400), "writer.json"])
+    assert sorted(os.listdir(tmp_path / "run1")) == sorted(os.listdir(store))
+
+
+def test_progress_counts_every_byte_from_s3(store, tmp_path, s3_env):
+    from trainready.store.inspect import pull, verify_checkpoints
+
+    env, client, bucket = s3_env
+    upload(client, bucket, store, "run")
+    done, total = [], []
+    pulled = pull(f"s3://{bucket}/run", None, tmp_path / "out", on_progress=done.append, on_total=total.append)
+    assert pulled.step == 300 and total == [sum(FILES.values())] and sum(done) == sum(FILES.values())
+    done, total = [], []
+    report = verify_checkpoints(f"s3://{bucket}/run", on_progress=done.append, on_total=total.append)
+    assert total == [3 * sum(FILES.values())] and sum(done) == total[0] and not report.ok
 
 
 def test_text_from_disk_is_never_markup_or_terminal_control(tmp_path):
@@ -323,3 +379,333 @@ def test_ckpt_needs_no_torch(store):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ok"] is True
+
+
+# --- locations, permissions, output --------------------------------------------------------------
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory another user can reach (pytest's tmp_path is 0700 under root's own), for the
+    tests that drop to an unprivileged user; permissions are restored before it is removed."""
+    root = Path(tempfile.mkdtemp(prefix="trainready-ckpt-test-"))
+    root.chmod(0o755)
+    yield root
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    shutil.rmtree(root)
+
+
+def _walk_modes(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def test_a_missing_local_location_is_a_usage_error(store, tmp_path):
+    """Every command that takes a location says exit 2 for one that is not there (with the nearest
+    directory when one looks like a typo); a file, or a path through a file, is no directory either."""
+    (tmp_path / "a-file").write_text("x")
+    missing = tmp_path / "ckpt"
+    for cmd, *rest in [("ls",), ("verify",), ("pull", "--to", tmp_path / "out"), ("prune", "--keep", "1"),
+                       ("prune", "--keep", "1", "--yes")]:
+        proc = cli(cmd, missing, *rest)
+        assert (proc.returncode, proc.stdout) == (2, ""), (cmd, proc.stdout, proc.stderr)
+        assert proc.stderr == f"error: {missing}: no such directory; nearest: {tmp_path}/ckpts\n", proc.stderr
+    cases = {f"file://{missing}": f"no such directory; nearest: file://{tmp_path}/ckpts",
+             str(tmp_path / "a-file"): "not a directory",
+             str(tmp_path / "a-file" / "x"): "no such directory (a parent is a file)"}
+    for url, message in cases.items():
+        proc = cli("prune", url, "--keep", "1")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"error: {url}: {message}\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_pull_to_a_directory_it_cannot_write_is_a_usage_error(store, shared_tmp, tmp_path):
+    """`pull --to` a read-only directory exited 1, the code for a damaged checkpoint."""
+    source = shared_tmp / "ckpts"
+    shutil.copytree(store, source)
+    _walk_modes(source)
+    readonly = shared_tmp / "readonly"
+    readonly.mkdir(mode=0o555)
+    readonly.chmod(0o555)
+    for target in (readonly, readonly / "sub"):
+        proc = cli("pull", source, "--step", "300", "--to", target, unprivileged=True)
+        assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+        assert proc.stderr == f"error: cannot write to {target}: Permission denied\n"
+    assert os.listdir(readonly) == []
+    err = cli_json("pull", source, "--to", readonly, code=2, unprivileged=True)["error"]
+    assert err == {"message": f"cannot write to {readonly}: Permission denied", "exit_code": 2}
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    for target in (afile, afile / "sub"):
+        proc = cli("pull", store, "--step", "300", "--to", target)
+        assert proc.returncode == 2 and proc.stderr == f"error: cannot write to {target}: not a directory\n"
+    assert afile.read_text() == "x"
+
+
+def test_one_unreadable_checkpoint_is_listed_under_its_own_name(store, shared_tmp):
+    """A mode-000 checkpoint directory or a dangling symlink in a checkpoint's place: the others
+    are listed as usual, that one as unreadable with its own name (the parent is readable)."""
+    root = shared_tmp / "ckpts"
+    shutil.copytree(store, root)
+    _walk_modes(root)
+    locked = root / names(200)[0]
+    locked.chmod(0)
+    (root / checkpoint_name(250, 1)).symlink_to(shared_tmp / "gone")
+    statuses = {c["name"]: (c["status"], c["problem"])
+                for c in cli_json("ls", root, unprivileged=True)["checkpoints"]}
+    assert statuses == {names(100)[0]: ("committed", ""), names(150)[0]: ("uncommitted", "no manifest (never committed)"),
+                        names(200)[0]: ("unreadable", "directory unreadable: Permission denied"),
+                        checkpoint_name(250, 1): ("unreadable", "a symlink, not a checkpoint directory"),
+                        names(300)[0]: ("committed", ""), names(400)[0]: ("uncommitted", "no manifest (never committed)")}
+    human = cli("ls", root, unprivileged=True)
+    assert human.returncode == 0 and human.stderr == ""
+    assert f"  {names(200)[0]}: directory unreadable: Permission denied" in human.stdout
+    assert f"  {checkpoint_name(250, 1)}: a symlink, not a checkpoint directory" in human.stdout
+    assert "2 committed" in human.stdout and "2 unreadable (kept, never deleted automatically)" in human.stdout
+    report = cli_json("verify", root, code=1, unprivileged=True)
+    assert [(c["name"], c["ok"]) for c in report["checkpoints"]] == [
+        (names(100)[0], True), (names(200)[0], False), (checkpoint_name(250, 1), False), (names(300)[0], True)]
+    dry = cli_json("prune", root, "--keep", "1", "--dry-run", unprivileged=True)
+    assert dry["deleted"] == names(100, 150) and dry["untouched"] == [names(200)[0], checkpoint_name(250, 1)]
+    link = cli_json("ls", f"file://{root}")["checkpoints"][3]  # an archive URL sees the link the same way
+    assert (link["name"], link["status"]) == (checkpoint_name(250, 1), "unreadable")
+
+
+def test_an_unreadable_file_fails_that_checkpoint_not_the_command(store, shared_tmp, tmp_path):
+    root = shared_tmp / "ckpts"
+    shutil.copytree(store, root)
+    _walk_modes(root)
+    (root / names(300)[0] / ".metadata").chmod(0)
+    (shared_tmp / "out").mkdir()
+    (shared_tmp / "out").chmod(0o777)
+    report = cli_json("verify", root, code=1, unprivileged=True)
+    problems = {c["step"]: c["problems"] for c in report["checkpoints"]}
+    assert problems[300] == [".metadata: unreadable (Permission denied)"] and problems[100] == []
+    proc = cli("pull", root, "--step", "300", "--to", shared_tmp / "out", unprivileged=True)
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: cannot read {root / names(300)[0] / '.metadata'}: Permission denied\n"
+    assert os.listdir(shared_tmp / "out") == []
+
+
+def test_ls_verify_says_it_checked_sizes_only(store):
+    """`ls --verify` showed "ok" for a checkpoint with a flipped byte: it compares sizes only."""
+    human = cli("ls", store, "--verify", env={"COLUMNS": "80"})
+    assert human.returncode == 0
+    row = next(line for line in human.stdout.splitlines() if line.split()[:1] == ["200"])
+    assert "size ok" in row and " ok " not in row.replace("size ok", "")
+    assert f"Checkpoints in {store} (local; sizes checked, no data read)" in " ".join(human.stdout.split())
+    assert (f"sizes only: a changed byte keeps its size; `trainready ckpt verify {store}` compares every file's "
+            "SHA-256") in " ".join(human.stdout.split())
+    assert cli_json("ls", store, "--verify")["checked"] == "sizes"
+    assert cli_json("ls", store)["checked"] == ""
+    assert "sizes" not in cli("ls", store).stdout
+
+
+def test_pull_defaults_to_the_newest_committed_checkpoint(store, tmp_path):
+    assert "Step to copy. (default: the newest committed checkpoint)" in cli("pull", "-h").stdout
+    result = cli_json("pull", store, "--to", tmp_path / "a")  # 400 is newer but not committed
+    assert (result["step"], result["name"]) == (300, names(300)[0])
+    human = cli("pull", store, "--to", tmp_path / "b")
+    assert human.returncode == 0 and human.stderr == ""  # no progress bar in a pipe
+    assert human.stdout.startswith(f"pulled {names(300)[0]} (step 300, the newest committed; 4 files")
+    (store / names(300)[0] / CORRUPT_FILE).write_bytes(b"x" * 2500)  # the newest is damaged: which one is older
+    bad = cli("pull", store, "--to", tmp_path / "c")
+    assert bad.returncode == 1 and "(the newest committed; the one before it: --step 200)" in bad.stderr
+    assert os.listdir(tmp_path / "c") == []
+    empty = tmp_path / "empty"
+    write_ckpt(empty, 5, commit=False)
+    none = cli("pull", empty, "--to", tmp_path / "d")
+    assert none.returncode == 2
+    assert none.stderr == (f"error: no committed checkpoint in {empty} to pull (1 checkpoint directory, none "
+                           "committed and usable: trainready ckpt ls)\n")
+
+
+def _with_terminal_stdin(args, answer: bytes):
+    """Run `trainready ckpt ARGS` with a terminal on stdin, type `answer`; stdout and stderr are pipes."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "trainready", "ckpt", *map(str, args)], stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        os.close(slave)
+        os.write(master, answer)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    return proc.returncode, out, err
+
+
+def test_prune_asks_before_deleting_from_an_archive(store):
+    url = f"file://{store}"
+    before = sorted(os.listdir(store))
+    refused = cli("prune", url, "--keep", "1")
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == (f"error: prune deletes from the archive {url} for good and asks first, but stdin is not "
+                              "a terminal: pass --yes (or --dry-run to see what it would delete)\n")
+    assert cli_json("prune", url, "--keep", "1", "--dry-run")["deleted"] == names(100, 150, 200)
+    assert sorted(os.listdir(store)) == before
+    code, out, err = _with_terminal_stdin(["prune", url, "--keep", "1", "--json"], b"n\n")
+    assert code == 0 and json.loads(out)["cancelled"] is True and json.loads(out)["deleted"] == names(100, 150, 200)
+    assert err == (f"prune would delete 3 from {url} (for good):\n" + "".join(f"  {n}\n" for n in names(100, 150, 200))
+                   + f"Delete these 3 from {url}? [y/N] ")
+    assert sorted(os.listdir(store)) == before
+    code, out, _err = _with_terminal_stdin(["prune", url, "--keep", "1"], b"\x04")  # end of input: no
+    assert code == 0 and "not confirmed: nothing was deleted" in out and sorted(os.listdir(store)) == before
+    code, out, _err = _with_terminal_stdin(["prune", url, "--keep", "1"], b"y\n")
+    assert code == 0 and out.startswith("deleted 3: ")
+    assert sorted(os.listdir(store)) == sorted(names(300, 400) + ["writer.json"])
+    assert cli("prune", url, "--keep", "1").returncode == 2  # nothing left to delete: a script still needs --yes
+    assert cli_json("prune", url, "--keep", "1", "--yes")["deleted"] == []
+
+
+def test_progress_counts_every_byte(store, tmp_path):
+    from trainready.store.inspect import pull, verify_checkpoints
+
+    done, total = [], []
+    pulled = pull(str(store), None, tmp_path / "out", on_progress=done.append, on_total=total.append)
+    assert pulled.step == 300 and total == [sum(FILES.values())] and sum(done) == total[0]
+    done, total = [], []
+    verify_checkpoints(str(store), on_progress=done.append, on_total=total.append)
+    assert total == [3 * sum(FILES.values())] and sum(done) == total[0]
+    done, total = [], []
+    verify_checkpoints(str(store), checksums=False, on_progress=done.append, on_total=total.append)
+    assert done == [] and total == []  # sizes only: nothing is read
+
+
+def _with_terminal_stderr(args) -> tuple[int, str, bytes]:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "trainready", "ckpt", *map(str, args)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave, env={"COLUMNS": "100", "PATH": "/usr/bin:/bin"})
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    out = proc.stdout.read().decode()
+    proc.wait(timeout=60)
+    os.close(master)
+    return proc.returncode, out, seen
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path):
+    root = tmp_path / "big"
+    write_ckpt(root, 5, files={"__0_0.distcp": 24 << 20, ".metadata": 10})
+    code, out, seen = _with_terminal_stderr(["pull", root, "--to", tmp_path / "out"])
+    assert code == 0 and out.startswith(f"pulled {checkpoint_name(5, 1)}")
+    assert b"pulling" in seen and b"25.2/25.2 MB" in seen
+    code, out, seen = _with_terminal_stderr(["verify", root])
+    assert code == 0 and b"verifying (SHA-256)" in seen and b"25.2/25.2 MB" in seen
+    code, out, seen = _with_terminal_stderr(["verify", root, "--json"])
+    assert code == 0 and json.loads(out)["ok"] is True and seen == b""
+
+
+def test_names_with_brackets_and_unicode_print_as_written(tmp_path):
+    """`ckpt ls '/tmp/[x]'` must name and list [x], not x; run ids print as written."""
+    for place in ("x", "[x]"):
+        write_ckpt(tmp_path / place, 100 if place == "x" else 7)
+    base = tmp_path / "[x]" / checkpoint_name(7, 1)
+    manifest = json.loads((base / MANIFEST).read_text())
+    manifest["run_id"] = "[bold]run[/] 训练-é"
+    (base / MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / "[x]" / "writer.json").write_text(json.dumps({"run_id": "[bold]run[/] 训练-é", "generation": 1}))
+    for url in (tmp_path / "[x]", f"file://{tmp_path}/[x]"):
+        shown = cli("ls", url)
+        assert shown.returncode == 0 and shown.stdout.startswith(f"Checkpoints in {url} (")
+        rows = [row.split() for row in shown.stdout.splitlines() if row.startswith(" ") and row.strip()]
+        steps = [row[0] for row in rows if row[0].isdigit()]
+        assert steps == ["7"] and "[bold]run[/] 训练-é" in shown.stdout
+    assert cli_json("ls", tmp_path / "[x]")["checkpoints"][0]["run_id"] == "[bold]run[/] 训练-é"
+    pruned = cli("prune", tmp_path / "[x]", "--keep", "1", "--dry-run")
+    assert pruned.returncode == 0 and pruned.stdout.startswith("would delete 0: nothing\nkept 1: ")
+    missing = cli("ls", tmp_path / "[y]")
+    assert missing.stderr == f"error: {tmp_path}/[y]: no such directory; nearest: {tmp_path}/[x]\n"
+
+
+def test_prune_output_without_a_lease_never_says_none(tmp_path):
+    root = tmp_path / "c"
+    write_ckpt(root, 10)
+    (root / checkpoint_name(20, 1)).mkdir()
+    (root / checkpoint_name(20, 1) / MANIFEST).write_text("{not json")
+    proc = cli("prune", root, "--keep", "1")
+    assert proc.returncode == 0
+    assert ("never deleted automatically (unreadable manifest, fenced commit, or of another run than run-a): "
+            f"{checkpoint_name(20, 1)}") in proc.stdout
+
+
+def test_a_damaged_lease_is_said_in_the_listing(store):
+    problem = f"{store}/writer.json is damaged (run_id: Field required (+1 more))"  # the fixture's is "{}"
+    assert cli_json("ls", store)["lease_problem"] == problem
+    (store / "writer.json").write_text("{torn")
+    shown = cli("ls", store)
+    assert shown.returncode == 0
+    assert (f"warning: {store}/writer.json is damaged (top level: Invalid JSON: key must be a string at line 1 "
+            "column 2) (a job rebuilds it at its next start)") in " ".join(shown.stdout.split())
+
+
+def test_unreadable_manifests_say_what_is_wrong(tmp_path):
+    """A manifest without schema_version read "manifest schema_version None"."""
+    root = tmp_path / "c"
+    cases = {1: ("{}", "manifest has no schema_version (this trainready reads 1)"),
+             2: ("[1]", "manifest is a JSON list, not an object"),
+             3: ('{"schema_version": 7}', "manifest schema_version 7, this trainready reads 1"),
+             4: ('{"schema_version": 1}', "step: Field required (+9 more)")}
+    for step, (text, _why) in cases.items():
+        (root / checkpoint_name(step, 1)).mkdir(parents=True)
+        (root / checkpoint_name(step, 1) / MANIFEST).write_text(text)
+    listed = cli_json("ls", root)["checkpoints"]
+    assert [(c["status"], c["problem"]) for c in listed] == [("unreadable", f"manifest unreadable: {why}")
+                                                             for _text, why in cases.values()]
+    human = cli("ls", root)  # (cli() fails any human output with a Python None in it)
+    assert human.returncode == 0 and "4 unreadable" in human.stdout
+
+
+def test_plain_dcp_example_in_docs(tmp_path, monkeypatch):
+    """docs/store.md's example loads a checkpoint the manager saved with plain DCP: every tensor,
+    the optimizer's param_groups, the scheduler and the data position come back."""
+    torch = pytest.importorskip("torch")
+    from trainready.store import CheckpointManager, Position, training_state
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "store.md").read_text()
+    block = re.search(r"```python\n(.*?)```", doc.split("## Reading a checkpoint without trainready", 1)[1], re.S)
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.95))
+        return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 10)
+
+    model, optimizer, scheduler = build(0)
+    for _ in range(3):
+        model(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    monkeypatch.chdir(tmp_path)
+    with CheckpointManager(hot="pulled", async_save=False) as mgr:
+        mgr.save(1500, training_state(model, optimizer, scheduler, position=Position(epoch=1, index=40960)))
+    index = json.loads((tmp_path / "pulled" / checkpoint_name(1500, 1) / "tensors.json").read_text())["tensors"]
+    assert sorted(index) == sorted([f"model/{k}" for k in model.state_dict()]
+                                   + [f"optimizer/state/{k}/{s}" for k in model.state_dict()
+                                      for s in ("step", "exp_avg", "exp_avg_sq")])
+    fresh = dict(zip(("model", "optimizer", "scheduler"), build(1), strict=True))
+    exec(compile(block.group(1), "docs/store.md", "exec"), fresh)
+    for (name, want), got in zip(model.state_dict().items(), fresh["model"].state_dict().values(), strict=True):
+        assert torch.equal(want, got), name
+    want, got = optimizer.state_dict(), fresh["optimizer"].state_dict()
+    for param, stats in want["state"].items():
+        for stat_name, value in stats.items():
+            assert torch.equal(value, got["state"][param][stat_name]), (param, stat_name)
+    assert got["param_groups"] == want["param_groups"] and got["param_groups"][0]["betas"] == (0.8, 0.95)
+    assert fresh["scheduler"].state_dict() == scheduler.state_dict()
+    assert fresh["position"] == {"epoch": 1, "index": 40960, "extra": {}}

@@ -4,32 +4,42 @@ The library behind `trainready ckpt` (no CLI code here). A location is a plain l
 node's hot tier, or a local copy of an archive: the layout is the same) or any fsspec URL
 (`s3://bucket/prefix`, `file:///...`, honouring AWS_ENDPOINT_URL_S3). Needs no torch.
 
-Errors: a location that cannot be read (missing, unreachable, no permission) or a step that is
-not there is a `UsageError` (exit 2); a checkpoint that fails its checks while being pulled is
-a `CheckpointError` (exit 1). Problems found by verification are returned, not raised.
+Errors: a location that cannot be read (missing, unreachable, no permission; on S3 a missing
+bucket or a prefix with nothing under it), a step that is not there, or a pull target that
+cannot be written is a `UsageError` (exit 2); a checkpoint that fails its checks while being
+pulled is a `CheckpointError` (exit 1). Problems found by verification are returned, not
+raised; one unreadable checkpoint directory is reported as such, never fails the whole listing.
+
+Long work reports progress through plain callables (no CLI code here): `on_total(bytes)` once
+the amount is known, then `on_progress(bytes)` as bytes are read or copied.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
+import errno
+import hashlib
 import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from trainready.errors import UsageError
-from trainready.io import dir_mode, fsync_dir, redact, sha256_file
+from trainready.io import CHUNK, create_exclusive, dir_mode, fsync_dir, make_dir, redact, write_synced
 
 from . import retention
 from .errors import ArchiveUnavailableError, CheckpointError
-from .manifest import MANIFEST, FileEntry, Lease
-from .tiers import ArchiveTier, HotTier, Ref, as_store_error
+from .manifest import MANIFEST, TMP_PREFIX, FileEntry, Lease
+from .tiers import ArchiveTier, HotTier, Ref
 
 Tier = HotTier | ArchiveTier
+Progress = Callable[[int], None]
+Confirm = Callable[[list[str], str], bool]
 
 
 class StorageAccessError(UsageError):
@@ -60,8 +70,9 @@ class CheckpointInfo(BaseModel):
     node: int | None = Field(None, description="Which node's share a local directory holds, for a multi-node checkpoint "
                                                "on a node's hot tier; null for a full copy.")
     created_unix: float | None = None
-    verified: bool | None = Field(None, description="Sizes checked against the manifest (`ls --verify`); null: not checked "
-                                                    "or not committed.")
+    verified: bool | None = Field(None, description="Every file's size matches the manifest (`ls --verify`: sizes only, "
+                                                    "no data read; a changed byte is not seen: `ckpt verify` compares "
+                                                    "SHA-256); null: not checked or not committed.")
     problem: str = Field("", description="Why it is not committed, or what verification found; empty when fine.")
 
 
@@ -73,6 +84,8 @@ class CheckpointListing(BaseModel):
     run_id: str | None = Field(None, description="The run the writer lease (writer.json) names; null: no readable lease.")
     generation: int | None = Field(None, description="The lease's writer generation.")
     lease_problem: str = Field("", description="Why writer.json could not be read, when it could not.")
+    checked: str = Field("", description="'sizes' with `ls --verify` (each file's size against the manifest; no data "
+                                         "read); empty when nothing was checked. SHA-256: `ckpt verify`.")
     checkpoints: list[CheckpointInfo] = Field(description="Oldest first (by step, then generation).")
 
 
@@ -127,6 +140,8 @@ class PruneResult(BaseModel):
                                                  "(or --run-id). Other runs' checkpoints are never deleted.")
     untouched: list[str] = Field(default_factory=list, description="Kept because they are not deleted automatically: "
                                                                    "unreadable manifests, fenced commits, other runs.")
+    cancelled: bool = Field(False, description="The confirmation was answered no: nothing was deleted, and `deleted` "
+                                               "lists what would have been (as with dry_run).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,11 +150,12 @@ class PruneResult(BaseModel):
 
 def open_tier(url: str) -> Tier:
     """A plain path -> HotTier (same layout as an archive, plain file I/O, no fsspec needed);
-    anything with a scheme -> ArchiveTier. A local location must exist."""
+    anything with a scheme -> ArchiveTier. The location must exist: a local directory, or on S3 a
+    bucket and (unless the URL names the bucket alone) at least one object under the prefix."""
     if "://" not in url:
         path = Path(url).expanduser()
-        if not path.is_dir():
-            raise StorageAccessError(f"{url}: {'not a directory' if path.exists() else 'no such directory'}")
+        if problem := _local_dir_problem(path, str(path.parent)):
+            raise StorageAccessError(f"{url}: {problem}")
         return HotTier(path)
     try:
         tier = ArchiveTier(url)
@@ -147,25 +163,75 @@ def open_tier(url: str) -> Tier:
         raise UsageError(f"{redact(url)}: URLs need fsspec (and s3fs for s3://): {exc}") from None
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
-    if tier.is_local and not Path(tier.root).is_dir():
-        raise StorageAccessError(f"{tier.url}: no such directory")
-    if tier.is_s3:
-        _bucket_exists(tier)
+    if tier.is_local:
+        if problem := _local_dir_problem(Path(tier.root), "file://" + str(Path(tier.root).parent)):
+            raise StorageAccessError(f"{tier.url}: {problem}")
+    else:
+        _remote_exists(tier)
     return tier
 
 
-def _bucket_exists(tier: ArchiveTier) -> None:
-    """A missing bucket is a wrong location (exit 2), not an empty one; an empty prefix is fine."""
+def _local_dir_problem(path: Path, parent: str) -> str:
+    """Why a local location cannot be listed ('' when it can be); `parent` as the user wrote it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such directory" + _nearest_names(path.name, _local_siblings(path.parent), parent)
+    except NotADirectoryError:
+        return "no such directory (a parent is a file)"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return "" if stat.S_ISDIR(mode) else "not a directory"
+
+
+def _local_siblings(parent: Path) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(parent) if e.is_dir()]
+    except OSError:
+        return []
+
+
+def _nearest_names(name: str, siblings: list[str], parent: str) -> str:
+    """'; nearest: ...' for names next to a missing one that look like a typo of it, else ''."""
+    candidates = [n for n in siblings if name.startswith(".") or not n.startswith(".")]
+    near = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6) if name else []
+    return f"; nearest: {', '.join(f'{parent.rstrip(chr(47))}/{n}' for n in near)}" if near else ""
+
+
+def _remote_exists(tier: ArchiveTier) -> None:
+    """A missing bucket or an S3 prefix with nothing under it is a wrong location (exit 2), not an
+    empty one: S3 has no empty folders, and a job's prefix holds writer.json from its first start."""
     bucket = tier.root.split("/", 1)[0]
-    if not bucket:
+    if tier.is_s3 and not bucket:
         raise StorageAccessError(f"{tier.url}: no bucket in the URL (s3://BUCKET/prefix)")
     try:
-        tier._call("find the bucket", tier.fs.info, bucket)
+        info = tier._call("look up the location", tier.fs.info, tier.root)
+        if info.get("type") == "file":
+            raise StorageAccessError(f"{tier.url}: is a file, not a folder of checkpoints")
+        return
     except FileNotFoundError:
-        raise StorageAccessError(f"{tier.url}: bucket {bucket!r} does not exist (or is not visible with these "
-                                 "credentials)") from None
+        pass
     except ArchiveUnavailableError as exc:
         raise StorageAccessError(str(exc)) from None
+    if tier.is_s3 and tier.root != bucket:
+        try:
+            tier._call("find the bucket", tier.fs.info, bucket)
+        except FileNotFoundError:
+            bucket = ""
+        except ArchiveUnavailableError as exc:
+            raise StorageAccessError(str(exc)) from None
+    if tier.is_s3 and (not bucket or tier.root == bucket):
+        raise StorageAccessError(f"{tier.url}: bucket {tier.root.split('/', 1)[0]!r} does not exist (or is not "
+                                 "visible with these credentials)")
+    parent, _, name = tier.root.rpartition("/")
+    try:
+        siblings = [p.rstrip("/").rsplit("/", 1)[-1] for p in tier.fs.ls(parent, detail=False)] if parent else []
+    except Exception:  # only a hint: the location is missing either way
+        siblings = []
+    scheme = tier.url.split("://", 1)[0]
+    hint = _nearest_names(name, siblings, f"{scheme}://{parent}")
+    why = "nothing is stored under this prefix" if tier.is_s3 else "no such location"
+    raise StorageAccessError(redact(f"{tier.url}: {why}{hint}"))
 
 
 def tier_kind(tier: Tier) -> str:
@@ -235,10 +301,11 @@ def _expected(tier: Tier, ref: Ref) -> tuple[list[FileEntry], int | None]:
     return manifest.node_files[node], node
 
 
-def _check(tier: Tier, ref: Ref, checksums: bool) -> tuple[list[FileEntry], int | None, list[str]]:
+def _check(tier: Tier, ref: Ref, checksums: bool,
+           on_progress: Progress | None = None) -> tuple[list[FileEntry], int | None, list[str]]:
     with _reading(tier):
         entries, node = _expected(tier, ref)
-        problems = tier.verify(ref.name, entries, checksums)
+        problems = tier.verify(ref.name, entries, checksums, on_progress=on_progress)
     return entries, node, problems
 
 
@@ -255,6 +322,16 @@ def _nearest(step: int, steps: list[int]) -> str:
     above = min((s for s in steps if s > step), default=None)
     near = [f"{below} (before)" if below is not None else "", f"{above} (after)" if above is not None else ""]
     return ", ".join(n for n in near if n)
+
+
+def _newest(tier: Tier, refs: list[Ref]) -> Ref:
+    """The newest committed checkpoint that may be restored (fenced commits never are)."""
+    usable = [r for r in refs if r.committed and not r.fenced]
+    if not usable:
+        dirs = f"{len(refs)} checkpoint director{'y' if len(refs) == 1 else 'ies'}"
+        others = f" ({dirs}, none committed and usable: trainready ckpt ls)" if refs else ""
+        raise UsageError(f"no committed checkpoint in {tier.url} to pull{others}")
+    return max(usable, key=lambda r: r.order)
 
 
 def _at_step(tier: Tier, refs: list[Ref], step: int) -> list[Ref]:
@@ -309,15 +386,20 @@ def list_checkpoints(url: str, verify: bool = False) -> CheckpointListing:
             verified=(not problems[ref.fenced:]) if verify else None, problem=_summary(problems)))
     return CheckpointListing(url=tier.url, run_id=lease.run_id if lease else None,
                              generation=lease.generation if lease else None, lease_problem=lease_problem,
-                             checkpoints=items)
+                             checked="sizes" if verify else "", checkpoints=items)
 
 
-def verify_checkpoints(url: str, step: int | None = None, checksums: bool = True) -> VerifyReport:
+def verify_checkpoints(url: str, step: int | None = None, checksums: bool = True, *,
+                       on_progress: Progress | None = None, on_total: Progress | None = None) -> VerifyReport:
     """Check committed checkpoints (all of them, or those at `step`): every file present with
-    its size, and with `checksums` its SHA-256. Unreadable manifests are reported as failing."""
+    its size, and with `checksums` its SHA-256. Unreadable manifests are reported as failing.
+    With `checksums`, `on_total` gets the bytes to read and `on_progress` the bytes read."""
     tier = open_tier(url)
     refs, _lease, _problem = _refs(tier)
     chosen = [r for r in refs if r.committed or r.unreadable] if step is None else _at_step(tier, refs, step)
+    if checksums and on_total is not None:
+        with _reading(tier):
+            on_total(sum(e.size for r in chosen if r.committed for e in _expected(tier, r)[0]))
     checks = []
     for ref in chosen:
         if ref.unreadable:
@@ -327,7 +409,7 @@ def verify_checkpoints(url: str, step: int | None = None, checksums: bool = True
                                           files=len(present), size_bytes=sum(present.values()), ok=False,
                                           problems=[ref.problem]))
             continue
-        entries, _node, problems = _check(tier, ref, checksums)
+        entries, _node, problems = _check(tier, ref, checksums, on_progress if checksums else None)
         checks.append(CheckpointCheck(name=ref.name, step=ref.step, generation=ref.generation, status=ref.status,
                                       files=len(entries), size_bytes=sum(e.size for e in entries), ok=not problems,
                                       problems=problems))
@@ -336,83 +418,141 @@ def verify_checkpoints(url: str, step: int | None = None, checksums: bool = True
                         checkpoints=checks, problem=problem)
 
 
-def pull(url: str, step: int, to_dir: str | os.PathLike) -> PullResult:
-    """Copy the committed checkpoint at `step` (its newest generation) to `to_dir/<name>`:
-    files into a temporary directory, each checked against its SHA-256, then the manifest,
-    then an atomic rename. The target is never overwritten."""
+def pull(url: str, step: int | None, to_dir: str | os.PathLike, *, on_progress: Progress | None = None,
+         on_total: Progress | None = None) -> PullResult:
+    """Copy the committed checkpoint at `step` (its newest generation; None: the newest committed
+    checkpoint that is not fenced) to `to_dir/<name>`: files into a temporary directory, each
+    checked against its SHA-256 while it is copied, then the manifest, then an atomic rename.
+    The target is never overwritten. A target that cannot be written is a UsageError naming it;
+    a source file that is missing or does not match is a CheckpointError, and nothing is left."""
     started = time.monotonic()
     tier = open_tier(url)
-    ref = _at_step(tier, _refs(tier)[0], step)[-1]
+    refs = _refs(tier)[0]
+    ref = _newest(tier, refs) if step is None else _at_step(tier, refs, step)[-1]
+    manifest = ref.manifest
+    assert manifest is not None
     with _reading(tier):
         entries, node = _expected(tier, ref)
     if node is not None:
-        raise UsageError(f"{tier.url} holds only node {node}'s share of {ref.name} (a {ref.manifest.nodes}-node "
+        raise UsageError(f"{tier.url} holds only node {node}'s share of {ref.name} (a {manifest.nodes}-node "
                          "checkpoint on a node's hot tier); pull it from the archive, which holds every file")
-    dest = HotTier(to_dir)
-    final = dest.path(ref.name)
-    if final.exists():
+    size = sum(e.size for e in entries)
+    root = Path(to_dir).expanduser().absolute()
+    final = root / ref.name
+    if os.path.lexists(final):
         raise UsageError(f"{final} already exists; pull never overwrites (remove it, or choose another --to)")
-    dest.ensure()
-    tmp = dest.tmp_path(ref.name)
-    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted pull of the same checkpoint
+    tmp = root / f"{TMP_PREFIX}{ref.name}"
     try:
+        make_dir(root)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted pull of the same checkpoint
+        free = shutil.disk_usage(root).free
+        if free < size:
+            raise UsageError(f"cannot write to {root}: {ref.name} needs {size:,} bytes and {free:,} are free there")
         tmp.mkdir(mode=dir_mode())
+    except OSError as exc:
+        raise _unwritable(root, exc) from None
+    if on_total is not None:
+        on_total(size)
+    try:
         for entry in entries:
             if isinstance(tier, HotTier):
-                _copy_checked(tier, ref.name, entry, tmp)
+                _copy_checked(tier, ref.name, entry, tmp, on_progress)
             else:
-                _download_checked(tier, ref.name, entry, tmp)
+                _download_checked(tier, ref.name, entry, tmp, on_progress)
         for directory in sorted({(tmp / e.path).parent for e in entries}, reverse=True):
             fsync_dir(directory)
-        dest.commit(tmp, ref.name, ref.manifest.model_copy(update={"node_files": {}}))  # a full copy, like a download
+        write_synced(tmp / MANIFEST, manifest.model_copy(update={"node_files": {}}).to_bytes())  # a full copy
+        fsync_dir(tmp)
+        if os.path.lexists(final):
+            raise UsageError(f"{final} appeared while pulling; pull never overwrites (nothing else was written)")
+        os.rename(tmp, final)
+        fsync_dir(root)
     except OSError as exc:
-        raise as_store_error(exc, dest.root) from exc
+        raise _unwritable(root, exc) from None
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc}; nothing written to {dest.root}") from None
+        older = max((r.step for r in refs if r.committed and not r.fenced and r.order < ref.order), default=None)
+        hint = f" (the newest committed; the one before it: --step {older})" if step is None and older is not None else ""
+        raise CheckpointError(f"{exc}; nothing written to {root}{hint}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PullResult(url=tier.url, name=ref.name, step=ref.step, generation=ref.generation, path=str(final),
-                      files=len(entries), size_bytes=sum(e.size for e in entries),
-                      seconds=round(time.monotonic() - started, 3))
+                      files=len(entries), size_bytes=size, seconds=round(time.monotonic() - started, 3))
 
 
-def _download_checked(tier: ArchiveTier, name: str, entry: FileEntry, dest: Path) -> None:
+def _unwritable(root: Path, exc: OSError) -> UsageError:
+    """A pull target we cannot write to: the user's to choose another (exit 2), naming the path."""
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR) and not root.is_dir():
+        return UsageError(f"cannot write to {root}: not a directory")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UsageError(f"cannot write to {root}: {exc.strerror} (nothing was left there)")
+    return UsageError(f"cannot write to {root}: {exc.strerror or exc}")
+
+
+def _download_checked(tier: ArchiveTier, name: str, entry: FileEntry, dest: Path,
+                      on_progress: Progress | None) -> None:
     """ArchiveTier.download checks size and SHA-256; other OSErrors are about writing `dest`."""
     try:
-        tier.download(name, entry, dest)
+        tier.download(name, entry, dest, on_progress=on_progress)
     except FileNotFoundError:
         raise CheckpointError(f"{tier.url}: {name}/{entry.path} is missing") from None
     except ArchiveUnavailableError as exc:
         raise StorageAccessError(str(exc)) from None
 
 
-def _copy_checked(tier: HotTier, name: str, entry: FileEntry, dest: Path) -> None:
+def _copy_checked(tier: HotTier, name: str, entry: FileEntry, dest: Path, on_progress: Progress | None) -> None:
+    """Copy one file, hashing it on the way (one read), never through a symlink. Reading the source
+    fails as the checkpoint's problem (CheckpointError) or the location's (StorageAccessError);
+    an OSError that escapes is about writing `dest`."""
     source = tier.path(name) / entry.path
-    target = dest / entry.path
     try:
-        if not stat.S_ISREG(os.lstat(source).st_mode):
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"{tier.url}: {name}/{entry.path} is missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointError(f"{tier.url}: {name}/{entry.path} is not a regular file (a checkpoint never points "
+                                  "outside itself)") from None
+        raise StorageAccessError(f"cannot read {source}: {exc.strerror or exc}") from None
+    with open(fd, "rb", buffering=0, closefd=True) as src:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CheckpointError(f"{tier.url}: {name}/{entry.path} is not a regular file (a checkpoint never points "
                                   "outside itself)")
-    except FileNotFoundError:
-        raise CheckpointError(f"{tier.url}: {name}/{entry.path} is missing") from None
-    target.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode())
-    try:
-        shutil.copyfile(source, target, follow_symlinks=False)
-    except FileNotFoundError:
-        raise CheckpointError(f"{tier.url}: {name}/{entry.path} is missing") from None
-    with open(target, "rb+") as handle:
-        os.fsync(handle.fileno())
-    if os.path.getsize(target) != entry.size or sha256_file(target) != entry.sha256:
-        raise CheckpointError(f"{tier.url}: {name}/{entry.path} does not match its manifest (size or checksum)")
+        target = dest / entry.path
+        make_dir(target.parent)
+        digest, copied = hashlib.sha256(), 0
+        with open(create_exclusive(target), "wb") as out:
+            while True:
+                try:
+                    chunk = src.read(CHUNK)
+                except OSError as exc:
+                    raise CheckpointError(f"{tier.url}: {name}/{entry.path} cannot be read "
+                                          f"({exc.strerror or exc})") from None
+                if not chunk:
+                    break
+                out.write(chunk)
+                digest.update(chunk)
+                copied += len(chunk)
+                if on_progress is not None:
+                    on_progress(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+    if copied != entry.size or digest.hexdigest() != entry.sha256:
+        what = f"{copied} bytes, manifest says {entry.size}" if copied != entry.size else "checksum mismatch"
+        raise CheckpointError(f"{tier.url}: {name}/{entry.path} does not match its manifest ({what})")
 
 
-def prune(url: str, keep: int, dry_run: bool = False, run_id: str | None = None) -> PruneResult:
+def prune(url: str, keep: int, dry_run: bool = False, run_id: str | None = None, *,
+          confirm: Confirm | None = None) -> PruneResult:
     """Delete all but the newest `keep` committed checkpoints of the run that owns the location
     (the writer lease's run, or `run_id`), and uncommitted debris older than the newest committed
     one (a newer one may still be being written): the manager's own retention rule
     (`retention.plan`). Other runs' checkpoints, unreadable manifests and fenced commits are never
     deleted. Only checkpoints that pass the size check count toward `keep`, and those that fail it
-    are left alone, so an intact checkpoint is never deleted in favour of a broken newer one."""
+    are left alone, so an intact checkpoint is never deleted in favour of a broken newer one.
+
+    `confirm(names, url)`, when given, is asked before anything is deleted (also with nothing to
+    delete, so that it may refuse the same way every time); False cancels: nothing is deleted and
+    the result says `cancelled`."""
     if keep < 1:
         raise UsageError(f"--keep {keep}: keep at least 1 (the newest committed checkpoint is never deleted)")
     tier = open_tier(url)
@@ -429,7 +569,8 @@ def prune(url: str, keep: int, dry_run: bool = False, run_id: str | None = None)
         else:
             intact += 1
     deleted = retention.plan(own, keep, broken=broken).delete  # oldest first: an interruption keeps the newer ones
-    if not dry_run:
+    cancelled = bool(not dry_run and confirm is not None and not confirm(list(deleted), tier.url) and deleted)
+    if not dry_run and not cancelled:
         for name in deleted:
             with _reading(tier):
                 tier.delete(name)
@@ -439,7 +580,7 @@ def prune(url: str, keep: int, dry_run: bool = False, run_id: str | None = None)
     untouched = [r.name for r in refs if r.unreadable or r.fenced or r not in own]
     return PruneResult(url=tier.url, keep=keep, dry_run=dry_run, deleted=deleted,
                        kept=[r.name for r in refs if r.name not in deleted], broken=sorted(broken), run_id=owner,
-                       untouched=untouched)
+                       untouched=untouched, cancelled=cancelled)
 
 
 def _only_run(tier: Tier, refs: list[Ref]) -> str | None:

@@ -90,9 +90,13 @@ class Manifest(BaseModel):
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
         raw = json.loads(data)
-        if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
-            found = raw.get("schema_version") if isinstance(raw, dict) else None
-            raise ValueError(f"manifest schema_version {found!r}, this trainready reads {SCHEMA_VERSION}")
+        if not isinstance(raw, dict):
+            raise ValueError(f"manifest is a JSON {type(raw).__name__}, not an object")
+        if "schema_version" not in raw:
+            raise ValueError(f"manifest has no schema_version (this trainready reads {SCHEMA_VERSION})")
+        if raw["schema_version"] != SCHEMA_VERSION:
+            raise ValueError(f"manifest schema_version {json.dumps(raw['schema_version'])}, this trainready reads "
+                             f"{SCHEMA_VERSION}")
         return cls.model_validate(raw)
 
 

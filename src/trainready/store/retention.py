@@ -10,7 +10,7 @@ Rules:
 - `protect` (the checkpoint being uploaded) is never deleted; `broken` (failing a check) is
   never deleted and does not count toward `keep`.
 - Unreadable manifests and checkpoints committed by a fenced writer are never deleted
-  automatically (they are reported; `ckpt prune --fenced` removes fenced ones on request).
+  automatically (they are reported; remove them by hand once you have looked at them).
 - Uncommitted debris (no manifest) older than the newest committed checkpoint is removed (a newer
   one may still be being written).
 """

@@ -18,9 +18,11 @@ import errno
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
+from glob import has_magic
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainready.io import (
     S3_PART,
@@ -28,6 +30,7 @@ from trainready.io import (
     PreconditionFailed,
     SourceChangedError,
     fsync_dir,
+    hash_stream,
     is_local,
     is_s3,
     local_tag,
@@ -38,7 +41,6 @@ from trainready.io import (
     read_regular,
     read_versioned,
     redact,
-    sha256_file,
     stored_matches,
     upload_checked,
     verify_file,
@@ -59,6 +61,54 @@ class _EntryError(Exception):
 
 class LocalCopyChangedError(CheckpointError):
     """A hot checkpoint's file no longer matches its manifest: it cannot be archived as it is."""
+
+
+Progress = Callable[[int], None]  # called with the number of bytes just dealt with
+
+
+class _Counted:
+    """A binary handle whose reads are reported to `report` (bytes read), for progress bars."""
+
+    def __init__(self, handle: IO[bytes], report: Progress):
+        self.handle, self.report = handle, report
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        if data:
+            self.report(len(data))
+        return data
+
+
+class _Tally:
+    """Passes reported bytes on and counts them, so a file's remainder (not read: missing, off in
+    size, failed halfway, or not hashed at all) can be reported once it is dealt with."""
+
+    def __init__(self, report: Progress):
+        self.report, self.count = report, 0
+
+    def __call__(self, amount: int) -> None:
+        self.count += amount
+        self.report(amount)
+
+    def finish(self, size: int) -> None:
+        if size > self.count:
+            self.report(size - self.count)
+        self.count = 0
+
+
+def _fsspec_progress(report: Progress) -> Any:
+    """An fsspec Callback that reports the bytes each transfer step adds."""
+    from fsspec.callbacks import Callback
+
+    class _Bytes(Callback):
+        sent = 0
+
+        def call(self, *args: Any, **kwargs: Any) -> None:
+            if self.value > self.sent:
+                report(self.value - self.sent)
+                self.sent = self.value
+
+    return _Bytes()
 
 
 @dataclass
@@ -104,11 +154,22 @@ class LeaseState:
         return self.tag is not None
 
 
+def _why(exc: Exception) -> str:
+    """One line on what is wrong with a file we parsed: a validation error names its field."""
+    errors = exc.errors() if hasattr(exc, "errors") and callable(exc.errors) else []
+    if errors:
+        first = errors[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "top level"
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        return redact(f"{where}: {first.get('msg', 'invalid')}{more}")
+    return redact((str(exc).splitlines() or [""])[0]) or type(exc).__name__
+
+
 def _read_manifest(data: bytes, name: str) -> tuple[Manifest | None, str]:
     try:
         manifest = Manifest.from_bytes(data)
     except Exception as exc:  # any malformed manifest is a finding, not a crash
-        return None, f"manifest unreadable: {redact(str(exc).splitlines()[0])}"
+        return None, f"manifest unreadable: {_why(exc)}"
     if parse_name(name) != (manifest.step, manifest.generation):
         return None, f"manifest says step {manifest.step} g{manifest.generation}, directory says {name}"
     return manifest, ""
@@ -118,8 +179,18 @@ def _parse_lease(data: bytes, tag: str, where: str) -> LeaseState:
     try:
         return LeaseState(Lease.model_validate_json(data), tag)
     except Exception as exc:
-        reason = redact(str(exc).splitlines()[0]) or type(exc).__name__
-        return LeaseState(None, tag, f"{where} is damaged ({reason})")
+        return LeaseState(None, tag, f"{where} is damaged ({_why(exc)})")
+
+
+def _not_a_directory(path: str | os.PathLike) -> str:
+    """'a symlink' or 'not a directory' for what is in a local checkpoint's place, '' for a directory."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return ""
+    if stat.S_ISDIR(mode):
+        return ""
+    return "a symlink" if stat.S_ISLNK(mode) else "not a directory"
 
 
 def as_store_error(exc: OSError, where: Path | str) -> CheckpointError:
@@ -166,7 +237,12 @@ class HotTier:
         except FileNotFoundError:
             return Ref(entry, *parsed, "hot", None, "no manifest (never committed)")
         except OSError as exc:
-            return Ref(entry, *parsed, "hot", None, f"manifest unreadable: {exc.strerror or exc}", unreadable=True)
+            what = "manifest"
+            try:
+                os.listdir(self.root / entry)
+            except OSError:
+                what = "directory"  # e.g. mode 000: whether a manifest is in it cannot be known
+            return Ref(entry, *parsed, "hot", None, f"{what} unreadable: {exc.strerror or exc}", unreadable=True)
         manifest, problem = _read_manifest(data, entry)
         return Ref(entry, *parsed, "hot", manifest, problem, unreadable=manifest is None)
 
@@ -210,33 +286,51 @@ class HotTier:
         fault_point("retention.deleting")
         shutil.rmtree(path, ignore_errors=True)
 
-    def verify(self, name: str, entries: list[FileEntry], checksums: bool | None) -> list[str]:
+    def verify(self, name: str, entries: list[FileEntry], checksums: bool | None,
+               on_progress: Progress | None = None) -> list[str]:
         """Problems with the files of a checkpoint; sizes always; checksums when `checksums` is
         True, or (None = auto) for files modified after the manifest was written. A symlink or
-        anything but a regular file is a problem: a checkpoint never reads outside itself."""
+        anything but a regular file is a problem: a checkpoint never reads outside itself; so is
+        a file that cannot be read (no permission). `on_progress` gets the bytes dealt with."""
         base = self.path(name)
         problems = []
         try:
             committed_at = os.lstat(base / MANIFEST).st_mtime
         except OSError:
             committed_at = 0.0
+        tally = _Tally(on_progress) if on_progress is not None else None
         for entry in entries:
-            path = base / entry.path
-            try:
-                st = os.lstat(path)
-            except OSError:
-                problems.append(f"{entry.path}: missing")
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                problems.append(f"{entry.path}: not a regular file")
-                continue
-            if st.st_size != entry.size:
-                problems.append(f"{entry.path}: {st.st_size} bytes, manifest says {entry.size}")
-                continue
-            check = checksums if checksums is not None else (st.st_mtime > committed_at or entry.size < (1 << 20))
-            if check and sha256_file(path) != entry.sha256:
-                problems.append(f"{entry.path}: checksum mismatch (file changed since it was written)")
+            problem = self._check_file(base, entry, checksums, committed_at, tally)
+            if problem:
+                problems.append(f"{entry.path}: {problem}")
+            if tally is not None:
+                tally.finish(entry.size)
         return problems
+
+    @staticmethod
+    def _check_file(base: Path, entry: FileEntry, checksums: bool | None, committed_at: float,
+                    on_progress: Progress | None) -> str:
+        """What is wrong with one file, or ''."""
+        path = base / entry.path
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return "missing"
+        except OSError as exc:
+            return f"unreadable ({exc.strerror or exc})"
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_size != entry.size:
+            return f"{st.st_size} bytes, manifest says {entry.size}"
+        check = checksums if checksums is not None else (st.st_mtime > committed_at or entry.size < (1 << 20))
+        if not check:
+            return ""
+        try:
+            with open(path, "rb") as handle:
+                digest = hash_stream(_Counted(handle, on_progress) if on_progress else handle)[0]
+        except OSError as exc:
+            return f"unreadable ({exc.strerror or exc})"
+        return "" if digest == entry.sha256 else "checksum mismatch (file changed since it was written)"
 
     def read_lease(self) -> LeaseState:
         path = self.root / LEASE
@@ -300,6 +394,9 @@ class ArchiveTier:
         for name in sorted(names):
             parsed = parse_name(name)
             if parsed is None:
+                continue
+            if self.is_local and (kind := _not_a_directory(self._p(name))):  # never read through it
+                refs.append(Ref(name, *parsed, "archive", None, f"{kind}, not a checkpoint directory", unreadable=True))
                 continue
             try:
                 data = self._call("read manifest", self._read_entry, self._p(name, MANIFEST))
@@ -382,10 +479,19 @@ class ArchiveTier:
         except FileNotFoundError:
             return False
 
-    def download(self, name: str, entry: FileEntry, dest: Path) -> None:
+    def download(self, name: str, entry: FileEntry, dest: Path, on_progress: Progress | None = None) -> None:
+        """Copy one file into `dest` and check its size and SHA-256 (CheckpointError if they differ).
+        `on_progress` gets the bytes transferred, as they arrive where the filesystem says (the
+        rest once the file is there, for a filesystem that reports less or nothing)."""
         target = dest / entry.path
         make_dir(target.parent)
-        self._call(f"download {entry.path}", self.fs.get_file, self._p(name, entry.path), str(target))
+        if on_progress is None:
+            self._call(f"download {entry.path}", self.fs.get_file, self._p(name, entry.path), str(target))
+        else:
+            tally = _Tally(on_progress)
+            self._call(f"download {entry.path}", self.fs.get_file, self._p(name, entry.path), str(target),
+                       callback=_fsspec_progress(tally))
+            tally.finish(entry.size)
         with open(target, "rb+") as handle:
             os.fsync(handle.fileno())
             handle.seek(0)
@@ -393,29 +499,62 @@ class ArchiveTier:
         if why:
             raise CheckpointError(f"archive {self.url}: {name}/{entry.path} does not match its manifest ({why})")
 
-    def verify(self, name: str, entries: list[FileEntry], checksums: bool | None) -> list[str]:
-        """Sizes from object metadata; checksums (a full read) only when asked."""
+    def verify(self, name: str, entries: list[FileEntry], checksums: bool | None,
+               on_progress: Progress | None = None) -> list[str]:
+        """Sizes from object metadata; checksums (a full read) only when asked. `on_progress`
+        gets the bytes dealt with (read, or skipped because the object is missing or off in size)."""
         problems = []
+        tally = _Tally(on_progress) if on_progress is not None else None
         for entry in entries:
             size = self.remote_size(name, entry.path)
             if size is None:
                 problems.append(f"{entry.path}: missing")
             elif size != entry.size:
                 problems.append(f"{entry.path}: {size} bytes, manifest says {entry.size}")
-            elif checksums:
-                with self._call("open", self.fs.open, self._p(name, entry.path), "rb", block_size=8 << 20) as handle:
-                    why = verify_file(handle, entry.size, entry.sha256, "the manifest")
-                if why:
-                    problems.append(f"{entry.path}: checksum mismatch")
+            elif checksums and (why := self._checksum(name, entry, tally)):
+                problems.append(f"{entry.path}: {why}")
+            if tally is not None:
+                tally.finish(entry.size)
         return problems
+
+    def _checksum(self, name: str, entry: FileEntry, on_progress: Progress | None) -> str:
+        """'' when the object's bytes hash to the manifest's SHA-256, else what is wrong with this
+        one object; failing to reach the archive is an ArchiveUnavailableError."""
+        try:
+            with self.fs.open(self._p(name, entry.path), "rb", block_size=8 << 20) as handle:
+                why = verify_file(_Counted(handle, on_progress) if on_progress else handle, entry.size, entry.sha256,
+                                  "the manifest")
+        except FileNotFoundError:
+            return "missing"
+        except (PermissionError, IsADirectoryError) as exc:  # this object alone (S3 AccessDenied, mode 000)
+            return f"unreadable ({redact(exc.strerror or exc)})"
+        except Exception as exc:
+            reason = redact(str(exc)) or type(exc).__name__
+            raise ArchiveUnavailableError(f"archive {self.url}: read {name}/{entry.path} failed: {reason}") from None
+        return "checksum mismatch" if why else ""
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._call("delete manifest", self.fs.rm_file, self._p(name, MANIFEST))
         fault_point("retention.deleting")
+        target = self._p(name)
         with contextlib.suppress(FileNotFoundError):
-            self._call("delete", self.fs.rm, self._p(name), recursive=True)
+            if has_magic(target):  # `*?[` in the prefix: fsspec's rm would glob it (s3://b/run[1] -> run1/...)
+                self._delete_literally(target)
+            else:
+                self._call("delete", self.fs.rm, target, recursive=True)
         self.fs.invalidate_cache()
+
+    def _delete_literally(self, target: str) -> None:
+        """Delete `target` and everything under it without any glob: each object found, by name."""
+        if self.is_local:
+            if _not_a_directory(target):
+                os.remove(target)
+            else:
+                shutil.rmtree(target)
+            return
+        for path in sorted(self._call("list", self.fs.find, target), reverse=True):
+            self._call("delete", self.fs.rm_file, path)
 
     def parts(self, name: str) -> list[str]:
         self.fs.invalidate_cache()
