@@ -109,6 +109,13 @@ def test_help_works_and_names_types_in_words(path):
     assert max(len(line) for line in short.stdout.splitlines()) <= 80  # COLUMNS=80: nothing wider
 
 
+def test_help_text_in_brackets_is_shown_as_written():
+    # typer reads help as Rich markup: "[default: ...]" written in our help text vanished
+    words = " ".join(trainready("estimate", "-h").stdout.replace("│", " ").split())
+    assert "Sequence length. [default: the model's context, at most 4096]" in words
+    assert "LoRA rank (adapters on every linear layer). [default: 16]" in words
+
+
 def test_help_long_and_short_are_the_same():
     assert trainready("ckpt", "ls", "--help").stdout == trainready("ckpt", "ls", "-h").stdout
 

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 try:  # typer >= 0.2x ships its own copy of click; older ones use click itself
     from typer._click import exceptions as click_errors
@@ -56,18 +57,26 @@ def _type_label(param: object, ctx: object) -> str | None:
             "directory": "DIR", "bool": None}.get(label, label)
 
 
-def _plain_help_types(command: Any) -> None:
+def _plain_help(command: Any) -> None:
+    """Help as written: typer reads help text as Rich markup, so "[default: 16]" in it vanished.
+    Escaped here once for every command and option; and plain type names (see _type_label)."""
     def plain(param: Any) -> Any:
         if param is not None and hasattr(type(param), "display_type"):  # typer >= 0.2x
             param.display_type_rich = functools.partial(_type_label, param)
+        if isinstance(getattr(param, "help", None), str):
+            param.help = escape(param.help)
         return param
+
+    for attr in ("help", "short_help", "epilog"):
+        if isinstance(getattr(command, attr, None), str):
+            setattr(command, attr, escape(getattr(command, attr)))
 
     for param in command.params:
         plain(param)
     help_option = command.get_help_option  # made per context: -h/--help
     command.get_help_option = lambda ctx: plain(help_option(ctx))
     for sub in getattr(command, "commands", {}).values():
-        _plain_help_types(sub)
+        _plain_help(sub)
 
 
 def _version(value: bool) -> None:
@@ -132,7 +141,7 @@ def _usage_error(exc: click_errors.UsageError, as_json: bool) -> int:
 
 def _main(as_json: bool) -> int:
     command = typer.main.get_command(app)
-    _plain_help_types(command)
+    _plain_help(command)
     try:
         result = command.main(prog_name="trainready", standalone_mode=False)
     except click_errors.NoArgsIsHelpError:  # `trainready`, `trainready ckpt`: click printed the help
