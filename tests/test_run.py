@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from run_helpers import TINY_GPT, digest, env_for_run, records, run, run_cmd, start, wait_for
+from run_helpers import TINY_GPT, digest, env_for_run, kill_launcher, records, run, run_cmd, start, wait_for
 
 from trainready.plan.job import JobSpec, save_job
 from trainready.run.records import RunInfo, RunOutcome, StopInfo, TelemetryLine
@@ -32,28 +32,61 @@ def trainready(*args: str, cwd, env=None, timeout=180) -> tuple[int, str]:
     return run([sys.executable, "-m", "trainready", *args], cwd, env, timeout)
 
 
-def test_budget_guard_stops_with_a_checkpoint_then_resumes(tmp_path):
+def billed_s(run_dir) -> float:
+    """Wall time of every launch as run.json records it: what the run cost at $1 per second."""
+    return sum(la["end_unix"] - la["start_unix"] for la in json.loads((run_dir / "run.json").read_text())["launches"])
+
+
+def test_budget_guard_stops_before_the_budget_with_a_checkpoint_then_resumes(tmp_path):
+    """The budget is set from this machine's own timings, measured by a first launch, so a busy
+    machine changes how many steps fit, never whether the guard holds."""
     run_dir = tmp_path / "run"
-    price = ("--usd-per-hour", "3600", "--nproc-per-node", "2")  # $1 per second: the budget lasts seconds
-    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "15", steps=600), tmp_path)
+    price = ("--usd-per-hour", "3600", "--nproc-per-node", "2")  # $1 per second of wall time
+    cmd = run_cmd(run_dir, *price, steps=100_000)
+    proc = start(cmd, tmp_path)  # 1: measure start-up, step time and shutdown, then stop with SIGTERM
+    wait_for(lambda: sum(r["type"] == "step" for r in records(run_dir)) >= 4, 120, "4 steps")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    first = json.loads((run_dir / "run.json").read_text())["launches"][0]
+    recs = records(run_dir)
+    first_step = next(r for r in recs if r["type"] == "step")
+    startup = first_step["t"] - first_step["interval_s"] - first["start_unix"]
+    shutdown = first["end_unix"] - next(r for r in recs if r["type"] == "stop")["t"]
+    step_s = max(r["interval_s"] for r in recs if r["type"] == "step")
+    spent = billed_s(run_dir)
+    budget = round(spent + 2.5 * startup + 2 * shutdown + 10 * step_s, 2)  # a slower start-up, some steps, the stop
+
+    cmd = cmd[:cmd.index("--")] + ["--budget-usd", str(budget)] + cmd[cmd.index("--"):]
+    code, out = run(cmd, tmp_path, timeout=600)  # 2: the same run, with the budget
     assert code == 4, out[-3000:]
     stop = json.loads((run_dir / "stop.json").read_text())
-    assert stop["reason"] == "budget" and stop["checkpoint"] == stop["step"]
-    assert stop["cost_usd"] <= 15.0
-    assert "budget guard: stopped after step" in out
-    warnings = [r["message"] for r in records(run_dir) if r["type"] == "budget"]
-    assert any("50%" in w for w in warnings) and any("80%" in w for w in warnings)
-    assert any("projected cost" in w for w in warnings)
+    assert stop["reason"] == "budget" and stop["checkpoint"] == stop["step"] > first_step["step"]
+    assert billed_s(run_dir) <= budget  # start-up, the final save and the shutdown included
+    assert out.count("budget guard: stopped after step") == 1
+    warnings = [r for r in records(run_dir) if r["type"] == "budget"]
+    spend = [r for r in warnings if r["message"].startswith("spent")]
+    assert [r["message"].split(", ")[1][:3] for r in spend] == ["50%", "80%"]  # each once, in order
+    for r, low, high in zip(spend, (0.5, 0.8), (0.8, 1.0), strict=True):  # when crossed: before the next one
+        assert low * budget <= r["spent_usd"] < high * budget, r
+    assert sum("projected cost" in r["message"] for r in warnings) == 1
+    for r in warnings:
+        assert out.count(r["message"]) == 1, r["message"]  # shown once: not by the worker, torchrun and us
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["exit_code"] == 4
+    assert summary["cost"]["spent_usd"] == pytest.approx(billed_s(run_dir), abs=0.01)
     validate_run_dir(run_dir)
 
-    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "15", steps=600), tmp_path)
+    code, out = run(cmd, tmp_path)  # 3: nothing left
     assert code == 2 and "already spent" in out and "Traceback" not in out
+    assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 2
 
-    code, out = run(run_cmd(run_dir, *price, "--budget-usd", "1000", steps=stop["step"] + 4), tmp_path)
+    more = cmd[:cmd.index("--budget-usd") + 1] + [str(budget + 1000)] + cmd[cmd.index("--budget-usd") + 2:]
+    more[-1] = str(stop["step"] + 3)  # 4: a raised budget and fewer steps (a changed command: --resume)
+    more.insert(more.index("--"), "--resume")
+    code, out = run(more, tmp_path)
     assert code == 0, out[-3000:]
-    assert f"starting at step {stop['step'] + 1}" in out
+    assert f"starting at step {stop['step'] + 1}" in out and "--resume: continuing the run of" in out
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -69,8 +102,32 @@ def test_signal_saves_and_exits_then_resumes(tmp_path, sig, code):
     assert stop["reason"] == "signal" and stop["checkpoint"] == stop["step"] >= 5
     validate_run_dir(run_dir)
     assert f"stopped by signal {signal.Signals(sig).name}" in out
-    code, out = run(run_cmd(run_dir, "--nproc-per-node", "2", steps=stop["step"] + 3), tmp_path)
+    code, out = run(run_cmd(run_dir, "--nproc-per-node", "2", "--resume", steps=stop["step"] + 3), tmp_path)
     assert code == 0 and f"starting at step {stop['step'] + 1}" in out, out[-3000:]
+
+
+def test_resumable_by_default_and_another_command_is_another_run(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = run_cmd(run_dir, "--nproc-per-node", "2", steps=20)  # no --ckpt-every: auto
+    proc = start(cmd, tmp_path)
+    wait_for(lambda: any(r["type"] == "step" and r["step"] >= 4 for r in records(run_dir)), 120, "step 4")
+    kill_launcher(proc, run_dir)  # kill -9: no final checkpoint
+    saved = [r["step"] for r in records(run_dir) if r["type"] == "ckpt"]
+    assert saved == [1]  # auto: the first checkpoint at the second step (then Young/Daly: hours on this CPU)
+
+    changed = run_cmd(run_dir, "--nproc-per-node", "2", steps=21)  # other script arguments: another experiment
+    code, out = run(changed, tmp_path)
+    assert code == 2 and "holds a run of" in out and "--resume" in out and "--run-dir" in out, out[-3000:]
+    assert "Traceback" not in out and len(json.loads((run_dir / "run.json").read_text())["launches"]) == 1
+
+    code, out = run(changed[:changed.index("--")] + ["--resume"] + changed[changed.index("--"):], tmp_path)
+    assert code == 0, out[-3000:]
+    assert "checkpoints auto:" in out and "--resume: continuing the run of" in out
+    assert "starting at step 2 of 21" in out  # from the checkpoint the default took, not from zero
+
+    code, out = trainready("run", "--run-dir", str(tmp_path / "empty"), "--resume", "--", "python", str(TINY_GPT),
+                           cwd=tmp_path, timeout=60)
+    assert code == 2 and "holds no run to resume" in out and "Traceback" not in out, out
 
 
 FAILING = textwrap.dedent("""
@@ -93,8 +150,9 @@ def test_failing_worker_is_named_with_its_last_lines(tmp_path):
     (tmp_path / "fail.py").write_text(FAILING)
     run_dir = tmp_path / "run"
     code, out = trainready("run", "--run-dir", str(run_dir), "--nproc-per-node", "2", "--max-restarts", "1", "--json",
-                           "--", "python", "fail.py", cwd=tmp_path)
+                           "--ckpt-every", "off", "--", "python", "fail.py", cwd=tmp_path)
     assert code == 1
+    assert "checkpoints off (--ckpt-every off)" in out and "a crash loses everything since the start" in out
     result = json.loads(out[out.index("{\n"):])
     RunOutcome.model_validate(result)
     validate_run_dir(run_dir)
@@ -109,6 +167,9 @@ def test_failing_worker_is_named_with_its_last_lines(tmp_path):
     (["--", "python", "no_such_train.py"], "training script 'no_such_train.py' does not exist"),
     (["--instance", "p4d.24xlarg", "--", "python", str(TINY_GPT)], "Did you mean: p4d.24xlarge"),
     (["--budget-usd", "5", "--", "python", str(TINY_GPT)], "--budget-usd needs a price"),
+    (["--usd-per-hour", "3600", "--budget-usd", "1", "--", "python", str(TINY_GPT)],
+     "--budget-usd 1 buys 1.0 s at $3600/h x 1 node(s): not even enough to start"),
+    (["--ckpt-every", "0", "--", "python", str(TINY_GPT)], "'auto' (Young/Daly from measured stalls, the default) or 'off'"),
     (["--ckpt-every", "often", "--", "python", str(TINY_GPT)], "--ckpt-every 'often'"),
     (["--nnodes", "2", "--", "python", str(TINY_GPT)], "needs --rdzv-endpoint"),
     (["--nnodes", "2", "--rdzv-endpoint", "head", "--", "python", str(TINY_GPT)], "expected HOST:PORT"),
@@ -208,19 +269,24 @@ def test_ckpt_every_auto_says_what_it_chose(tmp_path):
 def test_report_of_a_run_and_of_a_wrong_directory(tmp_path):
     run_dir = tmp_path / "run"
     # `--d 96`: an abbreviation of torchrun's own options, which torchrun's argparse would refuse
-    code, out = run(run_cmd(run_dir, "--usd-per-hour", "10", steps=6, script_args=("--d", "96")), tmp_path)
+    code, out = run(run_cmd(run_dir, "--usd-per-hour", "10", "--ckpt-every", "2", "--archive", str(tmp_path / "archive"),
+                            steps=6, script_args=("--d", "96")), tmp_path)
     assert code == 0, out[-2000:]
+    archived = sorted(p.name[:17] for p in (tmp_path / "archive").glob("step-*"))
+    assert archived[-1] == "step-000000000005"  # the final save, uploaded before the run ended
     code, out = trainready("report", str(run_dir), "--json", cwd=tmp_path)
     summary = json.loads(out)
     assert code == 0 and summary["schema_version"] == 1 and summary["status"] == "finished"
     assert summary["last_step"] == 5 and summary["steps_logged"] == 6 and summary["tokens"] == 6 * 8 * 64
+    assert summary["last_checkpoint"] == 5 and summary["last_archived"] == 5  # the archive's truth, not step 5's view
     assert summary["cost"]["spent_usd"] > 0 and summary["shares"]["compute"] > 0.3
     validate_run_dir(run_dir)
     info = json.loads((run_dir / "run.json").read_text())
     assert info["schema_version"] == 1 and info["environment"]["versions"]["torch"]
     assert info["launches"][0]["exit_code"] == 0
-    code, out = trainready("report", str(run_dir), cwd=tmp_path)
+    code, out = trainready("report", str(run_dir), cwd=tmp_path, env={"COLUMNS": "80"})
     assert code == 0 and "finished" in out and "tokens/s" in out
+    assert "newest step 5, archived up to step 5" in out and "None" not in out
     code, out = trainready("report", str(tmp_path), cwd=tmp_path)
     assert code == 2 and "not a trainready run directory" in out
 

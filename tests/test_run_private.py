@@ -16,9 +16,9 @@ SECRETS = ("sigSECRET123", "hfSECRET456", "archSECRET000")
 SCRIPT = "import sys, time\ntime.sleep(float(sys.argv[1]))\nprint('worker done')\n"
 
 
-def launch(tmp_path, run_dir, *opts, env=None) -> tuple[int, str]:
+def launch(tmp_path, run_dir, *opts, env=None, sleep_s: float = 1.5) -> tuple[int, str]:
     (tmp_path / "sleepy.py").write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), *opts, "--", "python", "sleepy.py", "1.5",
+    cmd = [sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), *opts, "--", "python", "sleepy.py", str(sleep_s),
            "--data", "https://b.s3.amazonaws.com/x?X-Amz-Signature=sigSECRET123", "--hf-token", "hfSECRET456"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env_for_run(env), capture_output=True, text=True, timeout=180,
                           preexec_fn=lambda: os.umask(0o022))  # the modes asserted must not depend on the tester's umask
@@ -48,10 +48,13 @@ def test_run_dir_is_private_and_holds_no_secret(tmp_path):
 
 def test_torn_run_json_between_launches_still_counts_the_first_launchs_spend(tmp_path):
     run_dir = tmp_path / "run"
-    budget = ("--usd-per-hour", "3600", "--budget-usd", "1")  # $1 per second: the first launch spends it all
+    budget = ("--usd-per-hour", "3600", "--budget-usd", "10")  # $1 per second: the first launch spends it all
     group = {"TRAINREADY_FILE_MODE": "group"}
-    code, out = launch(tmp_path, run_dir, *budget, env=group)
-    assert code == 0, out[-3000:]
+    # a script that never reports a step (no trainready.init()): the launcher itself stops it before the budget
+    code, out = launch(tmp_path, run_dir, *budget, env=group, sleep_s=600)
+    assert code == 4 and "budget guard: stopped during start-up (no step reported yet)" in out, out[-3000:]
+    first = json.loads((run_dir / "run.json").read_text())["launches"][0]
+    assert first["reason"] == "budget" and first["end_unix"] - first["start_unix"] <= 10.0  # $1/s: within $10
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o750
     assert {mode for name, mode in modes(run_dir).items() if name != "logs"} == {0o640}
     whole = (run_dir / "run.json").read_bytes()

@@ -28,10 +28,10 @@ def _mode(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-def _launcher(run_dir: Path, command=None, budget=None, said=None) -> Launcher:
+def _launcher(run_dir: Path, command=None, budget=None, said=None, resume=False) -> Launcher:
     settings = RunSettings(run_dir=run_dir, budget_usd=budget, usd_per_hour=3600.0 if budget else None,
                            archive="s3://AKIAABCDEFGHIJKLMNOP:archSECRET000@bucket/x")
-    spec = LaunchSpec(command=command or ["python", "train.py"], settings=settings,
+    spec = LaunchSpec(command=command or ["python", "train.py"], settings=settings, resume=resume,
                       config={"archive": "https://user:archSECRET000@host/x", "hot": str(run_dir / "checkpoints")})
     return Launcher(spec, (said if said is not None else []).append, lambda records: None)
 
@@ -138,15 +138,21 @@ def test_run_json_holds_the_command_and_archive_redacted(tmp_path):
     assert info["config"]["archive"] == "https://***@host/x"
     summary = (run_dir / "summary.json").read_text()
     assert not [s for s in SECRETS if s in summary] and json.loads(summary)["command"] == info["command"]
-    # the same command again: compared in redacted form, so no "holds a run of" note
+    # the same command again: compared in redacted form, so it resumes without a word
     again = _launcher(run_dir, SECRET_COMMAND, said=said)
     again._begin()
     _release(again)
-    assert not any("holds a run of" in line for line in said), said
-    other = _launcher(run_dir, ["python", "other.py", "--hf-token", "hfSECRET456"], said=said)
+    assert not any("--resume" in line for line in said), said
+    other_command = ["python", "other.py", "--hf-token", "hfSECRET456"]
+    other = _launcher(run_dir, other_command, said=said)
+    with pytest.raises(UsageError, match="holds a run of `python train.py") as refused:  # another experiment
+        other._begin()
+    _release(other)
+    assert "--resume" in str(refused.value) and not [s for s in SECRETS if s in str(refused.value)]
+    other = _launcher(run_dir, other_command, said=said, resume=True)
     other._begin()
     _release(other)
-    note = [line for line in said if "holds a run of" in line]
+    note = [line for line in said if "--resume: continuing the run of" in line]
     assert note and not [s for s in SECRETS if s in note[0]]
 
 

@@ -30,17 +30,21 @@ from trainready.run.telemetry import TelemetryWriter, read_records
 from trainready.run.watchdog import process_start_ticks
 
 
-def guard(budget=10.0, spent_s=0.0):
-    return BudgetGuard(budget, CostClock(usd_per_hour=3600.0, nnodes=1, prior_s=spent_s, launch_unix=1000.0))
+def guard(budget=10.0, spent_s=0.0, exit_s=0.0):
+    return BudgetGuard(budget, CostClock(usd_per_hour=3600.0, nnodes=1, prior_s=spent_s, launch_unix=1000.0),
+                       exit_s=exit_s)
 
 
-def test_budget_stops_only_when_the_next_step_and_final_save_would_not_fit():
+def test_budget_stops_only_when_the_next_step_final_save_and_exit_would_not_fit():
     g = guard()
     assert not g.assess(8.5, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 8.5 + 1.1 < 10
     assert g.assess(9.0, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 9.0 + 1.1 > 10
     assert not g.assess(9.0, step_s=0.5, final_save_s=0.5, remaining_steps=0).stop  # nothing left to run
     unpriced = BudgetGuard(10.0, CostClock(None, 1, 0.0, 1000.0))
     assert not unpriced.assess(4000.0, 1.0, 1.0, 10).stop
+    shutdown = guard(exit_s=2.0)  # the workers and the launcher take 2 s to exit after the final save: billed too
+    assert shutdown.assess(7.5, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 7.5 + 3.3 > 10
+    assert not shutdown.assess(6.5, step_s=0.5, final_save_s=0.5, remaining_steps=100).stop  # 6.5 + 3.3 < 10
 
 
 def test_budget_counts_earlier_launches_and_every_node():
@@ -51,17 +55,30 @@ def test_budget_counts_earlier_launches_and_every_node():
     assert view.eta_s == 10.0
 
 
-def test_budget_warnings_fire_once_each():
+def test_budget_warnings_fire_once_each_in_order_when_crossed():
     g = guard()
     first = g.assess(1.0, 0.1, 0.1, 5)
     assert first.warnings == ()
     at_half = g.assess(5.0, 0.1, 0.1, 5)
-    assert len(at_half.warnings) == 1 and "50%" in at_half.warnings[0]
+    assert at_half.warnings == ("spent $5.00, 50% of the $10.00 budget",)
     assert g.assess(5.5, 0.1, 0.1, 5).warnings == ()
     over = g.assess(8.0, 1.0, 0.1, 50)
-    assert any("80%" in w for w in over.warnings) and any("projected cost" in w for w in over.warnings)
+    assert over.warnings[0] == "spent $8.00, 80% of the $10.00 budget" and "projected cost" in over.warnings[1]
     assert g.assess(8.1, 1.0, 0.1, 50).warnings == ()
     assert guard().assess(9.5, 1.0, 0.1, 50, peek=True).warnings == ()  # the telemetry view changes nothing
+    both = guard().assess(8.5, 0.1, 0.1, 1).warnings  # both crossed since the last look: still in order
+    assert [w.split(", ")[1][:3] for w in both] == ["50%", "80%"]
+
+
+def test_spend_warnings_do_not_announce_what_earlier_launches_crossed():
+    from trainready.run.budget import SpendWarnings
+
+    warn = SpendWarnings(10.0, already_usd=6.0)  # a relaunch: 60% spent before it
+    assert warn.crossed(6.5) == []
+    assert warn.crossed(8.2) == ["spent $8.20, 80% of the $10.00 budget"]
+    assert warn.crossed(9.9) == []
+    launcher_side = BudgetGuard(10.0, CostClock(3600.0, 1, 0.0, 1000.0), warn_spent=False)
+    assert launcher_side.assess(9.0, 0.1, 0.1, 100).warnings[0].startswith("projected cost")  # 50%/80%: the launcher
 
 
 def test_young_daly_interval():
@@ -273,15 +290,83 @@ def test_init_with_arguments_and_no_launcher(tmp_path):
         "step-000000000003", "step-000000000004"]  # keep_hot=2
 
 
-def test_relaunch_needs_start_up_and_two_steps():
-    from trainready.run.launcher import measured_relaunch_s
+def test_relaunch_needs_start_up_two_steps_and_shutdown():
+    from trainready.run.launcher import measured_exit_s, measured_relaunch_s
 
     assert measured_relaunch_s([])[0] == 0.0
     records = [{"type": "launch", "t": 100.0}, {"type": "step", "t": 110.0, "interval_s": 4.0},
                {"type": "step", "t": 111.0, "interval_s": 1.0}, {"type": "step", "t": 112.0, "interval_s": 1.0},
+               {"type": "stop", "t": 113.0}, {"type": "end", "t": 113.5}, {"type": "exit", "t": 117.0, "reason": "budget"},
                {"type": "launch", "t": 200.0}, {"type": "step", "t": 203.0, "interval_s": 1.0}]
+    assert measured_exit_s(records) == pytest.approx(4.0)  # from the workers' stop to the launcher's exit
     need, why = measured_relaunch_s(records)
-    assert need == pytest.approx(6.0 + 2 * 1.0) and "start-up" in why  # slowest start-up 110-100-4 = 6 s
+    assert need == pytest.approx(6.0 + 2 * 1.0 + 4.0) and "start-up" in why  # slowest start-up 110-100-4 = 6 s
+    # a launch the budget stopped before its first step: its length is a lower bound on start-up
+    starved = [{"type": "launch", "t": 100.0}, {"type": "start", "t": 107.0}, {"type": "exit", "t": 109.0, "reason": "budget"}]
+    need, why = measured_relaunch_s(starved)
+    assert need == pytest.approx(9.0) and "more than 9 s" in why
+    failed = [{"type": "launch", "t": 100.0}, {"type": "exit", "t": 101.0, "reason": "failed"}]
+    assert measured_relaunch_s(failed)[0] == 0.0  # a script that crashed at once says nothing about start-up
+
+
+def test_ckpt_every_defaults_to_auto_and_off_says_what_a_crash_costs():
+    from trainready.run.configure import _ckpt_every, describe_checkpoints
+
+    assert _ckpt_every(None) == "auto" and _ckpt_every("off") is None and _ckpt_every("25") == 25
+    with pytest.raises(UsageError, match="'auto' .* or 'off'"):
+        _ckpt_every("0")
+    assert "a crash loses everything since the start" in describe_checkpoints(None)
+    assert "a crash loses at most 25 step(s)" in describe_checkpoints(25)
+    assert RunSettings.from_env({"TRAINREADY_CKPT_EVERY": "off"}).ckpt_every is None
+
+
+def test_report_reads_the_final_checkpoint_status_from_the_end_record(tmp_path):
+    """Step 49's record was written while its save and upload ran (archived 39); the end record,
+    written after both finished, has the truth (49)."""
+    _records(tmp_path, [{"type": "start", "archive": "s3://b/x", "world_size": 1},
+                        {"type": "step", "step": 49, "interval_s": 1.0,
+                         "ckpt": {"last_saved": 39, "saving": False, "uploading": None, "archived": 39}},
+                        {"type": "ckpt", "step": 49, "stall_s": 0.1, "async_save": True, "hot": "h"},
+                        {"type": "end", "last_step": 49, "steps_this_launch": 50, "last_saved": 49, "archived": 49}])
+    s = summarize(tmp_path)
+    assert (s.last_checkpoint, s.last_archived, s.archive) == (49, 49, "s3://b/x")
+
+
+def _render(summary, width=80) -> str:
+    from trainready.cli.render_run import render_summary
+
+    buf = io.StringIO()
+    render_summary(Console(file=buf, width=width, markup=False), summary)
+    return buf.getvalue()
+
+
+def test_report_never_shows_python_none(tmp_path):
+    _records(tmp_path, [{"type": "launch", "argv": [], "node_rank": 0, "prior_billed_s": 0.0}])
+    text = _render(summarize(tmp_path))
+    assert "None" not in text and "none yet" in text and "none committed, no archive" in text
+    _records(tmp_path, [{"type": "start", "archive": "/mnt/archive", "usd_per_hour": 2.5, "nnodes": 2},
+                        {"type": "step", "step": 0, "interval_s": 1.0, "cost_usd": 0.001,
+                         "ckpt": {"last_saved": None, "saving": True, "uploading": None, "archived": None}}])
+    text = _render(summarize(tmp_path))
+    assert "None" not in text and "none committed, none archived" in text and "$2.5/h x 2 node(s)" in text
+
+
+def test_live_view_prints_commands_and_messages_as_written():
+    """A Panel reads a plain-string title as markup even on a markup-off console: `[/]` in a
+    command crashed the live view, `[bold]` vanished."""
+    buf = io.StringIO()
+    view = LiveView(Console(file=buf, width=80), "python t.py --tag [bold]x --p [/]", live=False)
+    view.update([{"type": "start", "world_size": 2, "archive": "/a"},
+                 {"type": "budget", "message": "spent $5.00 [red]x[/red], 50% of the $10.00 budget"},
+                 {"type": "step", "step": 9, "interval_s": 1.0, "tokens_per_s": 123456789.0,
+                  "ckpt": {"last_saved": 4, "archived": 4, "saving": True}},
+                 {"type": "end", "last_step": 9, "steps_this_launch": 10, "last_saved": 9, "archived": 9},
+                 {"type": "stop", "message": "budget guard: stopped"}])
+    Console(file=buf, width=80).print(view.render())
+    text = buf.getvalue()
+    assert "--tag [bold]x --p [/]" in text and "[red]x[/red]" in text
+    assert "hot 9  archived 9" in text and "123,456,789" in text  # final status; numbers whole at 80 columns
+    assert "budget guard: stopped" not in text  # a stop is said once, by the launcher's result line
 
 
 def test_launchers_run_dir_wins_over_a_scripts_own(monkeypatch, tmp_path, caplog):
@@ -298,3 +383,11 @@ def test_launchers_run_dir_wins_over_a_scripts_own(monkeypatch, tmp_path, caplog
     caplog.clear()
     _keep_launchers_run_dir(same)
     assert same == {} and not caplog.text  # the same directory: nothing to say
+
+
+def test_emit_passes_ckpt_every_off_to_the_launcher_and_the_workers():
+    from trainready.run.emit import EmitSpec
+
+    spec = EmitSpec(command=["python", "train.py"], ckpt_every="off")
+    assert spec.run_options[-2:] == ["--ckpt-every", "off"]
+    assert RunSettings.from_env(spec.worker_env).ckpt_every is None  # plain torchrun: the workers read it

@@ -13,12 +13,14 @@ from .console import emit_json, err, out
 
 CODES = ("Exit codes: 0 training finished (or --emit/--scaling done); 1 a worker failed and --max-restarts ran out "
          "(its last log lines and a diagnosis are shown); 2 usage error (bad option, missing script, unknown instance, "
-         "budget below one step, archive without credentials or unreachable), nothing started; 3 internal error; "
+         "budget below one step, archive without credentials or unreachable, a run directory holding another command's "
+         "run without --resume), nothing started; 3 internal error; "
          "4 stopped by the budget guard after a final checkpoint; 128+N interrupted by signal N (130 SIGINT, "
          "143 SIGTERM) after a final checkpoint.")
 HELP = ("Run a training command on torchrun with checkpoints, telemetry, a live view and a budget guard. Workers get "
         "their settings as TRAINREADY_* variables (trainready.init() reads them); the run directory holds run.json, "
-        "telemetry.jsonl, logs/ and summary.json. Run the same command again to resume.\n\n" + CODES)
+        "telemetry.jsonl, logs/ and summary.json. Run the same command again to resume (a changed command needs "
+        "--resume).\n\n" + CODES)
 REPORT_HELP = ("Summarize a run directory: steps, throughput, MFU, where the time went, checkpoints, cost, how it "
                "ended. Works while the run is going. Exit codes: 0 ok; 2 not a run directory; 3 internal error.")
 
@@ -33,17 +35,18 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="Rendezvous id, the same on every node.", rich_help_panel=LAUNCH)] = None,
         max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the workers this many times after a failure (they resume from the newest checkpoint).", rich_help_panel=LAUNCH)] = 0,
         run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory; with --nnodes > 1 each node uses RUN_DIR/node<R>. [default: runs/<script name>]", rich_help_panel=LAUNCH)] = None,
+        resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir even though the command differs from the one that started it (without it, a different command there is refused).", rich_help_panel=LAUNCH)] = False,
         grace: Annotated[float, typer.Option("--grace", min=1, help="Seconds from SIGINT/SIGTERM to exit: the final checkpoint and its upload (spot gives 120).", rich_help_panel=LAUNCH)] = 100.0,
         show_ranks: Annotated[str, typer.Option("--show-ranks", help="Local ranks whose output is echoed here, e.g. 0 or 0,1 (all go to the logs).", rich_help_panel=LAUNCH)] = "0",
         hot: Annotated[Optional[str], typer.Option("--hot", help="Hot checkpoint tier (the node's NVMe). [default: RUN_DIR/checkpoints]", rich_help_panel=CKPT)] = None,
         archive: Annotated[Optional[str], typer.Option("--archive", help="Archive tier: a shared path or s3://bucket/prefix.", rich_help_panel=CKPT)] = None,
-        ckpt_every: Annotated[Optional[str], typer.Option("--ckpt-every", help="Checkpoint every N steps, or 'auto' (Young/Daly from the measured stall and the instance's MTBF). [default: at the end and when stopping]", rich_help_panel=CKPT)] = None,
+        ckpt_every: Annotated[Optional[str], typer.Option("--ckpt-every", help="Checkpoint every N steps; 'auto' (Young/Daly from the measured stall and the instance's MTBF); 'off' (only at the end and when stopping: a crash loses everything). [default: auto]", show_default=False, rich_help_panel=CKPT)] = None,
         keep_hot: Annotated[int, typer.Option("--keep-hot", min=1, help="Checkpoints kept on the hot tier.", rich_help_panel=CKPT)] = 2,
         instance: Annotated[Optional[str], typer.Option("--instance", help="Instance type, for its price and MTBF (e.g. p4d.24xlarge).", rich_help_panel=COST)] = None,
         spot: Annotated[bool, typer.Option("--spot", help="Spot capacity: spot price, shorter MTBF.", rich_help_panel=COST)] = False,
         region: Annotated[Optional[str], typer.Option("--region", help="Region for the catalog price.", rich_help_panel=COST)] = None,
         usd_per_hour: Annotated[Optional[float], typer.Option("--usd-per-hour", min=0.0, help="Price per node-hour (overrides the catalog).", rich_help_panel=COST)] = None,
-        budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", min=0.0, help="Stop with a final checkpoint before spending more than this (warnings at 50% and 80%).", rich_help_panel=COST)] = None,
+        budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", min=0.0, help="Stop with a final checkpoint before spending more than this; start-up and shutdown are billed too (warnings at 50% and 80%).", rich_help_panel=COST)] = None,
         mtbf_hours: Annotated[Optional[float], typer.Option("--mtbf-hours", min=0.0, help="The job's mean time between failures, for --ckpt-every auto. [default: catalog assumption]", rich_help_panel=COST)] = None,
         job: Annotated[Optional[Path], typer.Option("--job", help="Job spec (plan --save): model for MFU, instance, price, step-time estimate.", rich_help_panel=COST)] = None,
         scaling: Annotated[Optional[str], typer.Option("--scaling", help="Run briefly at each process count, e.g. 1,2,4,8, and report scaling efficiency and where time went.", rich_help_panel=MODES)] = None,
@@ -56,7 +59,7 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts, hot=hot, archive=archive,
                       ckpt_every=ckpt_every, keep_hot=keep_hot, instance=instance, spot=spot, region=region,
                       usd_per_hour=usd_per_hour, budget_usd=budget_usd, mtbf_hours=mtbf_hours, run_dir=run_dir, job=job,
-                      grace_s=grace, show_ranks=show_ranks)
+                      grace_s=grace, show_ranks=show_ranks, resume=resume)
     if emit is not None:
         from trainready.run.emit_cli import emit_for
 

@@ -28,7 +28,7 @@ class RunOptions:
     max_restarts: int = 0
     hot: str | None = None
     archive: str | None = None
-    ckpt_every: str | None = None
+    ckpt_every: str | None = None  # None: 'auto'
     keep_hot: int = 2
     instance: str | None = None
     spot: bool = False
@@ -40,6 +40,7 @@ class RunOptions:
     job: Path | None = None
     grace_s: float = 100.0
     show_ranks: str = "0"
+    resume: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -66,14 +67,27 @@ def _nproc(value: str, gpus_per_node: int | None) -> int | str:
 
 
 def _ckpt_every(value: str | None) -> int | str | None:
-    if value is None:
-        return None
-    text = value.strip().lower()
+    """Default 'auto': a run is resumable unless checkpoints are turned off ('off': None)."""
+    text = "auto" if value is None else value.strip().lower()
     if text == "auto":
         return "auto"
+    if text == "off":
+        return None
     if text.isdigit() and int(text) >= 1:
         return int(text)
-    raise UsageError(f"--ckpt-every {value!r}: a number of steps (>= 1) or 'auto' (Young/Daly from measured stalls)")
+    raise UsageError(f"--ckpt-every {value!r}: a number of steps (>= 1), 'auto' (Young/Daly from measured stalls, "
+                     "the default) or 'off'")
+
+
+def describe_checkpoints(every: int | str | None) -> str:
+    """What a crash will cost, said at launch."""
+    if every is None:
+        return ("checkpoints off (--ckpt-every off): saved only at the end and on a clean stop (signal, budget); "
+                "a crash loses everything since the start of this launch")
+    if every == "auto":
+        return ("checkpoints auto: the first at the second step (to measure the save), then at the Young/Daly interval "
+                "from the measured save and the MTBF, said once measured; a crash loses at most one interval")
+    return f"checkpoints every {every} step(s): a crash loses at most {every} step(s)"
 
 
 def _from_job(path: Path, opts: RunOptions, notes: list[str]) -> tuple[float | None, float | None]:
@@ -105,6 +119,7 @@ def configure(opts: RunOptions) -> Configured:
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts {opts.max_restarts}: must be >= 0")
     notes: list[str] = []
+    every = _ckpt_every(opts.ckpt_every)  # before anything slow: a typo is found at once
     flops, step_s = _from_job(opts.job, opts, notes) if opts.job else (None, None)
     gpus_per_node = None
     if opts.instance:
@@ -124,7 +139,7 @@ def configure(opts: RunOptions) -> Configured:
         if value is not None and value <= 0:
             raise UsageError(f"{flag} {value:g}: must be > 0")
     settings = RunSettings(
-        run_dir=run_dir, hot=opts.hot, archive=opts.archive, ckpt_every=_ckpt_every(opts.ckpt_every),
+        run_dir=run_dir, hot=opts.hot, archive=opts.archive, ckpt_every=every,
         keep_hot=opts.keep_hot, budget_usd=opts.budget_usd, usd_per_hour=price.usd_per_hour, nnodes=opts.nnodes,
         instance=opts.instance, spot=opts.spot, mtbf_h=opts.mtbf_hours, flops_per_token=flops, grace_s=opts.grace_s)
     config: dict[str, Any] = {
@@ -137,5 +152,7 @@ def configure(opts: RunOptions) -> Configured:
     preflight.check_torch(nproc)
     spec = LaunchSpec(command=opts.command, settings=settings, nproc_per_node=nproc,
                       nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
-                      rdzv_id=opts.rdzv_id, max_restarts=opts.max_restarts, show_ranks=opts.show_ranks, config=config)
+                      rdzv_id=opts.rdzv_id, max_restarts=opts.max_restarts, show_ranks=opts.show_ranks, config=config,
+                      resume=opts.resume)
+    notes.append(describe_checkpoints(every))
     return Configured(spec, price.source, step_s, notes)

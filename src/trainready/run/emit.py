@@ -71,7 +71,7 @@ class EmitSpec(BaseModel):
     max_restarts: int = 3
     hot: str | None = None
     archive: str | None = None
-    ckpt_every: int | Literal["auto"] | None = None
+    ckpt_every: int | Literal["auto", "off"] | None = None
     usd_per_hour: float | None = None
     budget_usd: float | None = None
     run_dir: str | None = None
@@ -81,11 +81,11 @@ class EmitSpec(BaseModel):
     def _ckpt_every(cls, value: object) -> object:
         if isinstance(value, str):
             text = value.strip()
-            if text.lower() == "auto":
-                return "auto"
+            if text.lower() in ("auto", "off"):
+                return text.lower()
             if text.lstrip("-").isdigit():
                 return int(text)
-            raise UsageError(f"--ckpt-every must be a number of steps or 'auto' (got {value!r})")
+            raise UsageError(f"--ckpt-every must be a number of steps, 'auto' or 'off' (got {value!r})")
         return value
 
     @model_validator(mode="after")

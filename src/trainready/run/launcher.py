@@ -27,6 +27,7 @@ from typing import Any
 
 from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv, replace_durable
 
+from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings
 from .settings import STOP_FILE, RunSettings
 from .summary import RunSummary, billed_seconds, launches_from_telemetry, redact_values, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
@@ -51,6 +52,7 @@ class LaunchSpec:
     max_restarts: int = 0
     show_ranks: str = "0"  # local ranks echoed to the console (all go to the logs)
     config: dict[str, Any] = field(default_factory=dict)  # what the user asked for, for run.json
+    resume: bool = False  # --resume: continue the run in run_dir even with a changed command
 
     @property
     def run_dir(self) -> Path:
@@ -93,33 +95,80 @@ def _pdeathsig_setter() -> Callable[[], None] | None:
     return lambda: prctl(1, signal.SIGKILL)
 
 
-def measured_relaunch_s(records: list[dict[str, Any]]) -> tuple[float, str]:
-    """Seconds a relaunch needs before it can stop cleanly again: the slowest start-up (launch to
-    first step) plus two median steps (one step, and a final save guessed at one step), as
-    measured in earlier launches; (0, ...) when nothing was measured."""
-    step = median_step_s(records)
-    if step is None:
-        return 0.0, "anything (nothing measured yet)"
-    startups, launched = [], None
+def _launches(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Telemetry split at the launcher's `launch` records (each part: one launch's records)."""
+    parts: list[list[dict[str, Any]]] = []
     for r in records:
         if r.get("type") == "launch":
-            launched = r["t"]
-        elif r.get("type") == "step" and launched is not None:
-            startups.append(max(0.0, r["t"] - launched - (r.get("interval_s") or 0)))
-            launched = None
+            parts.append([])
+        if parts:
+            parts[-1].append(r)
+    return parts
+
+
+def measured_exit_s(records: list[dict[str, Any]]) -> float | None:
+    """The slowest shutdown of earlier launches: from the workers' stop (or end) record to the
+    launcher's exit record (workers exiting, torchrun noticing, the launcher writing run.json)."""
+    gaps = []
+    for part in _launches(records):
+        done = next((r for r in part if r.get("type") in ("stop", "end")), None)
+        ended = next((r for r in part if r.get("type") == "exit"), None)
+        if done is not None and ended is not None:
+            gaps.append(max(0.0, ended["t"] - done["t"]))
+    return max(gaps, default=None)
+
+
+def measured_relaunch_s(records: list[dict[str, Any]]) -> tuple[float, str]:
+    """Seconds a relaunch needs before it can stop cleanly again: the slowest start-up (launch to
+    first step) plus two median steps (one step, and a final save guessed at one step) plus the
+    slowest shutdown, as measured in earlier launches; (0, ...) when nothing was measured. A
+    launch the budget stopped before its first step is a lower bound on start-up."""
+    step = median_step_s(records)
+    startups = []
+    for part in _launches(records):
+        first = next((r for r in part if r.get("type") == "step"), None)
+        if first is not None:
+            startups.append(max(0.0, first["t"] - part[0]["t"] - (first.get("interval_s") or 0)))
+        elif (ended := next((r for r in part if r.get("type") == "exit"), None)) and ended.get("reason") == "budget":
+            startups.append(max(0.0, ended["t"] - part[0]["t"]))  # start-up took longer than this
+    if step is None and not startups:
+        return 0.0, "anything (nothing measured yet)"
     startup = max(startups, default=0.0)
-    return startup + 2 * step, f"start-up, one step and a final save ({startup:.0f} s + 2 x {step:.1f} s, measured)"
+    if step is None:
+        return startup, f"start-up (more than {startup:.0f} s, measured: a launch ran out of budget before its first step)"
+    down = measured_exit_s(records) or 0.0
+    return (startup + 2 * step + down,
+            f"start-up, one step, a final save and shutdown ({startup:.0f} s + 2 x {step:.1f} s + {down:.0f} s, measured)")
+
+
+def process_start_unix(pid: int | None = None) -> float | None:
+    """When a process started (unix seconds, to 10 ms), from /proc: the launcher's start-up is billed
+    too. Its start is in clock ticks since boot; the age is measured on the boot clock (/proc/stat's
+    whole-second boot time would put it up to a second early)."""
+    ticks = process_start_ticks(pid or os.getpid())
+    try:
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK") if ticks is not None else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return time.time() - age if age is not None and age >= 0 else None
 
 
 class Launcher:
     """One launch of a run (a run may be launched again with the same command: it resumes)."""
 
-    def __init__(self, spec: LaunchSpec, on_output: Callable[[str], None], on_records: Callable[[list], None]):
+    def __init__(self, spec: LaunchSpec, on_output: Callable[[str], None], on_records: Callable[[list], None],
+                 started_unix: float | None = None):
+        """`started_unix`: when this launch began costing money (the CLI passes its process's start);
+        default now."""
         self.spec = spec
         self.on_output, self.on_records = on_output, on_records
         self.agent: subprocess.Popen | None = None
         self.signalled: int | None = None
-        self.start_unix = time.time()
+        self.start_unix = min(time.time(), started_unix or time.time())
+        self._starting = True  # no step reported since the launch or the latest (re)start of the workers
+        self._spend: SpendWarnings | None = None
+        self._budget_stop: str | None = None  # set when the launcher stopped the workers for the budget
+        self._projected: float | None = None
         self.output_tail: list[str] = []
         self._offset = 0
         self._signal_deadline: float | None = None
@@ -179,9 +228,7 @@ class Launcher:
         info, rebuilt = self._load_info(records)
         # run.json holds the command with its secrets hidden: compare like with like
         command = redact_argv(self.spec.command)
-        if info.get("command") and redact_argv(info["command"]) != command:
-            self.on_output(f"trainready: note: {run_dir} holds a run of `{' '.join(redact_argv(info['command']))}`; "
-                           f"resuming it with `{' '.join(command)}` (use another --run-dir for a new run)")
+        self._check_same_run(info, command)
         from .environment import describe_environment
 
         info.setdefault("schema_version", RUN_SCHEMA_VERSION)
@@ -195,6 +242,10 @@ class Launcher:
             self._write_info(info)  # what was rebuilt survives a budget refusal below
         prior = billed_seconds(info.get("launches", []), records)
         self._check_budget_left(prior, records)
+        self._announce_budget(prior)
+        exit_s = measured_exit_s(records)
+        if exit_s is not None:  # one launch's shutdown says little about the next one's on a busy machine
+            exit_s *= EXIT_JITTER
         info.setdefault("launches", []).append({
             "start_unix": self.start_unix, "end_unix": None, "exit_code": None, "reason": None,
             "pid": os.getpid(), "pid_start_ticks": process_start_ticks(os.getpid()), "node_rank": self.spec.node_rank,
@@ -204,7 +255,41 @@ class Launcher:
         (run_dir / STOP_FILE).unlink(missing_ok=True)
         self.settings = self.spec.settings.model_copy(update={
             "prior_s": prior, "launch_unix": self.start_unix, "launcher_pid": os.getpid(),
-            "launcher_start_ticks": process_start_ticks(os.getpid())})
+            "launcher_start_ticks": process_start_ticks(os.getpid()), "exit_s": exit_s})
+        s = self.settings
+        if s.budget_usd is not None and s.usd_per_hour is not None:
+            self._spend = SpendWarnings(s.budget_usd, s.usd_per_hour * s.nnodes / 3600 * prior)
+
+    def _check_same_run(self, info: dict[str, Any], command: list[str]) -> None:
+        """Another command in this run directory is another experiment: resuming its weights silently
+        would train the wrong thing. Refused unless --resume says that is what is wanted."""
+        from trainready.errors import UsageError
+
+        earlier = redact_argv(info.get("command") or [])
+        run_dir = self.spec.run_dir
+        if earlier and earlier != command:
+            if not self.spec.resume:
+                raise UsageError(f"{run_dir} holds a run of `{' '.join(earlier)}`, not of `{' '.join(command)}`: a "
+                                 "different command is a different run. Give it its own --run-dir to start fresh, or "
+                                 "pass --resume to continue that run's checkpoints with the changed command")
+            self.on_output(f"trainready: --resume: continuing the run of `{' '.join(earlier)}` in {run_dir} with "
+                           f"`{' '.join(command)}`")
+        elif self.spec.resume and not info.get("launches"):
+            raise UsageError(f"--resume: {run_dir} holds no run to resume (no run.json with a launch): check "
+                             "--run-dir, or leave out --resume to start a new run there")
+
+    def _announce_budget(self, prior_s: float) -> None:
+        """What the budget buys, before anything is spent on workers: start-up is billed too."""
+        s = self.spec.settings
+        if s.budget_usd is None or s.usd_per_hour is None:
+            return
+        per_s = s.usd_per_hour * s.nnodes / 3600
+        spent = prior_s * per_s
+        left = max(0.0, s.budget_usd - spent)
+        earlier = (f"earlier launches spent ${spent:.2f} ({spent / s.budget_usd:.0%}), " if prior_s > 0 else "")
+        self.on_output(f"trainready: budget ${s.budget_usd:.2f} at ${s.usd_per_hour:g}/h x {s.nnodes} node(s): "
+                       f"{earlier}${left:.2f} left = {_clock(left / per_s)} of wall time, start-up and shutdown "
+                       "included; the run stops with a checkpoint before it is spent")
 
     def _lock_run_dir(self) -> None:
         """One launcher per run directory: a second one would fence the first one's checkpoints."""
@@ -234,8 +319,14 @@ class Launcher:
         per_s = s.usd_per_hour * s.nnodes / 3600
         spent = prior_s * per_s
         need_s, why = measured_relaunch_s(records)
-        if spent + per_s * need_s >= s.budget_usd * 0.999:
+        need_s = max(need_s, KILL_S * MARGIN)  # at the very least, starting and being stopped again
+        now_s = max(0.0, time.time() - self.start_unix)  # this launcher's own start-up, billed too
+        if spent + per_s * (now_s + need_s) >= s.budget_usd * 0.999:
             left = max(0.0, s.budget_usd - spent)
+            if prior_s <= 0:
+                raise UsageError(f"--budget-usd {s.budget_usd:g} at ${s.usd_per_hour:g}/h x {s.nnodes} node(s) buys "
+                                 f"{_clock(s.budget_usd / per_s)}: not even enough to start the workers and stop them "
+                                 "again; raise --budget-usd")
             raise UsageError(f"earlier launches of this run already spent ${spent:.2f} of the ${s.budget_usd:.2f} budget "
                              f"({prior_s:.0f} s billed); the ${left:.2f} left does not cover {why} (${per_s * need_s:.2f}): "
                              "raise --budget-usd to continue from the last checkpoint")
@@ -272,6 +363,7 @@ class Launcher:
             pump.start()
             while self.agent.poll() is None:
                 self._poll_telemetry()
+                self._watch_budget()
                 self._escalate_if_overdue()
                 time.sleep(0.25)
             pump.join(timeout=5)
@@ -328,12 +420,43 @@ class Launcher:
 
     def _poll_telemetry(self) -> None:
         records, self._offset = read_records(self.spec.run_dir / FILE, self._offset)
+        for r in records:
+            if r.get("type") == "start":
+                self._starting = True  # a (re)started attempt: nothing new to save until its first step
+            elif r.get("type") == "step":
+                self._starting = False
+                self._projected = r.get("projected_usd")
         if records:
             self.on_records(records)
+
+    def _watch_budget(self) -> None:
+        """The launcher's part of the budget guard, on its own clock (the billed one): the 50% and 80%
+        warnings when crossed, and, while the workers have no step to save (start-up, a restart),
+        the stop: ended at once, they lose nothing, and the budget is not spent on start-up alone.
+        From their first step on, the workers stop themselves with a final checkpoint."""
+        s = self.settings
+        if self._spend is None or s.usd_per_hour is None or s.budget_usd is None or self._budget_stop:
+            return
+        per_s = s.usd_per_hour * s.nnodes / 3600
+        spent = per_s * (s.prior_s + time.time() - self.start_unix)
+        crossed = self._spend.crossed(spent)
+        if crossed:  # as telemetry: the live view shows it (once), report lists it
+            writer = TelemetryWriter(self.spec.run_dir, source="launcher")
+            for message in crossed:
+                writer.write("budget", message=message, spent_usd=round(spent, 4), projected_usd=self._projected)
+            writer.close()
+        if self._starting and self.signalled is None and spent + per_s * KILL_S * MARGIN >= s.budget_usd:
+            self._budget_stop = (f"budget guard: stopped during start-up (no step reported yet) with ${spent:.2f} of the "
+                                 f"${s.budget_usd:.2f} budget spent; nothing new to save: raise --budget-usd to "
+                                 "continue from the newest checkpoint")
+            assert self.agent is not None
+            self.agent.kill()  # its workers see it go and exit within 0.5 s (watchdog.py)
 
     # ---- outcome -----------------------------------------------------------------------------
 
     def _outcome(self, returncode: int) -> LaunchResult:
+        if self._budget_stop is not None:
+            return LaunchResult(EXIT_BUDGET, "budget", self._budget_stop)
         stop = self._read_stop()
         if stop is not None:
             reason, code = stop.get("reason", "stopped"), int(stop.get("exit_code", 0))
@@ -358,3 +481,10 @@ class Launcher:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec} s")

@@ -1,5 +1,7 @@
 """The launcher's live view, fed by telemetry records: a Rich panel on a terminal, a status
-line every STATUS_EVERY_S seconds otherwise (CI logs, `nohup`). Worker output scrolls above it."""
+line every STATUS_EVERY_S seconds otherwise (CI logs, `nohup`). Worker output scrolls above it.
+Everything shown is rich.text.Text: a command, a path or a message is printed as written, never
+read as markup (a Panel reads a plain-string title as markup even on a markup-off console)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def _tps(step: dict[str, Any]) -> str:
+    value = step.get("tokens_per_s")
+    return f"{value:,.0f}" if isinstance(value, (int, float)) else "-"
+
+
 def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
@@ -58,7 +65,7 @@ class LiveView:
             self._live.stop()
 
     def print(self, line: str) -> None:
-        """Worker output and launcher messages (above the panel when live)."""
+        """Worker output and launcher messages (above the panel when live), never cut."""
         self.console.print(Text(line), soft_wrap=True)
 
     def update(self, records: list[dict[str, Any]]) -> None:
@@ -70,30 +77,37 @@ class LiveView:
                 self.start = r
                 if r.get("restart_count"):
                     self.restarts = r["restart_count"]
-                    self._event(f"workers restarted (restart {r['restart_count']}), world size {r.get('world_size')}")
+                    world = f", world size {r['world_size']}" if r.get("world_size") else ""
+                    self._event(f"workers restarted (restart {r['restart_count']}){world}")
             elif kind == "restore":
-                where = f"step {r['step']} from the {r.get('tier')} tier" if r.get("step") is not None else "nothing: fresh start"
+                where = (f"step {r['step']} from the {r.get('tier') or 'hot'} tier" if r.get("step") is not None
+                         else "nothing: fresh start")
                 self._event(f"restored {where}")
-            elif kind in ("ckpt_interval", "budget", "ckpt_dropped", "stop") and r.get("message"):
-                self._event(r["message"])
+            elif kind == "end" and self.step is not None:  # after the last save and upload: the final status
+                ckpt = dict(self.step.get("ckpt") or {}, saving=False, uploading=None)
+                ckpt["last_saved"] = r.get("last_saved", ckpt.get("last_saved"))
+                ckpt["archived"] = r["archived"] if "archived" in r else ckpt.get("archived")
+                self.step = dict(self.step, ckpt=ckpt)
+            elif kind in ("ckpt_interval", "budget", "ckpt_dropped") and r.get("message"):
+                self._event(r["message"])  # a stop is said once, by the launcher's result line
         if self._live is not None:
             self._live.update(self.render())
         elif self.step is not None and time.monotonic() - self._last_status >= STATUS_EVERY_S:
             self._last_status = time.monotonic()
-            self.console.print(self.status_line(), highlight=False)
+            self.console.print(Text(self.status_line()), soft_wrap=True)
 
     def _event(self, message: str) -> None:
         self.events = (self.events + [message])[-4:]
         if self._live is None:
-            self.console.print(f"trainready: {message}", highlight=False)
+            self.console.print(Text(f"trainready: {message}"), soft_wrap=True)
 
     def status_line(self) -> str:
         s = self.step or {}
         loss = (s.get("metrics") or {}).get("loss")
         total = (self.start or {}).get("total_steps")
-        return (f"step {s.get('step')}{f'/{total}' if total else ''}"
+        return (f"step {s.get('step', '-')}{f'/{total}' if total else ''}"
                 f"{f'  loss {loss:.4f}' if isinstance(loss, (int, float)) else ''}"
-                f"  {s.get('tokens_per_s') or 0:,.0f} tok/s  MFU {_pct(s.get('mfu'))}"
+                f"  {_tps(s)} tok/s  MFU {_pct(s.get('mfu'))}"
                 f"  data wait {_pct(_share(s, 'data_s'))}  ETA {_dur(s.get('eta_s'))}  cost {_usd(s.get('cost_usd'))}")
 
     def render(self) -> Panel:
@@ -101,30 +115,33 @@ class LiveView:
         start = self.start or {}
         grid = Table.grid(padding=(0, 2))
         for _ in range(4):
-            grid.add_column()
+            grid.add_column(overflow="fold")
         loss = (s.get("metrics") or {}).get("loss")
         total = start.get("total_steps")
         ckpt = s.get("ckpt") or {}
         saving = "saving" if ckpt.get("saving") else ("uploading" if ckpt.get("uploading") else "")
         mfu = _pct(s.get("mfu")) if s.get("mfu") is not None else ("n/a (no GPU peak)" if not start.get("peak_tflops") else "-")
-        grid.add_row("step", f"{s.get('step', '-')}{f' / {total}' if total else ''}", "loss",
-                     f"{loss:.4f}" if isinstance(loss, (int, float)) else "-")
-        grid.add_row("tokens/s", f"{s.get('tokens_per_s') or 0:,.0f}", "MFU", mfu)
-        grid.add_row("data wait", _pct(_share(s, "data_s")), "comm", _pct(_share(s, "comm_s")))
+
+        def row(*cells: str) -> None:
+            grid.add_row(*(Text(c) for c in cells))
+
+        row("step", f"{s.get('step', '-')}{f' / {total}' if total else ''}", "loss",
+            f"{loss:.4f}" if isinstance(loss, (int, float)) else "-")
+        row("tokens/s", _tps(s), "MFU", mfu)
+        row("data wait", _pct(_share(s, "data_s")), "comm", _pct(_share(s, "comm_s")))
         hot = ckpt.get("last_saved")
         newest = ckpt.get("archived")
         archived = f"  archived {newest if newest is not None else '-'}" if start.get("archive") else ""
-        grid.add_row("checkpoint", f"hot {hot if hot is not None else '-'}{archived} {saving}".strip(),
-                     "ETA", _dur(s.get("eta_s")))
+        row("checkpoint", f"hot {hot if hot is not None else '-'}{archived} {saving}".strip(), "ETA", _dur(s.get("eta_s")))
         budget = start.get("budget_usd")
-        grid.add_row("cost", _usd(s.get("cost_usd")), "projected",
-                     f"{_usd(s.get('projected_usd'))}{f' (budget {_usd(budget)})' if budget else ''}")
+        row("cost", _usd(s.get("cost_usd")), "projected",
+            f"{_usd(s.get('projected_usd'))}{f' (budget {_usd(budget)})' if budget else ''}")
         parts: list[Any] = [grid]
         if self.events:
             parts.append(Text("\n".join(self.events), style="dim"))
         world = start.get("world_size")
-        title = f"{self.title}  [{world} process{'es' if world != 1 else ''}]" if world else self.title
-        return Panel(Group(*parts), title=title, border_style="cyan")
+        title = f"{self.title}  ({world} process{'es' if world != 1 else ''})" if world else self.title
+        return Panel(Group(*parts), title=Text(title), border_style="cyan")
 
 
 def _share(step: dict[str, Any], key: str) -> float | None:

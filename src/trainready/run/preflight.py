@@ -85,9 +85,14 @@ def check_budget(budget_usd: float | None, price: Price, nnodes: int, step_s: fl
     if price.usd_per_hour is None:
         raise UsageError("--budget-usd needs a price: give --instance TYPE (catalog price) or --usd-per-hour X")
     per_s = price.usd_per_hour * nnodes / 3600
+    from .budget import KILL_S, MARGIN
+
     if step_s is not None and budget_usd < per_s * step_s:
         raise UsageError(f"--budget-usd {budget_usd:g} is below the cost of one step: {step_s:.2f} s/step ({step_source}) "
                          f"x ${price.usd_per_hour:g}/h x {nnodes} node(s) = ${per_s * step_s:.2f}")
+    if budget_usd <= per_s * KILL_S * MARGIN:  # start-up is billed: this would not even start and stop
+        raise UsageError(f"--budget-usd {budget_usd:g} buys {budget_usd / per_s:.1f} s at ${price.usd_per_hour:g}/h x "
+                         f"{nnodes} node(s): not even enough to start the workers and stop them again")
 
 
 def measured_step_s(run_dir: Path) -> float | None:

@@ -147,7 +147,9 @@ class EndRecord(_Record):
     type: Literal["end"]
     last_step: int
     steps_this_launch: int
-    last_saved: int | None
+    last_saved: int | None = Field(description="newest committed checkpoint, after the last save finished")
+    archived: int | None = Field(None, description="newest checkpoint in the archive, after the last upload "
+                                                   "finished (None: no archive, or none archived)")
 
 
 class ExitRecord(_Record):

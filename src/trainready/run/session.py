@@ -40,7 +40,7 @@ from trainready.dist import STOP, DistContext, identity
 from trainready.errors import UsageError
 from trainready.io import redact, replace_durable
 
-from .budget import BudgetGuard, CostClock
+from .budget import EXIT_S_DEFAULT, BudgetGuard, CostClock
 from .interval import IntervalChoice, choose_interval, job_mtbf
 from .launcher import EXIT_BUDGET
 from .settings import STOP_FILE, RunSettings
@@ -81,8 +81,11 @@ class Session:
         launch = settings.launch_unix or time.time()
         if settings.budget_usd is not None and settings.usd_per_hour is None:
             raise UsageError("a budget needs a price: give usd_per_hour= (per node-hour) with budget_usd=")
+        # under the launcher it announces the 50%/80% crossings on its own clock; on our own we do
         self.budget = BudgetGuard(settings.budget_usd, CostClock(settings.usd_per_hour, settings.nnodes,
-                                                                 settings.prior_s, launch))
+                                                                 settings.prior_s, launch),
+                                  exit_s=EXIT_S_DEFAULT if settings.exit_s is None else settings.exit_s,
+                                  warn_spent=settings.launcher_pid is None)
         mtbf_h, self._mtbf_note = job_mtbf(settings.nnodes, int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
                                            settings.spot, settings.mtbf_h)
         self._mtbf_h = mtbf_h
@@ -97,6 +100,7 @@ class Session:
         self._pace: deque[float] = deque(maxlen=_PACE_WINDOW)
         self._stalls: deque[float] = deque(maxlen=5)  # the slowest rank's stall of each save (exchanged)
         self._local_stall = 0.0
+        self._commit_max = 0.0  # the slowest commit seen in this launch (any rank): what the final save may take
         self._interval: IntervalChoice | None = None
         self._decision: Decision | None = None
         self._comm_watch: CommWatch | None = None
@@ -206,16 +210,23 @@ class Session:
         return saved
 
     def finish(self, timeout_s: float | None = 600.0) -> None:
-        """Wait (up to `timeout_s`) for the last save and its upload, write the end record, release resources."""
+        """Wait (up to `timeout_s`) for the last save and its upload, then write the end record (what
+        is committed and archived once they are done, which the report shows), release resources."""
         if self._finished:
             return
         self._finished = True
-        self.manager.close(timeout_s=timeout_s)
-        self.telemetry.write("end", last_step=self._next_step - 1, steps_this_launch=self._steps_this_launch,
-                             last_saved=self._last_saved)
-        self.telemetry.close()
-        self.ctx.release()
-        self._group = None
+        try:
+            self.manager.close(timeout_s=timeout_s)
+        finally:
+            commit = self.manager.last_commit
+            if commit is not None:
+                self._last_saved = commit[0]
+            archived = self.manager.status()["archived_step"] if self.settings.archive else None
+            self.telemetry.write("end", last_step=self._next_step - 1, steps_this_launch=self._steps_this_launch,
+                                 last_saved=self._last_saved, archived=archived)
+            self.telemetry.close()
+            self.ctx.release()
+            self._group = None
 
     # ---- per step ----------------------------------------------------------------------------
 
@@ -264,7 +275,9 @@ class Session:
         if self.settings.max_steps is not None and self._steps_this_launch >= self.settings.max_steps:
             return Decision(save=False, stop="max_steps")
         commit_s = max(col["commit_s"])
-        view = self.budget.assess(billed, pace, self._final_save_estimate(commit_s, pace), self._remaining_after(step))
+        self._commit_max = max(self._commit_max, commit_s)
+        view = self.budget.assess(billed, pace, self._final_save_estimate(self._commit_max, pace),
+                                  self._remaining_after(step))
         for warning in view.warnings:
             self._warn("budget", warning, spent_usd=view.spent_usd, projected_usd=view.projected_usd)
         if view.stop:
@@ -296,8 +309,7 @@ class Session:
         choice = choose_interval(max(self._stalls), pace, self._mtbf_h, self._mtbf_note)
         if self._interval is None or abs(choice.every_steps - self._interval.every_steps) > 0.2 * self._interval.every_steps:
             self._interval = choice
-            if self.is_main:
-                log.warning("trainready: %s", choice.describe())
+            self._say(choice.describe())
             self.telemetry.write("ckpt_interval", every_steps=choice.every_steps, tau_s=round(choice.tau_s, 3),
                                  stall_s=round(choice.stall_s, 4), step_s=round(choice.step_s, 4), mtbf_h=choice.mtbf_h,
                                  assumption=choice.assumption, message=choice.describe())
@@ -334,10 +346,16 @@ class Session:
             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None})
 
     def _warn(self, kind: str, message: str, **fields: Any) -> None:
-        if self.is_main:
-            log.warning("trainready: %s", message)
-            sys.stderr.write(f"trainready: {message}\n")
+        self._say(message)
         self.telemetry.write(kind, message=message, **fields)
+
+    def _say(self, message: str) -> None:
+        """Once, on rank 0's stderr, when no launcher shows it: under `trainready run` the record in
+        telemetry.jsonl reaches the console through the launcher (printing it here too showed it
+        two or three times: worker log, worker stderr echoed by torchrun, launcher)."""
+        if self.is_main and not self.settings.launcher_pid:
+            sys.stderr.write(f"trainready: {message}\n")
+            sys.stderr.flush()
 
     # ---- saving and stopping -----------------------------------------------------------------
 
@@ -386,8 +404,7 @@ class Session:
                 "message": message, "exit_code": exit_code, "upload_error": redact(upload_error) if upload_error else None,
                 "cost_usd": self.budget.clock.spent_usd(now)}
         self.telemetry.write("stop", **info)
-        if self.is_main:
-            sys.stderr.write(f"trainready: {message}\n")
+        self._say(message)  # under the launcher: its result line
         if self.local_rank == 0 and self.settings.run_dir is not None:  # every node's launcher reads its own
             replace_durable(self.settings.run_dir / STOP_FILE, json.dumps(info, indent=2).encode())
         try:

@@ -29,7 +29,7 @@ class RunSettings(BaseModel):
     run_dir: Path | None = Field(None, description="run directory: telemetry.jsonl, run.json, logs, summary.json")
     hot: str | None = Field(None, description="hot checkpoint tier (local NVMe); default RUN_DIR/checkpoints or ./checkpoints")
     archive: str | None = Field(None, description="archive tier URL (shared path, s3://bucket/prefix)")
-    ckpt_every: CkptEvery | None = Field(None, description="checkpoint every N steps, or 'auto' (Young/Daly); None: only at the end and when stopping")
+    ckpt_every: CkptEvery | None = Field(None, description="checkpoint every N steps, or 'auto' (Young/Daly); None or 'off': only at the end and when stopping")
     keep_hot: int = Field(2, ge=1, description="checkpoints kept on the hot tier")
     async_save: bool = Field(True, description="stage checkpoints in host memory and write in the background")
     total_steps: int | None = Field(None, gt=0, description="steps the run will take: ETA, projected cost, final save")
@@ -47,12 +47,15 @@ class RunSettings(BaseModel):
     launcher_pid: int | None = Field(None, description="pid of `trainready run`: workers exit when it is gone")
     launcher_start_ticks: int | None = Field(None, description="its start time (/proc/PID/stat), so a reused pid is not mistaken for it")
     grace_s: float = Field(100.0, gt=0, description="time from a stop signal to exit: final save and upload")
+    exit_s: float | None = Field(None, ge=0, description="seconds from the workers' stop to the launcher's end: the slowest measured in earlier launches x 1.5 (the budget keeps them in reserve; default EXIT_S_DEFAULT)")
 
     @field_validator("ckpt_every", mode="before")
     @classmethod
     def _ckpt_every(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
+        if isinstance(value, str) and value.strip().lower() == "off":
+            return None
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             value = int(value)
         if isinstance(value, int) and value < 1:

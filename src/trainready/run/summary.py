@@ -71,6 +71,7 @@ class RunSummary(BaseModel):
     checkpoints_saved: int
     last_checkpoint: int | None
     last_archived: int | None
+    archive: str | None = None  # the archive tier (redacted), None: none configured
     ckpt_interval: str | None
     eta_s: float | None
     cost: CostSummary
@@ -115,6 +116,7 @@ def summarize(run_dir: Path) -> RunSummary:
     launches = info.get("launches", [])
     last_launch = launches[-1] if launches else {}
     steady = _steady(steps, records)
+    saved, archived = _checkpoints(records)
     return RunSummary(
         run_dir=str(run_dir), status=_status(last_launch, records), exit_code=last_launch.get("exit_code"),
         message=_redacted(last_launch.get("message") or (stop or {}).get("message")),
@@ -130,10 +132,10 @@ def summarize(run_dir: Path) -> RunSummary:
         loss_first=_loss(steps[0]) if steps else None, loss_last=_loss(steps[-1]) if steps else None,
         nonfinite_losses=sum(1 for r in steps if "loss" in (r.get("metrics") or {}).get("nonfinite", [])),
         checkpoints_saved=sum(1 for r in records if r["type"] == "ckpt"),
-        last_checkpoint=max((r["step"] for r in records if r["type"] == "ckpt"), default=None),
-        last_archived=steps[-1].get("ckpt", {}).get("archived") if steps else None,
+        last_checkpoint=saved, last_archived=archived,
+        archive=_redacted(starts[-1].get("archive")) if starts else None,
         ckpt_interval=next((r.get("message") for r in reversed(records) if r["type"] == "ckpt_interval"), None),
-        eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop),
+        eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop, launches, records),
         warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
         stop=redact_values({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
     )
@@ -240,11 +242,36 @@ def _wall(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> floa
     return round(billed_seconds(launches, records), 3) if launches else None
 
 
-def _cost(starts: list[dict[str, Any]], steps: list[dict[str, Any]], stop: dict[str, Any] | None) -> CostSummary:
+def _checkpoints(records: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """The newest committed and the newest archived checkpoint. A step record holds the status while
+    training (a save or upload may still be running); the `end` record, written after the last save
+    and its upload finished, holds the final truth: the newest record wins."""
+    saved = archived = None
+    for r in records:
+        kind = r["type"]
+        if kind == "step":
+            ckpt = r.get("ckpt") or {}
+            saved, archived = ckpt.get("last_saved", saved), ckpt.get("archived", archived)
+        elif kind == "stop" and r.get("checkpoint") is not None:
+            saved = r["checkpoint"]
+        elif kind == "end":
+            saved = r.get("last_saved", saved)
+            archived = r["archived"] if "archived" in r else archived
+    return saved, archived
+
+
+def _cost(starts: list[dict[str, Any]], steps: list[dict[str, Any]], stop: dict[str, Any] | None,
+          launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> CostSummary:
     latest = starts[-1] if starts else {}
     spent = steps[-1].get("cost_usd") if steps else None
     if stop and stop.get("cost_usd") is not None:
         spent = max(spent or 0.0, stop["cost_usd"])
-    return CostSummary(spent_usd=spent, projected_usd=steps[-1].get("projected_usd") if steps else None,
-                       budget_usd=latest.get("budget_usd"), usd_per_hour=latest.get("usd_per_hour"),
-                       nnodes=latest.get("nnodes") or 1)
+    price, nnodes = latest.get("usd_per_hour"), latest.get("nnodes") or 1
+    if price is not None and launches:  # the billed wall time of every launch: start-up and shutdown included
+        spent = max(spent or 0.0, price * nnodes / 3600 * billed_seconds(launches, records))
+    return CostSummary(spent_usd=_r4(spent), projected_usd=steps[-1].get("projected_usd") if steps else None,
+                       budget_usd=latest.get("budget_usd"), usd_per_hour=price, nnodes=nnodes)
+
+
+def _r4(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
