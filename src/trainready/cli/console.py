@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,28 +11,48 @@ from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.segment import Segment
 from rich.text import Text
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
+
+
+def visible(text: str) -> str:
+    """Control characters (a terminal escape in a file name, a log line, a catalog entry) shown as
+    \\xNN instead of acting on the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 class _Console(Console):
     def on_broken_pipe(self) -> None:
         raise BrokenPipeError  # `| head` closed our output: cli.main ends the process the Unix way
 
+    def render_str(self, text: str, **kwargs: Any) -> Text:  # every str printed or put in a table
+        return super().render_str(visible(text), **kwargs)
+
+    def _render_buffer(self, buffer: Any) -> str:
+        # last line of defence for Text built elsewhere: text segments never carry control
+        # characters to the terminal (Rich's own control segments, cursor moves, pass)
+        return super()._render_buffer(
+            Segment(_CONTROL.sub("\ufffd", text), style, control) if not control and _CONTROL.search(text)
+            else Segment(text, style, control) for text, style, control in buffer)
+
 
 def make_console(**kwargs: Any) -> Console:
     """Every console we print through: markup off, so text a user, a file or a library wrote
-    (`llama[/x]`, `[rank0]:`, botocore's `[/:]`) prints as written. Our own styles go through
+    (`llama[/x]`, `[rank0]:`, `:smile:`, botocore's `[/:]`) prints as written. Our own styles go through
     `styled`/`line`, never through `[tags]` in strings."""
-    return _Console(markup=False, highlight=False, **kwargs)
+    return _Console(markup=False, emoji=False, highlight=False, **kwargs)
 
 
 def styled(text: object, style: str) -> Text:
-    return Text(str(text), style=style)
+    return Text(visible(str(text)), style=style)
 
 
 def line(*parts: str | Text | tuple[str, str]) -> Text:
     """One line from plain strings, `styled` pieces and (text, style) pairs."""
-    return Text.assemble(*parts)
+    return Text.assemble(*(visible(p) if isinstance(p, str) else (visible(p[0]), p[1]) if isinstance(p, tuple) else p
+                           for p in parts))
 
 
 out = make_console(soft_wrap=False)
@@ -63,7 +84,8 @@ def _write_all(text: str) -> None:
 
 def error(message: str, *, as_json: bool, exit_code: int) -> None:
     # never wrapped: an error is copied, grepped and read in logs whole
-    err.print(line(("error:", "bold red"), " ", message), soft_wrap=True)
+    # one line: a library's message may span several ("Parameter validation failed:\n...")
+    err.print(line(("error:", "bold red"), " ", visible(" ".join(message.split()))), soft_wrap=True)
     if as_json:
         emit_json({"schema_version": 1, "error": {"message": message, "exit_code": exit_code}})
 

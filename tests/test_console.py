@@ -1,0 +1,75 @@
+"""The one console every command prints through: text from users, files and libraries is shown
+as written (never markup), never acts on the terminal (control characters), and errors are one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+from rich.table import Table
+from rich.text import Text
+
+from trainready.cli import console as console_mod
+from trainready.cli.console import line, make_console, progress, styled, visible
+
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour and bold: the only escapes we send
+ESC_TITLE = "p4d\x1b]0;pwned\x07\x1b[2J"  # sets the window title, clears the screen
+
+
+def printed(*renderables, width: int = 80, terminal: bool = True) -> str:
+    buffer = io.StringIO()
+    con = make_console(file=buffer, width=width, force_terminal=terminal, color_system="standard" if terminal else None)
+    for r in renderables:
+        con.print(r)
+    return buffer.getvalue()
+
+
+def test_markup_looking_text_prints_as_written():
+    text = "llama[/x] [bold]b[/] [link=https://x]y[/link] [rank0]: :smile:"
+    out = printed(text, terminal=False)
+    assert out == text + "\n"
+
+
+def test_control_characters_never_reach_the_terminal_from_strings_tables_or_text():
+    table = Table()
+    table.add_column("name")
+    table.add_row(ESC_TITLE)
+    for renderable in (ESC_TITLE, table, Text(ESC_TITLE), styled(ESC_TITLE, "red"), line("x ", (ESC_TITLE, "bold"))):
+        out = printed(renderable)
+        assert "\x07" not in out and "\x1b" not in SGR.sub("", out), repr(out)  # only our colours
+    assert "\\x1b]0;pwned\\x07" in printed(ESC_TITLE, terminal=False)  # shown, as \xNN, where a str is printed
+    assert visible("tab\there\nnew line") == "tab\there\nnew line"
+
+
+def test_our_own_styles_still_reach_a_terminal():
+    assert "\x1b[31m" in printed(styled("NO", "red"))
+
+
+def test_error_is_one_visible_line_and_json_keeps_the_message(monkeypatch, capsys):
+    buffer = io.StringIO()
+    monkeypatch.setattr(console_mod, "err", make_console(file=buffer, width=60))
+    message = "find the bucket failed: Parameter validation failed:\nInvalid bucket name \"B!\": [/:] \x1b[31m"
+    console_mod.error(message, as_json=True, exit_code=2)
+    shown = buffer.getvalue()
+    assert shown.count("\n") == 1 and shown.startswith("error: find the bucket failed: Parameter validation failed: ")
+    assert "[/:] \\x1b[31m" in shown  # long: not wrapped (soft wrap), brackets and escapes visible
+    assert json.loads(capsys.readouterr().out) == {"schema_version": 1,
+                                                   "error": {"message": message, "exit_code": 2}}
+
+
+def test_progress_is_silent_off_a_terminal(monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(console_mod, "err", make_console(file=buffer, force_terminal=False))
+    with progress("pulling", total=10, unit="bytes") as sink:
+        sink.advance(5)
+        sink.set_total(20)
+    assert buffer.getvalue() == ""
+    buffer = io.StringIO()
+    monkeypatch.setattr(console_mod, "err", make_console(file=buffer, force_terminal=True, width=80))
+    with progress("pulling", total=10, as_json=True) as sink:  # --json: never, even on a terminal
+        sink.advance(5)
+    assert buffer.getvalue() == ""
+    with progress("pulling", total=10) as sink:
+        sink.advance(10)
+    assert "pulling" in buffer.getvalue()
