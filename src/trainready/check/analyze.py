@@ -27,7 +27,10 @@ def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | No
             live: bool = False, cpu_only: bool = False) -> CheckReport:
     """`cpu_only`: the user says the node has no GPU; otherwise no GPU where training needs one fails."""
     catalog = load_catalog()
-    name = instance_type or (bundle.text("instance-type.txt") or "").strip() or None
+    note = ""
+    name = instance_type
+    if not name:  # the bundle's own word for it: checked to be a name at all, else unknown with why
+        name, note = bundle.instance_type()
     instance = gpu = None
     if name:
         try:
@@ -35,8 +38,10 @@ def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | No
         except UnknownNameError:
             if instance_type:  # given by the user: a usage error; detected: unknown to us, check without
                 raise
-            instance = None
+            where = "detected on this machine" if bundle.source == "live" else "from the bundle's instance-type.txt"
+            instance, note = None, f"{name} ({where}) is not in the catalog"
         if instance is not None:
             gpu = catalog.gpu_of(instance)
-    ctx = Context(bundle=bundle, instance=instance, gpu=gpu, job=job, live=live, cpu_only=cpu_only)
+    ctx = Context(bundle=bundle, instance=instance, gpu=gpu, job=job, live=live, cpu_only=cpu_only,
+                  instance_note=note)
     return CheckReport.build(instance.name if instance else name, bundle.source, run_checks(ctx, deep))

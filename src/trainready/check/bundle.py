@@ -12,7 +12,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
+import stat
 import tarfile
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ from pydantic import BaseModel, Field
 from trainready import __version__
 from trainready.errors import UsageError
 from trainready.io import create_exclusive, make_dir, redact, replace_durable
+from trainready.io.files import read_regular
 
 MANIFEST = "manifest.json"
 
@@ -53,6 +56,83 @@ FILES: dict[str, str] = {
 }
 
 
+MiB = 1 << 20
+# The most a bundle's file may hold (a received bundle is hostile input: a 300 MB file is refused
+# from its size, before any read). nvidia-smi -q of a 16-GPU node is well under 1 MiB.
+LIMITS: dict[str, int] = {MANIFEST: 1 * MiB, "instance-type.txt": 256, "nccl-debug.log": 64 * MiB,
+                          "kernel-xid.txt": 64 * MiB}
+DEFAULT_LIMIT = 4 * MiB
+# What an instance type name may be made of (every catalog name is): anything else in a bundle's
+# instance-type.txt is not an instance type, and is only ever shown escaped.
+INSTANCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def limit(name: str) -> int:
+    return LIMITS.get(name, DEFAULT_LIMIT)
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:g} MiB" if n >= MiB else f"{n} bytes"
+
+
+def shown(text: str, width: int = 60) -> str:
+    """A value read from a file we did not write, safe to print: quoted, control characters and
+    terminal escapes written as \\x.. (repr), cut to `width` characters."""
+    return repr(text[:width]) + ("..." if len(text) > width else "")
+
+
+def instance_name(text: str) -> tuple[str | None, str]:
+    """The instance type in `text` (instance-type.txt, or what EC2 said), or None and why not
+    ('' when there is none)."""
+    text = text.strip()
+    if text and not INSTANCE_NAME.fullmatch(text):
+        return None, f"instance-type.txt holds no instance type name: {shown(text)}"
+    return text or None, ""
+
+
+class _Refused(Exception):
+    """A bundle entry we will not read; the message says why, in words."""
+
+
+def _kind(mode: int) -> str:
+    return ("a symlink, not followed" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+
+
+def _refusal(mode: int) -> str:
+    kind = _kind(mode)
+    return kind if stat.S_ISLNK(mode) else f"{kind}, not a plain file"
+
+
+def _read_entry(path: Path, st: os.stat_result, cap: int) -> bytes:
+    """The bytes of one bundle file (its lstat `st`), or _Refused: not a regular file, more than
+    `cap` bytes, or unreadable. Never follows a symlink nor blocks on a FIFO, even if the entry is
+    swapped between the lstat and the open (read_regular checks the file it opened)."""
+    if not stat.S_ISREG(st.st_mode):
+        raise _Refused(_refusal(st.st_mode))
+    if st.st_size > cap:
+        raise _Refused(f"too large: {st.st_size} bytes, more than the {_size(cap)} allowed for {path.name}")
+    try:
+        return read_regular(path, cap)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Refused("a symlink, not followed") from None
+        if exc.errno == errno.EINVAL:
+            raise _Refused("not a plain file") from None
+        if exc.errno == errno.EFBIG:
+            raise _Refused(f"too large: it grew past the {_size(cap)} allowed for {path.name} while being read") from None
+        raise _Refused(_os_problem(exc)) from None
+
+
+def _os_problem(exc: OSError) -> str:
+    if exc.errno == errno.ENAMETOOLONG:
+        return "the name is too long for the file system"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return exc.strerror or str(exc)
+
+
 class ProbeRecord(BaseModel):
     file: str
     command: str
@@ -78,41 +158,64 @@ class Bundle:
 
     def __init__(self, files: dict[str, str], manifest: BundleManifest | None = None, source: str = "live"):
         self.files, self.manifest, self.source = files, manifest, source
+        self.refused: dict[str, str] = {}  # file name -> why Bundle.load did not read it
 
     @classmethod
     def load(cls, directory: str | Path) -> Bundle:
         """Read a bundle directory. UsageError (exit 2) when the path is missing, is a file, or is a
-        directory with neither a manifest nor any probe file (not a bundle)."""
+        directory with neither a manifest nor any probe file (not a bundle), or when its manifest
+        cannot be read.
+
+        A bundle is made to be shared, so one received is read as hostile input: only the known
+        file names (FILES), never through a symlink, only regular files, each up to its size cap
+        (`limit`), without blocking on a FIFO. A probe file refused is unknown, not evidence: it
+        is left out, and `why_missing` gives the reason (the checks that needed it skip or warn)."""
         root = Path(directory)
         make = "make one with: trainready check collect --out DIR"
-        if not root.exists():
-            raise UsageError(f"bundle directory {root} does not exist ({make})")
-        if not root.is_dir():
-            raise UsageError(f"bundle {root} is {_not_a_directory(root)}")
+        if not str(directory):
+            raise UsageError(f"the bundle directory is an empty path ({make})")
         try:
-            entries = sorted(root.iterdir())
+            st = os.stat(root)
+        except FileNotFoundError:
+            raise UsageError(f"bundle directory {root} does not exist ({make})") from None
         except OSError as exc:
-            raise UsageError(f"cannot read bundle directory {root}: {exc.strerror or exc}") from exc
-        known = [p.name for p in entries if p.name in FILES]
-        if not (root / MANIFEST).exists() and not known:
+            raise UsageError(f"cannot read bundle directory {root}: {_os_problem(exc)}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"bundle {root} is {_not_a_directory(root, st.st_mode)}")
+        present: dict[str, os.stat_result] = {}
+        for name in (MANIFEST, *FILES):
+            try:
+                present[name] = os.lstat(root / name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise UsageError(f"cannot read bundle directory {root}: {_os_problem(exc)}") from None
+        if not present:
             raise UsageError(f"{root} is not a bundle: no {MANIFEST} and none of the probe files "
                              f"({', '.join(list(FILES)[:3])}, ...; docs/check.md lists them); {make}")
-        files = {}
-        for path in entries:
-            if path.name != MANIFEST and path.is_file():
-                try:
-                    files[path.name] = path.read_bytes().decode("utf-8", errors="replace")
-                except OSError as exc:
-                    raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
         manifest = None
-        if (root / MANIFEST).exists():
+        if MANIFEST in present:
+            path = root / MANIFEST
             try:
-                manifest = BundleManifest.model_validate(json.loads((root / MANIFEST).read_text()))
-            except OSError as exc:
-                raise UsageError(f"cannot read {root / MANIFEST}: {exc.strerror or exc}") from exc
-            except Exception as exc:  # a foreign or damaged manifest: the files still speak
-                raise UsageError(f"{root / MANIFEST} is not a trainready bundle manifest: {str(exc).splitlines()[0]}") from exc
-        return cls(files, manifest, str(root))
+                raw = _read_entry(path, present[MANIFEST], limit(MANIFEST))
+            except _Refused as exc:
+                raise UsageError(f"cannot read {path}: {exc}") from None
+            try:
+                manifest = BundleManifest.model_validate(json.loads(raw))
+            except Exception as exc:  # a foreign or damaged manifest: what it says cannot be trusted
+                raise UsageError(f"{path} is not a trainready bundle manifest: {str(exc).splitlines()[0]}") from None
+        files: dict[str, str] = {}
+        refused: dict[str, str] = {}
+        for name in FILES:
+            if name not in present:
+                continue
+            try:
+                files[name] = _read_entry(root / name, present[name], limit(name)).decode("utf-8", errors="replace")
+            except _Refused as exc:
+                refused[name] = str(exc)
+        bundle = cls(files, manifest, str(root))
+        bundle.refused = refused
+        return bundle
 
     def save(self, directory: str | Path, names: list[str] | None = None) -> None:
         """Write the bundle (or only `names`) to `directory`, secrets redacted, each file replaced whole.
@@ -145,18 +248,29 @@ class Bundle:
         host = self.manifest.hostname if self.manifest is not None else ""
         return f"the bundle's machine {host}" if host else "the bundle's machine"
 
+    def instance_type(self) -> tuple[str | None, str]:
+        """The instance type named by instance-type.txt, or None and why not ('' when absent). A
+        value that is no instance type name (control characters, a whole other file) is not one."""
+        if "instance-type.txt" in self.refused:
+            return None, self.why_missing("instance-type.txt")
+        return instance_name(self.files.get("instance-type.txt") or "")
+
     def probe_state(self, name: str) -> Literal["present", "not-installed", "failed", "empty", "unknown"]:
         """What we know about a probe's output: its file is here; the manifest says its command is
         not installed, failed, or ran and printed nothing (evidence about the machine); or nothing
         (not in the bundle, no record: absence of evidence, never evidence of absence)."""
         if name in self.files:
             return "present"
+        if name in self.refused:  # what the manifest says about it describes a file we did not read
+            return "unknown"
         record = self.record(name)
         if record is None:
             return "unknown"
         return "not-installed" if record.exit_code is None else "failed" if record.exit_code != 0 else "empty"
 
     def why_missing(self, name: str) -> str:
+        if name in self.refused:
+            return f"{name} in the bundle not read: {self.refused[name]}"
         record = self.record(name)
         if record is not None and record.exit_code is None:
             return f"{record.command.split()[0]} not available on {self.machine} ({record.error or 'not found'})"
@@ -169,10 +283,16 @@ def prepare_out(directory: str | Path) -> Path:
     """Create the bundle directory (if missing) and make sure we can write files in it, before any
     probe runs. UsageError (exit 2) naming the path and why otherwise (a file in the way, /proc,
     a read-only or foreign directory)."""
+    if not str(directory):
+        raise UsageError("cannot write the bundle to an empty path: name a directory (--out DIR)")
     root = Path(directory)
     try:
-        if root.exists() and not root.is_dir():
-            raise UsageError(f"cannot write the bundle to {root}: it is {_not_a_directory(root)}")
+        try:
+            mode = os.stat(root).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISDIR(mode):
+            raise UsageError(f"cannot write the bundle to {root}: it is {_not_a_directory(root, mode)}")
         make_dir(root)
         probe = root / f".trainready-write-test-{os.getpid()}-{secrets.token_hex(4)}"
         os.close(create_exclusive(probe))
@@ -182,21 +302,47 @@ def prepare_out(directory: str | Path) -> Path:
     return root
 
 
-def _not_a_directory(path: Path) -> str:
+def _not_a_directory(path: Path, mode: int) -> str:
+    """What `path` (its stat mode: symlinks followed, the user named it) is instead of a directory."""
+    if not stat.S_ISREG(mode):
+        return f"{_kind(mode)}, not a directory (a bundle is the directory `trainready check collect --out DIR` writes)"
     if path.name == MANIFEST:
         return f"a file, not a directory: pass the directory that holds it ({path.parent})"
-    if path.is_file() and tarfile.is_tarfile(path):
+    if _is_tarfile(path):
         return f"an archive, not a directory: unpack it first (mkdir b && tar -xf {path} -C b) and pass the directory"
-    kind = "a file" if path.is_file() else "not a regular directory"
-    return f"{kind}, not a directory (a bundle is the directory `trainready check collect --out DIR` writes)"
+    return "a file, not a directory (a bundle is the directory `trainready check collect --out DIR` writes)"
+
+
+def _is_tarfile(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except OSError:
+        return False
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except OSError:
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _write_problem(root: Path, exc: OSError) -> str:
     """Why `root` cannot be written, in words, naming the path at fault."""
     where = Path(exc.filename) if exc.filename else root
-    ancestor = next((p for p in [root, *root.parents] if p.exists()), Path("/"))
-    if exc.errno == errno.ENOTDIR or (ancestor != root and not ancestor.is_dir()):
-        blocking = next((p for p in root.parents if p.exists() and not p.is_dir()), ancestor)
+    if exc.errno == errno.ENAMETOOLONG:
+        return "the path or one of its names is too long for the file system"
+    ancestor = next((p for p in [root, *root.parents] if _exists(p)), Path("/"))
+    if exc.errno == errno.ENOTDIR or (ancestor != root and not _is_dir(ancestor)):
+        blocking = next((p for p in root.parents if _exists(p) and not _is_dir(p)), ancestor)
         return f"{blocking} is a file, not a directory"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return f"permission denied on {where} (choose a directory you can write to)"

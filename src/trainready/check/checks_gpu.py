@@ -117,7 +117,7 @@ def gpu_count(ctx: Context) -> Finding:
         finding.reason = f"--cpu-only says this node has no GPU, but {found} are visible" + via
         finding.advice = "drop --cpu-only to check the GPUs"
     elif expected is None:
-        finding.status, finding.reason = "warn", "instance type unknown: cannot tell how many GPUs there should be" + via
+        finding.status, finding.reason = "warn", f"{ctx.unknown_instance}: cannot tell how many GPUs there should be" + via
         finding.advice = "pass --instance TYPE (e.g. p4d.24xlarge)"
     elif found < expected:
         finding.status = "fail"
@@ -297,7 +297,10 @@ def gpu_xid(ctx: Context) -> Finding:
         return skip("gpu.xid", "gpu", ctx.bundle.why_missing("kernel-xid.txt"), "run as root (dmesg) to read the kernel log")
     log = system.parse_xid(text)
     if not log.readable:
-        return skip("gpu.xid", "gpu", "kernel log not readable (dmesg needs root here)", "sudo trainready check")
+        if ctx.bundle.source == "live":
+            return skip("gpu.xid", "gpu", "kernel log not readable (dmesg needs root here)", "sudo trainready check")
+        return skip("gpu.xid", "gpu", f"kernel log was not readable on {ctx.bundle.machine} (dmesg needs root there)",
+                    "collect the bundle again as root there: sudo trainready check collect --out DIR")
     if not log.events:
         return Finding(id="gpu.xid", area="gpu", status="pass", observed="no Xid errors in the kernel log",
                        expected="no Xid errors", reason="kernel log read, no NVRM Xid lines")

@@ -350,6 +350,10 @@ def nccl_env(ctx: Context) -> Finding:
         finding.status = "fail" if any("Socket" in b or "P2P" in b or "EFA" in b for b in bad) else "warn"
         finding.advice = ("unset the variables named; for EFA: FI_PROVIDER=efa, aws-ofi-nccl on LD_LIBRARY_PATH, and a "
                           "security group that allows all traffic to and from itself")
+    elif text is None:  # only the log was there: the variables themselves are unknown, not harmless
+        finding.status, finding.observed = "warn", "environment unknown" + log_note
+        finding.reason = f"{ctx.bundle.why_missing('env.txt')}; the NCCL log shows no harmful transport"
+        finding.advice = "collect the bundle with `trainready check collect` on the node (it saves env.txt)"
     return finding
 
 

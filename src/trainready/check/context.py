@@ -30,6 +30,7 @@ class Context:
     job: JobNeeds | None = None
     live: bool = False
     cpu_only: bool = False  # the user says this node has no GPU (--cpu-only): no GPU is then no failure
+    instance_note: str = ""  # why the bundle's instance-type.txt was not taken (refused, not a name)
     _parsed: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def parsed(self, name: str, parser: Callable[[str], Any]) -> Any:
@@ -51,7 +52,14 @@ class Context:
         return self.instance.gpu_count if self.instance else None
 
     def expect(self, text: str) -> str:
-        return text if self.instance else "unknown (pass --instance TYPE)"
+        if self.instance:
+            return text
+        return f"unknown ({self.instance_note}; pass --instance TYPE)" if self.instance_note else "unknown (pass --instance TYPE)"
+
+    @property
+    def unknown_instance(self) -> str:
+        """'instance type unknown', with why when the bundle named one we could not take."""
+        return f"instance type unknown ({self.instance_note})" if self.instance_note else "instance type unknown"
 
 
 def _json_or_error(text: str) -> dict:

@@ -11,6 +11,7 @@ from the start of its listing, and the result says so. Nothing is read but index
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import statistics
@@ -24,7 +25,7 @@ from pydantic import BaseModel, Field
 from trainready.data.format import INDEX, DataIndex
 from trainready.data.index_io import is_local, open_dataset, shard_url, storage_call
 from trainready.errors import UsageError
-from trainready.io import redact
+from trainready.io import read_regular, redact
 
 from .findings import Finding
 
@@ -67,7 +68,7 @@ def scan_dataset(url: str, max_objects: int = 10_000, time_limit_s: float = 20) 
     sizes, names, stopped = storage_call(url, "listing", _list, fs, root, remote, max(1, max_objects), deadline)
     if not sizes and not storage_call(url, "checking", _exists, fs, root):
         raise UsageError(f"--dataset {shown}: nothing exists there (check the path, bucket and prefix)")
-    index, problem = _read_index(fs, root, url) if sizes else (None, None)
+    index, problem = _read_index(fs, root, url, remote) if sizes else (None, None)
     small = sum(s < SMALL_BYTES for s in sizes)
     exts = Counter(_ext(n) for n in names).most_common(5)
     return DatasetScan(url=shown, objects_seen=len(sizes), sampled=stopped is not None, stopped_by=stopped, remote=remote,
@@ -170,12 +171,24 @@ def _list_walk(fs: Any, root: str, bound: int, deadline: float) -> Listing:
     return sizes, names, None
 
 
-def _read_index(fs: Any, root: str, url: str) -> tuple[DataIndex | None, str | None]:
-    """(index, None) when root holds a trainready index.json; (None, why) for another index.json; (None, None) for none."""
+MAX_INDEX_BYTES = 256 * MIB  # an index of ~1M shards; a local index.json larger is not read
+
+
+def _read_index(fs: Any, root: str, url: str, remote: bool = True) -> tuple[DataIndex | None, str | None]:
+    """(index, None) when root holds a trainready index.json; (None, why) for another index.json,
+    or a local one we will not read (a FIFO, a device, a symlink, larger than MAX_INDEX_BYTES:
+    reading it could hang or never end); (None, None) for none."""
     try:
-        data = storage_call(url, f"reading {INDEX}", fs.cat_file, shard_url(root, INDEX), missing=True)
-    except (FileNotFoundError, IsADirectoryError):
+        if remote:
+            data = storage_call(url, f"reading {INDEX}", fs.cat_file, shard_url(root, INDEX), missing=True)
+        else:
+            data = read_regular(os.path.join(root, INDEX), MAX_INDEX_BYTES)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None, None
+    except OSError as exc:  # local only: storage_call turned remote errors into UsageError
+        why = {errno.ELOOP: "a symlink, not followed", errno.EINVAL: "not a plain file",
+               errno.EFBIG: f"larger than {MAX_INDEX_BYTES // MIB} MiB"}.get(exc.errno, exc.strerror or str(exc))
+        return None, f"{INDEX} not read: {why}"
     try:
         kind = json.loads(data).get("kind")
     except (ValueError, AttributeError):

@@ -22,17 +22,19 @@ Example: trainready check --instance p4d.24xlarge      trainready check --bundle
 app = typer.Typer(help=HELP, invoke_without_command=True, no_args_is_help=False)
 
 Deep = Annotated[bool, typer.Option("--deep", help="Also measure: bf16 GEMM, all-reduce bus bandwidth (all local GPUs; under torchrun the whole job, across nodes), hot/shared storage bandwidth.")]
-HotDir = Annotated[Optional[Path], typer.Option("--hot-dir", help="Directory on the hot tier (local NVMe) to measure with --deep.")]
-SharedDir = Annotated[Optional[Path], typer.Option("--shared-dir", help="Directory on shared storage to measure with --deep.")]
+# Path options are taken as text (_given_path): a pathlib.Path option turns '' into Path('.'), and an
+# empty --out must not mean "here".
+HotDir = Annotated[Optional[str], typer.Option("--hot-dir", help="Directory on the hot tier (local NVMe) to measure with --deep.")]
+SharedDir = Annotated[Optional[str], typer.Option("--shared-dir", help="Directory on shared storage to measure with --deep.")]
 Instance = Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type (else instance-type.txt in the bundle, or detected on EC2 when live).")]
 CpuOnly = Annotated[bool, typer.Option("--cpu-only", help="This node is meant to have no GPU: no GPU is then no failure (without it, a node with no GPU fails gpu.count).")]
 
 
 @app.callback(invoke_without_command=True)
 def check(ctx: typer.Context,
-          bundle: Annotated[Optional[Path], typer.Option("--bundle", help="Analyze this bundle directory instead of this machine.")] = None,
+          bundle: Annotated[Optional[str], typer.Option("--bundle", help="Analyze this bundle directory instead of this machine.")] = None,
           instance: Instance = None, cpu_only: CpuOnly = False,
-          job: Annotated[Optional[Path], typer.Option("--job", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
+          job: Annotated[Optional[str], typer.Option("--job", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
           model: o.ModelName = None, method: o.MethodOpt = None,
           strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="With --model: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]")] = None,
           offload: Annotated[Optional[o.Offload], typer.Option("--offload", help="With --model: optimizer states (and parameters) in host RAM.")] = None,
@@ -42,26 +44,40 @@ def check(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     from trainready.check.analyze import analyze, job_needs
-    from trainready.check.bundle import Bundle
+    from trainready.check.bundle import Bundle, instance_name
     from trainready.check.probes import detect_instance_type
 
+    if cpu_only and instance:
+        raise UsageError(f"--cpu-only and --instance {instance} exclude each other: --cpu-only says this node "
+                         "has no GPU, the instance type says how many it has; pass one of them")
+    bundle_dir = _given_path(bundle, "--bundle")
+    job_path = _given_path(job, "--job", "a job spec file")
+    if bundle_dir is not None and (hot_dir is not None or shared_dir is not None):
+        raise UsageError("--hot-dir and --shared-dir measure this machine: with --bundle, --deep reads the "
+                         "bundle's deep.json; drop them (or --bundle)")
+    hot, shared = _measured_dirs(deep, hot_dir, shared_dir)
+    loaded = Bundle.load(bundle_dir) if bundle_dir is not None else None  # read once: a bundle can change
+    detected = None  # live: the instance type detected on EC2 (judged like a bundle's instance-type.txt)
+    if loaded is None and not instance:
+        detected = detect_instance_type()
     needs = None
-    if model and not instance:  # the node the job would run on: the bundle's, or this one's
-        loaded = Bundle.load(bundle) if bundle is not None else None
-        instance = ((loaded.text("instance-type.txt") or "").strip() if loaded else detect_instance_type()) or None
-    if job or model:
-        if not (instance or job):
+    if job_path or model:
+        node = instance  # the node the job would run on: the one given, else the bundle's, else this one's
+        if not node:
+            node = (loaded.instance_type() if loaded is not None else instance_name(detected or ""))[0]
+        if not (node or job_path):
             raise UsageError("--model needs the instance type: pass --instance TYPE (e.g. p4d.24xlarge)")
-        needs = job_needs(o.build_job(job, model=model, method=method, strategy=strategy, offload=offload, instance=instance))
-    if bundle is not None:
-        report = analyze(Bundle.load(bundle), instance, needs, deep=deep, cpu_only=cpu_only)
+        needs = job_needs(o.build_job(job_path, model=model, method=method, strategy=strategy, offload=offload, instance=node))
+    if loaded is not None:
+        report = analyze(loaded, instance, needs, deep=deep, cpu_only=cpu_only)
     else:
-        instance = instance or detect_instance_type()
-        live = _collect(None, instance, json_out)
+        live = _collect(None, instance or detected, json_out)
         if deep:
-            rank = _add_deep(live, hot_dir, shared_dir, json_out)
+            rank = _add_deep(live, hot, shared, json_out)
             if rank != 0:  # under torchrun: every rank measured, rank 0 reports
                 return
+        # a detected type travels in the bundle (instance-type.txt), where analyze judges it as found,
+        # not as the user's word: one unknown to the catalog is checked without, not a usage error
         report = analyze(live, instance, needs, deep=deep, live=True, cpu_only=cpu_only)
     if dataset is not None:  # not part of the quick probes' budget: only when asked, after them
         from trainready.check.dataset_scan import dataset_finding, scan_dataset
@@ -79,6 +95,38 @@ def check(ctx: typer.Context,
         raise typer.Exit(1)
 
 
+def _given_path(value: str | None, option: str, what: str = "a directory") -> Path | None:
+    """A path option as given; an empty one is a usage error (Path('') would mean the current directory)."""
+    if value is None:
+        return None
+    if not value:
+        raise UsageError(f"{option} is an empty path: name {what}")
+    return Path(value)
+
+
+def _measured_dirs(deep: bool, hot_dir: str | None, shared_dir: str | None) -> tuple[str | None, str | None]:
+    """--hot-dir/--shared-dir checked before anything runs: only with --deep, and each an existing
+    directory (one the user named that is not there is a mistake, not a storage finding)."""
+    import os
+    import stat
+
+    for option, value in (("--hot-dir", hot_dir), ("--shared-dir", shared_dir)):
+        path = _given_path(value, option)
+        if path is None:
+            continue
+        if not deep:
+            raise UsageError(f"{option} {path} is measured only with --deep: add --deep (or drop {option})")
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise UsageError(f"{option} {path} does not exist: name a directory on that storage") from None
+        except OSError as exc:
+            raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+        if not stat.S_ISDIR(mode):
+            raise UsageError(f"{option} {path} is not a directory: name a directory on that storage")
+    return hot_dir, shared_dir
+
+
 def _quiet(json_out: bool) -> bool:
     """No progress with --json, in pipes (console.progress), or on any torchrun rank but 0."""
     import os
@@ -93,7 +141,7 @@ def _collect(out_dir: Path | None, instance: str | None, json_out: bool):
         return collect(out_dir, instance_type=instance, on_progress=sink.advance)
 
 
-def _add_deep(bundle, hot_dir: Path | None, shared_dir: Path | None, json_out: bool = False) -> int:
+def _add_deep(bundle, hot: str | None, shared: str | None, json_out: bool = False) -> int:
     """Run the --deep measurements into the bundle; returns this process's rank (0 alone)."""
     import json
     import os
@@ -110,7 +158,6 @@ def _add_deep(bundle, hot_dir: Path | None, shared_dir: Path | None, json_out: b
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         rank = dist.get_rank()
-    hot, shared = (str(hot_dir) if hot_dir else None), (str(shared_dir) if shared_dir else None)
     try:
         what = "GEMM, all-reduce" + (", hot tier" if hot else "") + (", shared storage" if shared else "")
         with progress(f"measuring (--deep): {what}", total=deep_steps(hot, shared),
@@ -124,12 +171,14 @@ def _add_deep(bundle, hot_dir: Path | None, shared_dir: Path | None, json_out: b
 
 
 @app.command("collect", help=f"Save every probe's raw output into a bundle directory (analyze it with --bundle).\n\n{CODES}")
-def collect_cmd(out_dir: Annotated[Path, typer.Option("--out", help="Bundle directory to write.")],
+def collect_cmd(out_path: Annotated[str, typer.Option("--out", help="Bundle directory to write.")],
                 instance: Instance = None, deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None) -> None:
     from trainready.check.probes import detect_instance_type
 
+    out_dir = _given_path(out_path, "--out")
+    hot, shared = _measured_dirs(deep, hot_dir, shared_dir)
     bundle = _collect(out_dir, instance or detect_instance_type(), False)
-    if deep and _add_deep(bundle, hot_dir, shared_dir) == 0:
+    if deep and _add_deep(bundle, hot, shared) == 0:
         bundle.save(out_dir, ["deep.json"])  # through the bundle writer: redacted, private
     ran = sum(1 for p in bundle.manifest.probes if p.exit_code is not None)
     out.print(f"bundle written to {out_dir}: {len(bundle.files)} files, {ran} of {len(bundle.manifest.probes)} probes ran")
