@@ -24,17 +24,17 @@ app = typer.Typer(help=HELP, invoke_without_command=True, no_args_is_help=False)
 Deep = Annotated[bool, typer.Option("--deep", help="Also measure: bf16 GEMM, all-reduce bus bandwidth (all local GPUs; under torchrun the whole job, across nodes), hot/shared storage bandwidth.")]
 # Path options are taken as text (_given_path): a pathlib.Path option turns '' into Path('.'), and an
 # empty --out must not mean "here".
-HotDir = Annotated[Optional[str], typer.Option("--hot-dir", help="Directory on the hot tier (local NVMe) to measure with --deep.")]
-SharedDir = Annotated[Optional[str], typer.Option("--shared-dir", help="Directory on shared storage to measure with --deep.")]
+HotDir = Annotated[Optional[str], typer.Option("--hot-dir", metavar="DIR", help="Directory on the hot tier (local NVMe) to measure with --deep.")]
+SharedDir = Annotated[Optional[str], typer.Option("--shared-dir", metavar="DIR", help="Directory on shared storage to measure with --deep.")]
 Instance = Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type (else instance-type.txt in the bundle, or detected on EC2 when live).")]
 CpuOnly = Annotated[bool, typer.Option("--cpu-only", help="This node is meant to have no GPU: no GPU is then no failure (without it, a node with no GPU fails gpu.count).")]
 
 
 @app.callback(invoke_without_command=True)
 def check(ctx: typer.Context,
-          bundle: Annotated[Optional[str], typer.Option("--bundle", help="Analyze this bundle directory instead of this machine.")] = None,
+          bundle: Annotated[Optional[str], typer.Option("--bundle", metavar="DIR", help="Analyze this bundle directory instead of this machine.")] = None,
           instance: Instance = None, cpu_only: CpuOnly = False,
-          job: Annotated[Optional[str], typer.Option("--job", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
+          job: Annotated[Optional[str], typer.Option("--job", metavar="PATH", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
           model: o.ModelName = None, method: o.MethodOpt = None,
           strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="With --model: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]")] = None,
           offload: Annotated[Optional[o.Offload], typer.Option("--offload", help="With --model: optimizer states (and parameters) in host RAM.")] = None,
@@ -171,7 +171,7 @@ def _add_deep(bundle, hot: str | None, shared: str | None, json_out: bool = Fals
 
 
 @app.command("collect", help=f"Save every probe's raw output into a bundle directory (analyze it with --bundle).\n\n{CODES}")
-def collect_cmd(out_path: Annotated[str, typer.Option("--out", help="Bundle directory to write.")],
+def collect_cmd(out_path: Annotated[str, typer.Option("--out", metavar="DIR", help="Bundle directory to write.")],
                 instance: Instance = None, deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None) -> None:
     from trainready.check.probes import detect_instance_type
 

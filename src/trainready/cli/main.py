@@ -49,6 +49,8 @@ def _type_label(param: object, ctx: object) -> str | None:
     nothing for flags and arguments (their name says it), never Python's `<bool>` or `<list[str]>`."""
     if getattr(param, "is_flag", False) or getattr(param, "param_type_name", "") == "argument":
         return None
+    if getattr(param, "metavar", None):  # the option names its own, e.g. DIR
+        return param.metavar
     label = type(param).display_type(param, ctx).strip("<>")  # type: ignore[attr-defined]
     if label.startswith("list[") and label.endswith("]"):
         label = label[5:-1]
