@@ -254,3 +254,68 @@ def test_a_directory_or_a_missing_file_is_not_a_catalog(tmp_path):
         load_catalog(tmp_path)
     with pytest.raises(UsageError, match="cannot read catalog file .*nope.toml: No such file or directory"):
         load_catalog(tmp_path / "nope.toml")
+
+
+# ------------------------------------------------------------------ regions, bounds, names (issue 12)
+
+def test_a_mistyped_region_is_an_error_with_the_nearest_regions(catalog):
+    with pytest.raises(UsageError) as exc:
+        catalog.region("us-est-1")
+    assert exc.value.exit_code == 2
+    assert str(exc.value).startswith("unknown region 'us-est-1'. Did you mean: ")
+    assert "us-east-1" in str(exc.value).split("?")[0]
+    assert "The catalog has prices in: eastus, us-central1, us-east-1, us-east-2 " in str(exc.value)
+    assert catalog.region("US-East-1") == "us-east-1"  # case and separators as for every name
+    assert catalog.region("eu-west-1") == "eu-west-1"  # known: instances are offered there
+
+
+def test_a_region_for_one_instance_must_have_its_price(catalog):
+    p4d = catalog.instance("p4d.24xlarge")
+    assert catalog.region("us-east-1", p4d, need_price=True) == "us-east-1"
+    with pytest.raises(UsageError, match=r"^unknown region 'us-est-1'. Did you mean: us-east-1\? "
+                                         r"p4d.24xlarge has a price in: us-east-1.$"):
+        catalog.region("us-est-1", p4d, need_price=True)
+    with pytest.raises(UsageError, match=r"^p4d.24xlarge has no price in eu-west-1 in the catalog; it has one in: "
+                                         r"us-east-1. Give one of those as --region, or your price as --usd-per-hour.$"):
+        catalog.region("eu-west-1", p4d, need_price=True)
+
+
+def test_estimate_checks_the_region_it_prices_in(catalog):
+    with pytest.raises(UsageError, match="p4d.24xlarge has a price in: us-east-1"):
+        resolve(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", region="us-est-1"), catalog)
+    with pytest.raises(UsageError, match="^unknown region 'us-est-1'"):  # no instance: known to the catalog at all
+        resolve(JobSpec(model="llama-2-7b", gpu="h100", region="us-est-1"), catalog)
+    # with your own price, any region the catalog knows will do
+    s = resolve(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", region="EU-WEST-1", usd_per_hour=30.0), catalog)
+    assert s.region == "eu-west-1"
+    est = estimate_setup(resolve(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", region="US-EAST-1",
+                                         tokens=1e9), catalog))
+    assert est.cost.pricing.region == "us-east-1" and est.cost.total_usd > 0
+
+
+def test_an_instance_without_a_price_says_so_in_the_estimate(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('[[instance]]\nname = "onprem"\ncloud = "dc"\ngpu = "h100"\ngpu_count = 8\ntopology = "nvswitch"\n')
+    est = estimate_setup(resolve(JobSpec(model="llama-2-7b", instance="onprem", tokens=1e9), load_catalog(f)))
+    assert est.cost.total_usd is None
+    assert "no on-demand price for onprem in the catalog; give --usd-per-hour" in est.warnings
+
+
+@pytest.mark.parametrize("text,where,words", [
+    ('[[instance]]\nname = "p4d.24xlarge"\n[[instance.price]]\nregion = "us-east-1"\nmodel = "on-demand"\n'
+     'usd_per_hour = 1e300\n', 6, "field 'instance.price.usd_per_hour': Input should be less than or equal to 10000"),
+    ('[[instance]]\nname = "p4d.24xlarge"\ngpu_count = true\n', 3, "field 'instance.gpu_count': Input should be a valid integer"),
+    ('[[instance]]\nname = "p4d.24xlarge"\ngpu_count = 100000\n', 3,
+     "field 'instance.gpu_count': Input should be less than or equal to 1024"),
+    ('[[instance]]\nname = "evil\\u001b[2J"\ncloud = "dc"\ngpu = "h100"\ngpu_count = 8\ntopology = "nvswitch"\n', 2,
+     "field 'instance.name': Value error, 'evil\\x1b[2J' holds a control character: names are plain text"),
+    ('[[gpu]]\nname = "h100-80gb"\naliases = ["x\\u202ey"]\n', 3,
+     "field 'gpu.aliases': Value error, 'x\\u202ey' holds a control character"),
+])
+def test_user_catalog_values_out_of_bounds_name_file_line_and_key(tmp_path, text, where, words):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(UsageError) as exc:
+        load_catalog(f)
+    assert f"{f}:{where}: {words}" in str(exc.value)
+    assert "\x1b" not in str(exc.value) and "\u202e" not in str(exc.value)

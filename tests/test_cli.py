@@ -89,7 +89,8 @@ def test_plan_json_and_nothing_fits():
     (("estimate", "--model", "llama-2-13b", "--instance", "p4d.48xlarge"), "p4d.24xlarge"),
     (("estimate", "--model", "llama-2-13b", "--gpu", "a100-90gb"), "a100-80gb"),
     (("estimate", "--model", "llama-2-13b", "--instance", "p4d.24xlarge", "--tp", "3"), "divide the number of attention heads"),
-    (("estimate", "--model", "llama-2-13b", "--instance", "p4d.24xlarge", "--micro-batch", "0"), "--micro-batch 0"),
+    (("estimate", "--model", "llama-2-13b", "--instance", "p4d.24xlarge", "--micro-batch", "0"),
+     "'--micro-batch': 0 is not a whole number from 1 to 16,777,216, e.g. 4"),
     (("estimate", "--model", "llama-2-13b", "--instance", "p4d.24xlarge", "--strategy", "zero4"), "zero4"),
     (("plan", "--model", "llama-2-13b", "--clouds", "oracle"), "unknown cloud"),
     (("estimate", "--model-config", "/nonexistent/config.json", "--gpu", "h100-80gb"), "cannot read model config"),
@@ -132,19 +133,33 @@ BINARY = b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00>\x00\
 
 @pytest.mark.parametrize("args,words", [
     (("plan", "--model", "llama-2-13b", "--tokens", "inf"),
-     "Invalid value for '--tokens': inf is not a finite number above 0, e.g. 2e9"),
+     "Invalid value for '--tokens': inf is not a finite number; give a number above 0, e.g. 2e9"),
+    (("plan", "--model", "llama-2-13b", "--tokens", "1e309"),  # named as typed, not as "inf"
+     "Invalid value for '--tokens': 1e309 is not a finite number; give a number above 0, e.g. 2e9"),
+    (("plan", "--model", "llama-2-7b", "--memory-margin", "nan"),
+     "'--memory-margin': nan is not a finite number; give a number from 0 to 0.5, e.g. 0.1"),
+    (("plan", "--model", "llama-2-7b", "--memory-margin", "0.7"), "'--memory-margin': 0.7 is not a number from 0 to 0.5"),
+    (("plan", "--model", "llama-2-7b", "--top", "0"), "'--top': 0 is not a whole number from 1 to 100, e.g. 5"),
+    (("plan", "--model", "llama-2-7b", "--max-nodes", "2.5"),
+     "'--max-nodes': 2.5 is not a whole number; give a whole number from 1"),
+    (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--gpus", "true"),
+     "'--gpus': 'true' is not a number; give a whole number"),
+    (("estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--usd-per-hour", "1e5"),
+     "'--usd-per-hour': 1e5 is not a number above 0, at most 10,000, e.g. 32.77"),
     (("plan", "--model", "llama-2-13b", "--tokens", "nan"), "Invalid value for '--tokens': nan is not a finite number"),
     (("estimate", "--model", "llama-2-13b", "--gpu", "h100", "--tokens", "inf"), "'--tokens': inf is not a finite number"),
-    (("estimate", "--model", "llama-2-13b", "--gpu", "h100", "--tokens", "-2e9"), "'--tokens': -2e+09 is not a finite number"),
-    (("plan", "--params", "nan"), "Invalid value for '--params': nan is not a finite number above 0, e.g. 13e9"),
-    (("plan", "--model", "llama-2-7b", "--usd-per-hour", "-1"), "'--usd-per-hour': -1 is not a finite number above 0"),
-    (("plan", "--model", "llama-2-7b", "--max-usd", "nan"), "'--max-usd': nan is not a finite number above 0"),
-    (("plan", "--model", "llama-2-7b", "--max-usd", "-5"), "'--max-usd': -5 is not a finite number above 0"),
+    (("estimate", "--model", "llama-2-13b", "--gpu", "h100", "--tokens", "-2e9"),
+     "'--tokens': -2e9 is not a number above 0, e.g. 2e9"),
+    (("plan", "--params", "nan"), "Invalid value for '--params': nan is not a finite number; give a number above 0, e.g. 13e9"),
+    (("plan", "--model", "llama-2-7b", "--usd-per-hour", "-1"), "'--usd-per-hour': -1 is not a number above 0, at most 10,000"),
+    (("plan", "--model", "llama-2-7b", "--max-usd", "nan"), "'--max-usd': nan is not a finite number; give a number above 0"),
+    (("plan", "--model", "llama-2-7b", "--max-usd", "-5"), "'--max-usd': -5 is not a number above 0"),
     (("plan", "--model", "llama-2-7b", "--deadline-hours", "inf"), "'--deadline-hours': inf is not a finite number"),
     (("plan", "--model", "llama-2-7b", "--min-gpu-mem", "nan"), "'--min-gpu-mem': nan is not a finite number"),
     (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--spot-mtbf-hours", "0"), "'--spot-mtbf-hours': 0 is not"),
     (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--inter-node-gbps", "inf"), "'--inter-node-gbps': inf"),
-    (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--seq-len", "10" * 12), "--seq-len 101010101010101010101010"),
+    (("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--seq-len", "10" * 12),
+     "'--seq-len': 101010101010101010101010 is not a whole number from 1 to 16,777,216"),
     (("plan", "--model", "llama-2-7b", "--job", "{binary}"), "job file {binary} is not a text file (byte 24 is not UTF-8)"),
     (("plan", "--model", "llama-2-7b", "--catalog", "{binary}"), "catalog file {binary} is not a text file (byte 24"),
     (("estimate", "--model-config", "{binary}", "--gpu", "h100"), "model config {binary} is not a text file (byte 24"),
@@ -286,3 +301,108 @@ def test_readme_install_line_names_every_extra_and_the_project_has_urls():
     named = re.findall(r"pip install 'trainready\[([a-z0-9,]+)\]'", (root / "README.md").read_text())
     assert extras in [set(n.split(",")) for n in named], named  # one line a user copies to get everything
     assert {"Homepage", "Documentation", "Issues"} <= set(project["urls"])
+
+
+# ------------------------------------------------------------------ reviewer's findings (issue 12)
+
+@pytest.mark.parametrize("args,message", [
+    (("plan", "--model", "llama-2-7b", "--tokens", "1e9", "--region", "us-est-1"),
+     "error: unknown region 'us-est-1'. Did you mean: us-west-1, us-east-1, us-west1? The catalog has prices in: "
+     "eastus, us-central1, us-east-1, us-east-2 (`trainready catalog instances --json` lists every instance's regions).\n"),
+    (("estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--region", "us-est-1", "--tokens", "1e9"),
+     "error: unknown region 'us-est-1'. Did you mean: us-east-1? p4d.24xlarge has a price in: us-east-1.\n"),
+    (("estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--region", "eu-west-1"),
+     "error: p4d.24xlarge has no price in eu-west-1 in the catalog; it has one in: us-east-1. Give one of those as "
+     "--region, or your price as --usd-per-hour.\n"),
+])
+def test_a_mistyped_region_is_a_usage_error(args, message):
+    out = cli(*args)
+    assert (out.returncode, out.stdout, out.stderr) == (2, "", message)
+
+
+def test_a_region_spelled_loosely_prices_in_the_catalog_region():
+    est = json.loads(cli("estimate", "--model", "llama-2-7b", "--instance", "p4d.24xlarge", "--region", "US-EAST-1",
+                         "--tokens", "1e9", "--json").stdout)
+    assert est["cost"]["pricing"]["region"] == "us-east-1" and est["cost"]["total_usd"] > 0
+
+
+def _commands():
+    import typer
+
+    from trainready.cli.main import app
+
+    root = typer.main.get_command(app)
+    yield ("plan",), root.commands["plan"]
+    yield ("estimate",), root.commands["estimate"]
+    yield ("catalog",), root.commands["catalog"]
+    for name, sub in root.commands["catalog"].commands.items():
+        yield ("catalog", name), sub
+
+
+@pytest.mark.parametrize("path,command", list(_commands()), ids=lambda x: " ".join(x) if isinstance(x, tuple) else "")
+def test_help_fits_80_columns_with_every_option_name_and_choice_whole(path, command):
+    out = cli80(*path, "-h")
+    for param in command.params:
+        for opt in (*param.opts, *param.secondary_opts):
+            if opt.startswith("--"):
+                assert re.search(rf"(^|[\s,]){re.escape(opt)}([\s,]|$)", out, re.M), (opt, out)
+        choices = getattr(getattr(param, "type_descriptor", None), "choices", None)
+        if choices and param.show_choices:  # shown as a|b|c: on one line, never folded
+            assert "|".join(str(getattr(c, "value", c)) for c in choices) in out, param.name
+        elif choices:  # shown as a word (MODE): the help text lists every choice
+            help_text = " ".join(param.help.split())
+            assert all(str(c.value) in help_text for c in choices), param.name
+
+
+def test_estimate_help_lists_long_choices_in_words():
+    out = " ".join(cli80("estimate", "-h").replace("\u2502", " ").split())  # without the panel's borders
+    assert "--activation-checkpointing MODE Recompute activations in backward: none, selective or full." in out
+    assert "--offload STATES Move to host RAM: none, optimizer" in out
+
+
+def test_big_catalog_figures_print_short_and_absurd_prices_are_refused(tmp_path):
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[[instance]]\nname = "huge"\ncloud = "dc"\ngpu = "h100"\ngpu_count = 8\ntopology = "nvswitch"\n'
+                    'vcpus = 100000000000000000000\nram_gib = 1e20\nnetwork_gbps = 1e300\n'
+                    '[[instance.price]]\nregion = "dc1"\nmodel = "on-demand"\nusd_per_hour = 9999.99\n')
+    out = cli80("catalog", "instances", "--catalog", mine)
+    assert "1.0e20" in _line_with(out, "huge") and "9,999.99" in _line_with(out, "huge")
+    assert not re.search(r"\d{16}", out.replace(",", ""))
+    mine.write_text(mine.read_text().replace("9999.99", "1e300"))
+    out = cli("catalog", "instances", "--catalog", mine)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == (f"error: {mine}:13: field 'instance.price.usd_per_hour': Input should be less than or "
+                          f"equal to 10000\n")
+
+
+def test_control_characters_in_names_are_escaped_where_messages_are_built(tmp_path):
+    out = cli("estimate", "--model", "llama\x1b[2J\x1b]0;x\x07", "--gpu", "h100")
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: unknown model 'llama\\x1b[2J\\x1b]0;x\\x07'. Did you mean: ")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"_name_or_path": "evil\x1b[31m\u202emodel", "model_type": "llama",
+                                  "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+                                  "num_hidden_layers": 32, "num_attention_heads": 32}))
+    out = cli("estimate", "--model-config", config, "--gpu", "h100", "--tokens", "1e9")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("evil\\x1b[31m\\u202emodel (6.74B parameters)")
+    assert "\x1b" not in out.stdout and "\u202e" not in out.stdout
+
+
+def test_launch_commands_paste_as_the_commands_of_the_recipe():
+    args = ("plan", "--model", "llama-2-70b", "--tokens", "1e9", "--clouds", "aws", "--top", "1")
+    recipe = json.loads(cli(*args, "--json").stdout)["recipe"]
+    assert len(recipe["torchrun"]) >= 2  # multi-node: the long commands
+    out = cli80(*args)
+    launch = out.split("Launch (best row)", 1)[1].split(f"\n{recipe['config_kind']}:\n", 1)
+    lines = launch[0].splitlines()[1:]
+    assert all(len(ln) <= 80 for ln in lines)
+    commands, cur = [], ""
+    for ln in lines:  # what a shell reads: a trailing backslash continues the line
+        cur += ln[:-1] if ln.endswith("\\") else ln
+        if not ln.endswith("\\"):
+            commands.append(" ".join(cur.split()))
+            cur = ""
+    env = " ".join(f"{k}={v}" for k, v in recipe["env"].items())
+    assert commands == [f"{env} {cmd}" for cmd in recipe["torchrun"]]
+    assert launch[1].startswith(recipe["config"])  # the config as it is, not in a bordered panel

@@ -123,3 +123,32 @@ def test_generic_model_from_params():
         generic_model(-5)
     with pytest.raises(UsageError):
         generic_model(13)  # a count in billions by mistake
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("num_hidden_layers", -3, "'num_hidden_layers' is -3; it must be a whole number above 0"),
+    ("num_hidden_layers", True, "'num_hidden_layers' is true; it must be a whole number above 0"),  # not 1 layer
+    ("hidden_size", "4096", "'hidden_size' is \"4096\"; it must be a whole number above 0"),
+    ("hidden_size", 4096.5, "'hidden_size' is 4096.5; it must be a whole number above 0"),
+    ("tie_word_embeddings", 1, "'tie_word_embeddings' is 1; it must be true or false"),
+    ("num_key_value_heads", 0, "'num_key_value_heads' is 0; it must be a whole number above 0"),
+])
+def test_hf_config_values_of_the_wrong_kind_name_the_key(tmp_path, key, value, words):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIGS["llama"][0], key: value}))
+    with pytest.raises(UsageError) as exc:
+        load_hf_config(path)
+    assert str(exc.value) == f"{path}: {words} (model_type 'llama')"
+
+
+def test_hf_config_nested_keys_are_named_with_their_object(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIGS["mpt"][0], "attn_config": {"alibi": "yes"}}))
+    with pytest.raises(UsageError, match="'attn_config.alibi' is \"yes\"; it must be true or false"):
+        load_hf_config(path)
+
+
+def test_hf_config_name_with_control_characters_is_escaped(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIGS["llama"][0], "_name_or_path": "evil\x1b]0;owned\x07\nmodel"}))
+    assert load_hf_config(path).name == "evil\\x1b]0;owned\\x07\\x0amodel"

@@ -119,3 +119,43 @@ def test_no_price_reason_says_it_once(catalog):
     r = run(catalog, instances=["p5e.48xlarge"])
     assert r.excluded[0].reason == ("fits, but no on-demand price in the catalog (sold as Capacity Blocks; not offered "
                                     "in us-east-1); give --usd-per-hour or try --spot")
+
+
+def test_a_mistyped_region_is_a_usage_error_not_nothing_fits(catalog):
+    with pytest.raises(UsageError) as exc:
+        run(catalog, region="us-est-1")
+    assert exc.value.exit_code == 2 and str(exc.value).startswith("unknown region 'us-est-1'. Did you mean: ")
+    assert "us-east-1" in str(exc.value).split("?")[0]
+
+
+def test_a_region_without_prices_says_where_the_prices_are(catalog):
+    r = run(catalog, region="us-west-2", instances=["p4d.24xlarge"])
+    assert not r.rows
+    assert r.excluded[0].reason == ("fits, but no on-demand price in us-west-2 in the catalog (it has one in "
+                                    "us-east-1); give --usd-per-hour or try --spot")
+    r = run(catalog, region="US-East-1", instances=["p4d.24xlarge"])  # spelled loosely: the catalog's region
+    assert r.rows[0].estimate.cost.pricing.region == "us-east-1"
+
+
+def test_recipe_config_lines_fit_80_columns_for_every_strategy(catalog):
+    from trainready.plan.recipe import recipe_for
+    from trainready.plan.setup import resolve
+
+    kinds = set()
+    for strategy in ("ddp", "zero1", "zero2", "zero3"):
+        for offload in ("none", "optimizer", "optimizer+params"):
+            for ckpt in ("none", "full"):
+                for tp, pp in ((1, 1), (2, 1), (1, 2)):
+                    job = JobSpec(model="llama-2-13b", instance="p4d.24xlarge", gpus=16, strategy=strategy,
+                                  offload=offload, activation_checkpointing=ckpt, tp=tp, pp=pp)
+                    try:
+                        s = resolve(job, catalog)
+                    except UsageError:
+                        continue  # an impossible combination (offload with ddp...)
+                    rc = recipe_for(s)
+                    kinds.add((strategy, rc.config_kind))
+                    assert max(map(len, rc.config.splitlines())) <= 79, (strategy, offload, ckpt, tp, pp)
+    # ddp with tensor or pipeline parallelism goes through DeepSpeed at ZeRO stage 0 (was a KeyError)
+    assert ("ddp", "deepspeed-json") in kinds
+    s = resolve(JobSpec(model="llama-2-13b", instance="p4d.24xlarge", strategy="ddp", pp=2), catalog)
+    assert '"stage": 0' in recipe_for(s).config

@@ -3,7 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
+
+# C0/C1 controls (terminal escapes, line breaks), the invisible Unicode format characters that
+# reorder or hide text (bidi overrides, zero-width spaces), and lone surrogates (bytes of an
+# argument that were not UTF-8: Python keeps them as U+DC80..U+DCFF, unprintable)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # the byte the surrogate stands for
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 256 else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """`text` with control characters written as \\xNN (\\uNNNN above 0xff): a name read from a
+    file or typed by a user goes into a message or a title as text, never as a terminal escape,
+    a line break or a bidi override."""
+    return _CONTROL.sub(lambda m: _escape(m.group()), str(text))
 
 
 class TrainreadyError(Exception):
@@ -50,10 +70,10 @@ class UnknownNameError(UsageError):
         valid = sorted(set(valid))
         self.kind, self.name, self.valid = kind, name, valid
         self.suggestions = closest(name, valid)
-        parts = [f"unknown {kind} '{name}'."]
+        parts = [f"unknown {kind} '{printable(name)}'."]
         if self.suggestions:
-            parts.append("Did you mean: " + ", ".join(self.suggestions) + "?")
-        parts.append(f"Valid {kind}s: " + ", ".join(valid) + ".")
+            parts.append("Did you mean: " + ", ".join(map(printable, self.suggestions)) + "?")
+        parts.append(f"Valid {kind}s: " + ", ".join(map(printable, valid)) + ".")
         if hint:
             parts.append(hint)
         super().__init__(" ".join(parts))

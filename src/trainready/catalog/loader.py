@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainready.errors import UnknownNameError, UsageError, normalize_name
+from trainready.errors import UnknownNameError, UsageError, closest, normalize_name, printable
 
 from .schema import Gpu, Instance
 from .textfile import read_user_text
@@ -57,6 +57,45 @@ class Catalog:
     def gpu_of(self, inst: Instance) -> Gpu:
         return self.gpus[inst.gpu]
 
+    @property
+    def regions(self) -> list[str]:
+        """Every region the catalog names: where an instance has a price or is offered."""
+        return sorted({p.region for i in self.instances.values() for p in i.price}
+                      | {r for i in self.instances.values() for r in i.regions})
+
+    def region(self, name: str, inst: Instance | None = None, *, need_price: bool = False) -> str:
+        """`name` as the catalog spells it (case and separators ignored), or a UsageError with the
+        nearest regions. With `inst` and `need_price`: a region where that instance has a price."""
+        known = {normalize_name(r): r for r in self.regions}
+        region = known.get(normalize_name(name))
+        if inst is None or not need_price:
+            if region is None:
+                near = closest(name, self.regions)
+                hint = f" Did you mean: {', '.join(near)}?" if near else ""
+                priced = sorted({r for i in self.instances.values() for r in priced_regions(i)})
+                raise UsageError(f"unknown region '{printable(name)}'.{hint} The catalog has prices in: "
+                                 f"{', '.join(priced) or 'no region'} (`trainready catalog instances --json` "
+                                 f"lists every instance's regions).")
+            return region
+        priced = priced_regions(inst)
+        if region is not None and region in priced:
+            return region
+        if not priced:
+            raise UsageError(f"{inst.name} has no price in the catalog, in any region: give --usd-per-hour "
+                             f"(or leave out --region)")
+        if region is None:
+            near = closest(name, priced) or closest(name, self.regions)
+            hint = f" Did you mean: {', '.join(near)}?" if near else ""
+            raise UsageError(f"unknown region '{printable(name)}'.{hint} {inst.name} has a price in: "
+                             f"{', '.join(priced)}.")
+        raise UsageError(f"{inst.name} has no price in {region} in the catalog; it has one in: "
+                         f"{', '.join(priced)}. Give one of those as --region, or your price as --usd-per-hour.")
+
+
+def priced_regions(inst: Instance) -> list[str]:
+    """The regions where the catalog has a price for `inst`, on-demand or spot."""
+    return sorted({p.region for p in inst.price if p.usd_per_hour is not None})
+
 
 def read_toml(text: str, label: str) -> dict[str, Any]:
     """Parse TOML text; a syntax error (or absurd nesting) is a UsageError naming `label`."""
@@ -85,6 +124,8 @@ def _locate(text: str, loc: tuple[Any, ...]) -> int | None:
             table_path.append(key)
             header = re.compile(r"^\s*\[\[\s*" + re.escape(".".join(table_path)) + r"\s*\]\]")
             hits = [n for n in range(start, end) if header.match(lines[n])]
+            if not hits:  # an inline array (aliases = [...]): the line of its key
+                return _key_line(lines, key, start, end) or line_no
             if loc[i + 1] >= len(hits):
                 return line_no
             start = hits[loc[i + 1]]
@@ -95,12 +136,15 @@ def _locate(text: str, loc: tuple[Any, ...]) -> int | None:
             i += 2
             continue
         if isinstance(key, str):
-            pat = re.compile(r"^\s*(" + re.escape(key) + r"|[\w.]*\." + re.escape(key) + r")\s*=")
-            for n in range(start, end):
-                if pat.match(lines[n]):
-                    return n + 1
+            return _key_line(lines, key, start, end) or line_no
         return line_no
     return line_no
+
+
+def _key_line(lines: list[str], key: str, start: int, end: int) -> int | None:
+    """Line number (1-based) of `key =` (or `a.key =`) between lines start and end."""
+    pat = re.compile(r"^\s*(" + re.escape(key) + r"|[\w.]*\." + re.escape(key) + r")\s*=")
+    return next((n + 1 for n in range(start, end) if pat.match(lines[n])), None)
 
 
 def _validation_message(exc: ValidationError, text: str, label: str, prefix: tuple) -> str:
@@ -149,8 +193,8 @@ def _entries(data: dict, text: str, label: str) -> dict[str, list]:
                          f"schema_version = {SCHEMA_VERSION}")
     unknown = set(data) - {"schema_version", "gpu", "instance"}
     if unknown:
-        raise UsageError(f"{label}: unknown top-level key(s) {', '.join(sorted(unknown))}; expected [[gpu]] "
-                         f"and [[instance]] tables")
+        keys = ", ".join(printable(k) for k in sorted(unknown))
+        raise UsageError(f"{label}: unknown top-level key(s) {keys}; expected [[gpu]] and [[instance]] tables")
     if "gpu" not in data and "instance" not in data:
         raise UsageError(f"{label}: no [[gpu]] or [[instance]] tables: nothing to merge "
                          f"(see docs/catalog.md for the format)")
@@ -235,5 +279,5 @@ def load_catalog(user_file: str | Path | None = None) -> Catalog:
     path = Path(user_file)
     text = read_user_text(path, "catalog file")
     gpus, instances = dict(base.gpus), dict(base.instances)
-    _merge_into(gpus, instances, text, str(path), user=True)
+    _merge_into(gpus, instances, text, printable(path), user=True)  # the label names it in messages
     return Catalog(gpus=gpus, instances=instances, files=(str(path),))

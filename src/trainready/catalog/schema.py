@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, model_validator
+
+from trainready.errors import printable
 
 Precision = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]
 Topology = Literal["nvswitch", "nvlink-mesh", "pcie", "single"]
 PricingModel = Literal["on-demand", "spot"]
+MAX_USD_PER_HOUR = 10_000.0  # per node-hour: 10x an 8-GPU node's list price; more is a typo (or cents)
+MAX_GPUS_PER_NODE = 1024  # the NVLink matrix is gpu_count x gpu_count
+
+
+def _plain(name: str) -> str:
+    if printable(name) != name:
+        raise ValueError(f"'{printable(name)}' holds a control character: names are plain text")
+    return name
+
+
+Name = Annotated[str, AfterValidator(_plain)]  # shown in tables, titles and messages
 
 
 class _Strict(BaseModel):
-    # A typo in a user's catalog must be an error, not a silently ignored key.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # A typo in a user's catalog must be an error, not a silently ignored key; and
+    # `gpu_count = true` is an error, not 1 GPU.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class PeakTflops(_Strict):
@@ -27,14 +41,14 @@ class PeakTflops(_Strict):
 
 
 class Gpu(_Strict):
-    name: str = Field(description="canonical name, e.g. a100-80gb")
-    display_name: str = ""
-    aliases: list[str] = []
+    name: Name = Field(description="canonical name, e.g. a100-80gb")
+    display_name: Name = ""
+    aliases: list[Name] = []
     arch: Literal["volta", "ampere", "ada", "hopper", "blackwell", "other"] = "other"
     memory_gib: float = Field(gt=0, description="memory per GPU, GiB")
     hbm_gbps: float = Field(gt=0, description="memory bandwidth, GB/s")
     tflops: PeakTflops
-    gpu_link: str = Field("pcie4", description="GPU-GPU link kind: nvlink2..5, pcie3..5")
+    gpu_link: Name = Field("pcie4", description="GPU-GPU link kind: nvlink2..5, pcie3..5")
     gpu_gpu_gbps_bidir: float | None = Field(None, gt=0, description="GPU-GPU bandwidth per GPU, both directions, GB/s")
     nvlink_links: int | None = Field(None, ge=0)
     nvlink_link_gbps: float | None = Field(None, gt=0, description="per link and direction, GB/s")
@@ -53,10 +67,10 @@ class Gpu(_Strict):
 
 
 class Price(_Strict):
-    region: str
+    region: Name
     model: PricingModel
-    usd_per_hour: float | None = Field(None, gt=0, description="None: no price is known")
-    usd_per_hour_max: float | None = Field(None, gt=0)
+    usd_per_hour: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR, description="None: no price is known")
+    usd_per_hour_max: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR)
     as_of: str = ""
     suspect: bool = False
     note: str | None = None
@@ -64,10 +78,10 @@ class Price(_Strict):
 
 
 class Instance(_Strict):
-    name: str
-    cloud: str
-    gpu: str = Field(description="canonical GPU name from the GPU catalog")
-    gpu_count: int = Field(ge=1)
+    name: Name
+    cloud: Name
+    gpu: Name = Field(description="canonical GPU name from the GPU catalog")
+    gpu_count: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     vcpus: int | None = Field(None, ge=1)
     ram_gib: float | None = Field(None, gt=0)
     nvme_count: int | None = Field(None, ge=0)
@@ -78,7 +92,7 @@ class Instance(_Strict):
     topology: Topology
     nvlink_all_pairs: int | None = Field(None, ge=0)
     nvlink_matrix: list[list[int]] | None = None
-    regions: list[str] = []
+    regions: list[Name] = []
     notes: str | None = None
     source: str = Field(min_length=1)
     sources: dict[str, str] = {}

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 LIMIT = 16 * 1024 * 1024  # far above any job spec, catalog or config.json
 
@@ -19,30 +19,31 @@ def read_user_text(path: str | Path, what: str, *, limit: int = LIMIT) -> str:
     but a directory, a file over `limit` bytes (or /dev/zero) and bytes that are not UTF-8 text
     (a binary given by mistake) are refused with one line naming the file."""
     p = Path(path)
+    shown = printable(p)  # the path as the user typed it, control characters as \xNN
     try:
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise UsageError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"cannot read {what} {p}: it is a directory, not a file")
+            raise UsageError(f"cannot read {what} {shown}: it is a directory, not a file")
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:
-            raise UsageError(f"{what} {p} is {st.st_size:,} bytes, more than the {limit // 2**20} MiB "
+            raise UsageError(f"{what} {shown} is {st.st_size:,} bytes, more than the {limit // 2**20} MiB "
                              f"a {what} may have: is it the right file?")
         chunks, left = [], limit + 1
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
             left -= len(chunk)
     except OSError as exc:
-        raise UsageError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > limit:
-        raise UsageError(f"{what} {p} is more than the {limit // 2**20} MiB a {what} may have: is it the right file?")
+        raise UsageError(f"{what} {shown} is more than the {limit // 2**20} MiB a {what} may have: is it the right file?")
     try:
         return data.decode("utf-8-sig")  # a BOM from a Windows editor is not content
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{what} {p} is not a text file (byte {exc.start:,} is not UTF-8): "
+        raise UsageError(f"{what} {shown} is not a text file (byte {exc.start:,} is not UTF-8): "
                          f"is it the right file?") from None

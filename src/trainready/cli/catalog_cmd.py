@@ -36,9 +36,11 @@ def instances(cloud: Cloud = "", catalog_file: o.CatalogFile = None, json_out: o
     items = sorted((i for i in cat.instances.values() if not cloud or i.cloud == cloud.lower()),
                    key=lambda i: (i.cloud, i.name))
     if cloud and not items:
-        from trainready.errors import UsageError
+        from trainready.errors import UsageError, closest, printable
         clouds = sorted({i.cloud for i in cat.instances.values()})
-        raise UsageError(f"unknown cloud '{cloud}'; valid: {', '.join(clouds)}")
+        near = closest(cloud, clouds)
+        hint = f" Did you mean: {', '.join(near)}?" if near else ""
+        raise UsageError(f"unknown cloud '{printable(cloud)}'.{hint} Valid clouds: {', '.join(clouds)}.")
     if json_out:
         emit_json(InstanceList(instances=items))
     else:

@@ -8,7 +8,7 @@ import typer
 
 from trainready.catalog import load_catalog
 from trainready.plan.estimate import estimate_setup
-from trainready.plan.job import save_job
+from trainready.plan.job import MAX_BATCH, MAX_GPUS, save_job
 from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
 
@@ -36,18 +36,18 @@ def estimate(
     tokens: o.Tokens = None,
     instance: Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type, e.g. p4d.24xlarge.", rich_help_panel=HW)] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU when no instance is given: a100-40gb, a100-80gb, h100-80gb, h200, b200, v100-16gb, v100-32gb, a10g, l4, l40s.", rich_help_panel=HW)] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
-    inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", callback=o.positive("400"), help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", parser=o.number("16", hi=MAX_GPUS, whole=True), help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", parser=o.number("8", hi=1024, whole=True), help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
+    inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", parser=o.number("400"), help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
     strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="Data parallelism: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]", rich_help_panel=PAR)] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
-    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
-    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Sequences per GPU per forward. [default: the largest that fits]", rich_help_panel=PAR)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", parser=o.number("2", hi=1024, whole=True), help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
+    pp: Annotated[Optional[int], typer.Option("--pp", parser=o.number("2", hi=1024, whole=True), help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", parser=o.number("4", hi=MAX_BATCH, whole=True), help="Sequences per GPU per forward. [default: the largest that fits]", rich_help_panel=PAR)] = None,
     global_batch: o.GlobalBatch = None,
     seq_len: o.SeqLen = None,
     precision: o.PrecisionOpt = None,
-    activation_checkpointing: Annotated[Optional[o.Ckpt], typer.Option("--activation-checkpointing", help="Recompute activations in backward. [default: none]", rich_help_panel=o.NUM)] = None,
-    offload: Annotated[Optional[o.Offload], typer.Option("--offload", help="Move optimizer states (and parameters) to host RAM. [default: none]", rich_help_panel=o.NUM)] = None,
+    activation_checkpointing: Annotated[Optional[o.CkptMode], typer.Option("--activation-checkpointing", show_choices=False, help="Recompute activations in backward: none, selective or full. [default: none]", rich_help_panel=o.MEM)] = None,
+    offload: Annotated[Optional[o.OffloadMode], typer.Option("--offload", show_choices=False, help="Move to host RAM: none, optimizer (the optimizer states) or optimizer+params (and the parameters). [default: none]", rich_help_panel=o.MEM)] = None,
     optimizer_dtype: o.OptimDType = None,
     reduce_dtype: o.ReduceDType = None,
     kernels: o.KernelsOpt = None,

@@ -10,15 +10,17 @@ from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
 
-from trainready.errors import UsageError
-from trainready.plan.job import JobSpec, load_job
+from trainready.errors import UsageError, printable
+from trainready.plan.job import MAX_BATCH, MAX_SEQ_LEN, MAX_USD_PER_HOUR, JobSpec, load_job
 
 JOB = "Job"
 MODEL = "Model"
 HW = "Hardware"
 PAR = "Parallelism and batch"
-NUM = "Numerics and memory"
+NUM = "Numerics"
+MEM = "Memory"
 COST = "Cost"
 OUT = "Output"
 
@@ -50,6 +52,17 @@ class Offload(str, Enum):
     optimizer_params = "optimizer+params"
 
 
+def labelled(choices: type[Enum], label: str) -> Any:
+    """The same choices under the class name `label`: with show_choices=False, `-h` shows LABEL in
+    the type column (the help text lists the choices) so a long choice list does not squeeze
+    the option's name at 80 columns."""
+    return Enum(label, {m.name: m.value for m in choices}, type=str)  # type: ignore[misc]
+
+
+CkptMode = labelled(Ckpt, "MODE")
+OffloadMode = labelled(Offload, "STATES")
+
+
 class Method(str, Enum):
     full = "full"
     lora = "lora"
@@ -72,16 +85,45 @@ class DType(str, Enum):
     bf16 = "bf16"
 
 
-def positive(example: str) -> Callable[[Any], float | None]:
-    """A callback for a float option: a finite number above 0 or a usage error naming it
-    (Click's FLOAT accepts inf and nan, which would end in an internal error further on)."""
+def _number_text(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
-    def check(value: float | None) -> float | None:
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise typer.BadParameter(f"{value:g} is not a finite number above 0, e.g. {example}")
-        return value
 
-    return check
+def number(example: str, *, lo: float = 0, lo_open: bool = True, hi: float | None = None,
+           whole: bool = False) -> Callable[[Any], float | int | None]:
+    """A parser for a numeric option: the text the user typed becomes a finite number in
+    [lo, hi] (above lo when `lo_open`), or a usage error that names that text as typed
+    ("1e309 is not a finite number", not "inf"), the range and an example. `whole`: an integer
+    (1e3 is 1000; 2.5 and true are refused)."""
+    if whole and lo_open:  # "a whole number from 1", not "above 0"
+        lo, lo_open = math.floor(lo) + 1, False
+    kind = "a whole number" if whole else "a number"
+    if lo_open:
+        want = f"{kind} above {_number_text(lo)}" + (f", at most {_number_text(hi)}" if hi is not None else "")
+    elif hi is None:
+        want = f"{kind} of at least {_number_text(lo)}"
+    else:
+        want = f"{kind} from {_number_text(lo)} to {_number_text(hi)}"
+
+    def parse(value: Any) -> float | int | None:
+        if value is None:
+            return None
+        raw = printable(value if isinstance(value, str) else repr(value)).strip()
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise PydanticCustomError("number", f"'{raw}' is not a number; give {want}, e.g. {example}") from None
+        if not math.isfinite(x):
+            raise PydanticCustomError("number", f"{raw} is not a finite number; give {want}, e.g. {example}")
+        if whole and not x.is_integer():
+            raise PydanticCustomError("number", f"{raw} is not a whole number; give {want}, e.g. {example}")
+        if x < lo or (lo_open and x == lo) or (hi is not None and x > hi):
+            raise PydanticCustomError("number", f"{raw} is not {want}, e.g. {example}")
+        if whole:
+            return int(value) if isinstance(value, str) and value.strip().lstrip("+-").isdigit() else int(x)
+        return x
+
+    return parse
 
 
 JobPath = Annotated[Optional[Path], typer.Option("--job", help="Job spec written by `plan --save` or `estimate --save`; options given here override it.", rich_help_panel=JOB)]
@@ -91,12 +133,12 @@ Json = Annotated[bool, typer.Option("--json", help="Machine-readable output (sch
 
 ModelName = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset, e.g. llama-2-13b (`trainready catalog models`).", rich_help_panel=MODEL)]
 ModelConfig = Annotated[Optional[Path], typer.Option("--model-config", help="Hugging Face config.json, read offline.", rich_help_panel=MODEL)]
-Params = Annotated[Optional[float], typer.Option("--params", callback=positive("13e9"), help="Generic dense decoder of this many parameters, e.g. 13e9.", rich_help_panel=MODEL)]
+Params = Annotated[Optional[float], typer.Option("--params", parser=number("13e9"), help="Generic dense decoder of this many parameters, e.g. 13e9.", rich_help_panel=MODEL)]
 MethodOpt = Annotated[Optional[Method], typer.Option("--method", help="Full fine-tuning/pre-training, LoRA or QLoRA.", rich_help_panel=MODEL)]
-LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", help="LoRA rank (adapters on every linear layer). [default: 16]", rich_help_panel=MODEL)]
-Tokens = Annotated[Optional[float], typer.Option("--tokens", callback=positive("2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
-SeqLen = Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
-GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per optimizer step. [default: ~1M tokens]", rich_help_panel=PAR)]
+LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", parser=number("16", hi=65536, whole=True), help="LoRA rank (adapters on every linear layer). [default: 16]", rich_help_panel=MODEL)]
+Tokens = Annotated[Optional[float], typer.Option("--tokens", parser=number("2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
+SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number("4096", hi=MAX_SEQ_LEN, whole=True), help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
+GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", parser=number("256", hi=MAX_BATCH, whole=True), help="Sequences per optimizer step. [default: ~1M tokens]", rich_help_panel=PAR)]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Compute precision. [default: bf16, fp16 on V100]", rich_help_panel=NUM)]
 OptimDType = Annotated[Optional[DType], typer.Option("--optimizer-dtype", help="fp32: fp32 master weights and Adam states (mixed precision); bf16: pure bf16 training. [default: fp32]", rich_help_panel=NUM)]
 ReduceDType = Annotated[Optional[DType], typer.Option("--reduce-dtype", help="Gradient reduction dtype. [default: fp32]", rich_help_panel=NUM)]
@@ -104,8 +146,8 @@ KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager:
 AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: sdpa]", rich_help_panel=NUM)]
 Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price on spot (with expected interruption rework) or on-demand.", rich_help_panel=COST)]
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
-UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", callback=positive("32.77"), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
-SpotMtbf = Annotated[Optional[float], typer.Option("--spot-mtbf-hours", callback=positive("24"), help="Mean hours between spot interruptions per node. [default: 24, an assumption]", rich_help_panel=COST)]
+UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", parser=number("32.77", hi=MAX_USD_PER_HOUR), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
+SpotMtbf = Annotated[Optional[float], typer.Option("--spot-mtbf-hours", parser=number("24"), help="Mean hours between spot interruptions per node. [default: 24, an assumption]", rich_help_panel=COST)]
 
 
 def build_job(job_path: Path | None, **opts: Any) -> JobSpec:

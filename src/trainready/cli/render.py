@@ -7,7 +7,6 @@ import time
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
-from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
@@ -16,15 +15,17 @@ from trainready.catalog import Catalog, Gpu, Instance
 from trainready.cli.console import line, styled
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
+from trainready.plan.recipe import Recipe
 from trainready.plan.search import PlanResult
 from trainready.plan.units import BIG, count_text, hours_text, usd_text
 
 
 def _f(x: float | None, fmt: str = ",.1f", none: str = "-") -> str:
+    """A figure in `fmt`, or short (1.0e30, not 31 digits folded over rows) from BIG up."""
     if x is None:
         return none
-    if fmt.endswith(("d", ".0f")) and abs(x) >= BIG:
-        return count_text(x)  # 1.0e30, not 31 digits
+    if abs(x) >= BIG:
+        return count_text(x)
     return format(x, fmt)
 
 
@@ -114,8 +115,8 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
     speed = _Grid("Speed", ["tokens/s", "per GPU", "MFU", "HFU", "step s", "compute", "comm", "other"])
     b = t.step_breakdown_s
     speed.add_row(_f(t.tokens_per_s, ",.0f"), _f(t.tokens_per_s_per_gpu, ",.0f"), f"{t.mfu * 100:.1f}%",
-                  f"{t.hfu * 100:.1f}%", f"{t.step_time_s:,.2f}", f"{b.compute:,.2f}",
-                  f"{b.exposed_communication:,.2f}", f"{b.other:,.2f}")
+                  f"{t.hfu * 100:.1f}%", _f(t.step_time_s, ",.2f"), _f(b.compute, ",.2f"),
+                  _f(b.exposed_communication, ",.2f"), _f(b.other, ",.2f"))
     speed.print_fitted(con, ("HFU", "other", "per GPU"))
     con.print(f"bottleneck: {t.bottleneck} (comm = exposed communication; {t.communication_s:,.2f} s "
               f"of communication per step in all)")
@@ -181,15 +182,41 @@ def render_plan(con: Console, r: PlanResult) -> None:
         for x in r.excluded:
             con.print(f"  {x.instance}: {x.reason}")
     if r.recipe:
-        rc = r.recipe
-        env = " ".join(f"{k}={v}" for k, v in rc.env.items())
-        con.print(Panel("\n".join(f"{env} {cmd}" for cmd in rc.torchrun), title="Launch (best row)",
-                        title_align="left"))
-        lexer = "json" if rc.config_kind == "deepspeed-json" else "python"
-        con.print(Panel(Syntax(rc.config, lexer, theme="ansi_dark", word_wrap=True), title=rc.config_kind,
-                        title_align="left"))
-        for n in rc.notes:
-            con.print(styled(n, "dim"))
+        _render_recipe(con, r.recipe)
+
+
+def shell_lines(command: str, width: int) -> str:
+    """`command` broken at spaces into lines of at most `width` columns, each but the last ending
+    in ` \\`, the rest indented: pasted into a shell it is the same command. A word longer
+    than a line stays whole on a line of its own."""
+    words, lines, cur = command.split(), [], ""
+    for word in words:
+        indent = "    " if lines else ""
+        if cur and len(indent) + len(cur) + 1 + len(word) + 2 > width:
+            lines.append(indent + cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    lines.append(("    " if lines else "") + cur)
+    return " \\\n".join(lines)
+
+
+def _render_recipe(con: Console, rc: Recipe) -> None:
+    """Launch commands and config as text to copy: no panel border to cut around, no line folded
+    by the terminal width (commands continue with ` \\`; the config's lines fit 80 columns)."""
+    env = " ".join(f"{k}={v}" for k, v in rc.env.items())
+    n = len(rc.torchrun)
+    head = f"one command per node, on each of the {n} nodes" if n > 1 else "on the node"
+    con.print(line(("Launch (best row)", "bold"), f", {head}:"))
+    for cmd in rc.torchrun:
+        con.print(Text(shell_lines(f"{env} {cmd}", max(con.width, 40))), soft_wrap=True)
+    lexer = "json" if rc.config_kind == "deepspeed-json" else "python"
+    con.print(line((rc.config_kind, "bold"), ":"))
+    config = Syntax(rc.config, lexer, theme="ansi_dark").highlight(rc.config)
+    config.rstrip()
+    con.print(config, soft_wrap=True)
+    for n in rc.notes:
+        con.print(styled(n, "dim"))
 
 
 def render_gpus(con: Console, gpus: list[Gpu]) -> None:
@@ -219,7 +246,7 @@ def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
             return "-"
         if p.usd_per_hour is None:
             return "unknown"
-        return line(f"{p.usd_per_hour:,.2f}", ("?", "yellow") if p.suspect else "")
+        return line(_f(p.usd_per_hour, ",.2f"), ("?", "yellow") if p.suspect else "")
 
     for i in items:
         od, sp = i.price_for("on-demand"), i.price_for("spot")

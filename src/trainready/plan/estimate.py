@@ -239,9 +239,10 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         if p and p.suspect:
             warnings.append(f"{kind} price of {s.instance.name} is marked suspect: "
                             f"{p.note or 'verify it before buying'}")
-    if od_price and od_price.usd_per_hour is None and not s.usd_per_hour:
-        warnings.append(f"no on-demand price for {s.instance.name} in the catalog"
-                        + (f" ({od_price.note})" if od_price.note else "") + "; give --usd-per-hour")
+    if s.instance is not None and not s.spot and not s.usd_per_hour and (od_price is None or od_price.usd_per_hour is None):
+        where = f" in {s.region}" if s.region else ""
+        note = f" ({od_price.note})" if od_price is not None and od_price.note else ""
+        warnings.append(f"no on-demand price for {s.instance.name}{where} in the catalog{note}; give --usd-per-hour")
     if s.spot and spot_price is None and s.instance is not None and not s.usd_per_hour:
         warnings.append(f"no spot price for {s.instance.name} in the catalog: the spot cost is unknown")
     ram = s.instance.ram_gib if s.instance else None

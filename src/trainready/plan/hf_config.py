@@ -7,6 +7,7 @@ A missing key is an error naming the key and the file.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,29 +15,56 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainready.catalog.textfile import read_user_text
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 from .model_spec import ModelSpec
 
 SUPPORTED = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox", "mpt", "falcon", "opt", "bloom")
 
 
+_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "count": ("a whole number above 0", lambda v: type(v) is int and v > 0),
+    "number": ("a number above 0", lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0),
+    "bool": ("true or false", lambda v: type(v) is bool),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "dict": ("an object", lambda v: isinstance(v, dict)),
+}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else type(value).__name__
+    return printable(text if len(text) <= 40 else text[:40] + "...")
+
+
 class _Config:
-    """Key access that fails with the key and the file named."""
+    """Key access that fails with the key and the file named, and with the value's type checked
+    (booleans are not counts: `"num_hidden_layers": true` is an error, not 1 layer)."""
 
-    def __init__(self, data: dict[str, Any], path: str):
-        self.data, self.path = data, path
+    def __init__(self, data: dict[str, Any], path: str, prefix: str = "", model_type: Any = None):
+        self.data, self.path, self.prefix = data, path, prefix
+        self.model_type = data.get("model_type") if model_type is None else model_type
 
-    def need(self, *keys: str) -> Any:
+    def _checked(self, key: str, value: Any, kind: str) -> Any:
+        want, ok = _KINDS[kind]
+        if not ok(value):
+            raise UsageError(f"{self.path}: '{self.prefix}{key}' is {_shown(value)}; it must be {want} "
+                             f"(model_type '{printable(self.model_type)}')")
+        return value
+
+    def need(self, *keys: str, kind: str = "count") -> Any:
         for key in keys:
             if key in self.data and self.data[key] is not None:
-                return self.data[key]
-        names = " or ".join(f"'{k}'" for k in keys)
-        raise UsageError(f"{self.path}: missing key {names} (model_type '{self.data.get('model_type')}')")
+                return self._checked(key, self.data[key], kind)
+        names = " or ".join(f"'{self.prefix}{k}'" for k in keys)
+        raise UsageError(f"{self.path}: missing key {names} (model_type '{printable(self.model_type)}')")
 
-    def get(self, key: str, default: Any) -> Any:
+    def get(self, key: str, default: Any, kind: str = "count") -> Any:
         value = self.data.get(key, default)
-        return default if value is None else value
+        return default if value is None else self._checked(key, value, kind)
+
+    def sub(self, key: str) -> "_Config":
+        """A nested object (MPT's attn_config), its keys named as attn_config.key."""
+        return _Config(self.get(key, {}, kind="dict"), self.path, f"{self.prefix}{key}.", self.model_type)
 
 
 def _gelu_kind(name: str) -> str:
@@ -54,15 +82,15 @@ def _llama_like(c: _Config, family: str) -> dict:
         family=family, vocab_size=c.need("vocab_size"), hidden_size=c.need("hidden_size"),
         num_layers=c.need("num_hidden_layers"), num_heads=heads,
         num_kv_heads=c.get("num_key_value_heads", heads), ffn_hidden_size=c.need("intermediate_size"),
-        head_dim=c.get("head_dim", None), tied_embeddings=c.get("tie_word_embeddings", False),
+        head_dim=c.get("head_dim", None), tied_embeddings=c.get("tie_word_embeddings", False, "bool"),
         max_seq_len=c.get("max_position_embeddings", None),
     )
     if family == "qwen2":
         spec["qkv_bias"] = True  # Qwen2 attention: bias on q/k/v, none on o
     else:
-        bias = bool(c.get("attention_bias", False))
+        bias = c.get("attention_bias", False, "bool")
         spec["qkv_bias"] = spec["out_bias"] = bias
-        spec["mlp_bias"] = bool(c.get("mlp_bias", False))
+        spec["mlp_bias"] = c.get("mlp_bias", False, "bool")
     return spec
 
 
@@ -72,74 +100,75 @@ def _gpt2(c: _Config) -> dict:
     return dict(family="gpt", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("n_layer", "num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
                 ffn_hidden_size=c.get("n_inner", 4 * d), mlp="gelu", norm="layernorm", position="learned",
-                activation=_gelu_kind(c.get("activation_function", "gelu_new")),
+                activation=_gelu_kind(c.get("activation_function", "gelu_new", "str")),
                 max_seq_len=c.need("n_positions", "max_position_embeddings"), tied_embeddings=True,
                 qkv_bias=True, out_bias=True, mlp_bias=True)
 
 
 def _gpt_neox(c: _Config) -> dict:
     heads = c.need("num_attention_heads")
-    bias = bool(c.get("attention_bias", True))
+    bias = c.get("attention_bias", True, "bool")
     return dict(family="gpt_neox", vocab_size=c.need("vocab_size"), hidden_size=c.need("hidden_size"),
                 num_layers=c.need("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
                 ffn_hidden_size=c.need("intermediate_size"), mlp="gelu", norm="layernorm",
-                activation=_gelu_kind(c.get("hidden_act", "gelu")),
-                tied_embeddings=c.get("tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
+                activation=_gelu_kind(c.get("hidden_act", "gelu", "str")),
+                tied_embeddings=c.get("tie_word_embeddings", False, "bool"), qkv_bias=bias, out_bias=bias,
                 mlp_bias=True, max_seq_len=c.get("max_position_embeddings", None))
 
 
 def _mpt(c: _Config) -> dict:
     d = c.need("d_model")
     heads = c.need("n_heads")
-    no_bias = bool(c.get("no_bias", False))
-    attn = c.get("attn_config", {}) or {}
-    alibi = bool(attn.get("alibi", False))
-    learned = bool(c.get("learned_pos_emb", True)) and not alibi
-    kv = attn.get("kv_n_heads", heads) if attn.get("attn_type") == "grouped_query_attention" else heads
-    if attn.get("attn_type") == "multiquery_attention":
+    no_bias = c.get("no_bias", False, "bool")
+    attn = c.sub("attn_config")
+    alibi = attn.get("alibi", False, "bool")
+    learned = c.get("learned_pos_emb", True, "bool") and not alibi
+    attn_type = attn.get("attn_type", "multihead_attention", "str")
+    kv = attn.get("kv_n_heads", heads) if attn_type == "grouped_query_attention" else heads
+    if attn_type == "multiquery_attention":
         kv = 1
-    ffn_cfg = c.get("ffn_config", {}) or {}
-    mlp = "swiglu" if ffn_cfg.get("ffn_type") == "mptglu" else "gelu"
-    ffn = ffn_cfg.get("ffn_hidden_size") or int(c.need("expansion_ratio") * d)
+    ffn_cfg = c.sub("ffn_config")
+    mlp = "swiglu" if ffn_cfg.get("ffn_type", "mptmlp", "str") == "mptglu" else "gelu"
+    ffn = ffn_cfg.get("ffn_hidden_size", None) or int(c.need("expansion_ratio", kind="number") * d)
     return dict(family="mpt", vocab_size=c.need("vocab_size"), hidden_size=d, num_layers=c.need("n_layers"),
                 num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, mlp=mlp,
                 norm="layernorm-nobias" if no_bias else "layernorm",
                 position="learned" if learned else ("alibi" if alibi else "rope"),
-                max_seq_len=c.need("max_seq_len"), tied_embeddings=c.get("tie_word_embeddings", True),
+                max_seq_len=c.need("max_seq_len"), tied_embeddings=c.get("tie_word_embeddings", True, "bool"),
                 qkv_bias=not no_bias, out_bias=not no_bias, mlp_bias=not no_bias)
 
 
 def _falcon(c: _Config) -> dict:
     d = c.need("hidden_size")
     heads = c.need("num_attention_heads", "n_head")
-    new_arch = bool(c.get("new_decoder_architecture", False))
+    new_arch = c.get("new_decoder_architecture", False, "bool")
     if new_arch:
         kv = c.need("num_kv_heads", "n_head_kv")
         norms = c.get("num_ln_in_parallel_attn", 2)
     else:
-        kv = 1 if c.get("multi_query", True) else heads
-        norms = 1 if c.get("parallel_attn", True) else 2
-    bias = bool(c.get("bias", False))
+        kv = 1 if c.get("multi_query", True, "bool") else heads
+        norms = 1 if c.get("parallel_attn", True, "bool") else 2
+    bias = c.get("bias", False, "bool")
     return dict(family="falcon", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("num_hidden_layers", "n_layer"), num_heads=heads, num_kv_heads=kv,
                 ffn_hidden_size=c.get("ffn_hidden_size", 4 * d), mlp="gelu",
-                norm="layernorm", norms_per_layer=norms, position="alibi" if c.get("alibi", False) else "rope",
-                tied_embeddings=c.get("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias,
+                norm="layernorm", norms_per_layer=norms, position="alibi" if c.get("alibi", False, "bool") else "rope",
+                tied_embeddings=c.get("tie_word_embeddings", True, "bool"), qkv_bias=bias, out_bias=bias,
                 mlp_bias=bias, max_seq_len=c.get("max_position_embeddings", None))
 
 
 def _opt(c: _Config) -> dict:
     d = c.need("hidden_size")
     heads = c.need("num_attention_heads")
-    bias = bool(c.get("enable_bias", True))
-    pre_ln = bool(c.get("do_layer_norm_before", True))
-    final = pre_ln and not bool(c.get("_remove_final_layer_norm", False))
+    bias = c.get("enable_bias", True, "bool")
+    pre_ln = c.get("do_layer_norm_before", True, "bool")
+    final = pre_ln and not c.get("_remove_final_layer_norm", False, "bool")
     wep = c.get("word_embed_proj_dim", d)
     # OPT's learned positions carry an offset of 2 rows
     return dict(family="opt", vocab_size=c.need("vocab_size"), hidden_size=d,
                 num_layers=c.need("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
                 ffn_hidden_size=c.need("ffn_dim"), mlp="gelu", norm="layernorm", position="learned",
-                activation=_gelu_kind(c.get("activation_function", "relu")),
+                activation=_gelu_kind(c.get("activation_function", "relu", "str")),
                 max_seq_len=c.need("max_position_embeddings") + 2, tied_embeddings=True,
                 embedding_dim=wep if wep != d else None, qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                 final_norm=final)
@@ -164,17 +193,19 @@ PARSERS: dict[str, Callable[[_Config], dict]] = {
 
 
 def from_dict(data: dict[str, Any], path: str = "<config>") -> ModelSpec:
+    path = printable(path)  # named in every message below
     c = _Config(data, path)
-    model_type = c.need("model_type")
-    parser = PARSERS.get(model_type) if isinstance(model_type, str) else None
+    model_type = c.need("model_type", kind="str")
+    parser = PARSERS.get(model_type)
     if parser is None:
         raise UsageError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
     fields = parser(c)
-    name = data.get("_name_or_path") or Path(path).parent.name or model_type
-    try:
-        return ModelSpec(name=str(name), source=f"Hugging Face config {path}", **fields)
+    name = data.get("_name_or_path")
+    name = name if isinstance(name, str) and name.strip() else (Path(path).parent.name or model_type)
+    try:  # the name goes into titles and messages: control characters as \xNN
+        return ModelSpec(name=printable(name), source=f"Hugging Face config {path}", **fields)
     except ValidationError as exc:
-        msg = "; ".join(e["msg"] for e in exc.errors())
+        msg = "; ".join(f"{e['loc'][0]}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors())
         raise UsageError(f"{path}: inconsistent shape: {msg}") from None
 
 
@@ -183,12 +214,13 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     if p.is_dir():
         p = p / "config.json"
     text = read_user_text(p, "model config")
+    shown = printable(p)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{p}: not valid JSON: {exc}") from None
+        raise UsageError(f"{shown}: not valid JSON: {exc}") from None
     except RecursionError:
-        raise UsageError(f"{p}: not valid JSON: nested too deeply") from None
+        raise UsageError(f"{shown}: not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{p}: expected a JSON object (a Hugging Face config.json)")
+        raise UsageError(f"{shown}: expected a JSON object (a Hugging Face config.json)")
     return from_dict(data, str(p))

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainready.catalog.loader import read_toml
 from trainready.catalog.textfile import read_user_text
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 from .model_spec import ModelSpec
 
@@ -24,6 +24,7 @@ JOB_SCHEMA_VERSION = 1
 MAX_GPUS = 1 << 20
 MAX_BATCH = 1 << 24  # sequences
 MAX_SEQ_LEN = 1 << 24  # tokens
+MAX_USD_PER_HOUR = 10_000.0  # per node: 10x an 8-GPU node's list price; more is a typo (or cents)
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -35,7 +36,8 @@ Method = Literal["full", "lora", "qlora"]
 class JobSpec(BaseModel):
     """A training job. Unset (None) fields are chosen by `plan` or defaulted by `estimate`."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: `gpus = true` or `tp = "2"` in a job file is an error, not 1 or 2
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     model: str | None = Field(None, description="preset name (see `trainready catalog models`)")
     model_config_path: str | None = Field(None, description="Hugging Face config.json read offline")
@@ -65,7 +67,8 @@ class JobSpec(BaseModel):
     tokens: float | None = Field(None, gt=0, description="training tokens")
     spot: bool = False
     region: str | None = None
-    usd_per_hour: float | None = Field(None, gt=0, description="price per node-hour, overrides the catalog")
+    usd_per_hour: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR,
+                                       description="price per node-hour, overrides the catalog")
     keep_hot: int = Field(2, ge=1, le=1000, description="checkpoints kept on the hot tier")
 
 
@@ -78,12 +81,13 @@ def save_job(job: JobSpec, path: str | Path) -> None:
     try:
         Path(path).write_text(tomli_w.dumps(data))
     except OSError as exc:
-        raise UsageError(f"cannot write job file {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot write job file {printable(path)}: {exc.strerror or exc}") from None
 
 
 def load_job(path: str | Path) -> JobSpec:
     p = Path(path)
-    data = read_toml(read_user_text(p, "job file"), str(p))
+    data = read_toml(read_user_text(p, "job file"), printable(p))
+    p = printable(p)  # named in the messages below
     expected = f"schema_version = {JOB_SCHEMA_VERSION}; `plan --save` and `estimate --save` write job files"
     if not data:
         raise UsageError(f"job file {p} is empty: a job spec starts with {expected}")

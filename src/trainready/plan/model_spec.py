@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainready.catalog.schema import Name
+
 MAX_PARAMS = 1e14  # 100x the largest dense model trained so far; a bigger count is a typo
 
 
@@ -13,9 +15,10 @@ class ModelSpec(BaseModel):
     """The shape of a dense decoder-only transformer: enough to count parameters exactly
     and to derive FLOPs, activation memory and communication volume."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `num_layers = true` (a job file's model_spec) is an error, not 1 layer
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str
+    name: Name  # shown in titles and messages: no control characters
     family: str = Field("llama", description="llama | gpt | mpt | falcon | opt | bloom | gpt_neox | generic")
     vocab_size: int = Field(gt=0)
     hidden_size: int = Field(gt=0)

@@ -44,23 +44,28 @@ def _fsdp2(s: Setup) -> str:
     param = {"bf16": "torch.bfloat16", "fp8": "torch.bfloat16", "fp16": "torch.float16"}.get(s.precision, "torch.float32")
     lines = [
         "import torch",
-        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, CPUOffloadPolicy",
+        "from torch.distributed.fsdp import (",
+        "    CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard)",
         "",
-        f"mp = MixedPrecisionPolicy(param_dtype={param}, reduce_dtype={reduce})",
+        f"mp = MixedPrecisionPolicy(param_dtype={param},",
+        f"                          reduce_dtype={reduce})",
         "kw = dict(mp_policy=mp" + (", offload_policy=CPUOffloadPolicy()" if s.offload == "optimizer+params" else "") + ")",
     ]
     if s.checkpointing == "full":
-        lines += ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
+        lines += ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
+                  "    checkpoint_wrapper)",
                   "for i, block in enumerate(model.model.layers):",
                   "    model.model.layers[i] = checkpoint_wrapper(block)"]
     lines += ["for block in model.model.layers:  # one FSDP unit per transformer block",
               "    fully_shard(block, **kw)",
-              "fully_shard(model.model.embed_tokens, **kw)  # embeddings and head: units of their own",
+              "# embeddings and head: FSDP units of their own",
+              "fully_shard(model.model.embed_tokens, **kw)",
               "fully_shard(model.lm_head, **kw)",
               "fully_shard(model, **kw)",
               "optim = torch.optim.AdamW(model.parameters(), lr=..., fused=True)"]
     if s.tp > 1:
-        lines.insert(0, f"# 2-D: tensor parallel {s.tp} inside each node (torch.distributed.tensor.parallel), FSDP across")
+        lines[:0] = [f"# 2-D: tensor parallel {s.tp} inside each node",
+                     "# (torch.distributed.tensor.parallel), FSDP across nodes"]
     return "\n".join(lines)
 
 
@@ -69,18 +74,20 @@ def _ddp(s: Setup) -> str:
         "import torch",
         "from torch.nn.parallel import DistributedDataParallel as DDP",
         "",
-        "model = DDP(model.cuda(), gradient_as_bucket_view=True)  # no second copy of the gradients",
+        "# gradient_as_bucket_view: no second copy of the gradients",
+        "model = DDP(model.cuda(), gradient_as_bucket_view=True)",
         "optim = torch.optim.AdamW(model.parameters(), lr=..., fused=True)",
         f"with torch.autocast('cuda', dtype=torch.{'bfloat16' if s.precision == 'bf16' else 'float16'}):",
         "    loss = model(**batch).loss",
     ]
     if s.checkpointing == "full":
-        lines.insert(3, "model.gradient_checkpointing_enable()  # Hugging Face models; else torch.utils.checkpoint per block")
+        lines[3:3] = ["# Hugging Face models; else torch.utils.checkpoint per block",
+                      "model.gradient_checkpointing_enable()"]
     return "\n".join(lines)
 
 
 def _deepspeed(s: Setup) -> str:
-    stage = {"zero1": 1, "zero2": 2, "zero3": 3}[s.strategy]
+    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}[s.strategy]  # ddp with tp/pp: stage 0
     zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if s.offload != "none":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -102,6 +109,7 @@ def _deepspeed(s: Setup) -> str:
 
 
 def recipe_for(s: Setup) -> Recipe:
+    """The config's lines stay within 79 characters, so it prints at 80 columns unwrapped."""
     env, notes = _env(s)
     if s.strategy == "ddp" and s.tp == 1 and s.pp == 1:
         kind, cfg = "pytorch-ddp", _ddp(s)

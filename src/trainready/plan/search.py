@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.catalog import Catalog, Instance
-from trainready.errors import UsageError
+from trainready.errors import UsageError, closest, printable
 
 from .estimate import EstimateResult, assemble, run_cost
 from .job import JobSpec
@@ -255,9 +255,13 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     key, usd, hours = _score(req, cand, mem, step.tokens_per_s)
                     if req.by == "cost" and usd is None:
                         model_name = "spot" if req.job.spot else "on-demand"
-                        p = inst.price_for(model_name)
-                        log.price = (f"no {model_name} price in the catalog"
+                        p = inst.price_for(model_name, req.job.region)
+                        where = f" in {req.job.region}" if req.job.region else ""
+                        elsewhere = sorted({q.region for q in inst.price if q.model == model_name
+                                            and q.usd_per_hour is not None} - {req.job.region})
+                        log.price = (f"no {model_name} price{where} in the catalog"
                                      + (f" ({p.note})" if p is not None and p.note else "")
+                                     + (f" (it has one in {', '.join(elsewhere)})" if where and elsewhere else "")
                                      + "; give --usd-per-hour" + ("" if req.job.spot else " or try --spot"))
                         continue
                     log.fitted += 1
@@ -399,6 +403,8 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult) -> 
 
 
 def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
+    if req.job.region is not None:  # a typo is an error, not "nothing fits" for want of prices
+        req = req.model_copy(update={"job": req.job.model_copy(update={"region": catalog.region(req.job.region)})})
     job = req.job
     model = resolve_model(job)
     seq_len = job.seq_len or default_seq_len(model)
@@ -411,7 +417,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         known = {i.cloud for i in catalog.instances.values()}
         bad = clouds - known
         if bad:
-            raise UsageError(f"unknown cloud(s) {sorted(bad)}; valid: {', '.join(sorted(known))}")
+            near = [n for b in sorted(bad) for n in closest(b, known)]
+            hint = f"; did you mean: {', '.join(dict.fromkeys(near))}?" if near else ""
+            raise UsageError(f"unknown cloud(s) {', '.join(printable(b) for b in sorted(bad))}{hint} "
+                             f"Valid: {', '.join(sorted(known))}")
     candidates: list[_Best] = []
     excluded: list[Exclusion] = []
     searched = 0

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from trainready.catalog import Catalog, Gpu, Instance
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 from .hf_config import load_hf_config
 from .job import JobSpec
@@ -144,7 +144,8 @@ def _placement(job: JobSpec, catalog: Catalog) -> tuple[Gpu, Instance | None, in
         inst = catalog.instance(job.instance)
         gpu = catalog.gpu(job.gpu)
         if gpu.name != inst.gpu:
-            raise UsageError(f"--gpu {job.gpu} contradicts --instance {inst.name}, which has {inst.gpu}; give one of them")
+            raise UsageError(f"--gpu {printable(job.gpu)} contradicts --instance {inst.name}, which has {inst.gpu}; "
+                             f"give one of them")
     if job.instance:
         inst = catalog.instance(job.instance)
         gpu = catalog.gpu_of(inst)
@@ -169,6 +170,9 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     """Validate a fully specified job (micro-batch may still be None: defaults to 1)."""
     model = model or resolve_model(job)
     gpu, inst, per_node, nodes = _placement(job, catalog)
+    region = job.region
+    if region is not None:  # a typo is an error, not a run priced nowhere ("-" in every cost column)
+        region = catalog.region(region, inst, need_price=job.usd_per_hour is None)
     strategy = _normalize_strategy(job.strategy)
     _check_parallel(model, job.tp, job.pp, per_node)
     n_gpus = per_node * nodes
@@ -203,5 +207,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  checkpointing=job.activation_checkpointing, offload=job.offload, method=job.method,
                  lora_rank=job.lora_rank, kernels=job.kernels,
                  attention_kernel=job.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
-                 spot=job.spot, region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
+                 spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  notes=tuple(notes))
