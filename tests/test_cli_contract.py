@@ -195,3 +195,22 @@ def test_no_arguments_prints_help_once_and_exits_2(path):
     assert proc.returncode == 2
     assert proc.stdout.count("Usage: ") == 1 and f"Usage: {' '.join(('trainready', *path))} " in proc.stdout
     assert proc.stderr == ""
+
+
+# ------------------------------------------------------------------------ run's numbers and region
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--usd-per-hour", "nan"), "Invalid value for '--usd-per-hour': nan is not a finite number"),
+    (("--budget-usd", "1e309"), "Invalid value for '--budget-usd': 1e309 is not a finite number"),
+    (("--grace", "0.5"), "Invalid value for '--grace': 0.5 is not a number from 1 to 86,400"),
+    (("--keep-hot", "0"), "Invalid value for '--keep-hot': 0 is not a whole number from 1"),
+    (("--mtbf-hours", "-1"), "Invalid value for '--mtbf-hours': -1 is not a number above 0"),
+    (("--scaling-steps", "2.5"), "Invalid value for '--scaling-steps': 2.5 is not a whole number"),
+    (("--instance", "p4d.24xlarge", "--region", "us-est-1"),
+     "unknown region 'us-est-1'. Did you mean: us-east-1? p4d.24xlarge has a price in: us-east-1."),
+], ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")
+def test_run_refuses_bad_numbers_and_regions_before_starting(args, message, tmp_path):
+    proc = trainready("run", "--run-dir", str(tmp_path / "run"), *args, "--", "true")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith(f"error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written

@@ -37,7 +37,7 @@ def check(ctx: typer.Context,
           job: Annotated[Optional[str], typer.Option("--job", metavar="PATH", help="A job spec (plan --save): check host RAM and checkpoint space for it.")] = None,
           model: o.ModelName = None, method: o.MethodOpt = None,
           strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="With --model: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]")] = None,
-          offload: Annotated[Optional[o.Offload], typer.Option("--offload", help="With --model: optimizer states (and parameters) in host RAM.")] = None,
+          offload: Annotated[Optional[o.OffloadMode], typer.Option("--offload", show_choices=False, help="With --model: optimizer states (and parameters) in host RAM: none, optimizer or optimizer+params.")] = None,
           deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
           dataset: Annotated[Optional[str], typer.Option("--dataset", metavar="URL", help="Also check the training data's layout (local directory or s3://bucket/prefix): many small objects starve GPUs, packed shards do not. Lists at most 10,000 objects (~20 s).")] = None,
           json_out: o.Json = False) -> None:

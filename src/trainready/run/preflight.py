@@ -68,7 +68,10 @@ def resolve_price(instance: str | None, spot: bool, usd_per_hour: float | None, 
         return Price(None, "none")
     from trainready.catalog import load_catalog
 
-    inst = load_catalog().instance(instance)  # unknown names raise with "did you mean"
+    catalog = load_catalog()
+    inst = catalog.instance(instance)  # unknown names raise with "did you mean"
+    if region is not None:  # a typo is a usage error naming the nearest regions, not "no price"
+        region = catalog.region(region, inst, need_price=True)
     model = "spot" if spot else "on-demand"
     price = inst.price_for(model, region)
     if price is None or price.usd_per_hour is None:
