@@ -25,7 +25,7 @@ CORRUPT_FILE = "__1_0.distcp"
 NOBODY = ["--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNULL):
+def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNULL, cwd=None):
     """Run `trainready ckpt ARGS` (stdin not a terminal, output in pipes). `unprivileged`: as a
     user file permissions apply to (root ignores them: then as nobody, through setpriv)."""
     prefix = []
@@ -35,7 +35,7 @@ def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNUL
             pytest.skip("running as root without setpriv: file permissions cannot be tested")
         prefix = [setpriv, *NOBODY]
     proc = subprocess.run([*prefix, sys.executable, "-m", "trainready", "ckpt", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, stdin=stdin,
+                          text=True, timeout=timeout, stdin=stdin, cwd=cwd,
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
     if "--json" not in args:  # people never read Python's None
@@ -43,8 +43,8 @@ def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNUL
     return proc
 
 
-def cli_json(*args, code=0, env=None, unprivileged=False):
-    proc = cli(*args, "--json", env=env, unprivileged=unprivileged)
+def cli_json(*args, code=0, env=None, unprivileged=False, cwd=None):
+    proc = cli(*args, "--json", env=env, unprivileged=unprivileged, cwd=cwd)
     assert proc.returncode == code, proc.stdout + proc.stderr
     return json.loads(proc.stdout)
 
@@ -513,7 +513,7 @@ def test_pull_defaults_to_the_newest_committed_checkpoint(store, tmp_path):
     (store / names(300)[0] / CORRUPT_FILE).write_bytes(b"x" * 2500)  # the newest is damaged: which one is older
     bad = cli("pull", store, "--to", tmp_path / "c")
     assert bad.returncode == 1 and "(the newest committed; the one before it: --step 200)" in bad.stderr
-    assert os.listdir(tmp_path / "c") == []
+    assert not (tmp_path / "c").exists()  # the pull created it: removed again
     empty = tmp_path / "empty"
     write_ckpt(empty, 5, commit=False)
     none = cli("pull", empty, "--to", tmp_path / "d")
@@ -709,3 +709,161 @@ def test_plain_dcp_example_in_docs(tmp_path, monkeypatch):
     assert got["param_groups"] == want["param_groups"] and got["param_groups"][0]["betas"] == (0.8, 0.95)
     assert fresh["scheduler"].state_dict() == scheduler.state_dict()
     assert fresh["position"] == {"epoch": 1, "index": 40960, "extra": {}}
+
+
+# --- issue 12, second review ---------------------------------------------------------------------
+
+
+def test_an_empty_location_or_target_never_means_the_current_directory(store, tmp_path):
+    """`cd ckpts; ckpt prune '' --keep 3` pruned the current directory (an unset shell variable);
+    `ls ''` listed it, `pull --to ''` copied into it."""
+    before = sorted(os.listdir(store))
+    empty = ("error: empty location '': name a checkpoint directory or URL (an empty path is never taken to mean "
+             "the current directory; write . for that)\n")
+    for cmd, *rest in [("ls",), ("ls", "--verify"), ("verify",), ("prune", "--keep", "1"),
+                       ("prune", "--keep", "1", "--yes"), ("pull", "--to", tmp_path / "out")]:
+        for url in ("", "file://"):
+            proc = cli(cmd, url, *rest, cwd=store)
+            assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", empty.replace("''", repr(url))), (
+                cmd, url, proc.stdout, proc.stderr)
+    proc = cli("pull", store, "--to", "", cwd=store)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("error: --to is empty: name the directory to copy into (an empty path is never taken to "
+                           "mean the current directory; write . for that)\n")
+    assert sorted(os.listdir(store)) == before and not (tmp_path / "out").exists()
+    assert [c["step"] for c in cli_json("ls", ".", cwd=store)["checkpoints"]] == [100, 150, 200, 300, 400]
+
+
+def _damaged_store(root: Path) -> None:
+    """steps 20 and 80 intact; 40's manifest is torn JSON; 60 is a symlink to a checkpoint elsewhere."""
+    for step in (20, 40, 80):
+        write_ckpt(root, step)
+    write_ckpt(root.parent / "elsewhere", 60)
+    (root / checkpoint_name(60, 1)).symlink_to(root.parent / "elsewhere" / checkpoint_name(60, 1))
+    (root / checkpoint_name(40, 1) / MANIFEST).write_text("{")
+
+
+def test_damage_is_exit_1_wherever_it_is_found(tmp_path):
+    """`verify` exited 1 for a torn manifest or a symlinked checkpoint but `verify --step 60` on the
+    symlink exited 2 ("not committed"), and `ls --verify` exited 0: damage is exit 1 everywhere;
+    exit 2 is for a step with no checkpoint at all."""
+    root = tmp_path / "h2"
+    _damaged_store(root)
+    link, torn = checkpoint_name(60, 1), checkpoint_name(40, 1)
+    report = cli_json("verify", root, code=1)
+    assert [(c["step"], c["ok"], c["status"]) for c in report["checkpoints"]] == [
+        (20, True, "committed"), (40, False, "unreadable"), (60, False, "unreadable"), (80, True, "committed")]
+    for step, name, problem in [(60, link, "a symlink, not a checkpoint directory"),
+                                (40, torn, "manifest unreadable: Expecting property name enclosed in double quotes: "
+                                           "line 1 column 2 (char 1)")]:
+        named = cli_json("verify", root, "--step", step, code=1)
+        assert [(c["name"], c["ok"], c["problems"]) for c in named["checkpoints"]] == [(name, False, [problem])]
+        assert named["ok"] is False
+        proc = cli("pull", root, "--step", step, "--to", tmp_path / "out")
+        assert (proc.returncode, proc.stdout) == (1, "")
+        assert proc.stderr == (f"error: step {step} in {root} is damaged ({name}: {problem}); nothing was pulled; "
+                               "nearest committed steps: 20 (before), 80 (after)\n")
+    assert cli("verify", root, "--step", 60).returncode == 1  # human output too
+    listed = cli_json("ls", root, "--verify", code=1)["checkpoints"]
+    assert [(c["step"], c["verified"]) for c in listed] == [(20, True), (40, False), (60, False), (80, True)]
+    human = cli("ls", root, "--verify")
+    assert human.returncode == 1 and "2 unreadable" in human.stdout
+    assert [line.split()[3] for line in human.stdout.splitlines() if line.split()[:1] in (["40"], ["60"])] == [
+        "damaged", "damaged"]
+    assert cli("ls", root).returncode == 0  # without --verify nothing is checked
+    missing = cli("verify", root, "--step", 50)
+    assert (missing.returncode, missing.stderr) == (
+        2, f"error: no checkpoint at step 50 in {root}; nearest committed steps: 20 (before), 80 (after)\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_checkpoint_directory_named_by_step_is_damage(store, shared_tmp):
+    root = shared_tmp / "ckpts"
+    shutil.copytree(store, root)
+    _walk_modes(root)
+    (root / names(200)[0]).chmod(0)
+    report = cli_json("verify", root, "--step", 200, code=1, unprivileged=True)
+    assert [(c["name"], c["problems"]) for c in report["checkpoints"]] == [
+        (names(200)[0], ["directory unreadable: Permission denied"])]
+    assert cli_json("ls", root, "--verify", code=1, unprivileged=True)["checkpoints"][2]["verified"] is False
+
+
+def test_prune_with_an_unknown_run_id_is_a_usage_error(store):
+    """`prune --run-id nope` said "would delete 0" with exit 0: a typo looked like nothing to do."""
+    before = sorted(os.listdir(store))
+    for extra in ((), ("--dry-run",)):
+        proc = cli("prune", store, "--keep", "1", "--run-id", "run-b", *extra)
+        assert (proc.returncode, proc.stdout) == (2, "")
+        assert proc.stderr == (f"error: --run-id 'run-b': no checkpoint of that run in {store}; runs found: 'run-a' "
+                               "(nearest: 'run-a')\n")
+    proc = cli("prune", store, "--keep", "1", "--run-id", "nope")
+    assert proc.stderr == f"error: --run-id 'nope': no checkpoint of that run in {store}; runs found: 'run-a'\n"
+    empty = cli("prune", store, "--keep", "1", "--run-id", "")
+    assert (empty.returncode, empty.stderr) == (2, "error: --run-id '' is empty: name the run whose checkpoints to "
+                                                   "prune, or leave it out for the run the writer lease names\n")
+    assert sorted(os.listdir(store)) == before
+    assert cli_json("prune", store, "--keep", "1", "--run-id", "run-a")["deleted"] == names(100, 150, 200)
+
+
+@pytest.mark.parametrize("cmd", [("ls",), ("verify",), ("prune", "--keep", "1", "--yes"), ("pull", "--to", "out")])
+def test_an_invalid_bucket_name_is_one_line(cmd, tmp_path):
+    """botocore's "Parameter validation failed:" with its regexes was passed through."""
+    cmd, *rest = cmd
+    env = {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    proc = subprocess.run([sys.executable, "-m", "trainready", "ckpt", cmd, "s3://Bad_Bucket!/x", *rest],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                          env={"PATH": "/usr/bin:/bin", **env})
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == ("error: s3://Bad_Bucket!/x: invalid bucket name 'Bad_Bucket!': S3 bucket names are 3-63 "
+                           "characters of lowercase letters, digits, dots and hyphens, starting and ending with a "
+                           "letter or digit\n")
+    assert os.listdir(tmp_path) == []
+
+
+def test_bucket_names():
+    from trainready.errors import UsageError
+    from trainready.io.urls import bucket_name_problem, validate_bucket
+
+    for url in ("s3://my-bucket/x", "s3://Old_Bucket/x", "s3a://b.c-1", "file:///x", "gs://Any_Thing!/x",
+                "s3://arn:aws:s3:us-west-2:123456789012:accesspoint/ap/x"):
+        validate_bucket(url)  # botocore sends these (or they are no S3 URL at all)
+    for url, why in [("s3://a!b/x", "invalid bucket name 'a!b'"), ("s3://x\x1b[2J/k", r"invalid bucket name 'x\x1b[2J'"),
+                     (f"s3://{'a' * 256}", "invalid bucket name"), ("s3:///x", "no bucket in the URL")]:
+        with pytest.raises(UsageError, match=re.escape(why)):
+            validate_bucket(url)
+    assert [bucket_name_problem(b) == "" for b in ("my-bucket", "a.b.c", "Old_Bucket", "ab", "a..b", "1.2.3.4",
+                                                   "-ab")] == [True, True, False, False, False, False, False]
+
+
+def test_ls_never_folds_a_run_id(tmp_path):
+    """At 80 columns a 12-character run id folded onto two lines while other columns kept padding."""
+    root = tmp_path / "r"
+    for step in (20, 40, 1_000_000):
+        base = write_ckpt(root, step, nodes=4)
+        manifest = Manifest.from_bytes((base / MANIFEST).read_bytes()).model_copy(update={"run_id": "d249b2ce2f64"})
+        (base / MANIFEST).write_bytes(manifest.to_bytes())
+    for columns, dropped in [(80, ""), (60, "not shown in 60 columns: check, files"),
+                             (50, "not shown in 50 columns: check, files, age, gen")]:
+        human = cli("ls", root, env={"COLUMNS": str(columns)})
+        assert human.returncode == 0
+        rows = [line for line in human.stdout.splitlines() if line.split()[:1] in (["20"], ["40"], ["1,000,000"])]
+        assert len(rows) == 3 and all(line.rstrip().endswith("d249b2ce2f64") for line in rows), human.stdout
+        assert max(map(len, human.stdout.splitlines())) <= columns, human.stdout
+        assert dropped in " ".join(human.stdout.split())
+    verified = cli("ls", root, "--verify", env={"COLUMNS": "80"})
+    assert all("size ok" in line and line.rstrip().endswith("d249b2ce2f64")
+               for line in verified.stdout.splitlines() if line.split()[:1] == ["40"])
+
+
+def test_a_failed_pull_removes_the_directories_it_created(store, tmp_path):
+    """A pull that failed its checksum check left an empty --to directory (and its parents) behind."""
+    target = tmp_path / "new" / "a" / "b"
+    proc = cli("pull", store, "--step", 200, "--to", target)
+    assert proc.returncode == 1 and "checksum mismatch" in proc.stderr
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    assert cli("pull", store, "--step", 200, "--to", tmp_path / "mine" / "sub").returncode == 1
+    assert os.listdir(tmp_path / "mine") == []  # it existed before: kept
+    assert cli("pull", store, "--step", 200, "--to", tmp_path / "mine").returncode == 1
+    assert (tmp_path / "mine").is_dir()
+    assert cli_json("pull", store, "--step", 300, "--to", target)["path"] == str(target / names(300)[0])

@@ -545,3 +545,94 @@ def test_arbitrary_bytes_in_a_file_give_a_well_formed_report(tmp_path_factory, d
         "in 1 file" if not report.diagnoses else f"({', '.join(d.id for d in report.diagnoses)})")
     lines = data.decode("utf-8", errors="replace").split("\n")
     check_report_invariants(report.diagnoses, [x.rstrip("\r") for x in lines], str(path))
+
+
+# --------------------------------------------------------------------------- issue 12, second review
+
+def trainready_in(*args: str, stdin=subprocess.DEVNULL, input: bytes | None = None, pass_fds=()) -> subprocess.CompletedProcess:
+    """`trainready ARGS` with the given standard input (bytes out, decoded)."""
+    proc = subprocess.run([sys.executable, "-m", "trainready", *args], capture_output=True, timeout=120,
+                          stdin=stdin if input is None else None, input=input, pass_fds=pass_fds,
+                          env={**os.environ, "COLUMNS": "300", "TRAINREADY_DEBUG": ""})
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+def test_a_name_too_long_is_a_usage_error(tmp_path):
+    """`diagnose <300-character name>` was an internal error (ENAMETOOLONG from is_dir())."""
+    name = str(tmp_path / ("x" * 300))
+    proc = trainready_in("diagnose", name)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"error: cannot read log file {name}: File name too long\n")
+
+
+def test_logs_can_be_piped_in(tmp_path):
+    """`diagnose -`, `diagnose /dev/stdin` and bash's `diagnose <(cmd)` were refused "not a regular file"."""
+    oom = (LOGS / "cuda_oom.log").read_bytes()
+    piped = trainready_in("diagnose", "-", "--json", input=oom)
+    assert piped.returncode == 1, piped.stderr
+    report = json.loads(piped.stdout)
+    assert report["files"] == ["<stdin>"] and [d["id"] for d in report["diagnoses"]] == ["cuda.oom"]
+    assert report["diagnoses"][0]["evidence"][0]["file"] == "<stdin>"
+    assert json.loads(trainready_in("diagnose", "/dev/stdin", "--json", input=oom).stdout)["files"] == ["/dev/stdin"]
+    read, write = os.pipe()  # what <(cmd) passes: /dev/fd/N, a pipe whose writer is done
+    with os.fdopen(write, "wb") as writer:
+        writer.write(oom[:60000])
+    try:
+        fd = trainready_in("diagnose", f"/dev/fd/{read}", "--json", pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert fd.returncode == 1 and json.loads(fd.stdout)["diagnoses"][0]["id"] == "cuda.oom", fd.stderr
+    read, write = os.pipe()  # <(true): nothing written, the writer gone: an empty log, at once
+    os.close(write)
+    try:
+        empty = trainready_in("diagnose", f"/dev/fd/{read}", pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert (empty.returncode, empty.stderr) == (0, "")
+    assert empty.stdout.splitlines()[-1] == "no known problem found in 1 file"
+    healthy = trainready_in("diagnose", "-", input=b"step 1 loss 2.3\n")
+    assert (healthy.returncode, healthy.stdout) == (0, "read: <stdin>\n\nno known problem found in 1 file\n")
+
+
+def test_a_named_fifo_is_read_until_its_writer_closes_it(tmp_path):
+    import threading
+
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+
+    def writer():
+        with open(fifo, "wb") as out:  # blocks until the reader opens it
+            out.write((LOGS / "cuda_oom.log").read_bytes())
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    proc = trainready_in("diagnose", str(fifo), "--json")
+    thread.join(timeout=30)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["diagnoses"][0]["id"] == "cuda.oom"
+
+
+def test_a_fifo_nobody_writes_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    import trainready.run.diagnose as diagnose_module
+
+    monkeypatch.setattr(diagnose_module, "FIFO_WAIT_S", 0.2)
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError) as caught:
+        diagnose_files([fifo])
+    assert str(caught.value) == (f"cannot read log file {fifo}: a FIFO that no writer opened within 0.2 s (a pipe is "
+                                 "read until its writer closes it)")
+
+
+def test_devices_directories_and_empty_paths_are_still_refused(tmp_path):
+    for device in ("/dev/null", "/dev/zero"):
+        proc = trainready_in("diagnose", device)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (
+            2, "", f"error: cannot read log file {device}: not a regular file, pipe or directory (a device or socket)\n")
+    proc = trainready_in("diagnose", str(tmp_path))
+    assert (proc.returncode, proc.stderr) == (2, f"error: {tmp_path}: directory has no *.log, *.txt, *.jsonl files to read\n")
+    empty = trainready_in("diagnose", "")  # an unset shell variable: never the current directory
+    assert (empty.returncode, empty.stderr) == (2, "error: log file '' is empty: name a log file or directory (an empty "
+                                                   "path is never taken to mean the current directory; write . for "
+                                                   "that, - for standard input)\n")
+    job = trainready_in("diagnose", str(LOGS / "cuda_oom.log"), "--job", "")
+    assert (job.returncode, job.stderr) == (2, "error: --job is empty: name a job file (plan --save writes one)\n")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -23,10 +22,13 @@ from .render_ckpt import (
 
 WHERE = ("URL is a local directory (a node's hot tier, or a local archive) or an fsspec URL such as "
          "s3://bucket/prefix (AWS_ENDPOINT_URL_S3 for other S3 endpoints) or file:///path.")
-CODES = ("Exit codes: 0 ok; 1 a checkpoint is damaged (verify, ls --verify, pull); 2 usage error (bad option, "
-         "no such step (with the nearest steps), location missing or unreadable (a missing bucket, an S3 prefix with "
-         "nothing under it), pull target exists or cannot be written, prune of an archive without --yes when stdin "
-         "is not a terminal); 3 internal error.")
+CODES = ("Exit codes: 0 ok; 1 a checkpoint is damaged: a file missing, the wrong size or checksum, or its "
+         "manifest or directory unreadable or a symlink (verify, ls --verify, pull; also when you name its step); "
+         "2 usage error (bad option, an empty URL or --to, no checkpoint at that step or only an uncommitted one "
+         "(with the nearest steps), location missing or unreadable (an invalid or missing bucket, an S3 prefix with "
+         "nothing under it), an unknown --run-id, pull target exists or cannot be written, prune of an archive "
+         "without --yes when stdin is not a terminal); 3 internal error. ls without --verify checks nothing and "
+         "exits 0.")
 
 app = typer.Typer(no_args_is_help=True, help=f"List, verify, copy and prune checkpoints. {WHERE}\n\n{CODES}")
 
@@ -35,7 +37,7 @@ Url = Annotated[str, typer.Argument(metavar="URL", help="Local directory or fssp
 
 @app.command("ls", short_help="Every checkpoint, committed or not, with size, age and run.", help=f"Every checkpoint directory, committed or not, oldest first. {WHERE}\n\n{CODES}")
 def ls(url: Url,
-       verify: Annotated[bool, typer.Option("--verify", help="Check every file's size against the manifest (sizes only, no data read: a changed byte is not seen; `ckpt verify` compares SHA-256); exit 1 if one is off.")] = False,
+       verify: Annotated[bool, typer.Option("--verify", help="Check every file's size against the manifest (sizes only, no data read: a changed byte is not seen; `ckpt verify` compares SHA-256); exit 1 if one is off or a checkpoint is unreadable.")] = False,
        json_out: o.Json = False) -> None:
     from trainready.store.inspect import list_checkpoints
 
@@ -71,7 +73,7 @@ def verify(url: Url,
              "committed checkpoint) to TO/<name>: every file checked against its SHA-256, the manifest written last, "
              f"then an atomic rename; an existing target is never overwritten. {WHERE}\n\n{CODES}")
 def pull(url: Url,
-         to: Annotated[Path, typer.Option("--to", help="Directory to copy into (created if missing).", show_default=False)],
+         to: Annotated[str, typer.Option("--to", help="Directory to copy into (created if missing).", show_default=False)],
          step: Annotated[Optional[int], typer.Option("--step", min=0, help="Step to copy. (default: the newest committed checkpoint)", show_default=False)] = None,
          json_out: o.Json = False) -> None:
     from trainready.store.inspect import pull as run_pull

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -9,19 +10,22 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from trainready.errors import UsageError
+
 from . import options as o
-from .console import emit_json, out
+from .console import emit_json, err, out
 
 if TYPE_CHECKING:
     from trainready.run.diagnose import DiagnosisReport
 
 CODES = ("Exit codes: 0 no known problem found; 1 at least one problem found (an error or a warning); "
-         "2 usage error (a log file missing or unreadable, a bad job file); 3 internal error.")
+         "2 usage error (a log file missing, unreadable, empty as a path, or a device; a FIFO no writer opens within "
+         "10 s; a bad job file); 3 internal error.")
 HELP = f"""Explain known failures in NCCL, torch, torchrun and training logs, with fixes.
 
-LOGFILE is a file or a directory; a directory is read recursively for *.log, *.txt and *.jsonl files, such as the tree torchrun --log-dir writes (<run-id>_*/attempt_<n>/<local_rank>/stdout.log, stderr.log).
+LOGFILE is a file or a directory; a directory is read recursively for *.log, *.txt and *.jsonl files, such as the tree torchrun --log-dir writes (<run-id>_*/attempt_<n>/<local_rank>/stdout.log, stderr.log). - reads standard input, and a pipe or FIFO (bash's <(cmd)) is read too: each until its writer closes it (end of input).
 
-Example: trainready diagnose train.log      trainready diagnose /tmp/torchelastic/ --job job.toml
+Example: trainready diagnose train.log      trainready diagnose /tmp/torchelastic/ --job job.toml      kubectl logs pod | trainready diagnose -
 
 {CODES}"""
 
@@ -30,13 +34,17 @@ EVIDENCE_WIDTH = 160
 FILES_SHOWN = 8
 
 
-def diagnose(logfiles: Annotated[list[Path], typer.Argument(metavar="LOGFILE...", help="Log files or directories to read.", show_default=False)],
-             job: Annotated[Optional[Path], typer.Option("--job", help="A job spec (plan --save): an out-of-memory diagnosis then shows the plan's memory estimate and which changes would fit.")] = None,
+def diagnose(logfiles: Annotated[list[str], typer.Argument(metavar="LOGFILE...", help="Log files or directories to read (- for standard input).", show_default=False)],
+             job: Annotated[Optional[str], typer.Option("--job", help="A job spec (plan --save): an out-of-memory diagnosis then shows the plan's memory estimate and which changes would fit.")] = None,
              json_out: o.Json = False) -> None:
     from trainready.plan.job import load_job
-    from trainready.run.diagnose import diagnose_files
+    from trainready.run.diagnose import STDIN, diagnose_files
 
-    report = diagnose_files(list(logfiles), job=load_job(job) if job is not None else None)
+    if STDIN in logfiles and sys.stdin.isatty() and not json_out:
+        err.print("reading the log from the terminal: paste it, then Ctrl-D")
+    if job is not None and not job.strip():  # (as a Path, '' would be '.': "is a directory")
+        raise UsageError("--job is empty: name a job file (plan --save writes one)")
+    report = diagnose_files(list(logfiles), job=load_job(Path(job)) if job is not None else None)
     if json_out:
         emit_json(report)
     else:

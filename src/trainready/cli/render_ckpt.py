@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from trainready.cli.console import line, styled
-from trainready.cli.render import _age, _size, _table
+from trainready.cli.render import _age, _Grid, _size, _table
 
 if TYPE_CHECKING:  # the store loads only for `ckpt`
     from trainready.store.inspect import CheckpointListing, PruneResult, PullResult, VerifyReport
@@ -28,20 +28,20 @@ def render_ckpt_list(con: Console, listing: CheckpointListing) -> None:
         return
     sizes = "; sizes checked, no data read" if listing.checked == "sizes" else ""
     con.print(f"Checkpoints in {url} ({items[0].tier}{sizes})")  # as wide as the screen, not the table
-    t = _table("")
-    for col in ("step", "gen", "commit", "check", "size", "files", "world", "age", "run"):
-        t.add_column(col, justify="right" if col in ("step", "gen", "size", "files", "world", "age") else "left",
-                     no_wrap=col != "run", overflow="fold" if col == "run" else "ellipsis")
+    t = _Grid("", ["step", "gen", "commit", "check", "size", "files", "world", "age", "run"],
+              left=("commit", "check", "run"))  # every cell whole: a run id never folds, columns go instead
     styles = {"committed": styled("yes", "green"), "uncommitted": styled("no", "yellow"),
               "unreadable": styled("unreadable", "red"), "fenced": styled("fenced", "red")}
     for c in items:
         committed = styles.get(c.status, plain(c.status))
-        verified = "-" if c.verified is None else (styled("size ok", "green") if c.verified else styled("size BAD", "red"))
+        verified = "-" if c.verified is None else (styled("size ok", "green") if c.verified else
+                                                    styled("size BAD" if c.committed else "damaged", "red"))
         world = "-" if c.world_size is None else str(c.world_size) + (f" (node {c.node})" if c.node is not None else "")
         unknown = c.status == "unreadable" and not c.files  # nothing could be seen inside it
         t.add_row(f"{c.step:,}", str(c.generation), committed, verified, "-" if unknown else _size(c.size_bytes),
                   "-" if unknown else str(c.files), world, _age(c.created_unix), plain(c.run_id or "-"))
-    con.print(t)
+    unchecked = ("check",) if listing.checked != "sizes" else ()  # all "-": says nothing
+    t.print_fitted(con, (*unchecked, "files", "age", "gen", "world"))
     for c in items:
         if c.problem:
             con.print(line(f"  {plain(c.name)}: ", (plain(c.problem), "red" if c.committed else "")))

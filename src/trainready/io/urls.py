@@ -22,6 +22,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +44,56 @@ class SourceChangedError(TrainreadyError):
 
 # ---- opening ---------------------------------------------------------------------------------
 
+S3_SCHEMES = ("s3://", "s3a://")
+BUCKET_RULE = ("S3 bucket names are 3-63 characters of lowercase letters, digits, dots and hyphens, starting and "
+               "ending with a letter or digit")
+_SENDABLE_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")  # what botocore sends at all (older buckets: A-Z and _)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def s3_bucket(url: str) -> str | None:
+    """The bucket an s3:// (s3a://) URL names ('' when none); None for any other URL."""
+    if not url.startswith(S3_SCHEMES):
+        return None
+    return url.split("://", 1)[1].split("/", 1)[0]
+
+
+def validate_bucket(url: str) -> None:
+    """A UsageError (exit 2, one line) for an s3:// URL without a bucket or with one no S3 request
+    can name (botocore refuses it before sending, with a two-line dump of its regexes); nothing for
+    other URLs. Names valid only for older us-east-1 buckets (capitals, underscores) pass: S3 says
+    whether such a bucket exists; `bucket_name_problem` tells why a missing one never could."""
+    bucket = s3_bucket(url)
+    if bucket is None or bucket.startswith("arn:"):  # access point ARNs: botocore checks those itself
+        return
+    if not bucket:
+        raise UsageError(f"{redact(url)}: no bucket in the URL (s3://BUCKET/prefix)")
+    if not _SENDABLE_BUCKET.fullmatch(bucket):
+        raise UsageError(f"{redact(url)}: invalid bucket name {_shown(bucket)}: {BUCKET_RULE}")
+
+
+def bucket_name_problem(bucket: str) -> str:
+    """Why `bucket` breaks today's S3 naming rule ('' when it keeps it): a hint for a bucket that
+    was not found."""
+    if _BUCKET.fullmatch(bucket) and ".." not in bucket and not re.fullmatch(r"[0-9.]+", bucket):
+        return ""
+    return f"{_shown(bucket)} is not a valid bucket name: {BUCKET_RULE}"
+
+
+def _shown(name: str) -> str:
+    """A name for a message: quoted, control characters escaped."""
+    return repr(name)
+
+
 def open_url(url: str) -> tuple[Any, str]:
     """fsspec filesystem + path for a URL; s3:// honours AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
-    and uses short timeouts (an unreachable endpoint fails in seconds, and botocore retries)."""
+    and uses short timeouts (an unreachable endpoint fails in seconds, and botocore retries).
+    An s3:// URL without a valid bucket name is a UsageError (`validate_bucket`)."""
     import fsspec.core
 
     options: dict[str, Any] = {}
-    if url.startswith(("s3://", "s3a://")):
+    if url.startswith(S3_SCHEMES):
+        validate_bucket(url)
         try:
             import s3fs  # noqa: F401
         except ImportError:

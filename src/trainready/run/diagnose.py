@@ -1,13 +1,21 @@
 """`trainready diagnose`: explain known failures in NCCL, torch, torchrun and training logs.
 
 `diagnose_files` reads log files (a directory: its *.log, *.txt and *.jsonl files, recursively, as
-torchrun's --log-dir writes them) and returns a `DiagnosisReport`; `diagnose_text` does the same
-for a string. The rules themselves live in `log_rules`. Reading never fails on odd bytes (invalid
-UTF-8 is replaced, very long lines are cut); a missing or unreadable path is a `UsageError`.
+torchrun's --log-dir writes them; `-`: standard input; a pipe or FIFO, e.g. bash's `<(cmd)`: read
+until its writer closes it) and returns a `DiagnosisReport`; `diagnose_text` does the same for a
+string. The rules themselves live in `log_rules`. Reading never fails on odd bytes (invalid UTF-8
+is replaced, very long lines are cut) and holds one line at a time, so a stream of any length
+reads in bounded memory; an empty, missing or unreadable path, a device or socket, or a FIFO no
+writer opens within FIFO_WAIT_S seconds is a `UsageError`.
 """
 
 from __future__ import annotations
 
+import errno
+import io
+import os
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -27,6 +35,9 @@ LOG_SUFFIXES = (".log", ".txt", ".jsonl")
 MAX_EVIDENCE = 5
 MAX_LINE_BYTES = 64 * 1024  # a longer "line" is binary or a dump: only its start is matched
 EVIDENCE_CHARS = 500
+STDIN = "-"  # as a LOGFILE: standard input, read until end of input
+STDIN_NAME = "<stdin>"  # how evidence and the report name it
+FIFO_WAIT_S = 10.0  # how long a named FIFO may go without a writer before it is an error (never a hang)
 
 
 class Evidence(BaseModel):
@@ -67,7 +78,8 @@ def diagnose_text(text: str, source: str = "<text>") -> list[Diagnosis]:
 
 
 def diagnose_files(paths: list[Path | str], job: JobSpec | None = None) -> DiagnosisReport:
-    """Diagnose log files and directories; with `job`, an out-of-memory diagnosis gets the plan's estimate."""
+    """Diagnose log files and directories (`-`: standard input); with `job`, an out-of-memory
+    diagnosis gets the plan's estimate."""
     files = log_files(paths)
     lines = (line for index, path in enumerate(files) for line in _read_lines(path, index))
     diagnoses = _to_diagnoses(run_rules(lines))
@@ -75,42 +87,146 @@ def diagnose_files(paths: list[Path | str], job: JobSpec | None = None) -> Diagn
         for diagnosis in diagnoses:
             if diagnosis.id == "cuda.oom":
                 add_memory_estimate(diagnosis, job)
-    return DiagnosisReport(files=[str(f) for f in files], diagnoses=diagnoses, summary=_summary(diagnoses, files))
+    names = [_name(f) for f in files]
+    return DiagnosisReport(files=names, diagnoses=diagnoses, summary=_summary(diagnoses, files))
 
 
 def log_files(paths: list[Path | str]) -> list[Path]:
-    """The files to read: files as given, directories expanded to their log files (sorted)."""
+    """The files to read: files, pipes and FIFOs as given (`-`: standard input, as Path("-")),
+    directories expanded to their log files (sorted). Devices, sockets and empty paths (never
+    taken to mean the current directory) are refused."""
     if not paths:
-        raise UsageError("no log file given: pass one or more log files or directories")
+        raise UsageError("no log file given: pass one or more log files or directories (- reads standard input)")
     files: list[Path] = []
     for raw in paths:
+        if os.fspath(raw) == STDIN:
+            files.append(Path(STDIN))
+            continue
+        if not os.fspath(raw).strip():
+            raise UsageError(f"log file {os.fspath(raw)!r} is empty: name a log file or directory (an empty path is "
+                             "never taken to mean the current directory; write . for that, - for standard input)")
         path = Path(raw)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix in LOG_SUFFIXES and p.is_file())
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise UsageError(f"cannot read log file {_shown(path)}: no such file or directory") from None
+        except OSError as exc:  # a name too long, a loop of links, a parent that is a file, no permission
+            raise UsageError(f"cannot read log file {_shown(path)}: {exc.strerror or exc}") from None
+        if stat.S_ISDIR(mode):
+            try:
+                found = sorted(p for p in path.rglob("*") if p.suffix in LOG_SUFFIXES and p.is_file())
+            except OSError as exc:
+                raise UsageError(f"cannot read log directory {_shown(path)}: {exc.strerror or exc}") from None
             if not found:
-                raise UsageError(f"{path}: directory has no {', '.join('*' + s for s in LOG_SUFFIXES)} files to read")
+                raise UsageError(f"{_shown(path)}: directory has no {', '.join('*' + s for s in LOG_SUFFIXES)} "
+                                 "files to read")
             files += found
-        elif path.is_file():
+        elif stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
             files.append(path)
-        elif path.exists():
-            raise UsageError(f"cannot read log file {path}: not a regular file")
         else:
-            raise UsageError(f"cannot read log file {path}: no such file or directory")
+            raise UsageError(f"cannot read log file {_shown(path)}: not a regular file, pipe or directory "
+                             "(a device or socket)")
     return list(dict.fromkeys(files))  # the same file given twice is read once
 
 
+def _name(path: Path) -> str:
+    return STDIN_NAME if str(path) == STDIN else str(path)
+
+
+def _shown(path: Path) -> str:
+    """A path for a message: control characters (terminal escapes) shown as \\xNN."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(path))
+
+
 def _read_lines(path: Path, index: int) -> Iterator[Line]:
+    name = _name(path)
     try:
-        with path.open("rb") as fh:
+        with _open_log(path) as fh:
             number, continued = 0, False
             while chunk := fh.readline(MAX_LINE_BYTES):
                 if not continued:  # the rest of an over-long line is skipped, keeping line numbers right
                     number += 1
                     text = chunk.decode("utf-8", errors="replace").rstrip("\r\n")
-                    yield Line(str(path), number, text, (index, number))
+                    yield Line(name, number, text, (index, number))
                 continued = not chunk.endswith(b"\n")
     except OSError as exc:
-        raise UsageError(f"cannot read log file {path}: {exc.strerror or exc}") from None
+        shown = "standard input" if name == STDIN_NAME else f"log file {_shown(path)}"
+        raise UsageError(f"cannot read {shown}: {exc.strerror or exc}") from None
+
+
+class _FdReader(io.RawIOBase):
+    """A file descriptor read with os.read, after the bytes a probe already took from it."""
+
+    def __init__(self, fd: int, prefix: bytes = b"", own: bool = True):
+        super().__init__()
+        self.fd, self.prefix, self.own = fd, prefix, own
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        if self.prefix:
+            data, self.prefix = self.prefix[:len(buffer)], self.prefix[len(buffer):]
+        else:
+            data = os.read(self.fd, len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed and self.own:
+            os.close(self.fd)
+        super().close()
+
+
+def _open_log(path: Path) -> io.BufferedReader:
+    """A log for reading line by line. Opened without blocking (opening a FIFO blocks until a
+    writer comes), then checked again by what was opened: a regular file, standard input, or a
+    pipe/FIFO read until its writer closes it; a named FIFO no writer opens within FIFO_WAIT_S
+    is an error, never a hang."""
+    if str(path) == STDIN:
+        return io.BufferedReader(_FdReader(os.dup(0)))  # (EBADF: stdin closed)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        prefix = b""
+        if stat.S_ISFIFO(mode):
+            prefix = _first_bytes(fd, path)
+        elif not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file, pipe or directory (a device or socket)")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return io.BufferedReader(_FdReader(fd, prefix))
+
+
+def _first_bytes(fd: int, path: Path) -> bytes:
+    """The first bytes of a pipe opened without blocking, once a writer is there: read() says
+    EAGAIN (a writer, nothing written yet: from then on reads block until data or its close) or
+    returns data; b'' means no writer. For an inherited pipe (/dev/stdin, /dev/fd/N: bash's
+    <(cmd)) no writer means it is done: an empty log. A named FIFO's writer may not have opened it
+    yet: wait for one up to FIFO_WAIT_S."""
+    deadline = time.monotonic() + FIFO_WAIT_S
+    anonymous = _anonymous_pipe(fd)
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return b""
+        if data or anonymous:
+            return data
+        if time.monotonic() >= deadline:
+            raise OSError(errno.ETIMEDOUT, f"a FIFO that no writer opened within {FIFO_WAIT_S:g} s (a pipe is read "
+                                           "until its writer closes it)")
+        time.sleep(0.05)
+
+
+def _anonymous_pipe(fd: int) -> bool:
+    """A pipe with no name (bash's <(cmd), a | into /dev/stdin), not a FIFO in the filesystem (Linux)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return False
 
 
 def _clip(text: str) -> str:

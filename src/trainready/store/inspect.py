@@ -4,11 +4,14 @@ The library behind `trainready ckpt` (no CLI code here). A location is a plain l
 node's hot tier, or a local copy of an archive: the layout is the same) or any fsspec URL
 (`s3://bucket/prefix`, `file:///...`, honouring AWS_ENDPOINT_URL_S3). Needs no torch.
 
-Errors: a location that cannot be read (missing, unreachable, no permission; on S3 a missing
-bucket or a prefix with nothing under it), a step that is not there, or a pull target that
-cannot be written is a `UsageError` (exit 2); a checkpoint that fails its checks while being
-pulled is a `CheckpointError` (exit 1). Problems found by verification are returned, not
-raised; one unreadable checkpoint directory is reported as such, never fails the whole listing.
+Errors: an empty location or --to (never taken to mean the current directory), a location that
+cannot be read (missing, unreachable, no permission; on S3 an invalid or missing bucket or a
+prefix with nothing under it), a step with no checkpoint (nothing there, or only an uncommitted
+directory), an unknown --run-id, or a pull target that cannot be written is a `UsageError`
+(exit 2). Damage is exit 1 wherever it is found: a checkpoint that fails its checks or whose
+manifest or directory cannot be used (unreadable, a symlink in its place), also when its step is
+named; `pull` raises `CheckpointError`, verification returns it (never raises); one damaged
+checkpoint directory is reported under its own name, never fails the whole listing.
 
 Long work reports progress through plain callables (no CLI code here): `on_total(bytes)` once
 the amount is known, then `on_progress(bytes)` as bytes are read or copied.
@@ -31,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from trainready.errors import UsageError
 from trainready.io import CHUNK, create_exclusive, dir_mode, fsync_dir, make_dir, redact, write_synced
+from trainready.io.urls import bucket_name_problem
 
 from . import retention
 from .errors import ArchiveUnavailableError, CheckpointError
@@ -72,7 +76,8 @@ class CheckpointInfo(BaseModel):
     created_unix: float | None = None
     verified: bool | None = Field(None, description="Every file's size matches the manifest (`ls --verify`: sizes only, "
                                                     "no data read; a changed byte is not seen: `ckpt verify` compares "
-                                                    "SHA-256); null: not checked or not committed.")
+                                                    "SHA-256); false also for an unreadable checkpoint (it cannot be "
+                                                    "checked: damaged); null: not checked, or uncommitted.")
     problem: str = Field("", description="Why it is not committed, or what verification found; empty when fine.")
 
 
@@ -151,7 +156,12 @@ class PruneResult(BaseModel):
 def open_tier(url: str) -> Tier:
     """A plain path -> HotTier (same layout as an archive, plain file I/O, no fsspec needed);
     anything with a scheme -> ArchiveTier. The location must exist: a local directory, or on S3 a
-    bucket and (unless the URL names the bucket alone) at least one object under the prefix."""
+    bucket and (unless the URL names the bucket alone) at least one object under the prefix. An
+    empty location is refused: it never means the current directory (an unset shell variable)."""
+    scheme, sep, rest = url.partition("://")
+    if not url.strip() or (sep and not rest.strip() and scheme not in ("s3", "s3a")):  # file:// is the cwd too
+        raise UsageError(f"empty location {url!r}: name a checkpoint directory or URL (an empty path is never taken "
+                         "to mean the current directory; write . for that)")
     if "://" not in url:
         path = Path(url).expanduser()
         if problem := _local_dir_problem(path, str(path.parent)):
@@ -201,9 +211,7 @@ def _nearest_names(name: str, siblings: list[str], parent: str) -> str:
 def _remote_exists(tier: ArchiveTier) -> None:
     """A missing bucket or an S3 prefix with nothing under it is a wrong location (exit 2), not an
     empty one: S3 has no empty folders, and a job's prefix holds writer.json from its first start."""
-    bucket = tier.root.split("/", 1)[0]
-    if tier.is_s3 and not bucket:
-        raise StorageAccessError(f"{tier.url}: no bucket in the URL (s3://BUCKET/prefix)")
+    bucket = tier.root.split("/", 1)[0]  # (an s3:// URL without a valid bucket never opens: validate_bucket)
     try:
         info = tier._call("look up the location", tier.fs.info, tier.root)
         if info.get("type") == "file":
@@ -221,8 +229,10 @@ def _remote_exists(tier: ArchiveTier) -> None:
         except ArchiveUnavailableError as exc:
             raise StorageAccessError(str(exc)) from None
     if tier.is_s3 and (not bucket or tier.root == bucket):
-        raise StorageAccessError(f"{tier.url}: bucket {tier.root.split('/', 1)[0]!r} does not exist (or is not "
-                                 "visible with these credentials)")
+        name = tier.root.split("/", 1)[0]
+        why = bucket_name_problem(name)
+        raise StorageAccessError(f"{tier.url}: bucket {name!r} does not exist (or is not visible with these "
+                                 f"credentials)" + (f"; {why}" if why else ""))
     parent, _, name = tier.root.rpartition("/")
     try:
         siblings = [p.rstrip("/").rsplit("/", 1)[-1] for p in tier.fs.ls(parent, detail=False)] if parent else []
@@ -335,9 +345,10 @@ def _newest(tier: Tier, refs: list[Ref]) -> Ref:
 
 
 def _at_step(tier: Tier, refs: list[Ref], step: int) -> list[Ref]:
-    """The committed checkpoints at `step` (oldest generation first), or a UsageError that says
-    what is there instead."""
-    hits = [r for r in refs if r.committed and r.step == step]
+    """The checkpoints at `step`, committed or damaged (an unreadable manifest or directory, a
+    symlink in its place: damage, exit 1 when checked or pulled), oldest generation first; or a
+    UsageError (exit 2) when there is none: nothing at that step, or only uncommitted directories."""
+    hits = [r for r in refs if (r.committed or r.unreadable) and r.step == step]
     if hits:
         return hits
     committed = sorted({r.step for r in refs if r.committed})
@@ -368,7 +379,7 @@ def list_checkpoints(url: str, verify: bool = False) -> CheckpointListing:
             items.append(CheckpointInfo(
                 name=ref.name, step=ref.step, generation=ref.generation, tier=tier_kind(tier), run_id=None,
                 committed=False, status=ref.status, size_bytes=sum(present.values()), files=len(present),
-                problem=ref.problem))
+                verified=False if verify and ref.unreadable else None, problem=ref.problem))
             continue
         if verify:
             entries, node, problems = _check(tier, ref, checksums=False)
@@ -426,9 +437,12 @@ def pull(url: str, step: int | None, to_dir: str | os.PathLike, *, on_progress: 
     The target is never overwritten. A target that cannot be written is a UsageError naming it;
     a source file that is missing or does not match is a CheckpointError, and nothing is left."""
     started = time.monotonic()
+    if not os.fspath(to_dir).strip():
+        raise UsageError("--to is empty: name the directory to copy into (an empty path is never taken to mean the "
+                         "current directory; write . for that)")
     tier = open_tier(url)
     refs = _refs(tier)[0]
-    ref = _newest(tier, refs) if step is None else _at_step(tier, refs, step)[-1]
+    ref = _newest(tier, refs) if step is None else _committed_at(tier, refs, step)
     manifest = ref.manifest
     assert manifest is not None
     with _reading(tier):
@@ -442,6 +456,7 @@ def pull(url: str, step: int | None, to_dir: str | os.PathLike, *, on_progress: 
     if os.path.lexists(final):
         raise UsageError(f"{final} already exists; pull never overwrites (remove it, or choose another --to)")
     tmp = root / f"{TMP_PREFIX}{ref.name}"
+    created = _missing_dirs(root)  # removed again if the pull fails: only what it created
     try:
         make_dir(root)
         shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted pull of the same checkpoint
@@ -450,9 +465,14 @@ def pull(url: str, step: int | None, to_dir: str | os.PathLike, *, on_progress: 
             raise UsageError(f"cannot write to {root}: {ref.name} needs {size:,} bytes and {free:,} are free there")
         tmp.mkdir(mode=dir_mode())
     except OSError as exc:
+        _remove_created(created)
         raise _unwritable(root, exc) from None
+    except BaseException:
+        _remove_created(created)
+        raise
     if on_total is not None:
         on_total(size)
+    pulled = False
     try:
         for entry in entries:
             if isinstance(tier, HotTier):
@@ -466,6 +486,7 @@ def pull(url: str, step: int | None, to_dir: str | os.PathLike, *, on_progress: 
         if os.path.lexists(final):
             raise UsageError(f"{final} appeared while pulling; pull never overwrites (nothing else was written)")
         os.rename(tmp, final)
+        pulled = True
         fsync_dir(root)
     except OSError as exc:
         raise _unwritable(root, exc) from None
@@ -475,8 +496,41 @@ def pull(url: str, step: int | None, to_dir: str | os.PathLike, *, on_progress: 
         raise CheckpointError(f"{exc}; nothing written to {root}{hint}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not pulled:
+            _remove_created(created)
     return PullResult(url=tier.url, name=ref.name, step=ref.step, generation=ref.generation, path=str(final),
                       files=len(entries), size_bytes=size, seconds=round(time.monotonic() - started, 3))
+
+
+def _committed_at(tier: Tier, refs: list[Ref], step: int) -> Ref:
+    """The newest committed generation at `step`; a CheckpointError (damage, exit 1) when the
+    checkpoints there are all unreadable, a UsageError (exit 2) when there is none."""
+    hits = _at_step(tier, refs, step)
+    committed = [r for r in hits if r.committed]
+    if committed:
+        return committed[-1]
+    near = _nearest(step, sorted({r.step for r in refs if r.committed}))
+    raise CheckpointError(f"step {step} in {tier.url} is damaged ({hits[-1].name}: {hits[-1].problem}); nothing was "
+                          "pulled" + (f"; nearest committed steps: {near}" if near else ""))
+
+
+def _missing_dirs(root: Path) -> list[Path]:
+    """The directories `make_dir(root)` would create, deepest first."""
+    missing = []
+    for path in (root, *root.parents):
+        if os.path.lexists(path):
+            break
+        missing.append(path)
+    return missing
+
+
+def _remove_created(created: list[Path]) -> None:
+    """Remove the directories a failed pull created, deepest first, each only if empty."""
+    for path in created:
+        try:
+            os.rmdir(path)
+        except OSError:
+            break  # not empty (someone else's files) or gone: leave it and its parents
 
 
 def _unwritable(root: Path, exc: OSError) -> UsageError:
@@ -555,8 +609,13 @@ def prune(url: str, keep: int, dry_run: bool = False, run_id: str | None = None,
     the result says `cancelled`."""
     if keep < 1:
         raise UsageError(f"--keep {keep}: keep at least 1 (the newest committed checkpoint is never deleted)")
+    if run_id is not None and not run_id.strip():
+        raise UsageError(f"--run-id {run_id!r} is empty: name the run whose checkpoints to prune, or leave it out "
+                         "for the run the writer lease names")
     tier = open_tier(url)
     refs, lease, _problem = _refs(tier)
+    if run_id is not None:
+        _known_run(tier, refs, lease, run_id)
     owner = run_id or (lease.run_id if lease else _only_run(tier, refs))
     own = retention.owned(refs, owner)
     broken: list[str] = []
@@ -581,6 +640,19 @@ def prune(url: str, keep: int, dry_run: bool = False, run_id: str | None = None,
     return PruneResult(url=tier.url, keep=keep, dry_run=dry_run, deleted=deleted,
                        kept=[r.name for r in refs if r.name not in deleted], broken=sorted(broken), run_id=owner,
                        untouched=untouched, cancelled=cancelled)
+
+
+def _known_run(tier: Tier, refs: list[Ref], lease: Lease | None, run_id: str) -> None:
+    """An --run-id that no committed checkpoint and no writer lease names is a typo (exit 2):
+    pruning it would delete nothing and say so with exit 0."""
+    runs = sorted({r.manifest.run_id for r in refs if r.manifest is not None} | ({lease.run_id} if lease else set()))
+    if run_id in runs:
+        return
+    found = f"runs found: {', '.join(map(repr, runs[:10]))}" + (f" (+{len(runs) - 10} more)" if len(runs) > 10 else "") \
+        if runs else "no committed checkpoint or writer lease names a run"
+    near = difflib.get_close_matches(run_id, runs, n=1, cutoff=0.6)
+    raise UsageError(f"--run-id {run_id!r}: no checkpoint of that run in {tier.url}; {found}"
+                     + (f" (nearest: {near[0]!r})" if near else ""))
 
 
 def _only_run(tier: Tier, refs: list[Ref]) -> str | None:
