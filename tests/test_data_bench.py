@@ -13,6 +13,7 @@ import pytest
 from run_helpers import env_for_run
 
 from trainready.data.bench import DataBenchResult, planned_need
+from trainready.data.format import INDEX as INDEX_NAME
 from trainready.data.pack import pack
 
 SAMPLES = 400
@@ -160,3 +161,69 @@ def test_without_torch_is_a_usage_error_saying_what_to_install(packed):
 def test_usage_errors(packed, args, message):
     code, out, err = bench(*(a.format(ds=packed) for a in args))
     assert (code, out) == (2, "") and err.startswith(f"error: {message}") and len(err.splitlines()) == 1
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def test_too_many_workers_is_refused_before_any_starts(packed):
+    """--workers 100000 once forked thousands of processes and never finished."""
+    cpus = _cpus()
+    cap = min(4 * cpus, 256)
+    code, out, err = bench(str(packed), "--workers", "100000", "--seconds", "1")
+    assert (code, out) == (2, "")
+    assert err == (f"error: --workers 100000 is too many for this machine: at most {cap} (4 per CPU, {cpus} CPUs "
+                   "usable here, never more than 256)\n")
+    code, out, err = bench(str(packed), "--workers", str(cap + 1), "--seconds", "1", "--json")
+    assert code == 2 and json.loads(out)["error"]["message"].startswith(f"--workers {cap + 1} is too many")
+    assert bench(str(packed), "--workers", "-1")[::2] == (2, "error: --workers -1: must be 0 (read in the main "
+                                                             "process) or more\n")
+
+
+def test_default_workers_fit_the_cpus_and_torch_never_warns(packed):
+    """The default is 4 workers, or one per CPU when there are fewer; more workers than CPUs (as
+    asked) get one note of ours, not torch's 443-character UserWarning twice."""
+    code, out, err = bench(str(packed), "--seconds", "120", "--json")
+    assert (code, err) == (0, "") and json.loads(out)["workers"] == min(4, _cpus())
+    more = _cpus() + 1
+    code, out, err = bench(str(packed), "--workers", str(more), "--seconds", "120")
+    assert code == 0 and out.startswith(f"{packed} (text, {more} workers, local: read in place)\n")
+    assert err == (f"note: {more} workers on {_cpus()} usable CPU{'s' if _cpus() != 1 else ''}: they share the cores, "
+                   f"which helps only while they wait on storage (torch suggests at most {_cpus()})\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seconds", "nan"], "--seconds nan: not a finite number; give seconds from 0.1 to 86400 (a day), e.g. 20"),
+    (["--seconds", "inf"], "--seconds inf: not a finite number; give seconds from 0.1 to 86400 (a day), e.g. 20"),
+    (["--seconds", "0.05"], "--seconds 0.05: give seconds from 0.1 to 86400 (a day), e.g. 20"),
+    (["--seconds", "1e300"], "--seconds 1e+300: give seconds from 0.1 to 86400 (a day), e.g. 20"),
+    (["--plan-tokens-per-s", "inf"], "--plan-tokens-per-s inf: not a finite number; give the tokens/s one node "
+                                     "consumes, e.g. 50000"),
+    (["--plan-tokens-per-s", "nan"], "--plan-tokens-per-s nan: not a finite number; give the tokens/s one node "
+                                     "consumes, e.g. 50000"),
+])
+def test_numbers_that_are_not_finite_or_out_of_range(packed, args, message):
+    code, out, err = bench(str(packed), "--workers", "0", *args)
+    assert (code, out, err) == (2, "", f"error: {message}\n")
+
+
+def test_locations_that_cannot_be_a_dataset(tmp_path, monkeypatch):
+    (tmp_path / "loopa").symlink_to("loopb")
+    (tmp_path / "loopb").symlink_to("loopa")
+    (tmp_path / INDEX_NAME).write_text("{}")  # an empty URL once meant this directory
+    long = "x" * 300
+    cases = [("", "the dataset location '' is empty: give a directory, file:///path or s3://bucket/prefix (use . "
+                  "for the current directory)"),
+             ("s3://", "s3://: no bucket in the URL (s3://BUCKET/prefix)"),
+             ("s3:///ds", "s3:///ds: no bucket in the URL (s3://BUCKET/prefix)"),
+             ("s3://Bad_Bucket!/x", "s3://Bad_Bucket!/x: invalid bucket name 'Bad_Bucket!'"),
+             ("loopa", "loopa: a symlink loop (symbolic links that point at each other) on the way to it; remove or "
+                       "fix the links, or choose another path"),
+             (long, f"{long}: the name '{'x' * 20}...{'x' * 12}' is 300 bytes, longer than the file system allows "
+                    "(255); choose a shorter name")]
+    monkeypatch.chdir(tmp_path)
+    for url, message in cases:
+        code, out, err = bench(url, "--workers", "0", "--seconds", "1")
+        assert (code, out) == (2, ""), url
+        assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1, err

@@ -325,6 +325,72 @@ def test_parse_size_rejects(text):
         data_cmd.parse_size(text)
 
 
+@pytest.mark.parametrize(("text", "size"), [("5TiB", 5 << 40), ("1e9", 10**9), ("1e3KiB", 1_024_000), (".5MiB", 1 << 19)])
+def test_parse_size_exponents_and_the_largest(text, size):
+    assert data_cmd.parse_size(text) == size
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("99999999999999999999TiB", "--shard-size '99999999999999999999TiB' is more than 5 TiB, the largest object S3 "
+                                "stores; 100 MiB to 1 GiB suits object storage"),
+    ("1e30", "--shard-size '1e30' is more than 5 TiB, the largest object S3 stores; 100 MiB to 1 GiB suits object storage"),
+    ("1e999999999", "--shard-size '1e999999999' is more than 5 TiB, the largest object S3 stores; 100 MiB to 1 GiB "
+                    "suits object storage"),
+    ("5.000001TiB", "--shard-size '5.000001TiB' is more than 5 TiB, the largest object S3 stores; 100 MiB to 1 GiB "
+                    "suits object storage"),
+    ("inf", "--shard-size 'inf' is not a finite number: e.g. 256MiB, 64MB, 1GiB, 1000000 (bytes)"),
+    ("NaN MiB", "--shard-size 'NaN MiB' is not a finite number: e.g. 256MiB, 64MB, 1GiB, 1000000 (bytes)"),
+])
+def test_parse_size_bounds(text, message):
+    """A 20-digit TiB count was once accepted and stored as a 33-digit integer."""
+    with pytest.raises(UsageError) as caught:
+        data_cmd.parse_size(text)
+    assert str(caught.value) == message
+
+
+def test_pack_refuses_a_shard_larger_than_s3_stores(text_src, tmp_path):
+    with pytest.raises(UsageError) as caught:
+        pack(text_src[0], str(tmp_path / "ds"), "text", (5 << 40) + 1)
+    assert str(caught.value) == ("--shard-size 5,497,558,138,881 bytes is more than 5 TiB, the largest object S3 "
+                                 "stores; 100 MiB to 1 GiB suits object storage")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_locations_and_sources_that_cannot_be_used_exit_2(tmp_path):
+    """An empty path once meant the current directory; a symlink loop was an internal error; a
+    name too long for the file system created the directories above it first."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("x")
+    (tmp_path / "loopa").symlink_to("loopb")
+    (tmp_path / "loopb").symlink_to("loopa")
+    (tmp_path / "file").write_text("x")
+    long = "x" * 300
+    loop = ("a symlink loop (symbolic links that point at each other) on the way to it; remove or fix the links, or "
+            "choose another path")
+    too_long = f"the name '{'x' * 20}...{'x' * 12}' is 300 bytes, longer than the file system allows (255); choose a shorter name"
+    empty = ("the dataset location {!r} is empty: give a directory, file:///path or s3://bucket/prefix (use . for the "
+             "current directory)")
+    cases = [(["src", "--out", ""], empty.format("")),
+             (["src", "--out", "file://"], empty.format("file://")),
+             (["", "--out", "ds"], "SRC is empty: give the directory (or .jsonl/.npy file) to pack; . is the current directory"),
+             (["src", "--out", "loopa"], f"loopa: {loop}"),
+             (["src", "--out", "loopa/ds"], f"loopa/ds: {loop}"),
+             (["loopa", "--out", "ds"], f"SRC loopa: {loop}"),
+             (["src", "--out", f"new/{long}/ds"], f"new/{long}/ds: {too_long}"),
+             ([long, "--out", "ds"], f"SRC {long}: {too_long}"),
+             (["src", "--out", "file/ds"], "file/ds: a part of the path is a file, not a directory"),
+             (["src", "--out", "s3://"], "s3://: no bucket in the URL (s3://BUCKET/prefix)"),
+             (["src", "--out", "s3://Bad_Bucket!/x"], "s3://Bad_Bucket!/x: invalid bucket name 'Bad_Bucket!'")]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args, message in cases:
+        proc = subprocess.run([sys.executable, "-c", CLI, "pack", *args], capture_output=True, text=True, timeout=60,
+                              env=subprocess_env(), cwd=tmp_path)
+        assert (proc.returncode, proc.stdout) == (2, ""), (args, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith(f"error: {message}") and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing packed into the cwd, no directory made
+
+
 def test_cli_json_and_table(text_src, tmp_path):
     root = typer.Typer()
     root.add_typer(data_cmd.app, name="data")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -44,12 +45,22 @@ class DataFormat(str, Enum):
 
 
 def parse_size(text: str) -> int:
-    """Bytes from '256MiB', '64MB', '1.5GiB', '1000000'; KiB/MiB/GiB (and bare K/M/G) are powers of 1024, KB/MB/GB of 1000."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    """Bytes from '256MiB', '64MB', '1.5GiB', '1e9', '1000000'; KiB/MiB/GiB (and bare K/M/G) are powers
+    of 1024, KB/MB/GB of 1000. At most 5 TiB (pack.MAX_SHARD: the largest S3 object); exact for
+    any number of digits (no float rounding, no overflow)."""
+    from trainready.data.pack import MAX_SHARD
+
+    if re.fullmatch(r"\s*[+-]?(inf|infinity|nan)\s*([a-zA-Z]*)\s*", text, re.I):
+        raise UsageError(f"--shard-size {text!r} is not a finite number: {SIZE_EXAMPLES}")
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = match and match.group(2).lower()
     if not match or unit not in UNITS:
         raise UsageError(f"--shard-size {text!r} is not a size: {SIZE_EXAMPLES}")
-    size = int(float(match.group(1)) * UNITS[unit])
+    number = Decimal(match.group(1))
+    if number > MAX_SHARD or number * UNITS[unit] > MAX_SHARD:  # the first test first: 1e999999999 would overflow
+        raise UsageError(f"--shard-size {text!r} is more than 5 TiB, the largest object S3 stores; "
+                         "100 MiB to 1 GiB suits object storage")
+    size = int(number * UNITS[unit])
     if size < 1:
         raise UsageError(f"--shard-size {text!r} is zero: give a positive size, {SIZE_EXAMPLES}")
     return size
@@ -85,7 +96,7 @@ def render_pack(result: PackResult, skip_note: str | None = None) -> None:
                   "Files are taken in sorted path order; hidden files are ignored. Re-running the same command after a "
                   "crash resumes after the last committed shard; on a finished dataset it does nothing. "
                   f"{WHERE}\n\n{CODES}")
-def pack_cmd(src: Annotated[Path, typer.Argument(metavar="SRC", help="Directory (or one .jsonl/.npy file) to pack.", show_default=False)],
+def pack_cmd(src: Annotated[str, typer.Argument(metavar="SRC", help="Directory (or one .jsonl/.npy file) to pack.", show_default=False)],
              out_url: Annotated[str, typer.Option("--out", help="Dataset location: local directory or s3://bucket/prefix.", show_default=False)],
              shard_size: Annotated[str, typer.Option("--shard-size", help=f"Largest shard file, tar headers and padding included ({SIZE_EXAMPLES}); a sample too big for it gets a shard of its own. Under 1MiB: a warning (per-object request overhead).")] = "256MiB",
              fmt: Annotated[DataFormat, typer.Option("--format", help="What a sample is: a whole text file, a JSONL line, or a token array/row.")] = DataFormat.text,
@@ -106,7 +117,7 @@ def pack_cmd(src: Annotated[Path, typer.Argument(metavar="SRC", help="Directory 
             sink.advance(done - reported)
             reported = done
 
-        result = pack(src, out_url, fmt.value, size, restart=restart, progress=advance)
+        result = pack(src, out_url, fmt.value, size, restart=restart, progress=advance)  # src "": refused, not cwd
     if json_out:
         emit_json(result)
         return
@@ -126,15 +137,19 @@ BENCH_CODES = ("Exit codes: 0 the pipeline keeps up (or nothing to compare with)
                   "estimate). Text/JSONL have no tokenizer here: tokens are counted as bytes, and the output says so."
                   f"\n\n{BENCH_CODES}")
 def bench_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="Packed dataset: local directory or s3://bucket/prefix.", show_default=False)],
-              workers: Annotated[int, typer.Option("--workers", min=0, help="DataLoader worker processes.")] = 4,
-              seconds: Annotated[float, typer.Option("--seconds", min=0.1, help="Time limit of each pass.")] = 20.0,
+              workers: Annotated[int | None, typer.Option("--workers", help="DataLoader worker processes, at most 4 per CPU (and 256). [default: 4, or the CPU count if smaller]", show_default=False)] = None,
+              seconds: Annotated[float, typer.Option("--seconds", help="Time limit of each pass, 0.1 to 86400.")] = 20.0,
               plan_tokens_per_s: Annotated[float | None, typer.Option("--plan-tokens-per-s", help="Tokens/s one node consumes.")] = None,
               job: Annotated[Path | None, typer.Option("--job", help="Job spec (plan --save): its estimated tokens/s per node.")] = None,
               model: Annotated[str | None, typer.Option("--model", help="Model preset, with --instance: the planner's estimate.")] = None,
               instance: Annotated[str | None, typer.Option("--instance", help="Instance type, with --model.")] = None,
               json_out: o.Json = False) -> None:
-    from trainready.data.bench import bench
+    from trainready.data.bench import bench, check_options, crowded_note
+    from trainready.data.workers import default_workers
     from trainready.plan.job import JobSpec, load_job
+
+    workers = default_workers() if workers is None else workers
+    check_options(workers, seconds)  # before the progress bar shows a time limit that is not one
 
     given = [x for x in (plan_tokens_per_s, job, model or instance) if x is not None]
     if len(given) > 1:
@@ -142,6 +157,9 @@ def bench_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="Packed dat
     if (model is None) != (instance is None):
         raise UsageError("--model and --instance go together (or use --job / --plan-tokens-per-s)")
     spec = load_job(job) if job else (JobSpec(model=model, instance=instance) if model else None)
+    crowded = crowded_note(workers)
+    if crowded and not json_out:
+        err.print(line(("note:", "yellow"), f" {crowded}"), soft_wrap=True)
     with progress(f"reading cold, then warm (seconds of {2 * seconds:g})", total=2 * seconds, as_json=json_out) as sink:
         result = bench(url, workers=workers, seconds=seconds, tokens_per_s=plan_tokens_per_s, job=spec,
                        on_progress=sink.advance)

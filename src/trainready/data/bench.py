@@ -12,9 +12,11 @@ for training; starting its server is not timed.
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -24,6 +26,10 @@ from trainready.errors import TrainreadyError, UsageError
 
 from .errors import worker_message
 from .index_io import is_local, load_index
+from .workers import MAX_WORKERS, WORKERS_PER_CPU, default_workers, max_workers, usable_cpus
+
+MIN_SECONDS, MAX_SECONDS = 0.1, 86400.0  # a pass of a day measures nothing a shorter one does not
+TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"  # torch's, said as a note of ours
 
 
 class PassRate(BaseModel):
@@ -61,9 +67,38 @@ class DataBenchResult(BaseModel):
     keeps_up: bool | None
 
 
+def check_options(workers: int, seconds: float) -> None:
+    """UsageError for a worker count this machine cannot run or a time limit that is not a
+    number of seconds; said before anything starts."""
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise UsageError(f"--workers {workers!r}: not a whole number")
+    if workers < 0:
+        raise UsageError(f"--workers {workers}: must be 0 (read in the main process) or more")
+    if workers > max_workers():
+        raise UsageError(f"--workers {workers} is too many for this machine: at most {max_workers()} "
+                         f"({WORKERS_PER_CPU} per CPU, {usable_cpus()} CPUs usable here, never more than {MAX_WORKERS})")
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        raise UsageError(f"--seconds {seconds}: not a finite number; give seconds from {MIN_SECONDS:g} to "
+                         f"{MAX_SECONDS:g} (a day), e.g. 20")
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise UsageError(f"--seconds {seconds:g}: give seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g} (a day), e.g. 20")
+
+
+def crowded_note(workers: int) -> str | None:
+    """One line when the workers outnumber the CPUs (torch warns then, twice, at length), else None."""
+    cpus = usable_cpus()
+    if workers <= cpus:
+        return None
+    return (f"{workers} workers on {cpus} usable CPU{'s' if cpus != 1 else ''}: they share the cores, which helps "
+            f"only while they wait on storage (torch suggests at most {cpus})")
+
+
 def planned_need(tokens_per_s: float | None, job: object | None) -> Need | None:
     """Tokens/s one node consumes: given, or the planner's estimate for a job spec."""
     if tokens_per_s is not None:
+        if not math.isfinite(tokens_per_s):
+            raise UsageError(f"--plan-tokens-per-s {tokens_per_s}: not a finite number; give the tokens/s one node "
+                             "consumes, e.g. 50000")
         if tokens_per_s <= 0:
             raise UsageError(f"--plan-tokens-per-s {tokens_per_s:g}: must be > 0")
         return Need(tokens_per_s_per_node=tokens_per_s, source="--plan-tokens-per-s")
@@ -111,13 +146,18 @@ def _pass(url: str, workers: int, seconds: float, cache_dir: str, context: objec
     from .dataset import ShardedDataset
 
     ds = ShardedDataset(url, shuffle=False, cache_dir=cache_dir, rank=0, world_size=1)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=context)
+    with warnings.catch_warnings():  # more workers than CPUs: crowded_note() says it once, in one line
+        warnings.filterwarnings("ignore", message=TORCH_WORKER_WARNING, category=UserWarning)
+        loader = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=context)
     meter = Throughput()
     last = time.monotonic()
     deadline = last + seconds
     exhausted = True
     try:
-        for sample in loader:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=TORCH_WORKER_WARNING, category=UserWarning)
+            samples = iter(loader)  # the workers start here
+        for sample in samples:
             meter.add(sample)
             now = time.monotonic()
             if now >= deadline:
@@ -162,13 +202,14 @@ def _plural(samples: int) -> str:
     return f"{samples:,} sample{'s' if samples != 1 else ''} read"
 
 
-def bench(url: str, workers: int = 4, seconds: float = 20.0, tokens_per_s: float | None = None,
+def bench(url: str, workers: int | None = None, seconds: float = 20.0, tokens_per_s: float | None = None,
           job: object | None = None, on_progress: Callable[[float], None] | None = None) -> DataBenchResult:
-    """Two passes of at most `seconds` each. on_progress(s) is called as each pass uses up its
-    time budget, in seconds (2 * seconds in all; a pass that reads everything early jumps ahead).
-    Starting the worker processes' server (once) is not timed."""
-    if workers < 0 or seconds <= 0:
-        raise UsageError(f"--workers {workers} / --seconds {seconds:g}: workers >= 0, seconds > 0")
+    """Two passes of at most `seconds` each, with `workers` DataLoader workers (None: 4, or the
+    usable CPUs when fewer). on_progress(s) is called as each pass uses up its time budget, in
+    seconds (2 * seconds in all; a pass that reads everything early jumps ahead). Starting the
+    worker processes' server (once) is not timed."""
+    workers = default_workers() if workers is None else workers
+    check_options(workers, seconds)
     _needs_torch()
     index, fs, _ = load_index(url)
     if not index.shards:

@@ -8,8 +8,10 @@ location that is missing, unreachable or not a dataset is something the user fix
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -45,15 +47,74 @@ from .format import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+WHERE = "a directory, file:///path or s3://bucket/prefix"
+# what botocore accepts as a bucket (legacy us-east-1 names may hold capitals and '_'); an ARN is left to it
+_BUCKET = re.compile(r"[a-zA-Z0-9.\-_]{1,255}|arn:.*")
 
 
 def open_dataset(url: str) -> tuple[Any, str]:
-    """(fs, root) for a dataset URL: a local directory, file:///path, or s3://bucket/prefix."""
+    """(fs, root) for a dataset URL: a local directory, file:///path, or s3://bucket/prefix.
+    UsageError for a location that cannot be one: empty (which would mean the current
+    directory), an S3 URL without a valid bucket name, a local path through a symlink loop or
+    with a name too long for the file system."""
+    url = str(url)
+    if not url.strip() or url.strip() in ("file://", "file:"):
+        raise UsageError(f"the dataset location {url!r} is empty: give {WHERE} (use . for the current directory)")
     try:
-        fs, root = open_url(str(url))
+        fs, root = open_url(url)
     except TrainreadyError as exc:
         raise UsageError(str(exc).replace("open archive", "open")) from None  # the store's wording, minus "archive"
-    return fs, root.rstrip("/") or "/"
+    root = root.rstrip("/") or "/"
+    if is_local(fs):
+        check_local_path(Path(root), redact(url))
+    elif url.startswith(("s3://", "s3a://")):
+        bucket = "" if root.startswith("/") else root.split("/", 1)[0]  # s3:// and s3:///x: no bucket
+        if not bucket:
+            raise UsageError(f"{redact(url)}: no bucket in the URL (s3://BUCKET/prefix)")
+        if not _BUCKET.fullmatch(bucket):
+            raise UsageError(f"{redact(url)}: invalid bucket name {bucket!r} (S3 bucket names are letters, digits, "
+                             "'.', '-' and '_', at most 255; e.g. s3://my-bucket/prefix)")
+    return fs, root
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name the file system holding `path` (or its nearest existing parent) allows."""
+    for parent in (path, *path.parents):
+        try:
+            return os.pathconf(parent, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            continue
+    return 255
+
+
+def check_local_path(path: Path, shown: str | None = None) -> None:
+    """UsageError when a local path cannot name a file: a name in it or the whole path too long
+    (ENAMETOOLONG, whether or not its parents exist yet), a symlink loop on the way, a file where
+    a directory should be, no permission to look. A path that does not exist yet is fine (pack
+    creates it)."""
+    shown = shown or str(path)
+    longest = max(path.parts, key=lambda p: len(os.fsencode(p)), default="")
+    size, limit = len(os.fsencode(longest)), _name_max(path)
+    if size > limit:
+        name = longest if len(longest) <= 40 else f"{longest[:20]}...{longest[-12:]}"
+        raise UsageError(f"{shown}: the name {name!r} is {size:,} bytes, longer than the file system allows "
+                         f"({limit}); choose a shorter name")
+    try:
+        os.stat(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        code, reason = exc.errno, exc.strerror or type(exc).__name__
+    if code == errno.ELOOP:
+        raise UsageError(f"{shown}: a symlink loop (symbolic links that point at each other) on the way to it; "
+                         "remove or fix the links, or choose another path")
+    if code == errno.ENAMETOOLONG:
+        raise UsageError(f"{shown}: the path is {len(os.fsencode(str(path))):,} bytes, longer than the system allows; "
+                         "choose a shorter path")
+    if code == errno.ENOTDIR:
+        raise UsageError(f"{shown}: a part of the path is a file, not a directory")
+    raise UsageError(f"{shown}: {reason}")
 
 
 def shard_url(root: str, name: str) -> str:
@@ -75,6 +136,7 @@ def storage_call(url: str, what: str, fn: Callable[..., T], *args: Any, missing:
         raise UsageError(f"{redact(url)}: {what} failed: not found (does the bucket or directory exist?)") from None
     except Exception as exc:  # botocore, aiohttp, OSError...: all mean "this location does not work"
         reason = getattr(exc, "strerror", None) or redact(str(exc)) or type(exc).__name__
+        reason = " ".join(reason.split())  # one line: botocore's "Parameter validation failed:\n..." has two
         raise UsageError(f"{redact(url)}: {what} failed: {reason}") from None
 
 

@@ -26,12 +26,25 @@ from trainready.io import redact
 from trainready.store.faults import fault_point
 
 from .format import EXT, DataIndex, Format, SourceInfo, SourcePosition, sample_key, shard_name, tar_file_size
-from .index_io import ShardBuilder, clear_dataset, is_local, open_dataset, put_shard, read_index, shard_temp_path, write_index
+from .index_io import (
+    ShardBuilder,
+    check_local_path,
+    clear_dataset,
+    is_local,
+    open_dataset,
+    put_shard,
+    read_index,
+    shard_temp_path,
+    write_index,
+)
 
 SUFFIXES = {"jsonl": (".jsonl", ".json"), "tokens": (".npy",)}
 TOKEN_DTYPES = ("uint16", "uint32")
 MMAP_OVER = 64 << 20  # .npy files bigger than this are memory-mapped, not read whole
 SMALL_SHARD = 1 << 20  # below this --shard-size gets a warning: per-object request overhead dominates reading
+# a shard is one object: 5 TiB is S3's largest ("Maximum object size: 5 TiB", Amazon S3 multipart upload limits,
+# docs.aws.amazon.com/AmazonS3/latest/userguide/qfacts.html; AWS has since raised it, MinIO and most other S3 stores not)
+MAX_SHARD = 5 << 40
 Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
 
 
@@ -78,6 +91,7 @@ def _unreadable(exc: OSError) -> None:
 def list_sources(src: Path, fmt: Format) -> tuple[list[SourceFile], list[str]]:
     """The files to pack, sorted by relative POSIX path, and the relative paths of those skipped
     because their suffix does not match the format. Hidden files and directories are ignored."""
+    check_local_path(src, f"SRC {src}")
     if not src.exists():
         raise UsageError(f"SRC {src} does not exist")
     if src.is_file():
@@ -225,6 +239,17 @@ def _needs_numpy() -> None:
         raise UsageError("--format tokens needs numpy: pip install 'trainready[data]'") from None
 
 
+def _resolve(path: Path, shown: str) -> Path:
+    """path.resolve(), a UsageError naming it when it cannot be (Python 3.11 raises RuntimeError for a symlink loop)."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise UsageError(f"{shown}: a symlink loop (symbolic links that point at each other) on the way to it; "
+                         "remove or fix the links, or choose another path") from None
+    except OSError as exc:
+        raise UsageError(f"{shown}: {exc.strerror or exc}") from None
+
+
 def _check_resumable(index: DataIndex, source: SourceInfo, fmt: Format, shard_size: int, url: str) -> None:
     again = "use --restart to pack it again from scratch, or a new --out"
     if index.format != fmt:
@@ -236,21 +261,26 @@ def _check_resumable(index: DataIndex, source: SourceInfo, fmt: Format, shard_si
         raise UsageError(f"{url} was packed with --shard-size {index.shard_size_bytes} bytes, not {shard_size}: {again}")
 
 
-def pack(src: Path, out_url: str, fmt: Format, shard_size_bytes: int, progress: Progress | None = None,
+def pack(src: str | os.PathLike, out_url: str, fmt: Format, shard_size_bytes: int, progress: Progress | None = None,
          restart: bool = False) -> PackResult:
     """Pack SRC into the dataset at out_url, resuming an interrupted pack of the same SRC."""
     started = time.monotonic()
     url = redact(out_url)
     if shard_size_bytes < 1:
         raise UsageError(f"--shard-size must be at least 1 byte, got {shard_size_bytes}")
+    if shard_size_bytes > MAX_SHARD:
+        raise UsageError(f"--shard-size {shard_size_bytes:,} bytes is more than 5 TiB, the largest object S3 stores; "
+                         "100 MiB to 1 GiB suits object storage")
     if fmt == "tokens":
         _needs_numpy()
+    if not str(src).strip():  # Path("") would be the current directory
+        raise UsageError("SRC is empty: give the directory (or .jsonl/.npy file) to pack; . is the current directory")
+    fs, root = open_dataset(out_url)  # a location that cannot be one fails before SRC is read
     src = Path(src)
     files, skipped = list_sources(src, fmt)
     token_dtype = check_token_files(files) if fmt == "tokens" else None
-    source = SourceInfo(path=str(src.resolve()), files=len(files), fingerprint=fingerprint(files))
-    fs, root = open_dataset(out_url)
-    if is_local(fs) and src.is_dir() and Path(root).resolve().is_relative_to(src.resolve()):
+    source = SourceInfo(path=str(_resolve(src, f"SRC {src}")), files=len(files), fingerprint=fingerprint(files))
+    if is_local(fs) and src.is_dir() and _resolve(Path(root), f"--out {url}").is_relative_to(_resolve(src, f"SRC {src}")):
         raise UsageError(f"--out {out_url} is inside SRC {src}: packing would read its own shards; put --out elsewhere")
     index = read_index(fs, root, url)
     if index is not None and restart:

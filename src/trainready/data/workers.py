@@ -21,12 +21,34 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import multiprocessing.forkserver as forkserver
+import os
 import sys
 from multiprocessing.context import BaseContext
 
 log = logging.getLogger(__name__)
 PRELOAD = ("torch", "torch.utils.data", "trainready.data.dataset", "torchdata.stateful_dataloader")
 IF_LOADED = ("numpy", "s3fs")  # preloaded when this process uses them (a remote dataset: s3fs)
+DEFAULT_WORKERS = 4
+WORKERS_PER_CPU = 4  # reading is mostly waiting (S3 GETs), so a few workers per core still help; more only time-slice
+MAX_WORKERS = 256    # whatever the CPU count: each worker costs the main process ~3 open files (the usual limit is 1024)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as torch counts them), else os.cpu_count()."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def max_workers() -> int:
+    """The most DataLoader workers `data bench` starts here: 4 per usable CPU, never above 256."""
+    return min(WORKERS_PER_CPU * usable_cpus(), MAX_WORKERS)
+
+
+def default_workers() -> int:
+    """4 workers, or one per usable CPU when there are fewer."""
+    return min(DEFAULT_WORKERS, usable_cpus())
 
 
 def preload_modules(*modules: str) -> list[str]:
