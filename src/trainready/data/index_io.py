@@ -11,7 +11,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -48,15 +47,13 @@ from .format import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WHERE = "a directory, file:///path or s3://bucket/prefix"
-# what botocore accepts as a bucket (legacy us-east-1 names may hold capitals and '_'); an ARN is left to it
-_BUCKET = re.compile(r"[a-zA-Z0-9.\-_]{1,255}|arn:.*")
 
 
 def open_dataset(url: str) -> tuple[Any, str]:
     """(fs, root) for a dataset URL: a local directory, file:///path, or s3://bucket/prefix.
     UsageError for a location that cannot be one: empty (which would mean the current
-    directory), an S3 URL without a valid bucket name, a local path through a symlink loop or
-    with a name too long for the file system."""
+    directory), an S3 URL without a valid bucket name (open_url checks it), a local path through a
+    symlink loop or with a name too long for the file system."""
     url = str(url)
     if not url.strip() or url.strip() in ("file://", "file:"):
         raise UsageError(f"the dataset location {url!r} is empty: give {WHERE} (use . for the current directory)")
@@ -67,13 +64,6 @@ def open_dataset(url: str) -> tuple[Any, str]:
     root = root.rstrip("/") or "/"
     if is_local(fs):
         check_local_path(Path(root), redact(url))
-    elif url.startswith(("s3://", "s3a://")):
-        bucket = "" if root.startswith("/") else root.split("/", 1)[0]  # s3:// and s3:///x: no bucket
-        if not bucket:
-            raise UsageError(f"{redact(url)}: no bucket in the URL (s3://BUCKET/prefix)")
-        if not _BUCKET.fullmatch(bucket):
-            raise UsageError(f"{redact(url)}: invalid bucket name {bucket!r} (S3 bucket names are letters, digits, "
-                             "'.', '-' and '_', at most 255; e.g. s3://my-bucket/prefix)")
     return fs, root
 
 
