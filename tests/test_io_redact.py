@@ -50,3 +50,13 @@ def test_argv_hides_the_value_after_a_secret_option():
             "--tokens", "2e9"]
     assert redact_argv(argv) == ["python", "train.py", "--hf-token", "***", "--wandb_api_key=***", "--lr", "3",
                                  "--password", "***", "--tokens", "2e9"]
+
+
+def test_part_size_grows_so_no_file_needs_more_than_s3s_10000_parts():
+    from trainready.io.urls import S3_MAX_PARTS, S3_PART, part_size_for
+
+    for size in (0, 1, S3_PART, S3_PART * S3_MAX_PARTS, S3_PART * S3_MAX_PARTS + 1, 5 << 40):
+        part = part_size_for(size)
+        assert part >= S3_PART and part % (1 << 20) == 0
+        assert -(-size // part) <= S3_MAX_PARTS, size
+    assert part_size_for(S3_PART * S3_MAX_PARTS) == S3_PART  # unchanged up to 625 GiB

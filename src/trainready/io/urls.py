@@ -32,6 +32,15 @@ from .files import CHUNK, PreconditionFailed, file_mode, hash_stream, local_tag,
 from .redact import redact
 
 S3_PART = 64 << 20  # S3 multipart part size (a part is held in memory while it is sent)
+S3_MAX_PARTS = 10_000  # S3's limit per multipart upload (docs.aws.amazon.com/AmazonS3/latest/userguide/qfacts.html)
+
+
+def part_size_for(size: int, part_size: int = S3_PART) -> int:
+    """`part_size`, grown in whole MiB when the file would need more than S3's 10,000 parts (a
+    shard or checkpoint file over 625 GiB at 64 MiB); the same rule when a stored composite
+    checksum is recomputed."""
+    need = -(-size // S3_MAX_PARTS)
+    return max(part_size, -(-need // (1 << 20)) << 20)
 
 
 class IntegrityError(TrainreadyError):
@@ -166,6 +175,7 @@ def _copy_local(local: Path, dest: Path, sha256: str, size: int) -> str:
 
 def _upload_s3(fs: Any, local: Path, remote: str, sha256: str, size: int, part_size: int) -> str:
     bucket, key, _ = fs.split_path(remote)
+    part_size = part_size_for(size, part_size)
     if size <= part_size:
         data = local.read_bytes()
         digest = hashlib.sha256(data).digest()
@@ -238,7 +248,7 @@ def stored_matches(fs: Any, local: str | os.PathLike, remote: str, sha256: str, 
         return False
     if stored.split("-")[0] == _b64(bytes.fromhex(sha256)):
         return True
-    digests = []
+    digests, part_size = [], part_size_for(size, part_size)
     with open(local, "rb") as handle:
         while chunk := handle.read(part_size):
             digests.append(hashlib.sha256(chunk).digest())
