@@ -206,6 +206,8 @@ def test_no_arguments_prints_help_once_and_exits_2(path):
     (("--keep-hot", "0"), "Invalid value for '--keep-hot': 0 is not a whole number from 1"),
     (("--mtbf-hours", "-1"), "Invalid value for '--mtbf-hours': -1 is not a number above 0"),
     (("--scaling-steps", "2.5"), "Invalid value for '--scaling-steps': 2.5 is not a whole number"),
+    (("--resume", "--emit", "slurm"), "--resume continues a run in --run-dir; --emit writes a launch file"),
+    (("--resume", "--scaling", "1,2"), "--resume continues a run in --run-dir; --emit writes a launch file"),
     (("--instance", "p4d.24xlarge", "--region", "us-est-1"),
      "unknown region 'us-est-1'. Did you mean: us-east-1? p4d.24xlarge has a price in: us-east-1."),
 ], ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")

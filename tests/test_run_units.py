@@ -391,3 +391,34 @@ def test_emit_passes_ckpt_every_off_to_the_launcher_and_the_workers():
     spec = EmitSpec(command=["python", "train.py"], ckpt_every="off")
     assert spec.run_options[-2:] == ["--ckpt-every", "off"]
     assert RunSettings.from_env(spec.worker_env).ckpt_every is None  # plain torchrun: the workers read it
+
+
+def test_the_same_experiment_spelled_differently_is_one_run(tmp_path, monkeypatch):
+    from trainready.run.launcher import command_key
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "conf.yaml").write_text("")
+    same = [
+        (["/abs/.venv/bin/python", "train.py", "--lr", "3e-4"], [".venv/bin/python3", "./train.py", "--lr", "3e-4"]),
+        (["python", "train.py", "--config=conf.yaml"], ["python3.11", str(tmp_path / "train.py"), f"--config={tmp_path}/conf.yaml"]),
+    ]
+    for a, b in same:
+        assert command_key(a) == command_key(b), (a, b)
+    different = [
+        (["python", "train.py", "--lr", "3e-4"], ["python", "train.py", "--lr", "1e-4"]),
+        (["python", "train.py"], ["python", "other.py"]),  # other.py does not exist: compared as written
+        (["torchrun", "train.py"], ["python", "train.py"]),
+        (["python", "train.py", "--steps", "150"], ["python", "train.py", "--steps", "151"]),
+    ]
+    for a, b in different:
+        assert command_key(a) != command_key(b), (a, b)
+
+
+def test_emitted_launches_checkpoint_by_default():
+    from trainready.run.emit import EmitSpec
+
+    spec = EmitSpec(command=["python", "train.py"])
+    assert spec.ckpt_every == "auto"
+    assert spec.worker_env["TRAINREADY_CKPT_EVERY"] == "auto"
+    assert spec.run_options[spec.run_options.index("--ckpt-every") + 1] == "auto"

@@ -60,6 +60,11 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
                       ckpt_every=ckpt_every, keep_hot=keep_hot, instance=instance, spot=spot, region=region,
                       usd_per_hour=usd_per_hour, budget_usd=budget_usd, mtbf_hours=mtbf_hours, run_dir=run_dir, job=job,
                       grace_s=grace, show_ranks=show_ranks, resume=resume)
+    if resume and (emit is not None or scaling is not None):
+        from trainready.errors import UsageError
+
+        raise UsageError("--resume continues a run in --run-dir; --emit writes a launch file and --scaling runs fresh "
+                         "points, neither resumes anything: leave out --resume")
     if emit is not None:
         from trainready.run.emit_cli import emit_for
 

@@ -71,7 +71,7 @@ class EmitSpec(BaseModel):
     max_restarts: int = 3
     hot: str | None = None
     archive: str | None = None
-    ckpt_every: int | Literal["auto", "off"] | None = None
+    ckpt_every: int | Literal["auto", "off"] | None = "auto"  # as `trainready run`: resumable by default
     usd_per_hour: float | None = None
     budget_usd: float | None = None
     run_dir: str | None = None

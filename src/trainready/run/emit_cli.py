@@ -29,7 +29,7 @@ def emit_for(kind: str, opts: RunOptions) -> str:
     spec = build_spec(command=opts.command, nnodes=opts.nnodes, nproc_per_node=nproc, rdzv_port=port,
                       rdzv_id=opts.rdzv_id, head_host=host, instance=opts.instance, spot=opts.spot,
                       region=opts.region, job=str(opts.job) if opts.job else None, max_restarts=opts.max_restarts,
-                      hot=opts.hot, archive=opts.archive, ckpt_every=opts.ckpt_every, usd_per_hour=opts.usd_per_hour,
+                      hot=opts.hot, archive=opts.archive, ckpt_every=opts.ckpt_every or "auto", usd_per_hour=opts.usd_per_hour,
                       budget_usd=opts.budget_usd, run_dir=str(opts.run_dir) if opts.run_dir else None,
                       cloud="aws" if opts.instance and "." in opts.instance else None)
     return emit(kind, spec)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -267,13 +268,17 @@ class Launcher:
 
         earlier = redact_argv(info.get("command") or [])
         run_dir = self.spec.run_dir
-        if earlier and earlier != command:
+        if earlier and command_key(earlier) != command_key(command):
             if not self.spec.resume:
                 raise UsageError(f"{run_dir} holds a run of `{' '.join(earlier)}`, not of `{' '.join(command)}`: a "
                                  "different command is a different run. Give it its own --run-dir to start fresh, or "
                                  "pass --resume to continue that run's checkpoints with the changed command")
             self.on_output(f"trainready: --resume: continuing the run of `{' '.join(earlier)}` in {run_dir} with "
                            f"`{' '.join(command)}`")
+        elif self.spec.resume and not info.get("launches") and self.spec.nnodes > 1:
+            # a replacement node starts with an empty disk while the others wait at the rendezvous
+            self.on_output(f"trainready: --resume: {run_dir} holds no earlier launch on this node; it joins the run "
+                           "and restores from the archive or its peers' checkpoints")
         elif self.spec.resume and not info.get("launches"):
             raise UsageError(f"--resume: {run_dir} holds no run to resume (no run.json with a launch): check "
                              "--run-dir, or leave out --resume to start a new run there")
@@ -445,7 +450,9 @@ class Launcher:
             for message in crossed:
                 writer.write("budget", message=message, spent_usd=round(spent, 4), projected_usd=self._projected)
             writer.close()
-        if self._starting and self.signalled is None and spent + per_s * KILL_S * MARGIN >= s.budget_usd:
+        # only where global rank 0 runs: it alone reports steps, so elsewhere "no step yet" is not known
+        if self._starting and self.spec.node_rank == 0 and self.signalled is None \
+                and spent + per_s * KILL_S * MARGIN >= s.budget_usd:
             self._budget_stop = (f"budget guard: stopped during start-up (no step reported yet) with ${spent:.2f} of the "
                                  f"${s.budget_usd:.2f} budget spent; nothing new to save: raise --budget-usd to "
                                  "continue from the newest checkpoint")
@@ -488,3 +495,22 @@ def _clock(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, sec = divmod(rest, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec} s")
+
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def command_key(argv: list[str]) -> list[str]:
+    """What makes two commands the same experiment: any Python interpreter is `python`, and a word
+    naming an existing file or directory (alone or after `--opt=`) is that path resolved, so
+    `.venv/bin/python ./train.py` and `/abs/.venv/bin/python train.py` are one run."""
+    def word(text: str) -> str:
+        head, sep, value = text.partition("=") if text.startswith("-") else ("", "", text)
+        if value and os.path.exists(value):
+            value = os.path.realpath(value)
+        return head + sep + value
+
+    key = [word(w) for w in argv]
+    if argv and _PYTHON.fullmatch(os.path.basename(argv[0])):
+        key[0] = "python"
+    return key
