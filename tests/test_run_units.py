@@ -401,7 +401,8 @@ def test_the_same_experiment_spelled_differently_is_one_run(tmp_path, monkeypatc
     (tmp_path / "conf.yaml").write_text("")
     same = [
         (["/abs/.venv/bin/python", "train.py", "--lr", "3e-4"], [".venv/bin/python3", "./train.py", "--lr", "3e-4"]),
-        (["python", "train.py", "--config=conf.yaml"], ["python3.11", str(tmp_path / "train.py"), f"--config={tmp_path}/conf.yaml"]),
+        (["python", "train.py", "--config=conf.yaml"],
+         ["python3.11", str(tmp_path / "train.py"), f"--config={tmp_path}/conf.yaml"]),
     ]
     for a, b in same:
         assert command_key(a) == command_key(b), (a, b)
