@@ -9,14 +9,10 @@ from rich.console import Console
 
 from trainready.cli.console import line, styled
 from trainready.cli.render import _age, _Grid, _size, _table
+from trainready.errors import printable as plain  # names, URLs, problems from disks and libraries
 
 if TYPE_CHECKING:  # the store loads only for `ckpt`
     from trainready.store.inspect import CheckpointListing, PruneResult, PullResult, VerifyReport
-
-
-def plain(text: object) -> str:
-    """Text from a disk, a URL or a library: control characters (terminal escapes) shown as \\xNN."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(text))
 
 
 def render_ckpt_list(con: Console, listing: CheckpointListing) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainready.errors import TrainreadyError, UsageError
+from trainready.errors import TrainreadyError, UsageError, printable
 from trainready.io import redact
 
 from .log_rules import Detail, Finding, Line, run_rules
@@ -109,33 +109,28 @@ def log_files(paths: list[Path | str]) -> list[Path]:
         try:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
-            raise UsageError(f"cannot read log file {_shown(path)}: no such file or directory") from None
+            raise UsageError(f"cannot read log file {printable(path)}: no such file or directory") from None
         except OSError as exc:  # a name too long, a loop of links, a parent that is a file, no permission
-            raise UsageError(f"cannot read log file {_shown(path)}: {exc.strerror or exc}") from None
+            raise UsageError(f"cannot read log file {printable(path)}: {exc.strerror or exc}") from None
         if stat.S_ISDIR(mode):
             try:
                 found = sorted(p for p in path.rglob("*") if p.suffix in LOG_SUFFIXES and p.is_file())
             except OSError as exc:
-                raise UsageError(f"cannot read log directory {_shown(path)}: {exc.strerror or exc}") from None
+                raise UsageError(f"cannot read log directory {printable(path)}: {exc.strerror or exc}") from None
             if not found:
-                raise UsageError(f"{_shown(path)}: directory has no {', '.join('*' + s for s in LOG_SUFFIXES)} "
+                raise UsageError(f"{printable(path)}: directory has no {', '.join('*' + s for s in LOG_SUFFIXES)} "
                                  "files to read")
             files += found
         elif stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
             files.append(path)
         else:
-            raise UsageError(f"cannot read log file {_shown(path)}: not a regular file, pipe or directory "
+            raise UsageError(f"cannot read log file {printable(path)}: not a regular file, pipe or directory "
                              "(a device or socket)")
     return list(dict.fromkeys(files))  # the same file given twice is read once
 
 
 def _name(path: Path) -> str:
     return STDIN_NAME if str(path) == STDIN else str(path)
-
-
-def _shown(path: Path) -> str:
-    """A path for a message: control characters (terminal escapes) shown as \\xNN."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(path))
 
 
 def _read_lines(path: Path, index: int) -> Iterator[Line]:
@@ -150,7 +145,7 @@ def _read_lines(path: Path, index: int) -> Iterator[Line]:
                     yield Line(name, number, text, (index, number))
                 continued = not chunk.endswith(b"\n")
     except OSError as exc:
-        shown = "standard input" if name == STDIN_NAME else f"log file {_shown(path)}"
+        shown = "standard input" if name == STDIN_NAME else f"log file {printable(path)}"
         raise UsageError(f"cannot read {shown}: {exc.strerror or exc}") from None
 
 
