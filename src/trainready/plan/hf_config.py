@@ -1,6 +1,7 @@
 """Read a Hugging Face `config.json` offline into a ModelSpec with the exact parameter count.
 
-Supported `model_type`s: llama, mistral, qwen2, gpt2, gpt_neox, mpt, falcon, opt, bloom.
+Supported `model_type`s: llama, mistral, qwen2, gpt2, gpt_neox, mpt, falcon, opt, bloom;
+mixture-of-experts (hf_moe.py): mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3.
 A missing key is an error naming the key and the file.
 """
 
@@ -17,9 +18,11 @@ from pydantic import ValidationError
 from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError, printable
 
+from . import hf_moe
 from .model_spec import ModelSpec
 
-SUPPORTED = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox", "mpt", "falcon", "opt", "bloom")
+SUPPORTED = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox", "mpt", "falcon", "opt", "bloom",
+             "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 
 
 _KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
@@ -28,6 +31,8 @@ _KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "bool": ("true or false", lambda v: type(v) is bool),
     "str": ("a string", lambda v: isinstance(v, str)),
     "dict": ("an object", lambda v: isinstance(v, dict)),
+    "index": ("a whole number (0 or more)", lambda v: type(v) is int and v >= 0),
+    "list": ("a list", lambda v: isinstance(v, list)),
 }
 
 
@@ -189,6 +194,11 @@ PARSERS: dict[str, Callable[[_Config], dict]] = {
     "mistral": lambda c: _llama_like(c, "mistral"),
     "qwen2": lambda c: _llama_like(c, "qwen2"),
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "mpt": _mpt, "falcon": _falcon, "opt": _opt, "bloom": _bloom,
+    "mixtral": lambda c: hf_moe.mixtral(c, _llama_like(c, "mixtral")),
+    "qwen2_moe": lambda c: hf_moe.qwen2_moe(c, _llama_like(c, "qwen2_moe")),
+    "qwen3_moe": lambda c: hf_moe.qwen3_moe(c, _llama_like(c, "qwen3_moe")),
+    "deepseek_v2": lambda c: hf_moe.deepseek(c, "deepseek_v2"),
+    "deepseek_v3": lambda c: hf_moe.deepseek(c, "deepseek_v3"),
 }
 
 

@@ -323,6 +323,15 @@ class ModelSpec(BaseModel):
         blocks = self.num_dense_layers * self._block(False) + self.num_moe_layers * self._block(True, active=True)
         return blocks + self._outside_blocks()
 
+    def mtp_param_count(self) -> int:
+        """DeepSeek-V3's multi-token-prediction modules (not in param_count): each is one MoE block,
+        the eh_proj projection (2 x hidden -> hidden) and three norms (enorm, hnorm, shared_head.norm);
+        embedding and output head are shared with the main model (DeepSeek-V3 README_WEIGHTS.md)."""
+        if self.moe is None or not self.moe.mtp_layers:
+            return 0
+        d = self.hidden_size
+        return self.moe.mtp_layers * (self._block(True) + 2 * d * d + 3 * self._norm_params())
+
     def expert_param_count(self) -> int:
         """All routed-expert parameters of all layers (what expert parallelism shards)."""
         return self.num_moe_layers * (self.moe.num_experts * self.expert_params() if self.moe else 0)

@@ -1,0 +1,93 @@
+"""Mixture-of-experts Hugging Face configs: mixtral, qwen2_moe, qwen3_moe, deepseek_v2/deepseek_v3.
+
+Each parser takes the config (hf_config._Config) and the dense fields the shared Llama-style
+reader made of it, and adds the `moe` (and for DeepSeek the `mla`) sub-shape. Layer layouts
+follow the Hugging Face modeling code (transformers 5.x, modeling_<type>.py):
+
+* mixtral: every layer MoE; `num_local_experts` experts of `intermediate_size`, top
+  `num_experts_per_tok`; the router is hidden x experts without bias.
+* qwen2_moe: layer i is MoE when i is not in `mlp_only_layers` and (i + 1) % `decoder_sparse_step`
+  == 0; routed experts of `moe_intermediate_size`, one shared expert of
+  `shared_expert_intermediate_size` with a sigmoid gate hidden -> 1; q/k/v biases (`qkv_bias`).
+* qwen3_moe: as qwen2_moe without the shared expert, with per-head RMSNorm on q and k.
+* deepseek_v2/v3: multi-head latent attention; the first `first_k_dense_replace` layers dense
+  (`intermediate_size`), the rest MoE with `n_shared_experts` x `moe_intermediate_size` shared width;
+  DeepSeek-V3's router carries `e_score_correction_bias` (one per expert). The
+  `num_nextn_predict_layers` multi-token-prediction modules are noted, not counted (the published
+  totals, 671B for V3, exclude them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainready.errors import UsageError, printable
+
+if TYPE_CHECKING:
+    from .hf_config import _Config
+
+
+def _dense_prefix(c: "_Config") -> int:
+    """`mlp_only_layers` as a count of leading dense layers; other layouts are refused."""
+    layers = c.get("mlp_only_layers", [], "list")
+    if any(type(i) is not int or i < 0 for i in layers):
+        raise UsageError(f"{c.path}: '{c.prefix}mlp_only_layers' must be a list of layer numbers (0 or more) "
+                         f"(model_type '{printable(c.model_type)}')")
+    n = len(set(layers))
+    if sorted(set(layers)) != list(range(n)):
+        raise UsageError(f"{c.path}: mlp_only_layers {sorted(set(layers))[:8]} puts dense layers between MoE "
+                         f"layers; only leading dense layers (0, 1, ...) are modelled (model_type "
+                         f"'{printable(c.model_type)}')")
+    return n
+
+
+def mixtral(c: "_Config", base: dict[str, Any]) -> dict:
+    return {**base, "moe": dict(num_experts=c.need("num_local_experts"), experts_per_token=c.need("num_experts_per_tok"),
+                                expert_ffn_hidden_size=base["ffn_hidden_size"])}
+
+
+def _qwen_moe(c: "_Config", base: dict[str, Any], shared: bool) -> dict:
+    step = c.get("decoder_sparse_step", 1)
+    moe: dict[str, Any] = dict(num_experts=c.need("num_experts"), experts_per_token=c.need("num_experts_per_tok"),
+                               expert_ffn_hidden_size=c.need("moe_intermediate_size"),
+                               layer_freq=step, first_dense_layers=_dense_prefix(c))
+    if shared:
+        moe.update(num_shared_experts=1, shared_ffn_hidden_size=c.need("shared_expert_intermediate_size"),
+                   shared_expert_gate=True)
+    return {**base, "moe": moe}
+
+
+def qwen2_moe(c: "_Config", base: dict[str, Any]) -> dict:
+    bias = c.get("qkv_bias", True, "bool")  # Qwen2MoeConfig.qkv_bias, default true; o_proj has none
+    return {**_qwen_moe(c, base, shared=True), "qkv_bias": bias, "out_bias": False, "mlp_bias": False}
+
+
+def qwen3_moe(c: "_Config", base: dict[str, Any]) -> dict:
+    return {**_qwen_moe(c, base, shared=False), "qk_norm": True, "mlp_bias": False}
+
+
+def deepseek(c: "_Config", family: str) -> dict:
+    heads = c.need("num_attention_heads")
+    freq = c.get("moe_layer_freq", 1)
+    if freq != 1:
+        raise UsageError(f"{c.path}: moe_layer_freq {freq} (MoE only on every {freq}th layer) is not modelled; "
+                         f"DeepSeek-V2/V3 use 1 (model_type '{printable(c.model_type)}')")
+    bias = c.get("attention_bias", False, "bool")
+    if c.get("mlp_bias", False, "bool"):
+        raise UsageError(f"{c.path}: mlp_bias true is not modelled for DeepSeek MoE layers (model_type "
+                         f"'{printable(c.model_type)}')")
+    shared = c.get("n_shared_experts", 0, "index")
+    expert = c.need("moe_intermediate_size")
+    moe = dict(num_experts=c.need("n_routed_experts"), experts_per_token=c.need("num_experts_per_tok"),
+               expert_ffn_hidden_size=expert, num_shared_experts=shared,
+               first_dense_layers=c.need("first_k_dense_replace", kind="index"),
+               # DeepSeek-V3's router: weight plus e_score_correction_bias (transformers DeepseekV3TopkRouter)
+               router_bias=family == "deepseek_v3",
+               mtp_layers=c.get("num_nextn_predict_layers", 0, "index"))
+    mla = dict(q_lora_rank=c.get("q_lora_rank", None), kv_lora_rank=c.need("kv_lora_rank"),
+               qk_nope_head_dim=c.need("qk_nope_head_dim"), qk_rope_head_dim=c.need("qk_rope_head_dim"),
+               v_head_dim=c.need("v_head_dim"))
+    return dict(family=family, vocab_size=c.need("vocab_size"), hidden_size=c.need("hidden_size"),
+                num_layers=c.need("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
+                ffn_hidden_size=c.need("intermediate_size"), tied_embeddings=c.get("tie_word_embeddings", False, "bool"),
+                max_seq_len=c.get("max_position_embeddings", None), qkv_bias=bias, out_bias=bias, moe=moe, mla=mla)
