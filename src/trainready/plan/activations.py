@@ -49,7 +49,7 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
         attn += a * q  # transpose + contiguous copy fed to the output projection
     if not flash:  # s x s scores per head: softmax output, plus dropout mask and output
         attn += (a + ((1 + a) if dropout else 0)) * model.num_heads * seq_len
-    if model.mlp == "swiglu":
+    if model.gated_mlp:
         mlp = 4 * a * f
     else:
         mlp = 2 * a * f

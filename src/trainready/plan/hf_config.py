@@ -1,6 +1,7 @@
 """Read a Hugging Face `config.json` offline into a ModelSpec with the exact parameter count.
 
-Supported `model_type`s: llama, mistral, qwen2, gpt2, gpt_neox, mpt, falcon, opt, bloom;
+Supported `model_type`s: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3 (its text_config),
+gpt2, gpt_neox, mpt, falcon, opt, bloom;
 mixture-of-experts (hf_moe.py): mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3.
 A missing key is an error naming the key and the file.
 """
@@ -21,7 +22,8 @@ from trainready.errors import UsageError, printable
 from . import hf_moe
 from .model_spec import ModelSpec
 
-SUPPORTED = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox", "mpt", "falcon", "opt", "bloom",
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3",
+             "gpt2", "gpt_neox", "mpt", "falcon", "opt", "bloom",
              "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 
 
@@ -97,6 +99,46 @@ def _llama_like(c: _Config, family: str) -> dict:
         spec["qkv_bias"] = spec["out_bias"] = bias
         spec["mlp_bias"] = c.get("mlp_bias", False, "bool")
     return spec
+
+
+def _qwen3(c: _Config) -> dict:
+    # transformers Qwen3Config/Qwen3Attention: head_dim defaults to 128, not hidden_size / heads (Qwen3-32B:
+    # 64 x 128 > 5120); RMSNorm on each query and key head; attention_bias on q, k, v and o; no MLP bias
+    return {**_llama_like(c, "qwen3"), "head_dim": c.get("head_dim", 128), "qk_norm": True, "mlp_bias": False}
+
+
+# transformers' class defaults (v5.24 configuration_gemma2.py Gemma2Config, configuration_gemma3.py
+# Gemma3TextConfig) for the keys a released config leaves out: google/gemma-3-4b's text_config names only
+# hidden_size, intermediate_size and num_hidden_layers of the shape, so transformers builds the rest from these.
+_GEMMA_DEFAULTS = {
+    "gemma2": {"vocab_size": 256000, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+               "max_position_embeddings": 8192},
+    "gemma3": {"vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+               "max_position_embeddings": 131072},
+}
+
+
+def _gemma(c: _Config, family: str, tied: bool = True) -> dict:
+    """Gemma 2 and Gemma 3's language model: GeGLU MLP (gate, up, down), RMSNorm before and after both
+    attention and MLP (4 per block), tied embeddings; Gemma 3 adds RMSNorm on each query and key head.
+    The sqrt(hidden_size) embedding scale is a constant, not a parameter."""
+    shape = {key: c.get(key, value) for key, value in _GEMMA_DEFAULTS[family].items()}
+    bias = c.get("attention_bias", False, "bool")
+    return dict(family=family, vocab_size=shape["vocab_size"], hidden_size=c.need("hidden_size"),
+                num_layers=c.need("num_hidden_layers"), num_heads=shape["num_attention_heads"],
+                num_kv_heads=shape["num_key_value_heads"], head_dim=shape["head_dim"],
+                ffn_hidden_size=c.need("intermediate_size"), mlp="geglu",
+                activation=_gelu_kind(c.get("hidden_activation", "gelu_pytorch_tanh", "str")), norms_per_layer=4,
+                qk_norm=family == "gemma3", tied_embeddings=c.get("tie_word_embeddings", tied, "bool"),
+                qkv_bias=bias, out_bias=bias, max_seq_len=shape["max_position_embeddings"])
+
+
+def _gemma3(c: _Config) -> dict:
+    """An image-text Gemma 3 config (4B, 12B, 27B): its language model, from text_config."""
+    c.need("text_config", kind="dict")
+    spec = _gemma(c.sub("text_config"), "gemma3", tied=c.get("tie_word_embeddings", True, "bool"))
+    return {**spec, "derived": "the language model of an image-text config (text_config): the vision tower "
+                               "(vision_config) and its projector are excluded"}
 
 
 def _gpt2(c: _Config) -> dict:
@@ -193,6 +235,8 @@ PARSERS: dict[str, Callable[[_Config], dict]] = {
     "llama": lambda c: _llama_like(c, "llama"),
     "mistral": lambda c: _llama_like(c, "mistral"),
     "qwen2": lambda c: _llama_like(c, "qwen2"),
+    "qwen3": _qwen3, "gemma2": lambda c: _gemma(c, "gemma2"), "gemma3_text": lambda c: _gemma(c, "gemma3"),
+    "gemma3": _gemma3,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "mpt": _mpt, "falcon": _falcon, "opt": _opt, "bloom": _bloom,
     "mixtral": lambda c: hf_moe.mixtral(c, _llama_like(c, "mixtral")),
     "qwen2_moe": lambda c: hf_moe.qwen2_moe(c, _llama_like(c, "qwen2_moe")),

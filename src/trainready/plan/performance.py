@@ -45,7 +45,7 @@ def _gemms(s: Setup) -> list[tuple[int, int, int]]:
     """(K, N, count) of one block's forward matmuls per token (M = tokens), TP-split."""
     m, t = s.model, s.tp
     d, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
-    up = 2 * f if m.mlp == "swiglu" else f
+    up = 2 * f if m.gated_mlp else f
     return [(d, (q + 2 * kv) // t, 1), (q // t, d, 1), (d, up // t, 1), (f // t, d, 1)]
 
 
@@ -89,7 +89,7 @@ def _elementwise_bytes_per_token_layer(s: Setup) -> float:
     # eager HF RMSNorm: upcast, pow, mean, mul, downcast, weight mul, and their backward.
     norm = (100 if (eager and m.norm == "rmsnorm") else 10) * d
     residual = 2 * 12 * d  # two adds, forward and backward gradient accumulation
-    if m.mlp == "swiglu":
+    if m.gated_mlp:
         act = (26 if eager else 16) * f
     elif m.activation == "gelu_tanh_composed" and eager:
         act = 100 * f  # ~8 elementwise kernels forward (pow, mul, add, mul, tanh, add, mul, mul) and their backward
