@@ -51,6 +51,7 @@ def instances(cloud: Cloud = "", catalog_file: o.CatalogFile = None, json_out: o
 def models(json_out: o.Json = False) -> None:
     items = list(presets().values())
     if json_out:
-        emit_json(ModelList(models=[ModelEntry(params=m.param_count(), **m.model_dump()) for m in items]))
+        emit_json(ModelList(models=[ModelEntry(params=m.param_count(), active_params=m.active_param_count(),
+                                                    **m.model_dump()) for m in items]))
     else:
         render_models(out, items)

@@ -263,13 +263,17 @@ def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
 
 
 def render_models(con: Console, models: list[ModelSpec]) -> None:
-    t = _Grid("Model presets", ["name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab", "tied"],
-              left=("name", "mlp"))
-    for m in models:
-        t.add_row(m.name, f"{m.param_count() / 1e9:,.2f}B", str(m.num_layers), str(m.hidden_size),
-                  str(m.num_heads), str(m.num_kv_heads), str(m.ffn_hidden_size), m.mlp, str(m.vocab_size),
-                  "yes" if m.tied_embeddings else "no")
-    t.print_fitted(con, ("tied", "mlp", "kv"))
+    t = _Grid("Model presets", ["name", "params", "active", "layers", "hidden", "heads", "kv", "ffn", "mlp",
+                                "vocab", "tied"], left=("name", "mlp"))
+    for m in models:  # MoE: active = top-k routed experts per token; ffn = experts x one expert's width
+        ffn = f"{m.moe.num_experts}x{m.moe.expert_ffn_hidden_size}" if m.moe else str(m.ffn_hidden_size)
+        t.add_row(m.name, f"{m.param_count() / 1e9:,.2f}B", f"{m.active_param_count() / 1e9:,.2f}B" if m.moe else "=",
+                  str(m.num_layers), str(m.hidden_size), str(m.num_heads), str(m.num_kv_heads), ffn, m.mlp,
+                  str(m.vocab_size), "yes" if m.tied_embeddings else "no")
+    t.print_fitted(con, ("tied", "mlp", "kv", "vocab"))
+    if any(m.moe for m in models):
+        con.print(styled("active: parameters each token uses (mixture-of-experts: the top-k routed experts; "
+                         "= for dense models); ffn of MoE models: experts x one expert's width", "dim"))
 
 
 def _size(n: int | None) -> str:

@@ -15,6 +15,7 @@ from .model_spec import ModelSpec
 
 class ModelEntry(ModelSpec):
     params: int
+    active_params: int  # parameters one token uses (top-k routed experts); equal to params for dense models
 
 
 class ModelList(BaseModel):
