@@ -62,7 +62,7 @@ class MLASpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    q_lora_rank: int | None = Field(gt=0, description="None: a full-rank q_proj (DeepSeek-V2-Lite)")
+    q_lora_rank: int | None = Field(None, gt=0, description="None: a full-rank q_proj (DeepSeek-V2-Lite)")
     kv_lora_rank: int = Field(gt=0)
     qk_nope_head_dim: int = Field(gt=0)
     qk_rope_head_dim: int = Field(gt=0)
