@@ -97,6 +97,7 @@ class Row:
     tok_s_gpu: float | None = None
     mem_gib: float | None = None
     mem_kind: str = "reserved"  # which allocator figure was measured
+    tput_in_target: bool = True  # False: throughput shown for information only
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -104,6 +105,17 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         raise SystemExit(f"missing data file {path}")
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
+
+
+def with_stack(stack: str, **flags: str) -> dict[str, str]:
+    """JobSpec arguments for a row run on `stack` (plan/stacks.py): the stack's name and only
+    the flags the source documents otherwise. Before stacks existed: the flags themselves."""
+    if "stack" not in JobSpec.model_fields:
+        return flags
+    from trainready.plan.stacks import get_stack
+
+    st = get_stack(stack)
+    return {"stack": stack, **{k: v for k, v in flags.items() if v != getattr(st, k)}}
 
 
 # ----------------------------------------------------------------------------- data sources
@@ -163,12 +175,11 @@ def mosaic_rows(records: list[dict[str, str]]) -> list[Row]:
                       seq_len=seq, precision="bf16",
                       # Composer of that time: DEFAULT gathers fp32 params, reduces in bf16;
                       # PURE does both in bf16
-                      reduce_dtype="bf16",
                       gather_dtype="bf16" if r["mp_mode"] == "PURE" else "fp32",
                       activation_checkpointing="full" if r["act_ckpt"] == "True" else "none",
                       # llm-foundry's tables predate torch 2.0 and FlashAttention-2 (their README:
                       # "TODO: Update tables with torch 2.0"): eager modules, FlashAttention-1/Triton
-                      kernels="eager", attention_kernel="flash1")
+                      **with_stack("llm-foundry-2023", reduce_dtype="bf16", kernels="eager", attention_kernel="flash1"))
         rows.append(Row("MosaicML llm-foundry", f"{r['model']} s{seq} {n}x{gpu} mb{r['micro_batch']}",
                         job, model, tok_s_gpu=float(r["tok_per_s_per_gpu"])))
     return rows
@@ -184,9 +195,27 @@ def torchtune_rows(records: list[dict[str, str]]) -> list[Row]:
         model = {"llama-3.2-3b": LLAMA_3_2_3B}[r["model"]]
         job = JobSpec(gpu=r["gpu"], gpus=int(r["num_gpus"]), strategy="ddp", micro_batch=int(r["micro_batch"]),
                       global_batch=int(r["micro_batch"]), seq_len=int(r["seq_len"]), precision=r["precision"],
-                      optimizer_dtype=r["optimizer_dtype"], kernels="eager")
+                      optimizer_dtype=r["optimizer_dtype"],
+                      # torchtune: native PyTorch modules, SDPA, no compile in this row: torchtitan's kernels
+                      **with_stack("torchtitan", kernels="eager", attention_kernel="sdpa"))
         rows.append(Row(f"torchtune (row {r['id']})", "llama3.2-3b 1xA100 mb2 s4096 packed", job, model,
                         tok_s_gpu=float(r["tok_s_gpu"]), mem_gib=float(r["peak_mem_gib"]), mem_kind=r["mem_kind"]))
+    return rows
+
+
+def torchtitan_rows(records: list[dict[str, str]]) -> list[Row]:
+    rows = []
+    for r in records:
+        job = JobSpec(gpu=r["gpu"], gpus=int(r["num_gpus"]), gpus_per_node=int(r["gpus_per_node"]),
+                      inter_node_gbps=float(r["inter_node_gbps"]), strategy=r["strategy"],
+                      micro_batch=int(r["micro_batch"]), global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]),
+                      precision=r["precision"], activation_checkpointing=r["act_ckpt"],
+                      # torchtitan's Llama 3 config: eager (compile false), SDPA, fp32 reduce, op-level selective
+                      **with_stack(r["stack"], kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32"))
+        label = f"{r['model']} {r['num_gpus']}xH100 fsdp mb{r['micro_batch']} s{r['seq_len']} ckpt={r['act_ckpt']}"
+        rows.append(Row("torchtitan 2024-12", label, job, preset(r["model"]), tok_s_gpu=float(r["tok_s_gpu"]),
+                        mem_gib=float(r["peak_mem_gib"]), mem_kind=r["mem_kind"],
+                        tput_in_target=r["throughput_in_target"] == "yes"))
     return rows
 
 
@@ -235,7 +264,9 @@ def _device_file(path: Path, label: str) -> list[Row]:
                       micro_batch=r["micro_batch"], global_batch=r["micro_batch"], seq_len=r["seq"],
                       precision="bf16", optimizer_dtype="bf16" if mode == "pure_bf16" else "fp32",
                       method="lora" if mode == "lora" else "full", lora_rank=r.get("lora_rank", 16),
-                      activation_checkpointing=r.get("checkpointing", "none"), kernels="eager")
+                      activation_checkpointing=r.get("checkpointing", "none"),
+                      # Hugging Face LlamaForCausalLM (sdpa) in a plain PyTorch loop: the hf-trainer stack
+                      **with_stack("hf-trainer", kernels="eager", attention_kernel="sdpa"))
         label_row = f"{r['shape']} {mode} mb{r['micro_batch']} s{r['seq']} ckpt={r.get('checkpointing', 'none')}"
         model = DEVICE_SHAPES[r["shape"]]
         if model.param_count() != r["params"]:
@@ -256,8 +287,9 @@ def megatron_rows(records: list[dict[str, str]]) -> list[tuple[str, JobSpec, Mod
         tp, pp, dp = int(r["tp"]), int(r["pp"]), int(r["dp"])
         job = JobSpec(gpu="a100-80gb", gpus=tp * pp * dp, gpus_per_node=8, inter_node_gbps=1600,
                       strategy="ddp", tp=tp, pp=pp, micro_batch=1, global_batch=int(r["global_batch"]),
-                      seq_len=s, precision="fp16", activation_checkpointing="full", kernels="fused",
-                      attention_kernel="flash1")  # 2021: no FlashAttention; fused softmax, unfused attention
+                      seq_len=s, precision="fp16", activation_checkpointing="full",
+                      # 2021: no FlashAttention; fused softmax, unfused attention: the flash1 class
+                      **with_stack("megatron", kernels="fused", attention_kernel="flash1"))
         # their formula: 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs per iteration (with recompute)
         flops_per_token = 96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
         out.append((r["model"], job, model, float(r["tflops_gpu"]), flops_per_token))
@@ -286,8 +318,8 @@ def moe_job(r: dict[str, str]) -> JobSpec:
                   pp=int(r["pp"]), ep=int(r["ep"]), micro_batch=int(r["micro_batch"] or 1),  # unknown: 1
                   global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]), precision=r["precision"],
                   activation_checkpointing=checkpointing)
-    # a published reduce dtype overrides the stack's; kernels come from the stack when stacks exist
-    kwargs.update({k: r[k] for k in ("reduce_dtype", "kernels", "attention_kernel") if r[k]})
+    # published values that differ from the stack's are passed explicitly
+    kwargs.update(with_stack(r["stack"], **{k: r[k] for k in ("reduce_dtype", "kernels", "attention_kernel") if r[k]}))
     return JobSpec(**kwargs)
 
 
@@ -349,15 +381,18 @@ def main() -> None:
         tune = read_csv(DATA / "torchtune.csv")
         mega = read_csv(DATA / "megatron_table1.csv")
     moe = read_csv(DATA / "moe.csv")
+    titan = read_csv(DATA / "torchtitan.csv")  # no copy in the shared reference: read from the repo
     print(__doc__.split("Usage:")[0].strip().split("\n\n", 1)[1])
     print()
-    rows = mosaic_rows(mosaic) + torchtune_rows(tune) + device_rows()
-    tput, mem, flat = [], [], []
+    rows = mosaic_rows(mosaic) + torchtune_rows(tune) + device_rows() + torchtitan_rows(titan)
+    tput, mem, flat, aside = [], [], [], []
     for row in rows:
         setup = resolve(row.job, CATALOG, model=row.model)
         step = estimate_step(setup)
         pred_tps = step.tokens_per_s / setup.n_gpus
-        if row.tok_s_gpu:
+        if row.tok_s_gpu and not row.tput_in_target:
+            aside.append((ape(pred_tps, row.tok_s_gpu), row, pred_tps, row.tok_s_gpu))
+        elif row.tok_s_gpu:
             tput.append((ape(pred_tps, row.tok_s_gpu), row, pred_tps, row.tok_s_gpu))
             # the rule of thumb: 6 N FLOPs per token at 50% of the dense peak
             peak = setup.gpu.peak_tflops("bf16") * 1e12
@@ -378,6 +413,10 @@ def main() -> None:
     print("  worst rows:")
     for e, r, p, m in sorted(tput, key=lambda x: -x[0])[: args.worst]:
         print(f"    {e:5.1f}%  pred {p:9.0f}  meas {m:9.0f}  {r.source}: {r.label}")
+    if aside:
+        print("  not in the target (GPU outside the catalog), for information:")
+        for e, r, p, m in aside:
+            print(f"    {e:5.1f}%  pred {p:9.0f}  meas {m:9.0f} ({(p / m - 1) * 100:+.0f}%)  {r.source}: {r.label}")
 
     print("\nPeak memory per GPU")
     print(f"  {'all rows':30s} {summary([e for e, *_ in mem])}")
