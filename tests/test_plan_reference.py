@@ -1,0 +1,68 @@
+"""The published rows bench/plan_accuracy.py compares against: every row names its source,
+and the MoE rows marked as counting meet the inclusion rule written in the script."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from trainready.plan.presets import preset
+
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data" / "plan_reference"
+FILES = ("mosaicml_llmfoundry.csv", "torchtune.csv", "megatron_table1.csv", "torchtitan.csv", "moe.csv")
+MEASURED_GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200")  # rule 3: efficiency measured
+
+
+def rows(name: str) -> list[dict[str, str]]:
+    with open(DATA / name, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_row_names_its_source(name):
+    found = rows(name)
+    assert found, name
+    for r in found:
+        assert len(r["source"]) > 20, (name, r)
+
+
+def test_mosaic_rows_are_consistent():
+    for r in rows("mosaicml_llmfoundry.csv"):
+        assert int(r["d_model"]) % int(r["heads"]) == 0, r
+        assert r["sharding"] in ("FULL_SHARD", "SHARD_GRAD_OP"), r
+        assert float(r["tok_per_s_per_gpu"]) > 0
+
+
+def test_megatron_layout_adds_up():
+    for r in rows("megatron_table1.csv"):
+        assert int(r["tp"]) * int(r["pp"]) * int(r["dp"]) == int(r["num_gpus"]), r
+
+
+def test_moe_excluded_rows_say_why_and_included_rows_meet_the_rule():
+    found = rows("moe.csv")
+    assert {r["included"] for r in found} <= {"yes", "no"}
+    assert len({r["id"] for r in found}) == len(found), "duplicate ids"
+    for r in found:
+        if r["included"] == "no":
+            assert r["exclusion"].startswith("rule "), r["id"]
+            continue
+        assert not r["exclusion"], r["id"]
+        tp, pp, ep, dp, gpus = (int(r[k]) for k in ("tp", "pp", "ep", "dp", "num_gpus"))
+        assert float(r["tok_s_gpu"]) > 0, r["id"]  # rule 1: a step-level throughput
+        for k in ("micro_batch", "global_batch", "seq_len", "precision", "recompute"):  # rule 2
+            assert r[k], (r["id"], k)
+        assert r["gpu"] in MEASURED_GPUS, r["id"]  # rule 3
+        assert tp * pp * dp == gpus, r["id"]  # rule 4: the layout adds up, EP inside DP, no CP
+        assert dp % ep == 0 and r["cp"] == "1", r["id"]
+        assert r["etp"] == str(tp) or tp == 1, r["id"]
+        assert int(r["global_batch"]) % (int(r["micro_batch"]) * dp) == 0, r["id"]
+        assert preset(r["model"]).moe is not None, r["id"]  # rule 5
+
+
+def test_moe_throughput_matches_step_time_where_both_are_published():
+    for r in rows("moe.csv"):
+        if r["tok_s_gpu"] and r["step_time_s"] and r["global_batch"]:
+            derived = int(r["global_batch"]) * int(r["seq_len"]) / (float(r["step_time_s"]) * int(r["num_gpus"]))
+            assert derived == pytest.approx(float(r["tok_s_gpu"]), rel=0.01), r["id"]
