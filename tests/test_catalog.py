@@ -43,7 +43,8 @@ def test_instance_facts_and_prices_match_the_skypilot_snapshot(catalog, row):
     inst = catalog.instance(row["instance_type"])
     gpu = catalog.gpu_of(inst)
     assert inst.gpu_count == int(row["accel_count"])
-    assert gpu.memory_gib * 1024 == pytest.approx(int(row["gpu_mem_per_accel_MiB"]), rel=0.002)
+    # AWS's MiB figure is nominal; the catalog holds what nvidia-smi reports (H100: 81559 of 81920)
+    assert gpu.memory_gib * 1024 == pytest.approx(int(row["gpu_mem_per_accel_MiB"]), rel=0.015)
     assert (inst.vcpus, inst.ram_gib) == (int(row["vcpus"]), float(row["memory_GiB"]))
     for model, column in (("on-demand", "ondemand_usd_hr"), ("spot", "spot_usd_hr_min")):
         price = inst.price_for(model, row["price_region"])
@@ -183,7 +184,8 @@ usd_per_hour = 9.0
     cat = load_catalog(f)
     p4d = cat.instance("p4d.24xlarge")
     assert p4d.price_for("on-demand", "us-east-1").usd_per_hour == 15.5
-    assert p4d.price_for("spot") == builtin.price_for("spot")  # prices not given are kept
+    # prices not given are kept (the suspect note names the new on-demand price it is compared with)
+    assert p4d.price_for("spot").model_dump(exclude={"note"}) == builtin.price_for("spot").model_dump(exclude={"note"})
     assert p4d.vcpus == builtin.vcpus and p4d.network_gbps == builtin.network_gbps  # so are other fields
     onprem = cat.instance("onprem-8xa100")
     assert onprem.gpu == "a100-80gb"  # given by an alias, stored by its canonical name

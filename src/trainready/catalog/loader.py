@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from trainready.errors import UnknownNameError, UsageError, closest, normalize_name, printable
 
+from .prices import flag_suspect_prices
 from .schema import Gpu, Instance
 from .textfile import read_user_text
 
@@ -34,6 +35,7 @@ class Catalog:
     _instance_keys: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self.instances.update({name: flag_suspect_prices(i) for name, i in self.instances.items()})
         self._gpu_keys.update(_gpu_aliases(self.gpus))
         for inst in self.instances.values():
             self._instance_keys[normalize_name(inst.name)] = inst.name
@@ -258,13 +260,20 @@ def _gpu_aliases(gpus: dict[str, Gpu]) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _builtin() -> Catalog:
+def _builtin_data() -> tuple[dict[str, Gpu], dict[str, Instance]]:
+    """The data files as written (prices not yet flagged: a user's file may change them)."""
     gpus: dict[str, Gpu] = {}
     instances: dict[str, Instance] = {}
     pkg = resources.files("trainready.catalog") / "data"
     for fname in ("gpus.toml", "instances.toml"):
         _merge_into(gpus, instances, (pkg / fname).read_text(), f"<builtin>/{fname}", user=False)
-    return Catalog(gpus=gpus, instances=instances)
+    return gpus, instances
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin() -> Catalog:
+    gpus, instances = _builtin_data()
+    return Catalog(gpus=dict(gpus), instances=dict(instances))
 
 
 def load_catalog(user_file: str | Path | None = None) -> Catalog:
@@ -273,11 +282,10 @@ def load_catalog(user_file: str | Path | None = None) -> Catalog:
     A user's entry with a known name overrides the fields it gives (prices merge by
     region and pricing model); a new name adds a GPU or an instance type.
     """
-    base = _builtin()
     if user_file is None:
-        return base
+        return _builtin()
     path = Path(user_file)
     text = read_user_text(path, "catalog file")
-    gpus, instances = dict(base.gpus), dict(base.instances)
+    gpus, instances = (dict(d) for d in _builtin_data())
     _merge_into(gpus, instances, text, printable(path), user=True)  # the label names it in messages
     return Catalog(gpus=gpus, instances=instances, files=(str(path),))

@@ -75,6 +75,8 @@ class Price(_Strict):
     suspect: bool = False
     note: str | None = None
     source: str = ""
+    verified: str | None = Field(None, min_length=1, description="where this very figure was checked (price page or "
+                                 "spot history on a date, a bill); an unusual spot price with it is not flagged")
 
 
 class Instance(_Strict):

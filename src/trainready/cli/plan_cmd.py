@@ -54,6 +54,7 @@ def plan(
     max_nodes: Annotated[int, typer.Option("--max-nodes", parser=o.number("16", lo=1, lo_open=False, hi=1024, whole=True), help="Most nodes per job, 1 to 1024.", rich_help_panel=C)] = 16,
     min_gpu_mem: Annotated[Optional[float], typer.Option("--min-gpu-mem", parser=o.number("80"), help="Least GPU memory, GiB.", rich_help_panel=C)] = None,
     memory_margin: Annotated[float, typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free, 0 to 0.5.", rich_help_panel=C)] = 0.10,
+    optimistic: Annotated[bool, typer.Option("--optimistic", help="Rank GPUs whose efficiency is assumed (B200, L4/L40S, V100) by their point estimate, not the pessimistic end of their range.", rich_help_panel=C)] = False,
     spot: o.Spot = None,
     region: o.Region = None,
     usd_per_hour: o.UsdPerHour = None,
@@ -70,7 +71,7 @@ def plan(
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None  # noqa: E731
     req = PlanRequest(job=job, by=by.value, top=top, max_usd=max_usd, deadline_hours=deadline_hours,
                       clouds=split(clouds), instances=split(instances), max_nodes=max_nodes,
-                      min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, spot_mtbf_h=spot_mtbf_hours)
+                      min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours)
     result = run_plan(req, catalog)
     if save is not None and result.rows:
         best = result.rows[0].estimate.setup

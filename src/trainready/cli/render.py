@@ -13,6 +13,7 @@ from rich.text import Text
 
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.cli.console import line, styled
+from trainready.plan.confidence import short as confidence_short
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.recipe import Recipe
@@ -102,7 +103,7 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
     p = e.memory.per_gpu_gib
     fits = styled("yes", "green") if e.memory.fits else styled("NO", "red")
     mem.add_row(_f(p.weights), _f(p.gradients), _f(p.optimizer), _f(p.activations), _f(p.other),
-                styled(_f(p.peak), "bold"), _f(e.memory.gpu_gib, ",.0f"), fits)
+                styled(_f(p.peak), "bold"), _gib(e.memory.gpu_gib), fits)
     mem.print_fitted(con, ("other", "grads", "weights"))
     host = line(f"peak at {e.memory.peak_phase}; persistent states {e.memory.states_gib:,.1f} GiB; "
                 f"host RAM per node: {e.memory.host_gib:,.0f} GiB needed")
@@ -114,7 +115,8 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
     t = e.throughput
     speed = _Grid("Speed", ["tokens/s", "per GPU", "MFU", "HFU", "step s", "compute", "comm", "other"])
     b = t.step_breakdown_s
-    speed.add_row(_f(t.tokens_per_s, ",.0f"), _f(t.tokens_per_s_per_gpu, ",.0f"), f"{t.mfu * 100:.1f}%",
+    low = ("~", "yellow") if e.confidence.level == "low" else ""  # the range is in the warnings
+    speed.add_row(line(_f(t.tokens_per_s, ",.0f"), low), _f(t.tokens_per_s_per_gpu, ",.0f"), f"{t.mfu * 100:.1f}%",
                   f"{t.hfu * 100:.1f}%", _f(t.step_time_s, ",.2f"), _f(b.compute, ",.2f"),
                   _f(b.exposed_communication, ",.2f"), _f(b.other, ",.2f"))
     speed.print_fitted(con, ("HFU", "other", "per GPU"))
@@ -130,9 +132,9 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
     st = e.storage
     have = "unknown" if st.hot_tier_have_gb_per_node is None else f"{st.hot_tier_have_gb_per_node:,.0f} GB"
     con.print(f"checkpoints: {st.checkpoint_gb:,.0f} GB each ({st.checkpoint_gb_per_node:,.0f} GB per node), "
-              f"every {e.time.checkpoint_interval_s / 60:,.0f} min; hot tier needs "
-              f"{st.hot_tier_need_gb_per_node:,.0f} GB per node, has {have}; archive grows "
-              f"{st.archive_growth_gb_per_day:,.0f} GB/day; dataset reads {st.dataset_read_mb_per_s:,.2f} MB/s per node")
+              f"every {e.time.checkpoint_interval_s / 60:,.0f} min; hot tier keeps {st.hot_tier_keeps} (+1 being "
+              f"written): {st.hot_tier_need_gb_per_node:,.0f} GB per node, has {have}; {_archive(st)}; "
+              f"dataset reads {st.dataset_read_mb_per_s:,.2f} MB/s per node")
     for w in e.warnings:
         con.print(line(("warning:", "yellow"), f" {w}"))
     for a in e.assumptions:
@@ -142,6 +144,21 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
 def _how(e: EstimateResult) -> str:
     s = e.setup
     how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
+def _gib(x: float) -> str:
+    """GiB as nvidia-smi shows them: 80, 79.6, 140.4 (a whole number without its .0)."""
+    return f"{x:,.0f}" if abs(x - round(x)) < 0.05 else f"{x:,.1f}"
+
+
+def _archive(st) -> str:
+    """What the archive holds: the run's total under the retention `trainready run` applies."""
+    keeps = "every checkpoint" if st.archive_keeps is None else f"the last {st.archive_keeps}"
+    if st.archive_total_gb is None:
+        return f"archive keeps {keeps}: {st.archive_gb_per_billion_tokens:,.0f} GB per 1B tokens trained"
+    held = st.checkpoints_written if st.archive_keeps is None else min(st.archive_keeps, st.checkpoints_written)
+    return (f"archive keeps {keeps}: {count_text(st.checkpoints_written)} written over the run, "
+            f"{count_text(held)} x {st.checkpoint_gb:,.0f} GB = {st.archive_total_gb:,.0f} GB at the end")
+
+
     if s.tp > 1 or s.pp > 1:
         how += f", tp {s.tp} x pp {s.pp}"
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
@@ -164,9 +181,10 @@ def render_plan(con: Console, r: PlanResult) -> None:
     for row in r.rows:
         e, s = row.estimate, row.estimate.setup
         cost = line(_usd(e.cost.total_usd if r.tokens else e.cost.usd_per_billion_tokens),
-                    ("?", "yellow") if e.cost.pricing.suspect else "")
+                    ("?", "yellow") if e.cost.pricing.suspect else "",
+                    ("~", "yellow") if e.confidence.level == "low" else "")
         table.add_row(str(row.rank), f"{s.nodes} x {s.instance}",
-                      f"{e.memory.per_gpu_gib.peak:,.0f}/{e.memory.gpu_gib:,.0f}",
+                      f"{e.memory.per_gpu_gib.peak:,.0f}/{_gib(e.memory.gpu_gib)}",
                       _f(e.throughput.tokens_per_s, ",.0f"), f"{e.throughput.mfu * 100:.0f}%",
                       _hours(e.time.train_hours), cost, _usd(e.cost.spot_total_usd))
     if r.rows:
@@ -179,6 +197,9 @@ def render_plan(con: Console, r: PlanResult) -> None:
             f"{a.instance} x{a.nodes} {_usd(a.total_usd) if a.total_usd else ''}".strip() for a in r.others)))
     if r.excluded:
         con.print(styled("Excluded", "bold"))
+            low = confidence_short(row.estimate.confidence, r.ranked_by == "cost")
+            if low:
+                con.print(line("     ", ("~", "yellow"), f" {low}"))
         for x in r.excluded:
             con.print(f"  {x.instance}: {x.reason}")
     if r.recipe:
@@ -220,7 +241,7 @@ def _render_recipe(con: Console, rc: Recipe) -> None:
 
 
 def render_gpus(con: Console, gpus: list[Gpu]) -> None:
-    t = _Grid("GPUs (dense peak TFLOP/s)", ["name", "GiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM\nGB/s",
+    t = _Grid("GPUs (memory in GiB as nvidia-smi shows it; dense peak TFLOP/s)", ["name", "mem\nGiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM\nGB/s",
                                             "GPU-GPU\nlink", "GPU-GPU\nGB/s", "NVLink\nlinks x GB/s"],
               left=("name", "GPU-GPU\nlink"))
     for g in gpus:
@@ -256,8 +277,11 @@ def render_instances(con: Console, items: list[Instance], cat: Catalog) -> None:
                   _f(i.network_gbps, "g", "unknown"), _f(i.efa_interfaces, "d"), i.topology, price(od), price(sp),
                   (od or sp).region if (od or sp) else "-")
     t.print_fitted(con, ("region", "EFA", "topology", "vCPU", "NVMe", "cloud", "net\nGbps", "RAM\nGiB"))
-    if any(p.suspect for i in items for p in i.price):
-        con.print(line(("?", "yellow"), " price marked suspect in the catalog: `--json` says why; verify it before buying"))
+    suspect = [(i, p) for i in items for p in i.price if p.suspect]
+    if suspect:
+        con.print(line(("?", "yellow"), " price marked suspect (verify it before buying):"))
+        for i, p in suspect:
+            con.print(f"  {i.name} {p.model} {p.region}: {p.note or 'marked suspect in the catalog'}")
     con.print(styled("prices: SkyPilot catalog snapshot, late 2025; `--json` gives every value's source and the "
                      "expected NVLink matrix", "dim"))
 

@@ -7,7 +7,10 @@ They are per GPU architecture, never per model or per measured run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
+
+Confidence = Literal["measured", "published", "assumed"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,30 @@ class ArchEfficiency:
     memory: float
     """Fraction of HBM bandwidth that elementwise kernels (norms, activations) reach."""
     source: str
+    confidence: Confidence = "assumed"
+    """measured (here, on that architecture), published (others' measurements), or assumed."""
+    gemm_range: tuple[float, float] | None = None
+    """(pessimistic, optimistic) `gemm` where it is assumed: estimates give a range, plan ranks
+    by the pessimistic end."""
+    attention_range: tuple[float, float] | None = None
+    """(pessimistic, optimistic) `attention`, likewise."""
+    range_source: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.confidence == "measured"
+
+    def bounds(self) -> tuple[ArchEfficiency, ArchEfficiency] | None:
+        """These factors at the pessimistic and the optimistic end of their range (None: no range)."""
+        if self.gemm_range is None and self.attention_range is None:
+            return None
+        g, a = self.gemm_range or (self.gemm, self.gemm), self.attention_range or (self.attention, self.attention)
+        return replace(self, gemm=g[0], attention=a[0]), replace(self, gemm=g[1], attention=a[1])
+
+
+def arch_efficiency(arch: str) -> ArchEfficiency:
+    """The factors of a GPU architecture (`other`'s for one not listed)."""
+    return ARCH.get(arch, ARCH["other"])
 
 
 ARCH = {
@@ -35,27 +62,51 @@ ARCH = {
     # hd128 290/396/487/546 TFLOP/s at s=1k/2k/4k/8k = 0.63 * s/(s+1200); hd64 0.78x of that.
     "hopper": ArchEfficiency(gemm=0.75, gemm_k0=170, attention=0.63, attention_s0=1200,
                              attention_hd64=0.78, memory=0.80,
-                             source="measured on H200 (torch 2.11, CUDA 13), 2026-11-29"),
+                             source="measured on H200 (torch 2.11, CUDA 13), 2026-11-29", confidence="measured"),
     # A100: cuBLAS bf16 sustains ~270 of 312 TFLOP/s on large shapes (0.86); FlashAttention-2
     # paper (Dao 2023, Fig. 4, A100 80GB, causal fwd+bwd): ~190 TFLOP/s at hd128 for long
     # sequences, ~170 at 2k, lower for hd64.
     "ampere": ArchEfficiency(gemm=0.86, gemm_k0=128, attention=0.62, attention_s0=700,
                              attention_hd64=0.85, memory=0.80,
-                             source="cuBLAS A100 GEMM reports; FlashAttention-2 paper, Fig. 4"),
-    # Blackwell: not measured here; Hopper's fractions assumed.
+                             source="cuBLAS A100 GEMM reports; FlashAttention-2 paper, Fig. 4",
+                             confidence="published"),
+    # Blackwell: not measured here; Hopper's fractions assumed: the optimistic end. Pessimistic:
+    # GEMM 0.68 x Hopper's, as B200 trained GPT-1.3B (mixed precision) 1.55x as fast as H200
+    # where the peaks differ 2.27x (Jarmusch & Chandrasekaran, arXiv 2512.02189); attention as
+    # FlashAttention-2's Ampere kernels if SDPA picks them: 0.62 x 312 x 1.72 / 2250 = 0.15.
+    # Check: a GPT-1.3B (hidden 2048, 24 layers, seq 2048, micro-batch 8) comes out 1.41x (the
+    # pessimistic end) to 1.92x (the point) an H200's speed here; the paper's 1.55x lies inside.
     "blackwell": ArchEfficiency(gemm=0.75, gemm_k0=170, attention=0.63, attention_s0=1200,
                                 attention_hd64=0.78, memory=0.80,
-                                source="assumed equal to Hopper (not measured)"),
+                                source="assumed equal to Hopper (not measured)", confidence="assumed",
+                                gemm_range=(0.51, 0.75), attention_range=(0.15, 0.63),
+                                range_source="B200 vs H200 GPT-1.3B training, arXiv 2512.02189; "
+                                             "FlashAttention-2 (Ampere kernels) scaled by SM count x clock"),
     # Ada (L4, L40S): power-limited parts sustain a lower fraction of their tensor peak.
+    # Reasoned range: datasheet peaks are at boost clock, which a 72 W (L4) or 350 W (L40S)
+    # card does not hold under tensor load (pessimistic: ~30% below, 0.50); optimistic: the
+    # A100's cuBLAS fraction less a margin (0.80). Attention: FlashAttention-2 runs on sm89,
+    # at most the A100's 0.62, throttled likewise at the low end.
     "ada": ArchEfficiency(gemm=0.70, gemm_k0=128, attention=0.50, attention_s0=700,
                           attention_hd64=0.85, memory=0.80,
-                          source="assumed (no public training measurement in our references)"),
+                          source="assumed (no public training measurement in our references)", confidence="assumed",
+                          gemm_range=(0.50, 0.80), attention_range=(0.35, 0.60),
+                          range_source="reasoned: power-capped clocks (low) to the A100's fractions (high)"),
     # V100: no FlashAttention-2 (memory-efficient attention instead), fp16 tensor cores.
+    # Megatron-LM's single-V100 baseline sustains 39 TFLOP/s, 30% of peak, for a whole 1.2B
+    # training step (Shoeybi et al. 2019, Sec. 5.1); that run (hidden 1536, 40 layers, seq 1024,
+    # fp16, full recompute) comes out at HFU 0.26 at the pessimistic end here and 0.34 at the
+    # point, so the published figure lies inside. Optimistic: GEMMs near the A100's fraction.
     "volta": ArchEfficiency(gemm=0.75, gemm_k0=128, attention=0.35, attention_s0=700,
                             attention_hd64=0.85, memory=0.80,
-                            source="assumed (no public training measurement in our references)"),
+                            source="assumed (no public training measurement in our references)", confidence="assumed",
+                            gemm_range=(0.50, 0.80), attention_range=(0.20, 0.45),
+                            range_source="Megatron-LM (arXiv 1909.08053) single-V100 30% of peak (low); "
+                                         "A100-like GEMM fractions (high)"),
     "other": ArchEfficiency(gemm=0.70, gemm_k0=128, attention=0.45, attention_s0=700,
-                            attention_hd64=0.85, memory=0.75, source="assumed"),
+                            attention_hd64=0.85, memory=0.75, source="assumed", confidence="assumed",
+                            gemm_range=(0.45, 0.80), attention_range=(0.25, 0.60),
+                            range_source="reasoned: no measurement of this architecture at all"),
 }
 
 # Attention kernels by generation, causal fwd+bwd at head dim 128 on long sequences, as a

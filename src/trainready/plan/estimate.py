@@ -11,6 +11,7 @@ from trainready.catalog import Price
 from . import reliability as rel
 from .memory import GiB, MemoryResult, estimate_memory
 from .performance import StepResult, estimate_step
+from .confidence import ConfidenceInfo, confidence_info, summary
 from .setup import Setup
 from .storage import StoragePlan, storage_plan
 
@@ -140,6 +141,7 @@ class EstimateResult(BaseModel):
 
 def _price(s: Setup, model: str) -> Price | None:
     if s.instance is None:
+    confidence: ConfidenceInfo
         return None
     return s.instance.price_for(model, s.region)
 
@@ -250,7 +252,10 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     fits = mem.peak / GiB <= limit
     if not fits:
         warnings.append(f"does not fit: {mem.peak / GiB:.1f} GiB per GPU needed, {gpu_gib:.0f} GiB available")
-    st = storage_plan(s, mem.checkpoint_bytes, interval, tps)
+    st = storage_plan(s, mem.checkpoint_bytes, interval, tps, train_hours=train_h)
+    conf = confidence_info(s, tps, lambda t: _run_figures(s, mem.checkpoint_bytes, t, spot_mtbf_h))
+    if summary(conf):
+        warnings.append(summary(conf))
     if st.hot_tier_fits is False:
         warnings.append(f"hot tier too small: {st.hot_tier_need_gb_per_node:,.0f} GB per node needed for "
                         f"{s.keep_hot}+1 checkpoints, {st.hot_tier_have_gb_per_node:,.0f} GB of NVMe")
@@ -288,5 +293,12 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                       spot_total_usd=spot_total, spot_overhead_fraction=sp.overhead if spot_rate else None,
                       pricing=_pricing_info(spot_price if s.spot else od_price),
                       spot_pricing=_pricing_info(spot_price) if spot_price else None),
-        storage=st, assumptions=assumptions, warnings=warnings)
+        storage=st, confidence=conf, assumptions=assumptions, warnings=warnings)
+
+
+def _run_figures(s: Setup, checkpoint_bytes: float, tps: float, spot_mtbf_h: float | None):
+    """(train hours, total usd, usd per 1B tokens) at `tps`, as the estimate computes them."""
+    rc = run_cost(s, checkpoint_bytes, tps, s.tokens or 1e9, spot_mtbf_h=spot_mtbf_h)
+    per_b = run_cost(s, checkpoint_bytes, tps, 1e9, spot_mtbf_h=spot_mtbf_h).total_usd
+    return (rc.train_h if s.tokens else None), (rc.total_usd if s.tokens else None), per_b
 

@@ -144,9 +144,8 @@ class _MicroBatch:
     hw_flops: float
 
 
-def _micro_batch_time(s: Setup) -> _MicroBatch:
+def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     m, gpu = s.model, s.gpu
-    e = eff.ARCH.get(gpu.arch, eff.ARCH["other"])
     prec = "fp16" if s.precision == "fp16" else ("fp32" if s.precision == "fp32" else "bf16")
     peak = (gpu.peak_tflops("tf32" if prec == "fp32" else prec) or 1.0) * 1e12
     gemm_peak = (gpu.peak_tflops("fp8") or peak / 1e12) * 1e12 if s.precision == "fp8" else peak
@@ -250,11 +249,12 @@ def _dp_layout(s: Setup) -> tuple[int, float]:
 
 
 # --- the step ----------------------------------------------------------------------------
-def estimate_step(s: Setup) -> StepResult:
+def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> StepResult:
+    """One training step of `s`; `efficiency` replaces its GPU's factors (the ends of an assumed range)."""
     m, gpu = s.model, s.gpu
-    e = eff.ARCH.get(gpu.arch, eff.ARCH["other"])
+    e = efficiency or eff.arch_efficiency(gpu.arch)
     hbm = gpu.hbm_gbps * 1e9 * e.memory
-    mb = _micro_batch_time(s)
+    mb = _micro_batch_time(s, e)
     pc = param_counts(s)
     ln = links(s)
     layers = m.num_layers // s.pp

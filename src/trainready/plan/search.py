@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainready.catalog import Catalog, Instance
 from trainready.errors import UsageError, closest, printable
 
+from .confidence import is_assumed, ranking_tokens_per_s
 from .estimate import EstimateResult, assemble, run_cost
 from .job import JobSpec
 from .memory import GiB, estimate_memory
@@ -50,6 +51,8 @@ class PlanRequest(BaseModel):
     min_gpu_mem_gib: float | None = Field(None, gt=0)
     memory_margin: float = Field(0.10, ge=0, lt=0.9, description="fraction of GPU memory kept free")
     spot_mtbf_h: float | None = Field(None, gt=0)
+    optimistic: bool = Field(False, description="rank GPUs whose efficiency is assumed by their point estimate, "
+                                                "not the pessimistic end of their range")
 
 
 class PlanRow(BaseModel):
@@ -200,6 +203,7 @@ def _score(req: PlanRequest, s: Setup, mem, tps: float) -> tuple[float, float | 
     return (usd if usd is not None else float("inf")), usd, hours
 
 
+    tps = ranking_tokens_per_s(s, tps, req.optimistic)  # low confidence: the pessimistic end
 def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model, seq_len: int,
                        gb: int) -> tuple[list[_Best], _InstanceLog, int]:
     log = _InstanceLog()
@@ -465,3 +469,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                       ranked_by=req.by, global_batch=gb, seq_len=seq_len, rows=rows, excluded=excluded,
                       others=others,
                       recipe=recipe_for(ranked[0].setup) if ranked else None, searched=searched, notes=notes)
+    assumed = sorted({c.setup.gpu.name for c in ranked if is_assumed(c.setup)})
+    if assumed:
+        notes.append(f"efficiency of {', '.join(assumed)} is assumed, not measured (rows marked ~): ranked by "
+                     + ("the point estimate (--optimistic)" if req.optimistic else
+                        "the pessimistic end of its range (--optimistic: by the point estimate)"))
