@@ -141,9 +141,6 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
         con.print(styled(f"assumed: {a}", "dim"))
 
 
-def _how(e: EstimateResult) -> str:
-    s = e.setup
-    how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
 def _gib(x: float) -> str:
     """GiB as nvidia-smi shows them: 80, 79.6, 140.4 (a whole number without its .0)."""
     return f"{x:,.0f}" if abs(x - round(x)) < 0.05 else f"{x:,.1f}"
@@ -159,6 +156,9 @@ def _archive(st) -> str:
             f"{count_text(held)} x {st.checkpoint_gb:,.0f} GB = {st.archive_total_gb:,.0f} GB at the end")
 
 
+def _how(e: EstimateResult) -> str:
+    s = e.setup
+    how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
         how += f", tp {s.tp} x pp {s.pp}"
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
@@ -192,14 +192,14 @@ def render_plan(con: Console, r: PlanResult) -> None:
         table.print_fitted(con, ("MFU", "GiB/GPU", "tok/s", "spot"))
         for row in r.rows:
             con.print(line(f"  #{row.rank} ", (_how(row.estimate), "bold"), f": {row.why}"))
+            low = confidence_short(row.estimate.confidence, r.ranked_by == "cost")
+            if low:
+                con.print(line("     ", ("~", "yellow"), f" {low}"))
     if r.others:
         con.print(line(("Also fits", "bold"), " (best per instance, ranked lower): " + "; ".join(
             f"{a.instance} x{a.nodes} {_usd(a.total_usd) if a.total_usd else ''}".strip() for a in r.others)))
     if r.excluded:
         con.print(styled("Excluded", "bold"))
-            low = confidence_short(row.estimate.confidence, r.ranked_by == "cost")
-            if low:
-                con.print(line("     ", ("~", "yellow"), f" {low}"))
         for x in r.excluded:
             con.print(f"  {x.instance}: {x.reason}")
     if r.recipe:
@@ -241,8 +241,9 @@ def _render_recipe(con: Console, rc: Recipe) -> None:
 
 
 def render_gpus(con: Console, gpus: list[Gpu]) -> None:
-    t = _Grid("GPUs (memory in GiB as nvidia-smi shows it; dense peak TFLOP/s)", ["name", "mem\nGiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM\nGB/s",
-                                            "GPU-GPU\nlink", "GPU-GPU\nGB/s", "NVLink\nlinks x GB/s"],
+    t = _Grid("GPUs (memory in GiB as nvidia-smi shows it; dense peak TFLOP/s)",
+              ["name", "mem\nGiB", "bf16", "fp16", "fp8", "tf32", "fp32", "HBM\nGB/s",
+               "GPU-GPU\nlink", "GPU-GPU\nGB/s", "NVLink\nlinks x GB/s"],
               left=("name", "GPU-GPU\nlink"))
     for g in gpus:
         tf = g.tflops

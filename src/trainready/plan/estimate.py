@@ -9,9 +9,9 @@ from pydantic import BaseModel, Field
 from trainready.catalog import Price
 
 from . import reliability as rel
+from .confidence import ConfidenceInfo, confidence_info, summary
 from .memory import GiB, MemoryResult, estimate_memory
 from .performance import StepResult, estimate_step
-from .confidence import ConfidenceInfo, confidence_info, summary
 from .setup import Setup
 from .storage import StoragePlan, storage_plan
 
@@ -135,13 +135,13 @@ class EstimateResult(BaseModel):
     time: TimeInfo
     cost: CostInfo
     storage: StoragePlan
+    confidence: ConfidenceInfo
     assumptions: list[str]
     warnings: list[str]
 
 
 def _price(s: Setup, model: str) -> Price | None:
     if s.instance is None:
-    confidence: ConfidenceInfo
         return None
     return s.instance.price_for(model, s.region)
 

@@ -196,6 +196,7 @@ def _score(req: PlanRequest, s: Setup, mem, tps: float) -> tuple[float, float | 
     """(rank key, total usd or None, hours), for --tokens or else per 1B tokens: the very
     figures the rows show (checkpoint and failure overheads included), so the ranking, the
     limits and the table agree."""
+    tps = ranking_tokens_per_s(s, tps, req.optimistic)  # low confidence: the pessimistic end
     rc = run_cost(s, mem.checkpoint_bytes, tps, req.job.tokens or 1e9, spot_mtbf_h=req.spot_mtbf_h)
     usd, hours = rc.total_usd, rc.train_h
     if req.by == "time":
@@ -203,7 +204,6 @@ def _score(req: PlanRequest, s: Setup, mem, tps: float) -> tuple[float, float | 
     return (usd if usd is not None else float("inf")), usd, hours
 
 
-    tps = ranking_tokens_per_s(s, tps, req.optimistic)  # low confidence: the pessimistic end
 def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model, seq_len: int,
                        gb: int) -> tuple[list[_Best], _InstanceLog, int]:
     log = _InstanceLog()
@@ -463,14 +463,14 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
              + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)")]
     if not job.tokens:
         notes.append("no --tokens: costs are per 1B tokens")
+    assumed = sorted({c.setup.gpu.name for c in ranked if is_assumed(c.setup)})
+    if assumed:
+        notes.append(f"efficiency of {', '.join(assumed)} is assumed, not measured (rows marked ~): ranked by "
+                     + ("the point estimate (--optimistic)" if req.optimistic else
+                        "the pessimistic end of its range (--optimistic: by the point estimate)"))
     if any(r.estimate.cost.pricing.suspect for r in rows):
         notes.append("some prices are marked suspect in the catalog: verify them before buying")
     return PlanResult(model=model.name, params=model.param_count(), method=job.method, tokens=job.tokens,
                       ranked_by=req.by, global_batch=gb, seq_len=seq_len, rows=rows, excluded=excluded,
                       others=others,
                       recipe=recipe_for(ranked[0].setup) if ranked else None, searched=searched, notes=notes)
-    assumed = sorted({c.setup.gpu.name for c in ranked if is_assumed(c.setup)})
-    if assumed:
-        notes.append(f"efficiency of {', '.join(assumed)} is assumed, not measured (rows marked ~): ranked by "
-                     + ("the point estimate (--optimistic)" if req.optimistic else
-                        "the pessimistic end of its range (--optimistic: by the point estimate)"))
