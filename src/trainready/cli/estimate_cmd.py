@@ -46,12 +46,13 @@ def estimate(
     global_batch: o.GlobalBatch = None,
     seq_len: o.SeqLen = None,
     precision: o.PrecisionOpt = None,
-    activation_checkpointing: Annotated[Optional[o.CkptMode], typer.Option("--activation-checkpointing", show_choices=False, help="Recompute activations in backward: none, selective or full. [default: none]", rich_help_panel=o.MEM)] = None,
+    activation_checkpointing: Annotated[Optional[o.CkptMode], typer.Option("--activation-checkpointing", show_choices=False, help="Recompute activations in backward: none, selective or full. selective is the stack's kind; selective-op (torchtitan's op-level policy) or selective-attn (Megatron's attention core) names one. [default: none]", rich_help_panel=o.MEM)] = None,
     offload: Annotated[Optional[o.OffloadMode], typer.Option("--offload", show_choices=False, help="Move to host RAM: none, optimizer (the optimizer states) or optimizer+params (and the parameters). [default: none]", rich_help_panel=o.MEM)] = None,
     optimizer_dtype: o.OptimDType = None,
     reduce_dtype: o.ReduceDType = None,
     kernels: o.KernelsOpt = None,
     attention_kernel: o.AttentionOpt = None,
+    stack: o.StackOpt = None,
     spot: o.Spot = None,
     region: o.Region = None,
     usd_per_hour: o.UsdPerHour = None,
@@ -66,7 +67,7 @@ def estimate(
                       pp=pp, micro_batch=micro_batch, global_batch=global_batch, seq_len=seq_len,
                       precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
                       optimizer_dtype=optimizer_dtype, reduce_dtype=reduce_dtype, kernels=kernels,
-                      attention_kernel=attention_kernel, spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      attention_kernel=attention_kernel, stack=stack, spot=spot, region=region, usd_per_hour=usd_per_hour)
     catalog = load_catalog(catalog_file)
     spec = resolve_model(job)
     setup = resolve(job, catalog, model=spec)

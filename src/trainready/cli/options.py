@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from trainready.errors import UsageError, printable
 from trainready.plan.job import MAX_BATCH, MAX_SEQ_LEN, MAX_USD_PER_HOUR, JobSpec, load_job
+from trainready.plan.stacks import DEFAULT_STACK, STACKS, get_stack
 
 JOB = "Job"
 MODEL = "Model"
@@ -43,6 +44,8 @@ class Precision(str, Enum):
 class Ckpt(str, Enum):
     none = "none"
     selective = "selective"
+    selective_op = "selective-op"
+    selective_attn = "selective-attn"
     full = "full"
 
 
@@ -141,9 +144,10 @@ SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number("4096"
 GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", parser=number("256", hi=MAX_BATCH, whole=True), help="Sequences per optimizer step. [default: ~1M tokens]", rich_help_panel=PAR)]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Compute precision. [default: bf16, fp16 on V100]", rich_help_panel=NUM)]
 OptimDType = Annotated[Optional[DType], typer.Option("--optimizer-dtype", help="fp32: fp32 master weights and Adam states (mixed precision); bf16: pure bf16 training. [default: fp32]", rich_help_panel=NUM)]
-ReduceDType = Annotated[Optional[DType], typer.Option("--reduce-dtype", help="Gradient reduction dtype. [default: fp32]", rich_help_panel=NUM)]
-KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager: plain PyTorch modules (Hugging Face style); fused: fused norm/activation kernels (Megatron, torch.compile). [default: eager]", rich_help_panel=NUM)]
-AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: sdpa]", rich_help_panel=NUM)]
+ReduceDType = Annotated[Optional[DType], typer.Option("--reduce-dtype", help="Gradient reduction dtype. [default: the stack's]", rich_help_panel=NUM)]
+KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager: plain PyTorch modules (Hugging Face style); fused: fused norm/activation kernels (Megatron, torch.compile). [default: the stack's]", rich_help_panel=NUM)]
+AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: the stack's]", rich_help_panel=NUM)]
+StackOpt = Annotated[Optional[str], typer.Option("--stack", metavar="NAME", help=f"Training stack whose defaults set kernels, attention kernel, reduce dtype and what selective recompute means: {', '.join(STACKS)}. Explicit flags win. [default: {DEFAULT_STACK}]", rich_help_panel=NUM)]
 Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price on spot (with expected interruption rework) or on-demand.", rich_help_panel=COST)]
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
 UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", parser=number("32.77", hi=MAX_USD_PER_HOUR), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
@@ -165,6 +169,10 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
         base.pop("gpu", None)
     if "gpu" in given:
         base.pop("instance", None)
+    if "stack" in given:  # a stack named here replaces the file's stack-controlled choices
+        get_stack(given["stack"])  # unknown: exit 2 with the nearest names
+        for k in ("kernels", "attention_kernel", "reduce_dtype"):
+            base.pop(k, None)
     try:
         return JobSpec.model_validate({**base, **given})
     except ValidationError as exc:

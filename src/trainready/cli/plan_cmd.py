@@ -45,6 +45,7 @@ def plan(
     optimizer_dtype: o.OptimDType = None,
     kernels: o.KernelsOpt = None,
     attention_kernel: o.AttentionOpt = None,
+    stack: o.StackOpt = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
     top: Annotated[int, typer.Option("--top", parser=o.number("5", lo=1, lo_open=False, hi=100, whole=True), help="Rows to show, 1 to 100.", rich_help_panel=C)] = 5,
     max_usd: Annotated[Optional[float], typer.Option("--max-usd", parser=o.number("5000"), help="Budget for the whole run.", rich_help_panel=C)] = None,
@@ -66,7 +67,7 @@ def plan(
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
                       lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
-                      attention_kernel=attention_kernel, spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      attention_kernel=attention_kernel, stack=stack, spot=spot, region=region, usd_per_hour=usd_per_hour)
     catalog = load_catalog(catalog_file)
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None  # noqa: E731
     req = PlanRequest(job=job, by=by.value, top=top, max_usd=max_usd, deadline_hours=deadline_hours,

@@ -92,3 +92,57 @@ def loss_bytes_per_token(model: ModelSpec, act_bytes: int) -> int:
 def korthikanti_layer_bytes(model: ModelSpec, seq_len: int) -> float:
     """sbh(34 + 5as/h) / (sb): the paper's per-token, per-layer figure (fp16, dropout, no Flash)."""
     return model.hidden_size * (34 + 5 * model.num_heads * seq_len / model.hidden_size)
+
+
+# --- op-level selective checkpointing (torchtitan selective_ac_option = "op") ---------------
+# torchtitan/distributed/activation_checkpoint.py with its _op_sac_save_list: inside each
+# checkpointed block the policy saves the output of every aten.mm except every second one
+# (counted in forward order), and the outputs of the scaled-dot-product-attention kernels
+# (output + fp32 log-sum-exp per head); everything else (norms, RoPE, activations, residual
+# adds, the unsaved matmuls) is recomputed in backward. A linear with a bias runs as
+# aten.addmm: neither saved nor counted. Hugging Face GPT-2 (c_attn), MPT (Wqkv), GPT-NeoX,
+# Bloom and Falcon (query_key_value) project q, k and v with one fused linear. LoRA adds two
+# unbiased matmuls after each adapted linear (PEFT: base, lora_A, lora_B). MoE layers are
+# counted by their attention and shared experts (routed experts: plan/moe.py).
+FUSED_QKV_FAMILIES = ("gpt", "mpt", "gpt_neox", "bloom", "falcon")
+LSE_BYTES = 4  # FlashAttention's log-sum-exp: fp32, one per head and token
+
+
+def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16) -> list[tuple[int, int, bool, bool]]:
+    """One block's forward matmuls in order: (in, out, saved by the op policy, is an adapter)."""
+    dims = model.linear_layer_dims()
+    n_attn = len(dims) - (model.mlp_matrices if (model.moe is None or model.moe.shared_width) else 0)
+    if model.mla is None:
+        bias = [model.qkv_bias] * 3 + [model.out_bias]
+        if model.family in FUSED_QKV_FAMILIES:
+            dims = [(model.hidden_size, model.q_dim + 2 * model.kv_dim)] + dims[3:]
+            bias = [model.qkv_bias, model.out_bias]
+            n_attn -= 2
+    else:
+        bias = [False] * (n_attn - 1) + [model.out_bias]
+    bias += [model.mlp_bias] * (len(dims) - n_attn)
+    out: list[tuple[int, int, bool, bool]] = []
+    count = 0
+
+    def mm(din: int, dout: int, biased: bool, adapter: bool) -> None:
+        nonlocal count
+        if not biased:
+            count += 1
+        out.append((din, dout, not biased and count % 2 == 1, adapter))
+
+    for (din, dout), biased in zip(dims, bias, strict=True):
+        mm(din, dout, biased, False)
+        if method in ("lora", "qlora"):
+            mm(din, lora_rank, False, True)
+            mm(lora_rank, dout, False, True)
+    return out
+
+
+def op_sac_bytes_per_token(model: ModelSpec, *, residual_bytes: int, act_bytes: int, method: str = "full",
+                           lora_rank: int = 16) -> float:
+    """Bytes one block keeps per token between forward and backward under the op policy: its
+    input (what torch.utils.checkpoint keeps), the saved matmul outputs and the attention output
+    with its log-sum-exp."""
+    saved = sum(dout * (ADAPTER_BYTES if adapter else act_bytes)
+                for _, dout, keep, adapter in op_sac_matmuls(model, method, lora_rank) if keep)
+    return float(residual_bytes * model.hidden_size + saved + act_bytes * model.q_dim + LSE_BYTES * model.num_heads)

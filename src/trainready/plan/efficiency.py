@@ -151,10 +151,32 @@ RING_STEP_LATENCY_S = 1e-6
 # the lowest 90th-percentile error there); the H100 rows were held out and agree.
 OVERLAP_CONTENTION = 0.5
 
-# Host memory bandwidth a CPU optimizer step (DeepSpeed CPU-Adam) reaches per node, and the
-# fraction of a GPU's PCIe link that pinned host<->device copies reach.
-HOST_OPTIMIZER_GBPS = 150.0
+# DeepSpeed CPU-Adam (optimizer offload) is bound by its SIMD loop per core, not by host memory
+# bandwidth: parameters updated per second per physical core, with the cores bound to the
+# ranks (deepspeed --bind_cores_to_rank). DeepSpeed's blog "Study of ZenFlow and ZeRO offload
+# performance with DeepSpeed CPU core binding" (blogs/zenflow-corebinding, 2025): Qwen2.5-1.5B
+# (1.54B) on 2x A100-40GB with 2x EPYC 7742 (128 cores, AVX2), ZeRO-2 240 ms/step, ZeRO-Offload
+# 1365 ms: less the PCIe copies (~0.18 s) the optimizer takes ~0.96 s = 12.5M params/s/core.
+# The same rate gives the ZenFlow blog's ">4 s" CPU step for Llama-2-7B on a 4x A100 DGX and
+# DeepSpeed issue #6834's ~10 s/step for Qwen-72B on 4 A100 nodes (11.4 s). AVX-512 hosts run
+# faster: DeepSpeed PR #735 reports 8.2 s for 11.6B, THUDM/slime #1139 9.6 s for GLM-4.5-Air's
+# 26.5B per H100 node (1.6-2.3x per core if those hosts had 48 and 112 cores): not modelled.
+CPU_ADAM_PARAMS_PER_CORE_S = 12.5e6
+# Host cores where the catalog has no vCPU count (--gpu without --instance): 12 vCPUs per
+# GPU, the leanest 8-GPU nodes in the catalog (p4d.24xlarge, a2-highgpu-8g, ND96asr_v4: 96).
+ASSUMED_HOST_VCPUS_PER_GPU = 12
+# Fraction of a GPU's PCIe link that pinned host<->device copies reach.
 PCIE_COPY_EFFICIENCY = 0.80
+# bitsandbytes NF4 -> bf16 dequantization (QLoRA): one kernel per weight use (forward, and
+# again in backward for the input gradient) that reads 4-bit codes and block constants and
+# writes bf16, reaching a fraction of HBM bandwidth well below plain copies. LitGPT's resource
+# tables (tutorials/resource-tables.md, 2023-10-20: A100-SXM4-40GB, bitsandbytes 0.41.1, bf16,
+# Alpaca, micro-batch 1) time LoRA against bnb.nf4-dq on the same runs: +88 ms/iteration for
+# Llama 2 7B (3.83 vs 2.36 min/1k), +202 ms for 13B (6.55 vs 3.19), +38 ms for StableLM-3B
+# (1.87 vs 1.24): 2 dequantizations x 6.5e9, 12.7e9 and 3.2e9 weights, each moving 2.52 bytes,
+# is 0.24, 0.20 and 0.28 of the A100's 1555 GB/s. Other GPUs: the same fraction of their HBM
+# bandwidth (assumed).
+NF4_DEQUANT_MEMORY_EFFICIENCY = 0.24
 
 # Memory outside the tensors: allocator fragmentation (max_memory_reserved over
 # max_memory_allocated, median over the H200 runs: 1.05 for DDP/single GPU, 1.19 for

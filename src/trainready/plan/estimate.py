@@ -8,11 +8,13 @@ from pydantic import BaseModel, Field
 
 from trainready.catalog import Price
 
+from . import efficiency as eff
 from . import reliability as rel
 from .confidence import ConfidenceInfo, confidence_info, summary
 from .memory import GiB, MemoryResult, estimate_memory
-from .performance import StepResult, estimate_step
+from .performance import StepResult, estimate_step, host_cpu_cores
 from .setup import Setup
+from .stacks import resolve_stack
 from .storage import StoragePlan, storage_plan
 
 ESTIMATE_SCHEMA_VERSION = 1
@@ -51,6 +53,7 @@ class SetupInfo(BaseModel):
     lora_rank: int | None
     kernels: str
     attention_kernel: str
+    stack: str = Field(description="training stack preset whose defaults apply (plan/stacks.py; hf-trainer unless named)")
     inter_node_gbps: float | None
     spot: bool
 
@@ -227,12 +230,20 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     interval = sp.interval_s if s.spot else od.interval_s
     warnings = list(s.notes)
     assumptions = [
-        f"efficiency factors for {s.gpu.arch} (see docs/planner.md); kernels={s.kernels}, attention={s.attention_kernel}",
+        resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
+                      reduce_dtype=s.reduce_dtype).describe(named=s.stack_named),
+        f"efficiency factors for {s.gpu.arch} (see docs/planner.md)",
         f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "
         f"{interval / 60:.0f} min (Young/Daly)",
     ]
     if s.spot or spot_rate:
         assumptions.append(SPOT_ASSUMPTION)
+    if s.offload != "none":
+        cores, known = host_cpu_cores(s)
+        host = (f"{s.instance.name}'s {s.instance.vcpus} vCPUs" if known else
+                f"{eff.ASSUMED_HOST_VCPUS_PER_GPU} vCPUs per GPU assumed (no instance vCPU count)")
+        assumptions.append(f"optimizer offload: DeepSpeed CPU-Adam at {eff.CPU_ADAM_PARAMS_PER_CORE_S / 1e6:g}M "
+                           f"params/s per physical core x {cores} cores ({host} / 2), cores bound to ranks")
     if m.derived:
         assumptions.append(m.derived)
     if s.instance is None:
@@ -268,7 +279,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,
-                        lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels,
+                        lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels, stack=s.stack,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,
                         spot=s.spot),
         memory=MemoryInfo(

@@ -28,7 +28,7 @@ MAX_USD_PER_HOUR = 10_000.0  # per node: 10x an 8-GPU node's list price; more is
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
-Checkpointing = Literal["none", "selective", "full"]
+Checkpointing = Literal["none", "selective", "selective-op", "selective-attn", "full"]  # selective: the stack's kind
 Offload = Literal["none", "optimizer", "optimizer+params"]
 Method = Literal["full", "lora", "qlora"]
 
@@ -58,12 +58,14 @@ class JobSpec(BaseModel):
     seq_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN)
     precision: Precision | None = None
     optimizer_dtype: Literal["fp32", "bf16"] = "fp32"
-    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    reduce_dtype: Literal["fp32", "bf16"] | None = Field(None, description="None: the stack's")
     gather_dtype: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: Checkpointing = "none"
     offload: Offload = "none"
-    kernels: Literal["eager", "fused"] = "eager"
-    attention_kernel: Literal["sdpa", "flash2", "flash1"] = "sdpa"
+    kernels: Literal["eager", "fused"] | None = Field(None, description="None: the stack's")
+    attention_kernel: Literal["sdpa", "flash2", "flash1"] | None = Field(None, description="None: the stack's")
+    stack: str | None = Field(None, description="training stack preset (plan/stacks.py); None: the default, "
+                                                "hf-trainer. Explicit kernels/attention_kernel/reduce_dtype win")
     tokens: float | None = Field(None, gt=0, description="training tokens")
     spot: bool = False
     region: str | None = None

@@ -22,7 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import efficiency as eff
-from .activations import final_norm_bytes, layer_bytes_per_token, layer_input_bytes, loss_bytes_per_token
+from .activations import (
+    final_norm_bytes,
+    layer_bytes_per_token,
+    layer_input_bytes,
+    loss_bytes_per_token,
+    op_sac_bytes_per_token,
+)
 from .setup import MIXED, Setup
 
 GiB = 1024**3
@@ -132,13 +138,19 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     layer = per_layer * tokens
     in_flight = min(s.pp, s.grad_accum)  # 1F1B: the first stage holds pp micro-batches
     layers = m.num_layers // s.pp * in_flight
+    kept = None  # what one layer keeps per micro-batch under recompute (None: all it saves)
     if s.checkpointing == "full":
-        saved = layers * tokens * layer_input_bytes(m, r) / s.tp
-    else:  # with FlashAttention, selective recompute saves nothing more (no s x s scores)
+        kept = tokens * layer_input_bytes(m, r) / s.tp
+    elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
+        kept = tokens * op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
+                                               lora_rank=s.lora_rank) / s.tp
+    if kept is not None:
+        saved = layers * kept
+    else:  # with FlashAttention, selective-attn recompute saves nothing more (no s x s scores)
         saved = layers * layer
     loss = tokens * (loss_bytes_per_token(m, a) + final_norm_bytes(m, s.kernels, r, a)) / s.tp
     if s.pp > 1:  # the loss lives on the last stage, which holds one micro-batch
-        last = m.num_layers // s.pp * (layer if s.checkpointing != "full" else tokens * layer_input_bytes(m, r) / s.tp)
+        last = m.num_layers // s.pp * (layer if kept is None else kept)
         saved, loss = max(saved, last + loss), 0.0 if saved > last + loss else loss
     return saved, layer, loss, layer_input_bytes(m, r) * tokens
 

@@ -8,7 +8,9 @@ Per micro-batch on one GPU:
   2.5x that (it recomputes the scores), at the measured attention efficiency.
 * memory-bound kernels (norms, activations, residual adds, RoPE, loss): bytes moved over
   achievable HBM bandwidth, counted per operation for eager or fused kernels.
-* recompute: full checkpointing runs each block's forward twice.
+* recompute: full checkpointing runs each block's forward twice; selective-attn the attention
+  forward; selective-op (torchtitan's op policy) the matmuls it does not keep and all
+  elementwise forward kernels.
 * a CPU floor: eager PyTorch cannot issue a block's kernels faster than a few ms.
 Per step: micro-batches x the above, + optimizer (memory-bound), + exposed communication
 (ring collectives, intra-node links vs the node's network, overlap with compute), + the
@@ -20,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import efficiency as eff
+from .activations import op_sac_matmuls
 from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
 from .setup import Setup
@@ -75,9 +78,36 @@ def recompute_flops_per_token(s: Setup) -> float:
     attn_fwd = 4 * m.num_layers * m.q_dim * s.seq_len
     if s.checkpointing == "full":
         return 2 * m.num_layers * (m.attention_params() + m.mlp_params()) + attn_fwd
-    if s.checkpointing == "selective":
+    if s.checkpointing == "selective-attn":
         return attn_fwd
+    if s.checkpointing == "selective-op":  # the matmuls the op policy does not keep
+        return 2 * m.num_layers * sum(i * o for i, o, keep, adapter in op_sac_matmuls(m, s.method, s.lora_rank)
+                                      if not (keep or adapter))
     return 0.0
+
+
+def host_cpu_cores(s: Setup) -> tuple[int, bool]:
+    """(physical cores per node, known from the catalog): cloud vCPUs are hyperthreads, two per core."""
+    vcpus = s.instance.vcpus if s.instance is not None else None
+    if vcpus:
+        return max(1, vcpus // 2), True
+    return max(1, eff.ASSUMED_HOST_VCPUS_PER_GPU * s.gpus_per_node // 2), False
+
+
+def cpu_adam_s(s: Setup, node_params: float) -> float:
+    """DeepSpeed CPU-Adam over the parameters one node updates: compute-bound per core (efficiency.py)."""
+    return node_params / (host_cpu_cores(s)[0] * eff.CPU_ADAM_PARAMS_PER_CORE_S)
+
+
+def _op_sac_recompute(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> tuple[float, float]:
+    """(seconds, FLOPs) of one block's matmuls that the op policy recomputes, per micro-batch."""
+    t = f = 0.0
+    for i, o, keep, adapter in op_sac_matmuls(s.model, s.method, s.lora_rank):
+        if not (keep or adapter):  # adapters' rank-r matmuls: negligible
+            flops = 2 * tokens * i * o / s.tp
+            t += _gemm_time(flops, i, peak, e)
+            f += flops
+    return t, f
 
 
 def _elementwise_bytes_per_token_layer(s: Setup) -> float:
@@ -176,13 +206,18 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     elem = _elementwise_bytes_per_token_layer(s) * tokens / (gpu.hbm_gbps * 1e9 * mem_eff)
     fwd += 0.4 * elem
     bwd += 0.6 * elem
-    if s.method == "qlora":  # NF4 -> bf16 dequantization before each use of a weight
-        deq = param_counts(s).quantized / layers * (NF4_BYTES + 2) / (gpu.hbm_gbps * 1e9 * e.memory)
+    deq = 0.0
+    if s.method == "qlora":  # bitsandbytes dequantizes NF4 -> bf16 before each use of a weight (efficiency.py)
+        deq = param_counts(s).quantized / layers * (NF4_BYTES + 2) / (
+            gpu.hbm_gbps * 1e9 * eff.NF4_DEQUANT_MEMORY_EFFICIENCY)
         fwd += deq
         bwd += deq
-    recompute = {"full": fwd, "selective": attn_fwd}.get(s.checkpointing, 0.0)
+    recompute = {"full": fwd, "selective-attn": attn_fwd}.get(s.checkpointing, 0.0)
     recompute_flops = {"full": flops / 3 if not frozen else flops / 2,
-                       "selective": attn_fwd_flops}.get(s.checkpointing, 0.0)
+                       "selective-attn": attn_fwd_flops}.get(s.checkpointing, 0.0)
+    if s.checkpointing == "selective-op":  # unsaved matmuls, elementwise forward, dequantization again
+        recompute, recompute_flops = _op_sac_recompute(s, tokens, gemm_peak, e)
+        recompute += 0.4 * elem + deq
     fwd_total = layers * fwd
     bwd_total = layers * (bwd + recompute)
     flops_total = layers * (flops + recompute_flops)
@@ -313,7 +348,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
         p2p = 2 * tokens * m.hidden_size * 2 / s.tp / (hop * 1e9)
 
     compute_mb = mb.fwd_s + mb.bwd_s + cast + contention
-    cpu_mb = layers * eff.CPU_S_PER_LAYER[s.kernels] * (1.33 if s.checkpointing == "full" else 1.0)
+    cpu_mb = layers * eff.CPU_S_PER_LAYER[s.kernels] * (1.33 if s.checkpointing in ("full", "selective-op") else 1.0)
     cpu_stall_mb = max(0.0, cpu_mb - compute_mb)
 
     # optimizer and gradient accumulation (memory-bound), or the CPU optimizer with offload
@@ -325,7 +360,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     if s.offload != "none":
         pcie = (gpu.pcie_gbps_per_dir or 16.0) * 1e9 * eff.PCIE_COPY_EFFICIENCY
         node_params = train / dp * s.gpus_per_node
-        optimizer = node_params * 30 / (eff.HOST_OPTIMIZER_GBPS * 1e9) + (4 + 2) * train / dp / pcie
+        optimizer = cpu_adam_s(s, node_params) + (4 + 2) * train / dp / pcie
         if s.offload == "optimizer+params":
             fetch = (2 * 2 * pc.local / dp + 4 * train / dp) / pcie
             offload_s = s.grad_accum * max(0.0, fetch - 0.5 * compute_mb)

@@ -20,7 +20,7 @@ from .job import JobSpec
 from .memory import GiB, estimate_memory
 from .performance import estimate_step
 from .recipe import Recipe, recipe_for
-from .setup import Setup, default_precision, default_seq_len, nearest_multiples, resolve_model
+from .setup import Setup, default_precision, default_seq_len, job_stack, nearest_multiples, resolve_model
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -126,13 +126,15 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
     precision = job.precision or default_precision(gpu)
     if not gpu.peak_tflops(precision) and precision != "fp32":
         return None
+    st = job_stack(job)
     return Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
                  tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
-                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=job.reduce_dtype,
+                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=st.reduce_dtype,
                  gather_dtype=job.gather_dtype, checkpointing="none", offload="none", method=job.method,
-                 lora_rank=job.lora_rank, kernels=job.kernels, attention_kernel=job.attention_kernel,
+                 lora_rank=job.lora_rank, kernels=st.kernels, attention_kernel=st.attention_kernel,
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
-                 region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot)
+                 region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
+                 stack=st.stack.name, stack_named=job.stack is not None)
 
 
 def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int]]:
@@ -411,6 +413,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         req = req.model_copy(update={"job": req.job.model_copy(update={"region": catalog.region(req.job.region)})})
     job = req.job
     model = resolve_model(job)
+    stack = job_stack(job)  # an unknown --stack is exit 2 before any search
     seq_len = job.seq_len or default_seq_len(model)
     gb = _global_batch(job, seq_len)
     wanted = None
@@ -460,7 +463,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         others.append(Alternative(instance=name, nodes=c.setup.nodes, total_usd=usd if job.tokens else None,
                                   train_hours=hours if job.tokens else None, tokens_per_s=c.step.tokens_per_s))
     notes = [f"global batch {gb} sequences of {seq_len} tokens ({count_text(gb * seq_len)} tokens per step)"
-             + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)")]
+             + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)"),
+             stack.describe(named=job.stack is not None)]
     if not job.tokens:
         notes.append("no --tokens: costs are per 1B tokens")
     assumed = sorted({c.setup.gpu.name for c in ranked if is_assumed(c.setup)})

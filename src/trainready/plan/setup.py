@@ -15,6 +15,7 @@ from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
 from .presets import generic_model, preset
+from .stacks import DEFAULT_STACK, Resolved, checkpointing_kind, resolve_stack
 
 MIXED = ("bf16", "fp16", "fp8")
 TOKENS_PER_STEP_TARGET = 1_048_576  # default global batch: ~1M tokens per optimizer step
@@ -53,6 +54,8 @@ class Setup:
     usd_per_hour: float | None = None
     keep_hot: int = 2
     notes: tuple[str, ...] = field(default=())
+    stack: str = DEFAULT_STACK  # plan/stacks.py: whose defaults kernels, reduce dtype and checkpointing follow
+    stack_named: bool = False  # the job named it (False: the default stack)
 
     @property
     def n_gpus(self) -> int:
@@ -68,6 +71,12 @@ class Setup:
 
     def with_(self, **changes) -> "Setup":
         return replace(self, **changes)
+
+
+def job_stack(job: JobSpec) -> Resolved:
+    """The job's stack (the default when it names none) with its explicit flags applied."""
+    return resolve_stack(job.stack, kernels=job.kernels, attention_kernel=job.attention_kernel,
+                         reduce_dtype=job.reduce_dtype)
 
 
 def resolve_model(job: JobSpec) -> ModelSpec:
@@ -169,6 +178,8 @@ def _placement(job: JobSpec, catalog: Catalog) -> tuple[Gpu, Instance | None, in
 def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -> Setup:
     """Validate a fully specified job (micro-batch may still be None: defaults to 1)."""
     model = model or resolve_model(job)
+    st = job_stack(job)
+    ckpt = checkpointing_kind(job.activation_checkpointing, st.stack)
     gpu, inst, per_node, nodes = _placement(job, catalog)
     region = job.region
     if region is not None:  # a typo is an error, not a run priced nowhere ("-" in every cost column)
@@ -202,10 +213,10 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                          f"{inst.name if inst else gpu.name}; give --inter-node-gbps")
     return Setup(model=model, gpu=gpu, instance=inst, nodes=nodes, gpus_per_node=per_node, dp=dp, tp=job.tp,
                  pp=job.pp, strategy=strategy, micro_batch=micro, grad_accum=accum, seq_len=seq_len,
-                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=job.reduce_dtype,
+                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=st.reduce_dtype,
                  gather_dtype=job.gather_dtype,
-                 checkpointing=job.activation_checkpointing, offload=job.offload, method=job.method,
-                 lora_rank=job.lora_rank, kernels=job.kernels,
-                 attention_kernel=job.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
+                 checkpointing=ckpt, offload=job.offload, method=job.method,
+                 lora_rank=job.lora_rank, kernels=st.kernels,
+                 attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
-                 notes=tuple(notes))
+                 notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None)

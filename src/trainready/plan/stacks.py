@@ -1,0 +1,137 @@
+"""Training stacks by name: the kernels, attention kernel, gradient-reduction dtype and the
+meaning of "selective" activation checkpointing that one framework's defaults amount to.
+
+A stack replaces four flags (`--kernels`, `--attention-kernel`, `--reduce-dtype` and what
+`--activation-checkpointing selective` recomputes); a flag given explicitly still wins over
+the stack. Every preset names the file or document its values come from.
+
+Selective checkpointing comes in two kinds:
+
+* "op" (torchtitan `selective_ac_option = "op"`; PyTorch's selective activation checkpointing,
+  `torch.utils.checkpoint.create_selective_checkpoint_contexts`): inside each checkpointed
+  block, the outputs of every other matmul (`aten.mm`, counted in forward order) and of the
+  scaled-dot-product-attention kernels are saved; norms, activations, RoPE, residual adds and
+  the other matmuls are recomputed in backward.
+* "attention" (Megatron-LM `--recompute-granularity selective`, Korthikanti et al. 2022): only
+  the attention core is recomputed. With FlashAttention it saves nothing (the s x s scores are
+  never stored) and costs the attention forward once more.
+
+Attention kernels are efficiency classes (efficiency.py): "sdpa" is today's kernel for the
+architecture (PyTorch SDPA, Transformer Engine / cuDNN fused attention: FlashAttention-2 on
+Ampere, Hopper-native kernels on Hopper), "flash2" FlashAttention-2's Ampere kernels run as
+they are, "flash1" FlashAttention-1 / Triton (2022-2023).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainready.errors import UnknownNameError, UsageError
+
+SelectiveKind = Literal["op", "attention"]
+CHECKPOINTING_KINDS = ("none", "selective", "selective-op", "selective-attn", "full")
+"""What a job may ask for; "selective" means the stack's kind."""
+SETUP_CHECKPOINTING = ("none", "selective-op", "selective-attn", "full")
+"""What a resolved setup holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    name: str
+    kernels: Literal["eager", "fused"]
+    attention_kernel: Literal["sdpa", "flash2", "flash1"]
+    reduce_dtype: Literal["fp32", "bf16"]
+    selective: SelectiveKind | None
+    """What `--activation-checkpointing selective` recomputes; None: the stack has no selective mode."""
+    description: str
+    source: str
+
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    Stack("hf-trainer", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
+          description="Hugging Face Transformers Trainer: eager PyTorch modules, SDPA attention, DDP (or FSDP) "
+                      "over fp32 parameters under autocast",
+          source="transformers: attn_implementation defaults to 'sdpa' (modeling_utils); Trainer bf16=True runs "
+                 "torch.autocast over fp32 parameters, so DDP all-reduces fp32 gradients (accelerate's FSDP "
+                 "MixedPrecision reduces in the compute dtype: give --reduce-dtype bf16 for it); its "
+                 "gradient_checkpointing recomputes whole layers, and gradient_checkpointing_kwargs={'context_fn': "
+                 "...} passes PyTorch's selective (op-level) policy to torch.utils.checkpoint"),
+    Stack("deepspeed", kernels="eager", attention_kernel="sdpa", reduce_dtype="bf16", selective="op",
+          description="a Hugging Face model under DeepSpeed ZeRO with bf16 enabled",
+          source="deepspeed/runtime/engine.py communication_data_type: bf16 when bf16 is enabled and "
+                 "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)"),
+    Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
+          description="torchtitan (FSDP2/TP/PP on DTensor) as its Llama 3 configs ship: no torch.compile",
+          source="torchtitan/models/llama3/train_configs/llama3_8b.toml (compile = false, [activation_checkpoint] "
+                 "mode = 'selective', selective_ac_option = 'op'); config: mixed_precision_reduce = 'float32'; "
+                 "distributed/activation_checkpoint.py: op policy saves aten.mm outputs except every second one "
+                 "and the SDPA outputs (_op_sac_save_list)"),
+    Stack("megatron", kernels="fused", attention_kernel="sdpa", reduce_dtype="fp32", selective="attention",
+          description="Megatron-LM / Megatron-Core with Transformer Engine: fused norm and activation kernels, "
+                      "TE fused attention",
+          source="megatron/training/arguments.py: bf16 forces accumulate_allreduce_grads_in_fp32 (fp32 reduce); "
+                 "--recompute-granularity selective recomputes the core attention (Korthikanti et al. 2022); "
+                 "Transformer Engine fused LayerNorm/RMSNorm, bias-SwiGLU/GELU fusions and fused attention"),
+    Stack("llm-foundry-2023", kernels="eager", attention_kernel="flash1", reduce_dtype="bf16", selective=None,
+          description="MosaicML llm-foundry / Composer as in its 2023 throughput tables (torch 1.13)",
+          source="llm-foundry scripts/train/benchmarking/README.md (tables predate torch 2.0 and "
+                 "FlashAttention-2: Triton/FlashAttention-1 attention); Composer FSDP mixed precision DEFAULT "
+                 "reduces in bf16; activation_checkpointing wraps whole blocks (no selective mode)"),
+)}
+DEFAULT_STACK = "hf-trainer"
+"""The stack of a job that names none: eager kernels, SDPA, fp32 reduction (the planner's
+defaults before stacks existed)."""
+
+
+def get_stack(name: str | None) -> Stack:
+    """The preset `name` (None: the default), or a usage error naming the nearest ones."""
+    if name is None:
+        return STACKS[DEFAULT_STACK]
+    found = STACKS.get(name.strip().lower())
+    if found is None:
+        raise UnknownNameError("stack", name, STACKS, hint="Use --stack NAME; see docs/planner.md (Stacks).")
+    return found
+
+
+def checkpointing_kind(asked: str, stack: Stack) -> str:
+    """The setup's checkpointing ("none", "selective-op", "selective-attn", "full") for what a
+    job asks ("selective" is the stack's kind)."""
+    if asked != "selective":
+        return asked
+    if stack.selective is None:
+        raise UsageError(f"stack {stack.name} has no selective activation checkpointing "
+                         f"({stack.description}); use --activation-checkpointing full, or name the kind: "
+                         f"selective-op (torchtitan's op-level policy) or selective-attn (Megatron's "
+                         f"attention recompute)")
+    return "selective-op" if stack.selective == "op" else "selective-attn"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A job's stack with its explicit flags applied."""
+
+    stack: Stack
+    kernels: str
+    attention_kernel: str
+    reduce_dtype: str
+    overridden: tuple[str, ...]  # the flags that differ from the stack's values
+
+    def describe(self, *, named: bool) -> str:
+        """One line for outputs: which stack, whether it is the default, and its values."""
+        s = self.stack
+        head = f"stack {s.name}" + ("" if named else " (the default; --stack to change)")
+        vals = (f"kernels {self.kernels}, attention {self.attention_kernel}, reduce {self.reduce_dtype}, "
+                f"selective = {'op-level' if s.selective == 'op' else 'attention core' if s.selective else 'none'}")
+        over = f" ({', '.join(self.overridden)} set explicitly)" if self.overridden else ""
+        return f"{head}: {vals}{over}"
+
+
+def resolve_stack(name: str | None, *, kernels: str | None = None, attention_kernel: str | None = None,
+                  reduce_dtype: str | None = None) -> Resolved:
+    """The stack `name` (None: the default) with explicit values taking precedence."""
+    st = get_stack(name)
+    chosen = {"kernels": kernels or st.kernels, "attention_kernel": attention_kernel or st.attention_kernel,
+              "reduce_dtype": reduce_dtype or st.reduce_dtype}
+    over = tuple(k for k, v in chosen.items() if v != getattr(st, k))
+    return Resolved(st, chosen["kernels"], chosen["attention_kernel"], chosen["reduce_dtype"], over)
