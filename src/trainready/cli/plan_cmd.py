@@ -9,6 +9,7 @@ import typer
 
 from trainready.catalog import load_catalog
 from trainready.plan.job import save_job
+from trainready.plan.recipes import CHOICES
 from trainready.plan.search import PlanRequest
 from trainready.plan.search import plan as run_plan
 from trainready.plan.setup import resolve_model
@@ -31,6 +32,10 @@ class RankBy(str, Enum):
     time = "time"
 
 
+# the choices of PlanRequest.framework (trainready.plan.recipes.CHOICES); NAME in -h, listed in the help
+Framework = o.labelled(Enum("Framework", {c.replace("-", "_"): c for c in CHOICES}, type=str), "NAME")
+
+
 def plan(
     job_path: o.JobPath = None,
     model: o.ModelName = None,
@@ -47,6 +52,7 @@ def plan(
     attention_kernel: o.AttentionOpt = None,
     stack: o.StackOpt = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
+    framework: Annotated[Framework, typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it. [default: auto]", rich_help_panel=C)] = "auto",
     top: Annotated[int, typer.Option("--top", parser=o.number("5", lo=1, lo_open=False, hi=100, whole=True), help="Rows to show, 1 to 100.", rich_help_panel=C)] = 5,
     max_usd: Annotated[Optional[float], typer.Option("--max-usd", parser=o.number("5000"), help="Budget for the whole run.", rich_help_panel=C)] = None,
     deadline_hours: Annotated[Optional[float], typer.Option("--deadline-hours", parser=o.number("48"), help="Wall-clock limit.", rich_help_panel=C)] = None,
@@ -72,7 +78,8 @@ def plan(
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None  # noqa: E731
     req = PlanRequest(job=job, by=by.value, top=top, max_usd=max_usd, deadline_hours=deadline_hours,
                       clouds=split(clouds), instances=split(instances), max_nodes=max_nodes,
-                      min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours)
+                      min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours,
+                      framework=getattr(framework, "value", framework))
     result = run_plan(req, catalog)
     if save is not None and result.rows:
         best = result.rows[0].estimate.setup

@@ -16,7 +16,7 @@ from trainready.cli.console import line, styled
 from trainready.plan.confidence import short as confidence_short
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
-from trainready.plan.recipe import Recipe
+from trainready.plan.recipes import Recipe
 from trainready.plan.search import PlanResult
 from trainready.plan.units import BIG, count_text, hours_text, usd_text
 
@@ -191,7 +191,7 @@ def render_plan(con: Console, r: PlanResult) -> None:
         # MFU and memory are in each row's line below, speed relative to #1 as well
         table.print_fitted(con, ("MFU", "GiB/GPU", "tok/s", "spot"))
         for row in r.rows:
-            con.print(line(f"  #{row.rank} ", (_how(row.estimate), "bold"), f": {row.why}"))
+            con.print(line(f"  #{row.rank} ", (_how(row.estimate), "bold"), f" ({row.framework}): {row.why}"))
             low = confidence_short(row.estimate.confidence, r.ranked_by == "cost")
             if low:
                 con.print(line("     ", ("~", "yellow"), f" {low}"))
@@ -228,10 +228,10 @@ def _render_recipe(con: Console, rc: Recipe) -> None:
     env = " ".join(f"{k}={v}" for k, v in rc.env.items())
     n = len(rc.torchrun)
     head = f"one command per node, on each of the {n} nodes" if n > 1 else "on the node"
-    con.print(line(("Launch (best row)", "bold"), f", {head}:"))
+    con.print(line(("Launch (best row)", "bold"), f", {rc.framework}, {head}:"))
     for cmd in rc.torchrun:
         con.print(Text(shell_lines(f"{env} {cmd}", max(con.width, 40))), soft_wrap=True)
-    lexer = "json" if rc.config_kind == "deepspeed-json" else "python"
+    lexer = {"deepspeed-json": "json", "transformers-python": "python"}.get(rc.config_kind, "bash")
     con.print(line((rc.config_kind, "bold"), ":"))
     config = Syntax(rc.config, lexer, theme="ansi_dark").highlight(rc.config)
     config.rstrip()

@@ -19,7 +19,7 @@ from .estimate import EstimateResult, assemble, run_cost
 from .job import JobSpec
 from .memory import GiB, estimate_memory
 from .performance import estimate_step
-from .recipe import Recipe, recipe_for
+from .recipes import Recipe, framework_for, framework_reason, recipe_for
 from .setup import Setup, default_precision, default_seq_len, job_stack, nearest_multiples, resolve_model
 from .units import count_text, hours_text, usd_text
 
@@ -53,11 +53,15 @@ class PlanRequest(BaseModel):
     spot_mtbf_h: float | None = Field(None, gt=0)
     optimistic: bool = Field(False, description="rank GPUs whose efficiency is assumed by their point estimate, "
                                                 "not the pessimistic end of their range")
+    framework: Literal["auto", "torchtitan", "deepspeed", "megatron", "hf-tp"] = Field(
+        "auto", description="recommend only rows this framework runs as planned (recipes/); auto: any, "
+                            "each row in the first that runs it")
 
 
 class PlanRow(BaseModel):
     rank: int
     why: str
+    framework: str = Field(description="the framework that runs this row as planned (its recipe's)")
     estimate: EstimateResult
 
 
@@ -86,7 +90,8 @@ class PlanResult(BaseModel):
     rows: list[PlanRow]
     excluded: list[Exclusion]
     others: list[Alternative] = Field(description="instances that fit but rank below the shown rows (their best)")
-    recipe: Recipe | None
+    framework: str = Field("auto", description="the framework asked for (--framework)")
+    recipe: Recipe | None = Field(description="the best row's launch, in its framework")
     searched: int = Field(description="configurations evaluated")
     notes: list[str]
 
@@ -112,6 +117,7 @@ class _InstanceLog:
     batch: str = ""
     price: str = ""
     over_limits: list[_Best] = field(default_factory=list)  # fit, but beyond --max-usd or --deadline-hours
+    framework: str = ""  # why --framework cannot run a configuration (the first such reason)
 
 
 def _global_batch(job: JobSpec, seq_len: int) -> int:
@@ -240,6 +246,10 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                 for ckpt in ("none", "full"):
                     s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, strategy=strategy, offload=offload,
                                    checkpointing=ckpt)
+                    why_not = framework_reason(s, req.framework)
+                    if why_not:  # not recommended: the framework would not run what the row says
+                        log.framework = log.framework or why_not
+                        continue
                     searched += 1
                     best, smallest = _largest_fitting(s, per_dp, limit)
                     if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
@@ -292,6 +302,8 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
         return "fits, but " + log.price
     if log.fitted == 0:
         if log.smallest_peak_gib == float("inf"):
+            if log.framework:
+                return f"--framework {req.framework} runs none of its configurations: {log.framework}"
             return log.batch or log.network or "no configuration could be formed"
         nodes_needed = _nodes_needed(req, inst, model, catalog)
         tail = ""
@@ -314,7 +326,8 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
         else:
             detail = (f"(least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
                       f"largest parts {log.smallest_parts} GiB){tail}")
-        return f"{head} {detail}" + (f"; {log.network}" if log.network else "")
+        fw = f"; others not run by --framework {req.framework}: {log.framework}" if log.framework else ""
+        return f"{head} {detail}" + (f"; {log.network}" if log.network else "") + fw
     if log.over_limits:
         return "fits, but " + _over_limits(req, log.over_limits)
     return "fits, ranked below the shown rows"
@@ -452,7 +465,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     for i, c in enumerate(ranked[: req.top], start=1):
         est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,
                        memory_margin=req.memory_margin)
-        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est), estimate=est))
+        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est),
+                            framework=framework_for(c.setup, req.framework)[0], estimate=est))
     shown = {r.estimate.setup.instance for r in rows}
     others: list[Alternative] = []
     for c in ranked:
@@ -477,4 +491,5 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     return PlanResult(model=model.name, params=model.param_count(), method=job.method, tokens=job.tokens,
                       ranked_by=req.by, global_batch=gb, seq_len=seq_len, rows=rows, excluded=excluded,
                       others=others,
-                      recipe=recipe_for(ranked[0].setup) if ranked else None, searched=searched, notes=notes)
+                      framework=req.framework, recipe=recipe_for(ranked[0].setup, req.framework) if ranked else None,
+                      searched=searched, notes=notes)

@@ -1,0 +1,63 @@
+"""Launch recipes: for a chosen setup, what to run in one framework that implements exactly
+that setup (its sharding, tensor/pipeline/expert parallelism, offload, recompute, precision).
+
+`framework_reason(setup, name)` is None when the framework runs the setup as planned, else one
+line saying what it lacks and which framework has it; `recipe_for(setup, name)` emits the
+commands and the framework's config. "auto" takes, per setup, the first framework of AUTO_ORDER
+that runs it (the framework of a named stack first).
+"""
+
+from __future__ import annotations
+
+from ..setup import Setup
+from . import deepspeed, hf_tp, megatron, torchtitan
+from .common import Recipe
+
+_MODULES = {m.NAME: m for m in (torchtitan, deepspeed, megatron, hf_tp)}
+FRAMEWORKS: tuple[str, ...] = tuple(_MODULES)
+CHOICES: tuple[str, ...] = ("auto", *FRAMEWORKS)
+# DeepSpeed first: it runs any Hugging Face model from the user's script (ZeRO 0-3, offload, AutoTP,
+# PEFT); torchtitan for what it alone has here (op-level selective recompute, pure bf16, tp x pp
+# with FSDP); Megatron for its attention recompute and fp8; transformers' plans last.
+AUTO_ORDER: tuple[str, ...] = ("deepspeed", "torchtitan", "megatron", "hf-tp")
+_STACK_FRAMEWORK = {"torchtitan": "torchtitan", "torchtitan-compile": "torchtitan", "megatron": "megatron",
+                    "deepspeed": "deepspeed"}
+
+__all__ = ["AUTO_ORDER", "CHOICES", "FRAMEWORKS", "Recipe", "framework_for", "framework_reason", "recipe_for"]
+
+
+def _check(name: str) -> None:
+    if name not in CHOICES:
+        raise ValueError(f"unknown framework {name!r}: one of {', '.join(CHOICES)}")
+
+
+def _order(s: Setup) -> tuple[str, ...]:
+    first = _STACK_FRAMEWORK.get(getattr(s, "stack", "") or "")
+    return (first, *(f for f in AUTO_ORDER if f != first)) if first else AUTO_ORDER
+
+
+def framework_for(s: Setup, name: str = "auto") -> tuple[str | None, str | None]:
+    """(the framework that runs `s`, None) or (None, why not): for "auto" the first in order."""
+    _check(name)
+    if name != "auto":
+        why = _MODULES[name].reason(s)
+        return (None, why) if why else (name, None)
+    whys = []
+    for fw in _order(s):
+        why = _MODULES[fw].reason(s)
+        if why is None:
+            return fw, None
+        whys.append(f"{fw}: {why}")
+    return None, "no framework runs it (" + "; ".join(whys) + ")"
+
+
+def framework_reason(s: Setup, name: str = "auto") -> str | None:
+    """None when `name` (or, for "auto", some framework) runs exactly this setup; else why not."""
+    return framework_for(s, name)[1]
+
+
+def recipe_for(s: Setup, name: str = "auto") -> Recipe:
+    fw, why = framework_for(s, name)
+    if fw is None:
+        raise ValueError(why)
+    return _MODULES[fw].recipe(s)

@@ -1,0 +1,69 @@
+"""What every framework's recipe shares: the Recipe model, the launch lines, the environment,
+and small readings of a Setup (checkpointing kind, expert parallelism)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ..setup import Setup
+
+WIDTH = 79  # config lines print at 80 columns unwrapped (render.py prints them as they are)
+
+
+class Recipe(BaseModel):
+    """How to launch one row in one framework: the commands per node, their environment, and
+    the framework's own config (saved as `config_file`)."""
+
+    framework: str = Field(description="torchtitan | deepspeed | megatron | hf-tp")
+    torchrun: list[str] = Field(description="launch commands, one per node")
+    env: dict[str, str]
+    config_kind: str = Field(description="torchtitan-args | deepspeed-json | megatron-args | transformers-python")
+    config_file: str = Field(description="the file name the launch commands read the config from")
+    config: str
+    notes: list[str]
+
+
+def checkpointing(s: Setup) -> str:
+    """none | selective-op | selective-attn | full ("selective" from before stacks existed meant
+    Megatron's attention recompute)."""
+    return "selective-attn" if s.checkpointing == "selective" else s.checkpointing
+
+
+def ep(s: Setup) -> int:
+    return getattr(s, "ep", 1)
+
+
+def torchrun(s: Setup, program: str) -> list[str]:
+    """One command per node: `--standalone` on one node, a c10d rendezvous at node 0 beyond."""
+    if s.nodes == 1:
+        return [f"torchrun --standalone --nproc-per-node={s.gpus_per_node} {program}"]
+    return [f"torchrun --nnodes={s.nodes} --node-rank={r} --nproc-per-node={s.gpus_per_node} "
+            f"--rdzv-backend=c10d --rdzv-endpoint=$HEAD_NODE_IP:29500 --rdzv-id=trainready {program}"
+            for r in range(s.nodes)]
+
+
+def environment(s: Setup) -> tuple[dict[str, str], list[str]]:
+    env = {"NCCL_DEBUG": "INFO"}
+    notes = ["NCCL_DEBUG=INFO prints the transport NCCL picked: look for it in the first lines of rank 0"]
+    inst = s.instance
+    if inst is not None and inst.cloud == "aws" and (inst.efa_interfaces or 0) > 0 and s.nodes > 1:
+        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"})
+        notes.append("EFA: needs the aws-ofi-nccl plugin (in the AWS Deep Learning AMIs); NCCL must log "
+                     "'NET/OFI Selected Provider is efa', not 'NET/Socket'. The security group must allow "
+                     "all traffic to and from itself.")
+    if s.nodes > 1:
+        notes.append("HEAD_NODE_IP: the private address of node 0, the same on every node")
+    return env, notes
+
+
+def batch_note(s: Setup) -> str:
+    return (f"micro-batch {s.micro_batch} per GPU, {s.grad_accum} accumulation step(s), "
+            f"global batch {s.global_batch} x {s.seq_len} tokens")
+
+
+def args_lines(args: list[tuple[str, object]]) -> str:
+    """`--flag value` one a line (a bare flag for True); the launch reads them with $(cat FILE)."""
+    out = []
+    for flag, value in args:
+        out.append(flag if value is True else f"{flag} {value}")
+    return "\n".join(out)

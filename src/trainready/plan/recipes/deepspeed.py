@@ -1,0 +1,97 @@
+"""DeepSpeed 0.19: ZeRO stages 0-3 with CPU offload, AutoTP tensor parallelism and AutoEP
+expert parallelism for Hugging Face models, PEFT LoRA/QLoRA; pipeline stages only through the
+user's PipelineModule. One JSON, read by `deepspeed.initialize(config=...)` or the HF Trainer's
+`--deepspeed`."""
+
+from __future__ import annotations
+
+import json
+
+from ..setup import Setup
+from .common import Recipe, batch_note, checkpointing, environment, ep, torchrun
+
+NAME = "deepspeed"
+VERSION = "0.19.8"
+CONFIG_FILE = "ds_config.json"
+STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+# AutoEP presets in deepspeed 0.19.8 (module_inject/auto_ep_presets/registry.py: hf_model_types)
+AUTOEP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+
+
+def reason(s: Setup) -> str | None:
+    if s.precision == "fp8":
+        return "DeepSpeed has no fp8 training of its own (it needs Transformer Engine); use --framework megatron"
+    if s.optimizer_dtype == "bf16":
+        return ("DeepSpeed keeps fp32 master weights and optimizer states under bf16 (ZeRO's optimizer); "
+                "pure bf16 (--optimizer-dtype bf16): use --framework torchtitan")
+    if checkpointing(s).startswith("selective"):
+        return ("a Hugging Face model under DeepSpeed recomputes whole layers (gradient_checkpointing), "
+                "not selectively; use --framework torchtitan (op-level) or megatron (attention)")
+    if s.pp > 1 and STAGE[s.strategy] > 1:
+        return (f"DeepSpeed's pipeline engine takes ZeRO stage 0 or 1, not {s.strategy} "
+                f"(deepspeed/runtime/pipe/engine.py)")
+    if s.pp > 1 and s.tp > 1:
+        return ("DeepSpeed's pipeline engine takes tensor parallelism from a Megatron-style mpu, not from "
+                "AutoTP; tp x pp: use --framework megatron or torchtitan")
+    if s.pp > 1 and s.method != "full":
+        return "PEFT adapters in a DeepSpeed PipelineModule are not supported; use pp 1"
+    if s.tp > 1 and s.method != "full":
+        return f"PEFT {s.method} on AutoTP-sharded layers is not documented; use a tp 1 row"
+    if ep(s) > 1:
+        if s.model.family not in AUTOEP_FAMILIES:
+            return (f"DeepSpeed AutoEP knows {', '.join(AUTOEP_FAMILIES)} models, not {s.model.family}; "
+                    f"use --framework torchtitan or megatron")
+        if s.pp > 1 or s.tp > 1 or s.method != "full":
+            return "DeepSpeed AutoEP here only with tp 1, pp 1 and full training; use --framework megatron"
+    return None
+
+
+def config(s: Setup) -> dict:
+    zero: dict = {"stage": STAGE[s.strategy], "overlap_comm": True, "contiguous_gradients": True}
+    if s.offload != "none":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if s.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    cfg: dict = {
+        "train_micro_batch_size_per_gpu": s.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        "train_batch_size": s.global_batch,
+    }
+    if s.precision in ("bf16", "fp16"):
+        cfg[s.precision] = {"enabled": True}
+        low = "bf16" if s.precision == "bf16" else "fp16"
+        cfg["communication_data_type"] = "fp32" if s.reduce_dtype == "fp32" else low
+    cfg["zero_optimization"] = zero
+    cfg["gradient_clipping"] = 1.0
+    if s.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": s.tp}
+    if ep(s) > 1:
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": ep(s)}
+    if s.pp > 1:
+        cfg["pipeline"] = {"stages": s.pp}
+    return cfg
+
+
+def recipe(s: Setup) -> Recipe:
+    env, notes = environment(s)
+    text = json.dumps(config(s), indent=2)
+    notes.insert(0, f"DeepSpeed {VERSION}: save the JSON as {CONFIG_FILE}; train.py passes it to "
+                    f"deepspeed.initialize(config=...) or is an HF Trainer script (--deepspeed)")
+    if s.tp > 1:
+        notes.append(f"AutoTP training (tensor_parallel.autotp_size {s.tp}): Hugging Face transformers "
+                     f"models; all ranks of a TP group must read the same batch (deepspeed/runtime/engine.py)")
+    if ep(s) > 1:
+        notes.append(f"AutoEP (expert_parallel.autoep_size {ep(s)}) replaces the HF MoE layers at initialize")
+    if s.pp > 1:
+        notes.append(f"pipeline {s.pp}: train.py builds the model as deepspeed.pipe.PipelineModule("
+                     f"layers=[LayerSpec...], num_stages={s.pp}) and calls engine.train_batch(); ZeRO <= 1")
+    if checkpointing(s) == "full":
+        notes.append("activation checkpointing: model.gradient_checkpointing_enable() (HF) before initialize")
+    if s.method in ("lora", "qlora"):
+        notes.append(f"{s.method}: PEFT get_peft_model(model, LoraConfig(r={s.lora_rank}, ...)) before initialize"
+                     + ("; QLoRA loads the base with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="
+                        "'nf4', bnb_4bit_quant_storage=torch.bfloat16) (the storage dtype lets ZeRO-3 shard it)"
+                        if s.method == "qlora" else ""))
+    notes.append(batch_note(s))
+    return Recipe(framework=NAME, torchrun=torchrun(s, f"train.py --deepspeed {CONFIG_FILE}"), env=env,
+                  config_kind="deepspeed-json", config_file=CONFIG_FILE, config=text, notes=notes)

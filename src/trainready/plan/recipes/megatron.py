@@ -1,0 +1,169 @@
+"""Megatron-LM on Megatron-Core: tensor, pipeline, expert and sequence parallelism, the
+distributed optimizer (ZeRO-1), Megatron's selective or full recompute. Full training only.
+
+The flags are Megatron-LM's `pretrain_gpt.py` arguments (megatron/training/arguments.py at
+NVIDIA/Megatron-LM d98e8a6, 2026-08-22). Most are generated from Megatron-Core's
+TransformerConfig fields (ArgumentGroupFactory: `--field-name`); FLAGS maps each flag to that
+field, or to None for a flag arguments.py declares itself. The tests build TransformerConfig
+from the fields, so Megatron-Core's own checks see every generated flag.
+"""
+
+from __future__ import annotations
+
+from ..setup import Setup
+from .common import Recipe, args_lines, batch_note, checkpointing, environment, ep, torchrun
+
+NAME = "megatron"
+CORE_VERSION = "0.16.1"
+ARGS_FILE = "megatron.args"
+
+FLAGS: dict[str, str | None] = {
+    "--num-layers": "num_layers", "--hidden-size": "hidden_size", "--ffn-hidden-size": "ffn_hidden_size",
+    "--num-attention-heads": "num_attention_heads", "--group-query-attention": None,
+    "--num-query-groups": "num_query_groups", "--kv-channels": "kv_channels", "--seq-length": None,
+    "--max-position-embeddings": None, "--position-embedding-type": None, "--rotary-base": None,
+    "--normalization": "normalization", "--swiglu": None, "--untie-embeddings-and-output-weights": None,
+    "--disable-bias-linear": "add_bias_linear", "--add-qkv-bias": "add_qkv_bias", "--qk-layernorm": "qk_layernorm",
+    "--num-experts": None, "--moe-router-topk": "moe_router_topk", "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
+    "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size", "--moe-layer-freq": None,
+    "--moe-grouped-gemm": "moe_grouped_gemm", "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
+    "--multi-latent-attention": "multi_latent_attention", "--q-lora-rank": "q_lora_rank",
+    "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "qk_pos_emb_head_dim",
+    "--v-head-dim": "v_head_dim",
+    "--tensor-model-parallel-size": "tensor_model_parallel_size",
+    "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+    "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
+    "--use-distributed-optimizer": None, "--optimizer-cpu-offload": None, "--optimizer-offload-fraction": None,
+    "--micro-batch-size": None, "--global-batch-size": None,
+    "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
+    "--recompute-num-layers": "recompute_num_layers",
+    "--bf16": "bf16", "--fp16": "fp16", "--fp8-format": "fp8", "--grad-reduce-in-bf16": None,
+    "--overlap-grad-reduce": None, "--overlap-param-gather": None,
+    "--save": None, "--load": None, "--save-interval": None,
+}
+
+
+def reason(s: Setup) -> str | None:
+    m = s.model
+    if s.method != "full":
+        return f"Megatron-LM trains all weights: no {s.method} (NeMo adds PEFT on top); use --framework deepspeed"
+    if s.strategy in ("zero2", "zero3"):
+        return (f"Megatron's distributed optimizer shards optimizer states only (ZeRO-1); {s.strategy}: "
+                f"--framework deepspeed or torchtitan")
+    if s.offload == "optimizer+params":
+        return "Megatron offloads the optimizer only (--optimizer-cpu-offload); parameters: --framework deepspeed"
+    if s.optimizer_dtype == "bf16":
+        return "Megatron keeps fp32 main parameters and Adam states; pure bf16: --framework torchtitan"
+    if checkpointing(s) == "selective-op":
+        return ("Megatron's selective recompute is the attention core (selective-attn), not op-level; "
+                "use --framework torchtitan or --activation-checkpointing selective-attn")
+    if m.position == "alibi":
+        return f"Megatron-LM has no ALiBi positions ({m.name}); use --framework deepspeed"
+    if m.mlp == "geglu":
+        return f"Megatron-LM has no tanh-GeGLU flag ({m.name}: Gemma); use --framework deepspeed or hf-tp"
+    if m.moe is not None and m.moe.shared_expert_gate:
+        return f"{m.name}'s gated shared expert: Megatron-LM's flag for it is not modelled here; use --framework deepspeed"
+    return None
+
+
+def _layer_pattern(s: Setup) -> str | None:
+    moe = s.model.moe
+    if moe.first_dense_layers == 0 and moe.layer_freq == 1:
+        return None
+    flags = "".join("1" if s.model.is_moe_layer(i) else "0" for i in range(s.model.num_layers))
+    runs, i = [], 0
+    while i < len(flags):
+        j = i
+        while j < len(flags) and flags[j] == flags[i]:
+            j += 1
+        runs.append(f"[{flags[i]}]*{j - i}")
+        i = j
+    return "(" + "+".join(runs) + ")"  # no quotes: $(cat FILE) would pass them on literally
+
+
+def model_args(s: Setup) -> list[tuple[str, object]]:
+    m = s.model
+    a: list[tuple[str, object]] = [("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
+                                   ("--ffn-hidden-size", m.ffn_hidden_size), ("--num-attention-heads", m.num_heads)]
+    if m.num_kv_heads != m.num_heads and m.mla is None:
+        a += [("--group-query-attention", True), ("--num-query-groups", m.num_kv_heads)]
+    if m.head_dim and m.mla is None and m.head_dim != m.hidden_size // m.num_heads:
+        a.append(("--kv-channels", m.head_dim))
+    a += [("--seq-length", s.seq_len), ("--max-position-embeddings", max(s.seq_len, m.max_seq_len or 0)),
+          ("--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"),
+          ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")]
+    if m.mlp == "swiglu":
+        a.append(("--swiglu", True))
+    if not m.tied_embeddings:
+        a.append(("--untie-embeddings-and-output-weights", True))
+    if not (m.mlp_bias or m.out_bias):
+        a.append(("--disable-bias-linear", True))
+        if m.qkv_bias:
+            a.append(("--add-qkv-bias", True))
+    if m.qk_norm:
+        a.append(("--qk-layernorm", True))
+    if m.mla is not None:
+        a += [("--multi-latent-attention", True), ("--kv-lora-rank", m.mla.kv_lora_rank),
+              ("--qk-head-dim", m.mla.qk_nope_head_dim), ("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim),
+              ("--v-head-dim", m.mla.v_head_dim)]
+        if m.mla.q_lora_rank:
+            a.append(("--q-lora-rank", m.mla.q_lora_rank))
+    if m.moe is not None:
+        a += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.experts_per_token),
+              ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", True),
+              ("--moe-token-dispatcher-type", "alltoall")]
+        if m.moe.num_shared_experts:
+            a.append(("--moe-shared-expert-intermediate-size", m.moe.shared_width))
+        pattern = _layer_pattern(s)
+        if pattern:
+            a.append(("--moe-layer-freq", pattern))
+    return a
+
+
+def parallel_args(s: Setup) -> list[tuple[str, object]]:
+    a: list[tuple[str, object]] = [("--tensor-model-parallel-size", s.tp), ("--pipeline-model-parallel-size", s.pp)]
+    if s.model.is_moe:
+        a.append(("--expert-model-parallel-size", ep(s)))
+    if s.tp > 1:
+        a.append(("--sequence-parallel", True))
+    if s.strategy == "zero1":
+        a += [("--use-distributed-optimizer", True), ("--overlap-param-gather", True)]
+    if s.dp > 1:
+        a.append(("--overlap-grad-reduce", True))
+    if s.offload == "optimizer":
+        a += [("--optimizer-cpu-offload", True), ("--optimizer-offload-fraction", 1.0)]
+    a += [("--micro-batch-size", s.micro_batch), ("--global-batch-size", s.global_batch)]
+    ck = checkpointing(s)
+    if ck == "selective-attn":
+        a.append(("--recompute-granularity", "selective"))
+    elif ck == "full":
+        a += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    if s.precision in ("bf16", "fp8"):
+        a.append(("--bf16", True))
+    elif s.precision == "fp16":
+        a.append(("--fp16", True))
+    if s.precision == "fp8":
+        a.append(("--fp8-format", "hybrid"))
+    if s.reduce_dtype == "bf16" and s.precision != "fp32":
+        a.append(("--grad-reduce-in-bf16", True))
+    a += [("--save", "checkpoints"), ("--load", "checkpoints"), ("--save-interval", 500)]
+    return a
+
+
+def args(s: Setup) -> list[tuple[str, object]]:
+    return model_args(s) + parallel_args(s)
+
+
+def recipe(s: Setup) -> Recipe:
+    env, notes = environment(s)
+    env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM's examples: overlaps TP comm with compute
+    notes.insert(0, f"Megatron-LM pretrain_gpt.py on Megatron-Core {CORE_VERSION} with Transformer Engine: save "
+                    f"the config as {ARGS_FILE}; add --data-path, --tokenizer-type/--tokenizer-model, "
+                    f"--train-iters and --lr (or --mock-data for a first run)")
+    if s.strategy == "zero1":
+        notes.append("--use-distributed-optimizer: optimizer states sharded over data-parallel ranks (ZeRO-1)")
+    if s.pp > 1:
+        notes.append(f"pipeline {s.pp}: {s.grad_accum} micro-batches per step through the 1F1B schedule")
+    notes.append(batch_note(s))
+    return Recipe(framework=NAME, torchrun=torchrun(s, f"pretrain_gpt.py $(cat {ARGS_FILE})"), env=env,
+                  config_kind="megatron-args", config_file=ARGS_FILE, config=args_lines(args(s)), notes=notes)

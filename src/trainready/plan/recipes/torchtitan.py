@@ -1,0 +1,127 @@
+"""torchtitan 0.3: FSDP2 + tensor, pipeline and expert parallelism on DTensor, launched as
+`torchrun -m torchtitan.train --module M --config C` with command-line overrides.
+
+torchtitan 0.3 has no TOML job files any more: a job is a Python `Trainer.Config` from a model's
+`config_registry` (`--module llama3 --config llama3_8b`), and its "command-line surface is
+frozen" (torchtitan/config/configs.py): `--section.field value`, and the activation
+checkpointing policy as a subcommand (`activation_checkpoint:selective|full|none`). The field
+names below are those of torchtitan 0.3.0's config dataclasses (ParallelismConfig,
+TrainingConfig, CheckpointManager.Config; distributed/activation_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..setup import Setup
+from .common import Recipe, args_lines, batch_note, checkpointing, environment, ep, torchrun
+
+NAME = "torchtitan"
+VERSION = "0.3.0"
+ARGS_FILE = "torchtitan.args"
+
+# Our presets that torchtitan 0.3.0 ships a config for (torchtitan/models/*/config_registry.py).
+# Llama 3, 3.1 and 3.3 70B share one shape; torchtitan's llama3_70b is that shape.
+CONFIGS: dict[str, tuple[str, str]] = {
+    "llama-3-8b": ("llama3", "llama3_8b"), "llama-3.1-8b": ("llama3", "llama3_8b"),
+    "llama-3-70b": ("llama3", "llama3_70b"), "llama-3.1-70b": ("llama3", "llama3_70b"),
+    "llama-3.3-70b": ("llama3", "llama3_70b"), "llama-3.1-405b": ("llama3", "llama3_405b"),
+    "qwen3-0.6b": ("qwen3", "qwen3_0_6b"), "qwen3-1.7b": ("qwen3", "qwen3_1_7b"),
+    "qwen3-14b": ("qwen3", "qwen3_14b"), "qwen3-32b": ("qwen3", "qwen3_32b"),
+    "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"), "deepseek-r1": ("deepseek_v3", "deepseek_v3_671b"),
+}
+
+
+def reason(s: Setup) -> str | None:
+    m = s.model
+    if s.method != "full":
+        return (f"torchtitan 0.3 has no {s.method} on its command line (LoRA is a model converter in a "
+                f"Python config; no 4-bit base); use --framework deepspeed (PEFT)")
+    if m.norm != "rmsnorm" or m.position != "rope" or m.mlp != "swiglu" or m.qkv_bias:
+        what = ("LayerNorm" if m.norm != "rmsnorm" else f"{m.position} positions" if m.position != "rope"
+                else f"a {m.mlp} MLP" if m.mlp != "swiglu" else "QKV biases")
+        return (f"torchtitan implements Llama 3/Qwen3/DeepSeek-V3-style blocks (RMSNorm, RoPE, SwiGLU, no "
+                f"biases); {m.name} has {what}: use --framework deepspeed or megatron")
+    if s.strategy in ("zero1", "zero2"):
+        alt = "deepspeed or megatron" if s.strategy == "zero1" else "deepspeed"
+        return (f"torchtitan shards with FSDP2 (ZeRO-3) or replicates (DDP), no {s.strategy}: "
+                f"--framework {alt}")
+    if s.offload == "optimizer":
+        return ("torchtitan's CPU offload (training.enable_cpu_offload) moves parameters, gradients and "
+                "optimizer states; the optimizer alone: --framework deepspeed")
+    if s.precision not in ("bf16", "fp32"):
+        return (f"torchtitan's mixed_precision_param is bfloat16 or float32, not {s.precision} (float8 is a "
+                f"model converter in a Python config); use --framework megatron or deepspeed")
+    if s.reduce_dtype != "fp32":
+        return ("torchtitan reduces gradients in float32 only (training.mixed_precision_reduce); "
+                "plan with --reduce-dtype fp32 or use --framework deepspeed")
+    if checkpointing(s) == "selective-attn":
+        return ("torchtitan's selective checkpointing is op-level (selective-op), not Megatron's attention "
+                "recompute; use --framework megatron or --activation-checkpointing selective-op")
+    return None
+
+
+def module_config(s: Setup) -> tuple[str, str, bool]:
+    """(module, config function, whether torchtitan ships it)."""
+    m = s.model
+    for key in (m.name, *m.aliases):
+        hit = CONFIGS.get(key.lower())
+        if hit:
+            return (*hit, True)
+    slug = re.sub(r"[^a-z0-9]+", "_", m.name.lower()).strip("_") or "model"
+    return "trainready_models", slug if slug[0].isalpha() else f"m_{slug}", False
+
+
+def overrides(s: Setup) -> list[tuple[str, object]]:
+    """The command-line overrides that make torchtitan run exactly this setup."""
+    replicate, shard = (s.dp, 1) if s.strategy == "ddp" else (1, s.dp)
+    a: list[tuple[str, object]] = [
+        ("--parallelism.data_parallel_replicate_degree", replicate),
+        ("--parallelism.data_parallel_shard_degree", shard),
+        ("--parallelism.tensor_parallel_degree", s.tp),
+        ("--parallelism.pipeline_parallel_degree", s.pp),
+    ]
+    if s.pp > 1:  # local_batch_size is split into pipeline micro-batches of this size
+        a += [("--parallelism.pipeline_parallel_microbatch_size", s.micro_batch),
+              ("--parallelism.pipeline_parallel_schedule", "1F1B")]
+    if s.model.is_moe:
+        a.append(("--parallelism.expert_parallel_degree", ep(s)))
+    local = s.micro_batch * s.grad_accum if s.pp > 1 else s.micro_batch
+    a += [("--training.local_batch_size", local), ("--training.global_batch_size", s.global_batch),
+          ("--training.seq_len", s.seq_len),
+          ("--training.mixed_precision_param", "bfloat16" if s.precision == "bf16" else "float32"),
+          ("--training.mixed_precision_reduce", "float32")]
+    if s.optimizer_dtype == "bf16":
+        a.append(("--training.dtype", "bfloat16"))  # pure bf16: no fp32 master weights
+    if s.offload == "optimizer+params":
+        a.append(("--training.enable_cpu_offload", True))
+    a += [("--checkpoint.enable", True), ("--checkpoint.folder", "checkpoint")]
+    return a
+
+
+def ac_mode(s: Setup) -> str:
+    return {"none": "none", "full": "full", "selective-op": "selective"}[checkpointing(s)]
+
+
+def recipe(s: Setup) -> Recipe:
+    module, config, shipped = module_config(s)
+    env, notes = environment(s)
+    args = args_lines(overrides(s)) + f"\nactivation_checkpoint:{ac_mode(s)}"
+    program = f"-m torchtitan.train --module {module} --config {config} $(cat {ARGS_FILE})"
+    notes.insert(0, f"torchtitan {VERSION}: save the config as {ARGS_FILE}; the subcommand "
+                    f"activation_checkpoint:... stays last")
+    if not shipped:
+        m = s.model
+        notes.append(f"torchtitan ships no config for {m.name}: write {module}/config_registry.py with "
+                     f"`def {config}() -> Trainer.Config` after torchtitan/models/llama3/config_registry.py, "
+                     f"with {m.num_layers} layers, dim {m.hidden_size}, {m.num_heads} heads, {m.num_kv_heads} "
+                     f"KV heads, FFN {m.ffn_hidden_size}, vocab {m.vocab_size}")
+    if s.strategy == "ddp":
+        notes.append("data_parallel_shard_degree 1 with replicate degree = dp: replicated weights (DDP-like, "
+                     "torchtitan applies it through fully_shard's HSDP mesh)")
+    if s.tp > 1:
+        notes.append("tensor parallel with sequence parallel (torchtitan's default enable_sequence_parallel)")
+    notes.append(batch_note(s))
+    return Recipe(framework=NAME, torchrun=torchrun(s, program), env=env, config_kind="torchtitan-args",
+                  config_file=ARGS_FILE, config=args, notes=notes)
