@@ -20,7 +20,7 @@ from trainready.plan.job import JobSpec  # noqa: E402
 from trainready.plan.search import PlanRequest, plan  # noqa: E402
 
 CASES = [("llama-2-13b", "full"), ("llama-2-70b", "full"), ("llama-3-8b", "qlora"), ("llama-3.1-405b", "full"),
-         ("mistral-7b", "lora")]
+         ("mistral-7b", "lora"), ("mixtral-8x7b", "full"), ("deepseek-v3", "full")]  # MoE: the search adds EP degrees
 
 
 def main() -> None:

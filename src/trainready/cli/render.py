@@ -89,6 +89,8 @@ def _setup_line(e: EstimateResult) -> str:
     par = s.strategy + (f"+offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
         par += f", tp {s.tp} x pp {s.pp} x dp {s.dp}"
+    if s.ep > 1:
+        par += f", ep {s.ep}"
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}, "
@@ -96,7 +98,8 @@ def _setup_line(e: EstimateResult) -> str:
 
 
 def render_estimate(con: Console, e: EstimateResult) -> None:
-    con.print(line((e.model.name, "bold"), f" ({e.model.params / 1e9:,.2f}B parameters)"))
+    active = f", {e.model.active_params / 1e9:,.2f}B active" if e.model.active_params != e.model.params else ""
+    con.print(line((e.model.name, "bold"), f" ({e.model.params / 1e9:,.2f}B parameters{active})"))
     con.print(_setup_line(e))
     mem = _Grid("Memory per GPU (GiB)", ["weights", "grads", "optimizer", "activations", "other", "peak", "GPU",
                                          "fits"])
@@ -161,6 +164,8 @@ def _how(e: EstimateResult) -> str:
     how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
         how += f", tp {s.tp} x pp {s.pp}"
+    if s.ep > 1:
+        how += f", ep {s.ep}"
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
     if s.activation_checkpointing != "none":
         how += f", {s.activation_checkpointing} recompute"

@@ -185,3 +185,30 @@ NF4_DEQUANT_MEMORY_EFFICIENCY = 0.24
 FRAGMENTATION = {"default": 0.05, "zero3": 0.15}
 CUDA_CONTEXT_GIB = 0.8
 NCCL_BUFFERS_GIB = 0.5
+
+# --- mixture of experts (plan/moe.py) --------------------------------------------------------
+# Grouped GEMMs (one kernel over all local experts: torch._grouped_mm, Transformer Engine's
+# GroupedLinear, DeepGEMM) with thousands of rows per expert run as fast as a dense GEMM of the
+# same shape: DeepGEMM README (2025-02-25 table, H800, FP8), contiguous grouped 4-8 groups x
+# 4096-8192 rows at 1288-1297 TFLOP/s (N 4096, K 7168) vs 1304 dense, 1093-1099 vs 1025 dense
+# (N 7168, K 2048). With few rows per expert they fall: masked grouped GEMMs at 1024/512/256 rows
+# per group reach 0.95/0.80/0.72 (N 4096, K 7168) and 0.84/0.84/0.74 (N 7168, K 2048) of the
+# large-row figures, which rows / (rows + 100) follows (per-point fits 58..189, median 102).
+# Applied to the forward and input-gradient GEMMs; the weight gradient reduces over the rows,
+# where the ARCH K ramp already applies.
+GROUPED_GEMM_M0 = 100.0
+# Dropless routing leaves the busiest expert-parallel rank more tokens than the mean, and that
+# rank sets the pace of the experts' GEMMs and of the all-to-alls. ASSUMED 1.15 (1.1-1.2 for a
+# trained router with auxiliary-loss or loss-free balancing): Wang et al. 2024 (arXiv 2408.15664)
+# track per-expert max-load violation and keep it low with bias-based (DeepSeek-V3) balancing;
+# a rank holds E/ep experts, which averages part of the per-expert spread away. Megatron-Core's
+# MoE README warns of severe imbalance in the first 100-300 steps from scratch (not modelled).
+LOAD_IMBALANCE = 1.15
+# All-to-all (dispatch/combine) bandwidth as a fraction of the links. Inside a node: UCCL-EP
+# README (github.com/uccl-project/uccl, ep/) on p5en, 8x H200 (NVLink 450 GB/s per direction):
+# 320 GB/s dispatch and combine -> 0.70 (DeepEP on H800: 153-158 of ~160 GB/s). Across nodes,
+# of each GPU's share of the node's network: UCCL-EP on p5en EFA (50 GB/s per GPU) EP16 dispatch
+# 50 / combine 18 GB/s, EP24 53 / 26, EP32 54 / 43 -> 0.53, 0.70, 0.96 for a dispatch+combine
+# pair; DeepEP on InfiniBand CX7 (50 GB/s per GPU) EP16-64: 43-58 GB/s. 0.75 taken.
+A2A_NVLINK_EFFICIENCY = 0.70
+A2A_NETWORK_EFFICIENCY = 0.75

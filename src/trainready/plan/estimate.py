@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from trainready.catalog import Price
 
 from . import efficiency as eff
+from . import moe
 from . import reliability as rel
 from .confidence import ConfidenceInfo, confidence_info, summary
 from .memory import GiB, MemoryResult, estimate_memory
@@ -26,6 +27,7 @@ SPOT_ASSUMPTION = (f"spot: one interruption per node per {rel.SPOT_NODE_MTBF_H:g
 class ModelInfo(BaseModel):
     name: str
     params: int
+    active_params: int = Field(description="parameters each token uses (MoE: top-k routed experts); = params if dense")
     derived: str | None = None
     source: str = ""
 
@@ -39,6 +41,7 @@ class SetupInfo(BaseModel):
     dp: int
     tp: int
     pp: int
+    ep: int = Field(1, description="expert-parallel size (MoE), carved out of dp")
     strategy: str
     micro_batch: int
     grad_accum: int
@@ -246,6 +249,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                            f"params/s per physical core x {cores} cores ({host} / 2), cores bound to ranks")
     if m.derived:
         assumptions.append(m.derived)
+    assumptions += moe.assumptions(s)
     if s.instance is None:
         assumptions.append(f"no instance given: {s.gpus_per_node} x {s.gpu.name} per node, no price")
     for kind, p in (("on-demand", od_price), ("spot", spot_price)):
@@ -272,9 +276,10 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         f"{s.keep_hot}+1 checkpoints, {st.hot_tier_have_gb_per_node:,.0f} GB of NVMe")
     total_flops = step.hardware_flops_per_token * s.tokens if s.tokens else None
     return EstimateResult(
-        model=ModelInfo(name=m.name, params=m.param_count(), derived=m.derived, source=m.source),
+        model=ModelInfo(name=m.name, params=m.param_count(), active_params=m.active_param_count(), derived=m.derived,
+                        source=m.source),
         setup=SetupInfo(instance=s.instance.name if s.instance else None, gpu=s.gpu.name, nodes=s.nodes,
-                        gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp,
+                        gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,

@@ -53,6 +53,8 @@ class JobSpec(BaseModel):
     strategy: Strategy = "fsdp"
     tp: int = Field(1, gt=0, le=1024)
     pp: int = Field(1, gt=0, le=1024)
+    ep: int = Field(1, gt=0, le=1024, description="expert-parallel size (mixture-of-experts models): "
+                                                  "EP groups are carved out of the data-parallel ranks")
     micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per GPU per forward")
     global_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per optimizer step")
     seq_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN)

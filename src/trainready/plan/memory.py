@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import efficiency as eff
+from . import moe
 from .activations import (
     final_norm_bytes,
     layer_bytes_per_token,
@@ -44,23 +45,30 @@ class ParamCounts:
     largest_embedding: float  # the larger of input embedding and (untied) head, 1/tp: one FSDP unit
     trainable: float  # trainable parameters local to this GPU (adapters for LoRA)
     quantized: float  # of `local`, weights stored in NF4 (QLoRA)
+    expert: float = 0.0  # of `local`, routed experts (1/ep of them): ZeRO shards these over dp/ep ranks
 
 
 def param_counts(s: Setup) -> ParamCounts:
     m = s.model
     layers = m.num_layers // s.pp
-    block = m.block_params() / s.tp
+    block = m.block_params() / s.tp if not m.is_moe else 0.0  # MoE: moe.stage_params below
     # the input embedding (+ learned positions) is at least as large as the head: with
     # pipeline stages it is the worst stage's share, and it is ZeRO-3's largest single unit
     e = m.embedding_dim or m.hidden_size
     largest = (m.vocab_size * e + (m.max_seq_len or 0) * m.hidden_size * (m.position == "learned")) / s.tp
     embed = (m.embedding_params() + (m.hidden_size if m.final_norm else 0)) / s.tp if s.pp == 1 else largest
     local = layers * block + embed
+    expert = 0.0
+    if m.is_moe:  # dense and MoE blocks differ; routed experts split ep ways (plan/moe.py)
+        blocks, expert, block = moe.stage_params(s)
+        local = blocks + embed
     if s.method == "full":
-        return ParamCounts(local, block, embed, largest, local, 0.0)
+        return ParamCounts(local, block, embed, largest, local, 0.0, expert)
     adapters = layers * m.lora_params_per_layer(s.lora_rank) / s.tp
     linear = layers * (m.attention_params() + m.mlp_params()) / s.tp
-    return ParamCounts(local, block, embed, largest, adapters, linear if s.method == "qlora" else 0.0)
+    if m.is_moe:  # bitsandbytes quantizes every linear layer of the blocks, experts included
+        linear = local - embed
+    return ParamCounts(local, block, embed, largest, adapters, linear if s.method == "qlora" else 0.0, expert)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,14 @@ class MemoryResult:
     checkpoint_bytes: float  # one checkpoint of the whole job (all ranks)
 
 
+def _per_gpu(s: Setup, pc: ParamCounts, nbytes: float, shard: int) -> float:
+    """Bytes per GPU of a state of `nbytes` per parameter, unsharded (shard 1) or sharded over
+    the dp ranks by ZeRO/FSDP: routed experts then over the dp/ep ranks that hold the same
+    experts (pc.local has 1/ep of them), everything else over all dp ranks."""
+    n = pc.local + (s.ep - 1) * pc.expert if shard > 1 else pc.local
+    return nbytes * n / shard
+
+
 def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, host-offloaded) bytes per GPU for the model states."""
     dp = s.dp
@@ -96,7 +112,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         base_linear_bytes = NF4_BYTES if s.method == "qlora" else 2.0
         base = pc.quantized * base_linear_bytes + (pc.local - pc.quantized) * 2.0
         if z3:
-            base = base / dp + units
+            base = (base / dp if not pc.expert else base * _per_gpu(s, pc, 1.0, dp) / pc.local) + units
         a = pc.trainable  # adapters: fp32 weights, grads, Adam (tiny, replicated)
         return base + 4 * a, 4 * a, 8 * a, 0.0
     pure = s.optimizer_dtype == "bf16"
@@ -106,15 +122,15 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     shard_opt = dp if s.strategy != "ddp" else 1
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1
     shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
-    weights = w_b * pc.local / shard_w + working + units
-    grads = g_b * pc.local / shard_grad
-    optim = o_b * pc.local / shard_opt
+    weights = _per_gpu(s, pc, w_b, shard_w) + working + units
+    grads = _per_gpu(s, pc, g_b, shard_grad)
+    optim = _per_gpu(s, pc, o_b, shard_opt)
     if s.offload == "none":
         return weights, grads, optim, 0.0
-    host = (w_b + g_b + o_b) * pc.local / dp  # master, fp32 grads and Adam live in host RAM
+    host = _per_gpu(s, pc, w_b + g_b + o_b, dp)  # master, fp32 grads and Adam live in host RAM
     if s.offload == "optimizer":
-        gpu_weights = (2.0 * pc.local if not z3 else 2.0 * pc.local / dp + units)
-        return gpu_weights, 2.0 * pc.local / dp, 0.0, host
+        gpu_weights = (2.0 * pc.local if not z3 else _per_gpu(s, pc, 2.0, dp) + units)
+        return gpu_weights, _per_gpu(s, pc, 2.0, dp), 0.0, host
     return units, 2.0 * pc.block, 0.0, host  # optimizer+params: only gathered units stay
 
 
@@ -136,6 +152,12 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     per_layer = layer_bytes_per_token(m, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                       method=s.method, seq_len=s.seq_len) / s.tp
     layer = per_layer * tokens
+    stage = m.num_layers // s.pp * layer  # one micro-batch's saved activations on the worst stage
+    if m.is_moe:  # MoE layers save routed tokens' activations (plan/moe.py)
+        moe_layer = tokens * moe.moe_layer_bytes_per_token(s, lambda shape: layer_bytes_per_token(
+            shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len), a) / s.tp
+        stage = moe.worst_stage(m, s.pp, layer, moe_layer)
+        layer = max(layer, moe_layer)
     in_flight = min(s.pp, s.grad_accum)  # 1F1B: the first stage holds pp micro-batches
     layers = m.num_layers // s.pp * in_flight
     kept = None  # what one layer keeps per micro-batch under recompute (None: all it saves)
@@ -147,10 +169,10 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     if kept is not None:
         saved = layers * kept
     else:  # with FlashAttention, selective-attn recompute saves nothing more (no s x s scores)
-        saved = layers * layer
+        saved = layers * layer if not m.is_moe else in_flight * stage
     loss = tokens * (loss_bytes_per_token(m, a) + final_norm_bytes(m, s.kernels, r, a)) / s.tp
     if s.pp > 1:  # the loss lives on the last stage, which holds one micro-batch
-        last = m.num_layers // s.pp * (layer if kept is None else kept)
+        last = stage if kept is None else m.num_layers // s.pp * kept
         saved, loss = max(saved, last + loss), 0.0 if saved > last + loss else loss
     return saved, layer, loss, layer_input_bytes(m, r) * tokens
 

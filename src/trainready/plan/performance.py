@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import efficiency as eff
+from . import moe
 from .activations import op_sac_matmuls
 from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
@@ -45,10 +46,13 @@ class StepResult:
 
 # --- counting --------------------------------------------------------------------------
 def _gemms(s: Setup) -> list[tuple[int, int, int]]:
-    """(K, N, count) of one block's forward matmuls per token (M = tokens), TP-split."""
+    """(K, N, count) of one block's forward matmuls per token (M = tokens), TP-split. MoE
+    models: attention only (their MLPs differ by layer: moe.mlp_stage_time); MLA: its projections."""
     m, t = s.model, s.tp
     d, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
     up = 2 * f if m.gated_mlp else f
+    if m.is_moe or m.mla is not None:
+        return moe.attention_gemms(s) + ([] if m.is_moe else [(d, up // t, 1), (f // t, d, 1)])
     return [(d, (q + 2 * kv) // t, 1), (q // t, d, 1), (d, up // t, 1), (f // t, d, 1)]
 
 
@@ -64,8 +68,8 @@ def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank:
     """6N + 12*L*q_dim*s (PaLM/MosaicML), N = weights used in matmuls (blocks + head).
     For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters.
     The MFU numerator: what `trainready run` divides by the GPUs' peak."""
-    attn = 12 * m.num_layers * m.q_dim * seq_len
-    n = m.matmul_params()
+    attn = 12 * m.num_layers * moe.attention_dim(m) * seq_len
+    n = m.matmul_params()  # MoE: active experts only
     if method == "full":
         return 6 * n + attn
     adapters = m.num_layers * m.lora_params_per_layer(lora_rank)
@@ -75,8 +79,10 @@ def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank:
 def recompute_flops_per_token(s: Setup) -> float:
     """Extra FLOPs per token of recomputation, counted like the MFU numerator."""
     m = s.model
-    attn_fwd = 4 * m.num_layers * m.q_dim * s.seq_len
+    attn_fwd = 4 * m.num_layers * moe.attention_dim(m) * s.seq_len
     if s.checkpointing == "full":
+        if m.is_moe or m.mla is not None:  # the blocks' active matmul weights
+            return 2 * (m.matmul_params() - m.vocab_size * (m.embedding_dim or m.hidden_size)) + attn_fwd
         return 2 * m.num_layers * (m.attention_params() + m.mlp_params()) + attn_fwd
     if s.checkpointing == "selective-attn":
         return attn_fwd
@@ -119,16 +125,21 @@ def _elementwise_bytes_per_token_layer(s: Setup) -> float:
     # eager HF RMSNorm: upcast, pow, mean, mul, downcast, weight mul, and their backward.
     norm = (100 if (eager and m.norm == "rmsnorm") else 10) * d
     residual = 2 * 12 * d  # two adds, forward and backward gradient accumulation
-    if m.gated_mlp:
-        act = (26 if eager else 16) * f
-    elif m.activation == "gelu_tanh_composed" and eager:
-        act = 100 * f  # ~8 elementwise kernels forward (pow, mul, add, mul, tanh, add, mul, mul) and their backward
-    else:
-        act = 10 * f
+    act = _act_bytes(s, f) if not m.is_moe else 0  # MoE models: per layer kind in moe.mlp_stage_time
     rope = ((40 if eager else 8) * (q + kv)) if m.position == "rope" else 0
     copies = 8 * q if eager else 0  # attention output transpose+contiguous, fwd and bwd
     total = m.norms_per_layer * norm + residual + act + rope + copies
     return total * (2 if s.precision == "fp32" else 1) / s.tp
+
+
+def _act_bytes(s: Setup, f: float) -> float:
+    """HBM bytes of an MLP's activation function per token, forward + backward, width f."""
+    m, eager = s.model, s.kernels == "eager"
+    if m.gated_mlp:
+        return (26 if eager else 16) * f
+    if m.activation == "gelu_tanh_composed" and eager:
+        return 100 * f  # ~8 elementwise kernels forward (pow, mul, add, mul, tanh, add, mul, mul) and their backward
+    return 10 * f
 
 
 def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> tuple[float, float, float]:
@@ -197,7 +208,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
         bwd += a_bwd
         flops += a_flops
     attn_eff = attention_efficiency(s, e, peak)
-    attn_fwd_flops = 2 * tokens * s.seq_len * m.q_dim / s.tp  # causal: half of 4*s*q_dim
+    attn_fwd_flops = 2 * tokens * s.seq_len * moe.attention_dim(m) / s.tp  # causal: half of 4*s*q_dim
     attn_fwd = attn_fwd_flops / (peak * attn_eff)
     fwd += attn_fwd
     bwd += 2.5 * attn_fwd
@@ -221,6 +232,9 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     fwd_total = layers * fwd
     bwd_total = layers * (bwd + recompute)
     flops_total = layers * (flops + recompute_flops)
+    if m.is_moe:  # dense layers' MLPs and MoE layers' routers and experts, on the slowest stage
+        mlp = moe.mlp_stage_time(s, e, tokens, gemm_peak, gpu.hbm_gbps * 1e9 * mem_eff, _gemm_time, _act_bytes(s, 1))
+        fwd_total, bwd_total, flops_total = fwd_total + mlp[0], bwd_total + mlp[1], flops_total + mlp[2]
     # output head and loss on the last stage (counted for every stage: the slowest sets the pace)
     head_flops = 2 * tokens * m.hidden_size * m.vocab_size / s.tp
     head_k = m.hidden_size
@@ -307,12 +321,21 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
 
     # data parallel
     per_node, share = _dp_layout(s)
+    if m.is_moe:  # expert parallelism: dispatch/combine all-to-alls per micro-batch, exposed like TP's
+        tp_s += moe.a2a_s(s, tokens, per_node, ln.intra_gbps)
     dp = s.dp
     g_bytes = 4 if s.reduce_dtype == "fp32" else 2
     train = pc.trainable
     base_bytes = (NF4_BYTES if s.method == "qlora" else 2.0)
     gather_bytes = (4.0 if s.gather_dtype == "fp32" else 2.0) * pc.local if full else base_bytes * pc.local
     coll = lambda kind, nbytes: collective_s(kind, nbytes, dp, per_node, ln, share)  # noqa: E731
+    e_train = pc.expert if full else 0.0  # routed experts (1/ep of them): reduced and sharded over dp/ep ranks
+    if e_train and s.ep > 1:
+        e_ranks, e_per_node, e_share = moe.expert_dp_layout(s, per_node, share)
+        x, dense_coll = e_train / pc.local, coll
+        coll = lambda kind, nbytes: (dense_coll(kind, nbytes * (1 - x))  # noqa: E731
+                                     + collective_s(kind, nbytes * x, e_ranks, e_per_node, ln, e_share))
+    train_n = lambda shard: train + (s.ep - 1) * e_train * (shard > 1)  # noqa: E731  (train_n(k) / k: one rank's share)
     exposed_mb = overlapped_mb = exposed_step = comm_total = 0.0
     if dp > 1:
         if s.strategy in ("ddp", "zero1"):
@@ -354,15 +377,17 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     # optimizer and gradient accumulation (memory-bound), or the CPU optimizer with offload
     shard = dp if (s.strategy != "ddp") else 1
     opt_bytes = 16 if s.optimizer_dtype == "bf16" and full else 32
-    optimizer = train / shard * opt_bytes / hbm
-    accum_adds = (s.grad_accum - 1) * train / (shard if s.strategy in ("zero2", "zero3") else 1) * 12 / hbm
+    optimizer = train_n(shard) / shard * opt_bytes / hbm
+    g_shard = shard if s.strategy in ("zero2", "zero3") else 1
+    accum_adds = (s.grad_accum - 1) * train_n(g_shard) / g_shard * 12 / hbm
     offload_s = 0.0
     if s.offload != "none":
         pcie = (gpu.pcie_gbps_per_dir or 16.0) * 1e9 * eff.PCIE_COPY_EFFICIENCY
-        node_params = train / dp * s.gpus_per_node
-        optimizer = cpu_adam_s(s, node_params) + (4 + 2) * train / dp / pcie
+        node_params = train_n(dp) / dp * s.gpus_per_node
+        optimizer = cpu_adam_s(s, node_params) + (4 + 2) * train_n(dp) / dp / pcie
         if s.offload == "optimizer+params":
-            fetch = (2 * 2 * pc.local / dp + 4 * train / dp) / pcie
+            local_n = pc.local + (s.ep - 1) * pc.expert * (dp > 1)
+            fetch = (2 * 2 * local_n / dp + 4 * train_n(dp) / dp) / pcie
             offload_s = s.grad_accum * max(0.0, fetch - 0.5 * compute_mb)
 
     compute = s.grad_accum * compute_mb + optimizer + accum_adds

@@ -143,13 +143,26 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  stack=st.stack.name, stack_named=job.stack is not None)
 
 
-def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int]]:
+def _ep_options(experts: int, dp: int, dp_per_node: int) -> list[int]:
+    """Expert-parallel degrees to try (powers of two dividing the experts and dp): 1, the largest
+    inside a node (NVLink; smaller ones keep more expert states per GPU for a similar all-to-all),
+    across nodes in steps of 4x, and the largest."""
+    valid = [1 << i for i in range(11) if experts % (1 << i) == 0 and dp % (1 << i) == 0]
+    local = max(e for e in valid if e <= max(1, dp_per_node))
+    return [1] + [e for e in valid if e > 1 and (e == local or e == valid[-1]
+                                                 or (e > local and (e // local).bit_length() % 2 == 1))]
+
+
+def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int]]:
+    """(tp, pp, ep) to try; ep > 1 for MoE models only."""
     m = s.model
     n = m.param_count()
     tps = [t for t in (1, 2, 4, 8) if t <= s.gpus_per_node and (t == 1 or n >= TP_MIN_PARAMS)
            and m.num_heads % t == 0 and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)]
     pps = [p for p in (1, 2, 4, 8) if p == 1 or (n >= PP_MIN_PARAMS and m.num_layers % p == 0)]
-    return [(t, p) for t in tps for p in pps if (nodes * s.gpus_per_node) % (t * p) == 0]
+    gpus = nodes * s.gpus_per_node
+    eps = lambda t, p: _ep_options(m.moe.num_experts, gpus // (t * p), s.gpus_per_node // t) if m.moe else [1]  # noqa: E731
+    return [(t, p, e) for t in tps for p in pps if gpus % (t * p) == 0 for e in eps(t, p)]
 
 
 def _limit_gib(req: PlanRequest, gpu) -> float:
@@ -233,7 +246,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
         for strategy, offload in STRATEGIES:
             if offload != "none" and fitted_here:
                 continue  # offload only when nothing fits without it
-            for tp, pp in _parallel_options(base, nodes):
+            for tp, pp, ep in _parallel_options(base, nodes):
                 if pp > 1 and strategy not in ("ddp", "zero1"):
                     continue  # ZeRO-2/3 do not combine with pipeline stages (DeepSpeed, FSDP)
                 n = nodes * base.gpus_per_node
@@ -244,7 +257,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     continue
                 per_dp = gb // dp
                 for ckpt in ("none", "full"):
-                    s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, strategy=strategy, offload=offload,
+                    s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, ep=ep, strategy=strategy, offload=offload,
                                    checkpointing=ckpt)
                     why_not = framework_reason(s, req.framework)
                     if why_not:  # not recommended: the framework would not run what the row says
@@ -255,7 +268,8 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
                         log.smallest_peak_gib = smallest.peak / GiB
                         off = f"+offload {offload}" if offload != "none" else ""
-                        log.smallest_at = f"{nodes} node(s), {strategy}{off}, tp{tp} pp{pp}, ckpt {ckpt}"
+                        par = f"tp{tp} pp{pp}" + (f" ep{ep}" if ep > 1 else "")
+                        log.smallest_at = f"{nodes} node(s), {strategy}{off}, {par}, ckpt {ckpt}"
                         parts = {"weights": smallest.weights, "gradients": smallest.gradients,
                                  "optimizer": smallest.optimizer, "activations": smallest.activations}
                         top = sorted(parts.items(), key=lambda kv: -kv[1])[:2]
@@ -399,9 +413,10 @@ def _comm_bound(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes
 
 
 def _adjusted(c: _Best, value: float) -> float:
-    """A score with a handicap for what a user must build or buy extra: tensor/pipeline
+    """A score with a handicap for what a user must build or buy extra: tensor/pipeline/expert
     parallelism needs Megatron-style code, offload needs host RAM and a CPU optimizer."""
-    penalty = 1.0 + COMPLEXITY * ((c.setup.tp > 1 or c.setup.pp > 1) + (c.setup.offload != "none"))
+    model_parallel = c.setup.tp > 1 or c.setup.pp > 1 or c.setup.ep > 1
+    penalty = 1.0 + COMPLEXITY * (model_parallel + (c.setup.offload != "none"))
     return value * penalty
 
 

@@ -53,6 +53,7 @@ class Setup:
     region: str | None = None
     usd_per_hour: float | None = None
     keep_hot: int = 2
+    ep: int = 1  # expert-parallel size: EP groups are carved out of the dp ranks (plan/moe.py)
     notes: tuple[str, ...] = field(default=())
     stack: str = DEFAULT_STACK  # plan/stacks.py: whose defaults kernels, reduce dtype and checkpointing follow
     stack_named: bool = False  # the job named it (False: the default stack)
@@ -132,6 +133,21 @@ def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int) -> N
         raise UsageError(f"--pp {pp} must divide the number of layers ({model.num_layers})")
 
 
+def _check_ep(model: ModelSpec, ep: int, dp: int) -> None:
+    """EP groups are carved out of the data-parallel ranks (torchtitan, Megatron-Core): ep must
+    divide both the routed experts and the data-parallel size."""
+    if ep == 1:
+        return
+    name = printable(model.name)
+    if model.moe is None:
+        raise UsageError(f"--ep {ep} needs a mixture-of-experts model; {name} is dense (use --ep 1)")
+    experts = model.moe.num_experts
+    valid = [e for e in range(1, min(experts, dp) + 1) if experts % e == 0 and dp % e == 0]
+    if experts % ep or dp % ep:
+        raise UsageError(f"--ep {ep} must divide both the {experts} experts of {name} and the data-parallel size "
+                         f"{dp} (GPUs / (tp x pp)); valid: {', '.join(map(str, valid))}")
+
+
 def _check_precision(gpu: Gpu, precision: str, optimizer_dtype: str) -> None:
     if precision in ("bf16", "fp16", "fp8") and not gpu.peak_tflops(precision):
         have = [p for p in ("bf16", "fp16", "fp8") if gpu.peak_tflops(p)]
@@ -190,6 +206,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     if n_gpus % (job.tp * job.pp):
         raise UsageError(f"{n_gpus} GPUs are not divisible by --tp {job.tp} x --pp {job.pp}")
     dp = n_gpus // (job.tp * job.pp)
+    _check_ep(model, job.ep, dp)
     precision = job.precision or default_precision(gpu)
     _check_precision(gpu, precision, job.optimizer_dtype)
     _check_offload(strategy, job.offload, job.method)
@@ -219,4 +236,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  lora_rank=job.lora_rank, kernels=st.kernels,
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
-                 notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None)
+                 ep=job.ep, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None)
