@@ -156,7 +156,7 @@ def _archive(st) -> str:
         return f"archive keeps {keeps}: {st.archive_gb_per_billion_tokens:,.0f} GB per 1B tokens trained"
     held = st.checkpoints_written if st.archive_keeps is None else min(st.archive_keeps, st.checkpoints_written)
     return (f"archive keeps {keeps}: {count_text(st.checkpoints_written)} written over the run, "
-            f"{count_text(held)} x {st.checkpoint_gb:,.0f} GB = {st.archive_total_gb:,.0f} GB at the end")
+            f"{count_text(held)} x {st.checkpoint_gb:,.0f} GB = {count_text(st.archive_total_gb)} GB at the end")
 
 
 def _how(e: EstimateResult) -> str:
