@@ -24,6 +24,9 @@ $(VENV)/.base: pyproject.toml | $(BIN)/python
 $(VENV)/.dev: pyproject.toml constraints-dev.txt $(VENV)/.base
 	$(BIN)/pip install -q $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -c constraints-dev.txt -e ".[dev]"
+	# torchtitan's config classes for the recipe tests; without its deps (datasets pins fsspec below ours,
+	# wandb, tensorboard): its config needs only tyro and spmd_types from the dev extra
+	$(BIN)/pip install -q --no-deps -c constraints-dev.txt torchtitan
 	touch $@
 
 demo: $(VENV)/.base

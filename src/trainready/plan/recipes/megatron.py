@@ -29,7 +29,9 @@ FLAGS: dict[str, str | None] = {
     "--moe-grouped-gemm": "moe_grouped_gemm", "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
     "--multi-latent-attention": "multi_latent_attention", "--q-lora-rank": "q_lora_rank",
     "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "qk_pos_emb_head_dim",
-    "--v-head-dim": "v_head_dim",
+    "--v-head-dim": "v_head_dim", "--moe-router-dtype": "moe_router_dtype",
+    "--moe-router-enable-expert-bias": "moe_router_enable_expert_bias",
+    "--moe-router-score-function": "moe_router_score_function", "--moe-shared-expert-gate": "moe_shared_expert_gate",
     "--tensor-model-parallel-size": "tensor_model_parallel_size",
     "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
     "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
@@ -61,8 +63,6 @@ def reason(s: Setup) -> str | None:
         return f"Megatron-LM has no ALiBi positions ({m.name}); use --framework deepspeed"
     if m.mlp == "geglu":
         return f"Megatron-LM has no tanh-GeGLU flag ({m.name}: Gemma); use --framework deepspeed or hf-tp"
-    if m.moe is not None and m.moe.shared_expert_gate:
-        return f"{m.name}'s gated shared expert: Megatron-LM's flag for it is not modelled here; use --framework deepspeed"
     return None
 
 
@@ -111,9 +111,13 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
     if m.moe is not None:
         a += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.experts_per_token),
               ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", True),
-              ("--moe-token-dispatcher-type", "alltoall")]
+              ("--moe-token-dispatcher-type", "alltoall"), ("--moe-router-dtype", "fp32")]
+        if m.moe.router_bias:  # DeepSeek-V3: sigmoid scores with a bias that balances the experts
+            a += [("--moe-router-score-function", "sigmoid"), ("--moe-router-enable-expert-bias", True)]
         if m.moe.num_shared_experts:
             a.append(("--moe-shared-expert-intermediate-size", m.moe.shared_width))
+            if m.moe.shared_expert_gate:
+                a.append(("--moe-shared-expert-gate", True))
         pattern = _layer_pattern(s)
         if pattern:
             a.append(("--moe-layer-freq", pattern))

@@ -1,0 +1,165 @@
+"""Runs a tiny model (2 blocks, hidden 64, random init) through an emitted recipe on CPU, one
+process per rank under torchrun with gloo. Started by tests/test_recipes.py.
+
+    torchrun --nproc-per-node=2 recipe_worker.py titan torchtitan.args
+    torchrun --nproc-per-node=2 recipe_worker.py deepspeed ds_config.json SEQ_LEN
+
+It prints "ok <loss before> <loss after>" on rank 0 after training on one fixed batch.
+"""
+
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, DIM, HEADS, FFN, LAYERS = 128, 64, 4, 128, 2
+STEPS = 3
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(DIM), nn.RMSNorm(DIM)
+        self.wqkv, self.wo = nn.Linear(DIM, 3 * DIM, bias=False), nn.Linear(DIM, DIM, bias=False)
+        self.w1, self.w3 = nn.Linear(DIM, FFN, bias=False), nn.Linear(DIM, FFN, bias=False)
+        self.w2 = nn.Linear(FFN, DIM, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.wqkv(self.attention_norm(x)).view(b, s, 3, HEADS, DIM // HEADS).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, s, DIM))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleDict({str(i): Block() for i in range(LAYERS)})
+        self.norm, self.output = nn.RMSNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok_embeddings(tokens)
+        for block in self.layers.values():
+            x = block(x)
+        return self.output(self.norm(x)).float()
+
+
+def loss_of(model, tokens):
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def titan_config(args: list[str]):
+    """The recipe's overrides parsed by torchtitan's own parser (tyro with torchtitan's registry)
+    into torchtitan's config dataclasses: the sections of Trainer.Config the recipe sets."""
+    import tyro
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.config.manager import ConfigManager, custom_registry
+    from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
+
+    @dataclass(kw_only=True)
+    class Job:  # Trainer.Config's fields of these names and types (torchtitan/trainer.py)
+        training: TrainingConfig = field(default_factory=TrainingConfig)
+        parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+        checkpoint: CheckpointManager.Config = field(default_factory=CheckpointManager.Config)
+        activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
+
+    ConfigManager()  # registers torchtitan's tyro rules on custom_registry
+    return tyro.cli(Job, args=args, default=Job(), registry=custom_registry)
+
+
+def run_titan(path: str) -> tuple[float, float]:
+    """FSDP2 as torchtitan applies it (models/llama3/parallelize.py): the AC policy on every
+    block, fully_shard per block and on the whole model with its MixedPrecisionPolicy."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    cfg = titan_config(open(path).read().split())
+    p, t = cfg.parallelism, cfg.training
+    world = dist.get_world_size()
+    ParallelDims.from_config(p, world)  # torchtitan's own check of the degrees against the world size
+    assert p.tensor_parallel_degree == p.pipeline_parallel_degree == 1, "the CPU run covers data parallelism"
+    mesh = init_device_mesh("cpu", (p.data_parallel_replicate_degree, p.data_parallel_shard_degree),
+                            mesh_dim_names=("dp_replicate", "dp_shard"))
+    torch.manual_seed(0)
+    model = Tiny()
+    if cfg.activation_checkpoint is not None:
+        cfg.activation_checkpoint.build().apply(model)
+    mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPE_MAP[t.mixed_precision_param],
+                              reduce_dtype=TORCH_DTYPE_MAP[t.mixed_precision_reduce])
+    kw = dict(mesh=mesh, mp_policy=mp, **({"offload_policy": CPUOffloadPolicy()} if t.enable_cpu_offload else {}))
+    for block in model.layers.values():
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
+    accum = t.global_batch_size // (t.local_batch_size * dp)
+    assert accum * t.local_batch_size * dp == t.global_batch_size
+    return train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
+
+
+def train(model, opt, micro: int, accum: int, seq: int, engine=None) -> tuple[float, float]:
+    """STEPS optimizer steps of `accum` micro-batches on one fixed batch; with a DeepSpeed engine,
+    its backward and step every micro-batch (it scales the loss and steps at the boundary)."""
+    g = torch.Generator().manual_seed(1 + dist.get_rank())
+    batch = torch.randint(0, VOCAB, (accum, micro, seq + 1), generator=g)
+    losses = []
+    for _ in range(STEPS):
+        total = 0.0
+        for i in range(accum):
+            loss = loss_of(model, batch[i])
+            if engine is not None:
+                engine.backward(loss)
+                engine.step()
+            else:
+                (loss / accum).backward()
+            total += loss.item() / accum
+        if engine is None:
+            opt.step()
+            opt.zero_grad()
+        losses.append(total)
+    return losses[0], losses[-1]
+
+
+def run_deepspeed(path: str) -> tuple[float, float]:
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    # test plumbing: skip the JIT build of DeepSpeed's shared-memory allreduce (a C++ compile of
+    # about 100 s); gloo carries the collectives instead
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+    cfg = json.load(open(path))
+    torch.manual_seed(0)
+    model = Tiny()
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                             config=cfg)
+    assert engine.zero_optimization_stage() == cfg["zero_optimization"]["stage"]
+    return train(engine, opt, cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"],
+                 int(sys.argv[3]), engine=engine)
+
+
+def main() -> None:
+    kind, path = sys.argv[1], sys.argv[2]
+    if kind == "titan":
+        dist.init_process_group("gloo")
+    first, last = (run_titan if kind == "titan" else run_deepspeed)(path)
+    if int(os.environ["RANK"]) == 0:
+        print(f"ok {first:.4f} {last:.4f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

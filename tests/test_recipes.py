@@ -1,0 +1,352 @@
+"""Recipes: every emitted config is read by its framework's own parser or config class
+(torchtitan's tyro CLI over its config dataclasses and ParallelDims, DeepSpeedConfig and AutoEP's
+validator, Megatron-Core's TransformerConfig and micro-batch calculator, transformers'
+DistributedConfig and the model configs' TP/EP plans), and the CPU-capable recipes train a
+tiny model on 2 gloo processes under torchrun.
+
+A framework package that is not installed skips its checks with the reason (pytest -ra prints
+it); `make test` installs them all (pyproject dev extra, Makefile for torchtitan)."""
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainready.errors import UsageError
+from trainready.plan.job import JobSpec
+from trainready.plan.model_spec import ModelSpec
+from trainready.plan.recipes import CHOICES, FRAMEWORKS, deepspeed, framework_for, hf_tp, megatron, recipe_for
+from trainready.plan.recipes import torchtitan as titan
+from trainready.plan.search import PlanRequest, plan
+from trainready.plan.setup import resolve
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+# A spread of setups, each resolved as `estimate` and the planner resolve them.
+CASES = {
+    "ddp": dict(model="llama-2-7b", strategy="ddp"),
+    "zero1": dict(model="llama-2-13b", strategy="zero1"),
+    "zero2 tp2 (the demo's row)": dict(model="llama-2-13b", strategy="zero2", tp=2),
+    "zero2 offload optimizer": dict(model="llama-2-13b", strategy="zero2", offload="optimizer"),
+    "zero3 offload params, full ckpt": dict(model="llama-3.1-70b", strategy="zero3", offload="optimizer+params",
+                                            activation_checkpointing="full"),
+    "zero3 tp8 x 2 nodes, selective-op": dict(model="llama-3.1-70b", strategy="zero3", tp=8, gpus=16,
+                                              activation_checkpointing="selective-op"),
+    "zero1 tp4 pp2 x 4 nodes, selective-attn": dict(model="llama-3.1-70b", strategy="zero1", tp=4, pp=2, gpus=32,
+                                                    activation_checkpointing="selective-attn"),
+    "ddp pp2": dict(model="llama-2-13b", strategy="ddp", pp=2),
+    "zero1 offload, fp16 V100": dict(model="llama-2-7b", instance="p3dn.24xlarge", strategy="zero1",
+                                     offload="optimizer", precision="fp16"),
+    "fp8 H100": dict(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1", precision="fp8"),
+    "pure bf16": dict(model="llama-3.1-8b", strategy="zero3", optimizer_dtype="bf16"),
+    "mixtral ep8 x 2 nodes": dict(model="mixtral-8x7b", strategy="zero3", ep=8, gpus=16),
+    "qwen3 moe ep4 tp2": dict(model="qwen3-30b-a3b", strategy="zero3", ep=4, tp=2),
+    "deepseek-v3 tp8 ep8 zero1 x 64 nodes": dict(model="deepseek-v3", instance="p5.48xlarge", strategy="zero1",
+                                                 tp=8, ep=8, gpus=512, activation_checkpointing="full"),
+    "lora zero2": dict(model="llama-2-13b", method="lora", strategy="zero2"),
+    "qlora zero3 x 2 nodes": dict(model="llama-3.1-70b", method="qlora", strategy="zero3", gpus=16),
+    "gpt3 layernorm, learned positions": dict(model="gpt3-1.3b", strategy="zero1"),
+    "gemma-2 geglu": dict(model="gemma-2-9b", strategy="zero3"),
+}
+
+
+def setup_of(catalog, **kw):
+    kw.setdefault("instance", "p4d.24xlarge")
+    return resolve(JobSpec(**kw), catalog)
+
+
+def need(module: str):
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        pytest.skip(f"{module} is not installed: `make test` installs it (pyproject dev extra / Makefile)")
+    return pytest.importorskip(module)
+
+
+# --- the framework's own parsers ----------------------------------------------------------------
+
+def check_torchtitan(s, r):
+    need("torchtitan.config")
+    from recipe_worker import titan_config
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    *lines, sub = r.config.splitlines()
+    assert sub.startswith("activation_checkpoint:")
+    cfg = titan_config(r.config.split())
+    p, t = cfg.parallelism, cfg.training
+    ParallelDims.from_config(p, s.n_gpus)  # degrees multiply to the world size
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree) == (s.tp, s.pp)
+    assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree == s.dp
+    assert (p.data_parallel_shard_degree == 1) == (s.strategy == "ddp")
+    assert p.expert_parallel_degree == getattr(s, "ep", 1)
+    assert (t.global_batch_size, t.seq_len) == (s.global_batch, s.seq_len)
+    if s.pp > 1:
+        assert t.local_batch_size == s.micro_batch * s.grad_accum
+        assert t.local_batch_size % p.pipeline_parallel_microbatch_size == 0
+        assert p.pipeline_parallel_microbatch_size == s.micro_batch
+    else:
+        assert t.global_batch_size // (t.local_batch_size * s.dp) == s.grad_accum
+    assert t.enable_cpu_offload == (s.offload == "optimizer+params")
+    ac = {"none": type(None), "full": FullAC.Config, "selective-op": SelectiveAC.Config}[s.checkpointing]
+    assert isinstance(cfg.activation_checkpoint, ac)
+    assert cfg.checkpoint.enable
+    module, config, shipped = titan.module_config(s)
+    assert f"-m torchtitan.train --module {module} --config {config} $(cat {r.config_file})" in r.torchrun[0]
+    if shipped:  # the named config exists in the installed torchtitan (read, not imported: it needs triton)
+        root = Path(importlib.util.find_spec("torchtitan").submodule_search_locations[0])
+        assert f"\ndef {config}() -> Trainer.Config:" in (root / "models" / module / "config_registry.py").read_text()
+
+
+class _MPU:
+    def __init__(self, dp):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self):
+        return self.dp
+
+
+def check_deepspeed(s, r, monkeypatch):
+    need("deepspeed")
+    import deepspeed.runtime.config as ds_config
+    from deepspeed.module_inject.auto_ep_config import parse_autoep_config, validate_autoep_config
+
+    cfg = json.loads(r.config)
+    # DeepSpeedConfig asks torch.distributed for the rank, then the mpu for the data-parallel size
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    c = ds_config.DeepSpeedConfig(cfg, mpu=_MPU(s.dp))  # asserts batch = micro x accum x dp, checks the keys
+    assert c.world_size == s.dp and c.train_batch_size == s.global_batch
+    assert c.zero_optimization_stage == deepspeed.STAGE[s.strategy]
+    zc = c.zero_config
+    assert (zc.offload_optimizer is not None) == (s.offload != "none")
+    assert (zc.offload_param is not None) == (s.offload == "optimizer+params")
+    assert c.tensor_parallel_config.autotp_size == (s.tp if s.tp > 1 else 0)
+    if s.pp > 1:
+        assert c.zero_optimization_stage <= 1 and c.pipeline["stages"] == s.pp
+    if s.precision in ("bf16", "fp16"):
+        assert (c.bfloat16_config.enabled if s.precision == "bf16" else c.float16_config.enabled)
+        assert c.communication_data_type is not None
+    if "expert_parallel" in cfg:
+        ep = parse_autoep_config(cfg["expert_parallel"])
+        assert ep.enabled and ep.autoep_size == s.ep
+        validate_autoep_config(ep, world_size=s.n_gpus, pp_size=s.pp, tp_size=s.tp, sp_size=1,
+                               zero_stage=c.zero_optimization_stage,
+                               zero_offload_optimizer=zc.offload_optimizer is not None,
+                               zero_offload_param=zc.offload_param is not None)
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def check_megatron(s, r):
+    need("megatron.core")
+    import torch
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    args = {}
+    for line in r.config.splitlines():
+        flag, *value = line.split()
+        assert flag in megatron.FLAGS, f"{flag}: not a flag this module knows (megatron.FLAGS)"
+        assert flag not in args, f"{flag} given twice"
+        args[flag] = _value(value[0]) if value else True
+    fields = {megatron.FLAGS[f]: v for f, v in args.items() if megatron.FLAGS[f]}
+    if "add_bias_linear" in fields:  # --disable-bias-linear sets the field to False
+        fields["add_bias_linear"] = False
+    if "--num-experts" in args:  # arguments.py: --num-experts is TransformerConfig.num_moe_experts
+        fields["num_moe_experts"] = args["--num-experts"]
+    if "--moe-layer-freq" in args:  # arguments.py moe_freq_type: a Python list expression
+        fields["moe_layer_freq"] = eval(args["--moe-layer-freq"], {"__builtins__": {}})  # noqa: S307
+        assert sum(fields["moe_layer_freq"]) == s.model.num_moe_layers
+    dtype = torch.bfloat16 if args.get("--bf16") else torch.float16 if args.get("--fp16") else torch.float32
+    fields["params_dtype"] = fields["pipeline_dtype"] = dtype  # as Megatron-LM derives them from --bf16/--fp16
+    known = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    assert set(fields) <= known, set(fields) - known
+    config = (MLATransformerConfig if fields.get("multi_latent_attention") else TransformerConfig)(**fields)
+    m = s.model
+    assert (config.num_layers, config.hidden_size, config.num_attention_heads) == (m.num_layers, m.hidden_size,
+                                                                                   m.num_heads)
+    assert config.num_moe_experts == (m.moe.num_experts if m.moe else None)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (s.tp, s.pp)
+    assert config.sequence_parallel == (s.tp > 1)
+    calc = ConstantNumMicroBatchesCalculator(args["--global-batch-size"], args["--micro-batch-size"], s.dp,
+                                             decrease_batch_size_if_needed=False, rank=0)
+    assert calc.num_micro_batches == s.grad_accum
+    assert ("--use-distributed-optimizer" in args) == (s.strategy == "zero1")
+    assert ("--optimizer-cpu-offload" in args) == (s.offload == "optimizer")
+
+
+def check_hf_tp(s, r):
+    need("transformers")
+    from transformers import CONFIG_MAPPING
+    from transformers.distributed import DistributedConfig
+
+    tree = ast.parse(r.config)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "DistributedConfig"]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in calls[0].keywords}
+    dc = DistributedConfig(**kwargs)  # transformers' own checks of the mesh sizes
+    assert (dc.tp_size, dc.dp_size, dc.pp_size, dc.ep_size) == (s.tp, s.dp, 1, getattr(s, "ep", 1))
+    assert dc.fsdp_cpu_offload == (s.offload == "optimizer+params")
+    family = "gemma3_text" if s.model.family == "gemma3" else s.model.family
+    config = CONFIG_MAPPING[family]()
+    if s.tp > 1:
+        assert config.base_model_tp_plan
+    if dc.ep_size > 1:
+        assert config.base_model_ep_plan
+
+
+def check(s, r, monkeypatch):
+    assert r.framework in FRAMEWORKS and r.torchrun and len(r.torchrun) == s.nodes
+    assert max(map(len, r.config.splitlines())) <= 79, r.framework  # prints at 80 columns unwrapped
+    {"torchtitan": lambda: check_torchtitan(s, r), "deepspeed": lambda: check_deepspeed(s, r, monkeypatch),
+     "megatron": lambda: check_megatron(s, r), "hf-tp": lambda: check_hf_tp(s, r)}[r.framework]()
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_recipe_of_the_spread_reads_in_its_framework(catalog, framework, monkeypatch):
+    ran, refused = [], []
+    for name, kw in CASES.items():
+        s = setup_of(catalog, **dict(kw))
+        fw, why = framework_for(s, framework)
+        if fw is None:
+            assert why and "\n" not in why, name
+            refused.append(name)
+            continue
+        check(s, recipe_for(s, framework), monkeypatch)
+        ran.append(name)
+    assert len(ran) >= 4 and refused, (ran, refused)  # each framework runs several and refuses some
+
+
+def test_auto_gives_every_case_a_framework_or_says_why(catalog, monkeypatch):
+    for name, kw in CASES.items():
+        s = setup_of(catalog, **dict(kw))
+        fw, why = framework_for(s, "auto")
+        assert fw is not None, (name, why)  # each case is one some framework runs as planned
+        check(s, recipe_for(s), monkeypatch)
+
+
+def test_the_demo_row_launches_tensor_parallelism(catalog):
+    s = setup_of(catalog, **CASES["zero2 tp2 (the demo's row)"])
+    for fw in ("torchtitan", "megatron", "hf-tp"):
+        assert framework_for(s, fw)[0] is None
+    r = recipe_for(s)
+    assert r.framework == "deepspeed"
+    assert json.loads(r.config)["tensor_parallel"] == {"autotp_size": 2}
+
+
+def test_reasons_name_what_is_missing(catalog):
+    s = setup_of(catalog, model="llama-2-13b", strategy="zero2", tp=2)
+    assert "no zero2" in framework_for(s, "torchtitan")[1]
+    s = setup_of(catalog, model="llama-2-13b", method="lora", strategy="zero2")
+    assert "--framework deepspeed" in framework_for(s, "megatron")[1]
+    s = setup_of(catalog, model="llama-3.1-70b", strategy="zero1", tp=4, pp=2, gpus=32,
+                 activation_checkpointing="selective-attn")
+    assert framework_for(s, "auto")[0] == "megatron"  # only Megatron recomputes the attention core
+    with pytest.raises(ValueError, match="one of auto, torchtitan"):
+        framework_for(s, "titan")
+
+
+@pytest.mark.parametrize("framework", CHOICES)
+def test_planner_rows_are_runnable_by_the_framework_asked(catalog, framework, monkeypatch):
+    req = PlanRequest(job=JobSpec(model="llama-3.1-70b", tokens=2e9), instances=["p4d.24xlarge", "p5.48xlarge"],
+                      top=3, framework=framework)
+    r = plan(req, catalog)
+    assert r.framework == framework and r.rows and r.recipe is not None
+    assert r.rows[0].framework == r.recipe.framework
+    assert framework == "auto" or {row.framework for row in r.rows} == {framework}
+    best = r.rows[0].estimate.setup
+    job = JobSpec(model="llama-3.1-70b", instance=best.instance, gpus=best.gpus, strategy=best.strategy, tp=best.tp,
+                  pp=best.pp, micro_batch=best.micro_batch, global_batch=best.global_batch,
+                  activation_checkpointing=best.activation_checkpointing, offload=best.offload)
+    s = resolve(job, catalog)
+    assert recipe_for(s, r.recipe.framework) == r.recipe
+    check(s, r.recipe, monkeypatch)
+
+
+def test_a_framework_that_runs_nothing_says_so_per_instance(catalog):
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-7b", tokens=1e9, method="lora"), instances=["p4d.24xlarge"],
+                         framework="megatron"), catalog)
+    assert not r.rows and "--framework megatron runs none" in r.excluded[0].reason
+    assert "no lora" in r.excluded[0].reason
+
+
+def test_framework_tables_match_the_installed_packages():
+    transformers = need("transformers")
+    from transformers import CONFIG_MAPPING
+
+    for fam in hf_tp.TP_FAMILIES:
+        assert CONFIG_MAPPING["gemma3_text" if fam == "gemma3" else fam]().base_model_tp_plan, fam
+    for fam in hf_tp.EP_FAMILIES:
+        assert CONFIG_MAPPING[fam]().base_model_ep_plan, fam
+    assert transformers.__version__ == hf_tp.VERSION
+    need("deepspeed")
+    import deepspeed as ds
+    from deepspeed.module_inject.auto_ep_presets.registry import PRESET_MODELS
+
+    known = {t for p in PRESET_MODELS.values() for t in p.hf_model_types}
+    assert set(deepspeed.AUTOEP_FAMILIES) <= known
+    assert ds.__version__ == deepspeed.VERSION
+
+
+def test_torchtitan_parser_refuses_a_misspelt_field():
+    need("torchtitan.config")
+    from recipe_worker import titan_config
+
+    with pytest.raises(SystemExit):
+        titan_config(["--parallelism.tensor_paralel_degree", "2"])
+
+
+def test_cli_framework_choice():
+    out = subprocess.run([sys.executable, "-m", "trainready", "plan", "--model", "llama-2-7b", "--framework", "titan"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "'auto', 'torchtitan', 'deepspeed', 'megatron', 'hf-tp'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+# --- 2 gloo processes ---------------------------------------------------------------------------
+
+TINY = ModelSpec(name="tiny", family="llama", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                 num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64)
+
+
+def run_two(tmp_path, catalog, framework, kind, **job):
+    """The tiny model through the recipe emitted for a 2-GPU setup of it, on 2 CPU processes."""
+    try:
+        s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job),
+                    catalog)
+    except UsageError as e:
+        pytest.fail(str(e))
+    r = recipe_for(s, framework)
+    (tmp_path / r.config_file).write_text(r.config)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
+    assert proc.returncode == 0 and ok, proc.stderr[-3000:]
+    first, last = map(float, ok[0].split()[1:])
+    assert last < first  # it trained: the loss on the batch went down
+
+
+@pytest.mark.parametrize("strategy, ckpt", [("zero3", "selective-op"), ("ddp", "full")])
+def test_torchtitan_recipe_trains_fsdp2_on_two_gloo_processes(tmp_path, catalog, strategy, ckpt):
+    need("torchtitan.config")
+    run_two(tmp_path, catalog, "torchtitan", "titan", strategy=strategy, activation_checkpointing=ckpt)
+
+
+def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(tmp_path, catalog):
+    need("deepspeed")
+    run_two(tmp_path, catalog, "deepspeed", "deepspeed", strategy="zero2")
