@@ -93,6 +93,10 @@ def check_torchtitan(s, r):
     else:
         assert t.global_batch_size // (t.local_batch_size * s.dp) == s.grad_accum
     assert t.enable_cpu_offload == (s.offload == "optimizer+params")
+    # Trainer.Config.__post_init__ (torchtitan/trainer.py; importing it needs tensorboard, datasets and
+    # triton): CUDA graphs are refused with PP and with the default expert-parallel token dispatcher
+    if p.pipeline_parallel_degree > 1 or p.expert_parallel_degree > 1:
+        assert t.disable_cuda_graphs
     ac = {"none": type(None), "full": FullAC.Config, "selective-op": SelectiveAC.Config}[s.checkpointing]
     assert isinstance(cfg.activation_checkpoint, ac)
     assert cfg.checkpoint.enable
@@ -185,6 +189,19 @@ def check_megatron(s, r):
     assert calc.num_micro_batches == s.grad_accum
     assert ("--use-distributed-optimizer" in args) == (s.strategy == "zero1")
     assert ("--optimizer-cpu-offload" in args) == (s.offload == "optimizer")
+    # Megatron-LM's validate_args (megatron/training/arguments.py, not in the megatron-core wheel): the
+    # cross-flag rules that touch the flags we emit
+    if "--overlap-param-gather" in args:
+        assert "--use-distributed-optimizer" in args and "--overlap-grad-reduce" in args
+    if "--optimizer-cpu-offload" in args:
+        assert "--use-precision-aware-optimizer" in args
+    assert args["--max-position-embeddings"] >= args["--seq-length"]
+    if args.get("--recompute-granularity") == "selective":
+        assert "--recompute-method" not in args
+    if "--multi-latent-attention" in args:
+        assert "--group-query-attention" not in args
+    if args.get("--expert-model-parallel-size", 1) > 1:
+        assert args["--num-experts"] % args["--expert-model-parallel-size"] == 0
 
 
 def check_hf_tp(s, r):

@@ -36,6 +36,7 @@ FLAGS: dict[str, str | None] = {
     "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
     "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
     "--use-distributed-optimizer": None, "--optimizer-cpu-offload": None, "--optimizer-offload-fraction": None,
+    "--use-precision-aware-optimizer": None,
     "--micro-batch-size": None, "--global-batch-size": None,
     "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
     "--recompute-num-layers": "recompute_num_layers",
@@ -131,11 +132,14 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
     if s.tp > 1:
         a.append(("--sequence-parallel", True))
     if s.strategy == "zero1":
-        a += [("--use-distributed-optimizer", True), ("--overlap-param-gather", True)]
-    if s.dp > 1:
+        a.append(("--use-distributed-optimizer", True))
+    if s.dp > 1:  # validate_args: --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce
         a.append(("--overlap-grad-reduce", True))
-    if s.offload == "optimizer":
-        a += [("--optimizer-cpu-offload", True), ("--optimizer-offload-fraction", 1.0)]
+        if s.strategy == "zero1":
+            a.append(("--overlap-param-gather", True))
+    if s.offload == "optimizer":  # validate_args: the CPU offload runs on the precision-aware optimizer's path
+        a += [("--optimizer-cpu-offload", True), ("--optimizer-offload-fraction", 1.0),
+              ("--use-precision-aware-optimizer", True)]
     a += [("--micro-batch-size", s.micro_batch), ("--global-batch-size", s.global_batch)]
     ck = checkpointing(s)
     if ck == "selective-attn":

@@ -96,6 +96,8 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
         a.append(("--training.dtype", "bfloat16"))  # pure bf16: no fp32 master weights
     if s.offload == "optimizer+params":
         a.append(("--training.enable_cpu_offload", True))
+    if s.pp > 1 or ep(s) > 1:  # Trainer.Config refuses CUDA graphs (on by default) with PP and with the
+        a.append(("--training.disable_cuda_graphs", True))  # default EP token dispatcher (trainer.py)
     a += [("--checkpoint.enable", True), ("--checkpoint.folder", "checkpoint")]
     return a
 
