@@ -77,6 +77,10 @@ def recipe(s: Setup) -> Recipe:
     text = json.dumps(config(s), indent=2)
     notes.insert(0, f"DeepSpeed {VERSION}: save the JSON as {CONFIG_FILE}; train.py passes it to "
                     f"deepspeed.initialize(config=...) or is an HF Trainer script (--deepspeed)")
+    if s.strategy == "ddp" and s.precision in ("bf16", "fp16") and s.pp == 1:
+        notes.append(f"ZeRO stage 0 with {s.precision}: DeepSpeed keeps {s.precision} gradients and an fp32 master "
+                     f"copy (runtime/engine.py DDP_BFLOAT16/FP16 wrapper): 16 bytes per parameter where the row's "
+                     f"ddp counts 18 (fp32 gradients), so it fits with room to spare")
     if s.tp > 1:
         notes.append(f"AutoTP training (tensor_parallel.autotp_size {s.tp}): Hugging Face transformers "
                      f"models; all ranks of a TP group must read the same batch (deepspeed/runtime/engine.py)")
