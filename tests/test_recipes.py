@@ -274,6 +274,11 @@ def test_reasons_name_what_is_missing(catalog):
     assert framework_for(s, "auto")[0] == "megatron"  # only Megatron recomputes the attention core
     with pytest.raises(ValueError, match="one of auto, torchtitan"):
         framework_for(s, "titan")
+    # a stack that is one framework's: auto means that framework (the row's speed assumes its kernels)
+    s = setup_of(catalog, model="llama-3.1-8b", strategy="zero3", stack="megatron")
+    fw, why = framework_for(s, "auto")
+    assert fw is None and why.startswith("no framework runs it (megatron: ") and "deepspeed" not in why.split(":")[0]
+    assert framework_for(setup_of(catalog, model="llama-3.1-8b", strategy="zero3"), "auto")[0] == "deepspeed"
 
 
 @pytest.mark.parametrize("framework", CHOICES)

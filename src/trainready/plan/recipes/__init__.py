@@ -4,7 +4,8 @@ that setup (its sharding, tensor/pipeline/expert parallelism, offload, recompute
 `framework_reason(setup, name)` is None when the framework runs the setup as planned, else one
 line saying what it lacks and which framework has it; `recipe_for(setup, name)` emits the
 commands and the framework's config. "auto" takes, per setup, the first framework of AUTO_ORDER
-that runs it (the framework of a named stack first).
+that runs it; with a stack that is one framework's (torchtitan, megatron, deepspeed), that
+framework alone: the row's speed was computed with that stack's kernels and recompute kind.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def _check(name: str) -> None:
 
 
 def _order(s: Setup) -> tuple[str, ...]:
-    first = _STACK_FRAMEWORK.get(getattr(s, "stack", "") or "")
-    return (first, *(f for f in AUTO_ORDER if f != first)) if first else AUTO_ORDER
+    own = _STACK_FRAMEWORK.get(getattr(s, "stack", "") or "")
+    return (own,) if own else AUTO_ORDER
 
 
 def framework_for(s: Setup, name: str = "auto") -> tuple[str | None, str | None]:
