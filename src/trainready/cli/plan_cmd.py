@@ -52,7 +52,7 @@ def plan(
     attention_kernel: o.AttentionOpt = None,
     stack: o.StackOpt = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
-    framework: Annotated[Framework, typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it. [default: auto]", rich_help_panel=C)] = "auto",
+    framework: Annotated[Framework, typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it.", rich_help_panel=C)] = "auto",
     top: Annotated[int, typer.Option("--top", parser=o.number("5", lo=1, lo_open=False, hi=100, whole=True), help="Rows to show, 1 to 100.", rich_help_panel=C)] = 5,
     max_usd: Annotated[Optional[float], typer.Option("--max-usd", parser=o.number("5000"), help="Budget for the whole run.", rich_help_panel=C)] = None,
     deadline_hours: Annotated[Optional[float], typer.Option("--deadline-hours", parser=o.number("48"), help="Wall-clock limit.", rich_help_panel=C)] = None,
