@@ -202,6 +202,21 @@ def node_and_data(tmp_path_factory) -> Outputs:
     return out
 
 
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory, moto) -> Outputs:
+    """account against moto's server: what moto lacks (quotas, Capacity Blocks) reads unknown, in the same shape."""
+    cwd = tmp_path_factory.mktemp("cloud")
+    aws = {"AWS_ENDPOINT_URL": moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": str(cwd / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(cwd / "none"),
+           "TRAINREADY_CACHE_DIR": str(cwd / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "trainready", "account", "--instance", "p5.48xlarge", "--nodes", "2",
+                           "--region", "us-east-1,eu-west-1", "--json"], cwd=cwd, capture_output=True, text=True,
+                          timeout=180, env={**{k: v for k, v in env_for_run().items() if not k.startswith("AWS_")}, **aws})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return {"account": [("account --json against moto", parse(proc.stdout))]}
+
+
 PRODUCER = {"catalog-gpus": "planning", "catalog-instances": "planning", "catalog-models": "planning",
             "estimate": "planning", "plan": "planning", "job": "planning", "diagnose": "planning", "error": "planning",
             "run-result": "training", "run-summary": "training", "run-info": "training", "run-stop": "training",
@@ -209,7 +224,7 @@ PRODUCER = {"catalog-gpus": "planning", "catalog-instances": "planning", "catalo
             "ckpt-tensor-index": "training", "ckpt-lease": "training", "ckpt-ls": "training", "ckpt-verify": "training",
             "ckpt-pull": "training", "ckpt-prune": "training",
             "check": "node_and_data", "check-bundle": "node_and_data", "data-pack": "node_and_data",
-            "data-index": "node_and_data", "data-bench": "node_and_data"}
+            "data-index": "node_and_data", "data-bench": "node_and_data", "account": "cloud"}
 
 
 def test_every_schema_has_a_real_output_below():

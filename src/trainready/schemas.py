@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from trainready.catalog.schema import GpuList, InstanceList
 from trainready.check.bundle import BundleManifest
 from trainready.check.findings import CheckReport
+from trainready.cloud.report import AccountReport
 from trainready.data.bench import DataBenchResult
 from trainready.data.format import DataIndex
 from trainready.data.pack import PackResult
@@ -59,7 +60,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "check-bundle": BundleManifest,
     "run-result": RunOutcome, "run-summary": RunSummary, "run-scaling": ScalingReport, "run-info": RunInfo,
     "run-stop": StopInfo, "run-telemetry": TelemetryLine, "diagnose": DiagnosisReport,
-    "data-index": DataIndex, "data-pack": PackResult, "data-bench": DataBenchResult,
+    "data-index": DataIndex, "data-pack": PackResult, "data-bench": DataBenchResult, "account": AccountReport,
 }
 ROOT_MODELS = {"run-telemetry"}  # versioned in each record rather than a top-level field
 

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from trainready import __version__
 from trainready.errors import TrainreadyError
 
-from . import catalog_cmd, check_cmd, ckpt_cmd, data_cmd, diagnose_cmd, estimate_cmd, plan_cmd, run_cmd
+from . import account_cmd, catalog_cmd, check_cmd, ckpt_cmd, data_cmd, diagnose_cmd, estimate_cmd, plan_cmd, run_cmd
 from .console import error
 
 app = typer.Typer(
@@ -39,6 +39,7 @@ app.add_typer(ckpt_cmd.app, name="ckpt")
 app.add_typer(data_cmd.app, name="data")
 app.command("estimate", help=estimate_cmd.HELP)(estimate_cmd.estimate)
 app.command("plan", help=plan_cmd.HELP)(plan_cmd.plan)
+app.command("account", help=account_cmd.HELP)(account_cmd.account)
 app.command("run", help=run_cmd.HELP, context_settings={"allow_interspersed_args": False})(run_cmd.run)
 app.command("report", help=run_cmd.REPORT_HELP)(run_cmd.report)
 app.command("diagnose", help=diagnose_cmd.HELP)(diagnose_cmd.diagnose)
