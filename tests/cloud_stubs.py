@@ -31,30 +31,44 @@ ACCOUNT = "123456789012"  # moto's default account
 
 
 class OpStubber(Stubber):
-    """botocore's Stubber for the operations given a response only; every other call goes to the server."""
+    """botocore's Stubber for the operations given a response only; every other call goes to the server.
+    A response may carry `match` (a test on the call's parameters): a Price List answer is for one type and
+    region, whatever order the threads ask in."""
 
     def __init__(self, client: Any):
         super().__init__(client)
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self.matchers: list[Any] = []  # parallel to the queue
         self.calls: list[tuple[str, dict]] = []
 
+    def add(self, method: str, answer: Any, match: Any = None, error: bool = False) -> None:
+        if error:
+            code, message, status = answer
+            self.add_client_error(method, service_error_code=code, service_message=message, http_status_code=status)
+        else:
+            self.add_response(method, answer)
+        self._queue[-1]["match"] = match
+
     def activate(self) -> None:
-        self.client.meta.events.register("before-parameter-build.*.*", self._record,
+        self.client.meta.events.register("before-parameter-build.*.*", self._choose,
                                          unique_id=self._expected_params_event_id)
         self.client.meta.events.register("before-call.*.*", self._answer, unique_id=self._event_id)
 
-    def _record(self, model: Any, params: dict, context: Any, **kwargs: Any) -> None:
-        """The API parameters of a call that will be answered here (before-call sees the wire request)."""
-        with self._lock:
-            if any(item["operation_name"] == model.name for item in self._queue):
-                self.calls.append((model.name, dict(params)))
-
-    def _answer(self, model: Any, params: dict, context: Any, **kwargs: Any) -> Any:
+    def _choose(self, model: Any, params: dict, context: Any, **kwargs: Any) -> None:
+        """Pick the answer from the API parameters (before-call only sees the wire request); same thread."""
         with self._lock:
             for i, item in enumerate(self._queue):
-                if item["operation_name"] == model.name:
+                if item["operation_name"] == model.name and (item["match"] is None or item["match"](params)):
                     del self._queue[i]
-                    return item["response"]
+                    self.calls.append((model.name, dict(params)))
+                    self._local.chosen = item
+                    return
+
+    def _answer(self, model: Any, params: dict, context: Any, **kwargs: Any) -> Any:
+        item, self._local.chosen = getattr(self._local, "chosen", None), None
+        if item is not None and item["operation_name"] == model.name:
+            return item["response"]
         return None  # not stubbed: the real call
 
     def pending(self) -> list[str]:
@@ -68,13 +82,14 @@ class World:
         self.stubs: dict[tuple[str, str], list[tuple[str, str, Any]]] = {}
         self.stubbers: dict[tuple[str, str], OpStubber] = {}
 
-    def respond(self, service: str, region: str, method: str, response: dict, repeat: int = 1) -> World:
-        self.stubs.setdefault((service, region), []).extend([("ok", method, response)] * repeat)
+    def respond(self, service: str, region: str, method: str, response: dict, repeat: int = 1,
+                match: Any = None) -> World:
+        self.stubs.setdefault((service, region), []).extend([("ok", method, response, match)] * repeat)
         return self
 
     def error(self, service: str, region: str, method: str, code: str, message: str = "", status: int = 400,
               repeat: int = 1) -> World:
-        self.stubs.setdefault((service, region), []).extend([("error", method, (code, message, status))] * repeat)
+        self.stubs.setdefault((service, region), []).extend([("error", method, (code, message, status), None)] * repeat)
         return self
 
     def install(self, monkeypatch: Any) -> World:
@@ -87,13 +102,8 @@ class World:
             queued = self.stubs.get((service, region))
             if queued:
                 stubber = OpStubber(client)
-                for kind, method, answer in queued:
-                    if kind == "ok":
-                        stubber.add_response(method, answer)
-                    else:
-                        code, message, status = answer
-                        stubber.add_client_error(method, service_error_code=code, service_message=message,
-                                                 http_status_code=status)
+                for kind, method, answer, match in queued:
+                    stubber.add(method, answer, match, error=kind == "error")
                 stubber.activate()
                 self.stubbers[(service, region)] = stubber
             return client

@@ -15,8 +15,10 @@ from trainready.plan.search import plan as run_plan
 from trainready.plan.setup import resolve_model
 
 from . import options as o
+from .account_cmd import live_plan
 from .console import emit_json, out
 from .render import render_plan
+from .render_account import render_live
 
 HELP = """Which instance, how many nodes, which strategy: ranked by total cost (or time).
 
@@ -69,6 +71,10 @@ def plan(
     catalog_file: o.CatalogFile = None,
     save: o.Save = None,
     json_out: o.Json = False,
+    live: Annotated[bool, typer.Option("--live", help="Check each row against your AWS account now: quota, offering, permissions, live prices; rows that cannot launch are excluded (docs/account.md).", rich_help_panel="Live")] = False,
+    regions: Annotated[Optional[str], typer.Option("--regions", metavar="REGIONS", help="With --live: regions to try, comma-separated, or all. [default: each row's price region]", rich_help_panel="Live")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", metavar="S3URL", help="With --live: the dataset, s3://bucket/prefix; other regions pay to move it.", rich_help_panel="Live")] = None,
+    max_age: Annotated[str, typer.Option("--max-age", metavar="AGE", help="With --live: reuse cached answers younger than this: 1h, 30m, 0.", rich_help_panel="Live")] = "1h",
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
                       lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
@@ -81,6 +87,9 @@ def plan(
                       min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours,
                       framework=getattr(framework, "value", framework))
     result = run_plan(req, catalog)
+    if live or regions or data:  # --regions/--data alone mean --live
+        result = live_plan(result, catalog, regions=regions, data=data, max_age=max_age, spot=bool(job.spot),
+                           spot_mtbf_h=spot_mtbf_hours)
     if save is not None and result.rows:
         best = result.rows[0].estimate.setup
         chosen = job.model_copy(update={
@@ -94,6 +103,7 @@ def plan(
         emit_json(result)
     else:
         render_plan(out, result)
+        render_live(out, result)
         if save is not None and result.rows:
             out.print(f"\nsaved the best row as a job spec: {save}  (next: trainready estimate --job {save})")
     if not result.rows:

@@ -17,6 +17,7 @@ from trainready.errors import UsageError, closest, printable
 from .confidence import is_assumed, ranking_tokens_per_s
 from .estimate import EstimateResult, assemble, run_cost
 from .job import JobSpec
+from .live_info import LivePlan, LiveRow
 from .memory import GiB, estimate_memory
 from .performance import estimate_step
 from .recipes import Recipe, framework_for, framework_reason, recipe_for
@@ -63,6 +64,7 @@ class PlanRow(BaseModel):
     why: str
     framework: str = Field(description="the framework that runs this row as planned (its recipe's)")
     estimate: EstimateResult
+    live: LiveRow | None = Field(None, description="plan --live: can it launch now, live price, worst case")
 
 
 class Exclusion(BaseModel):
@@ -94,6 +96,7 @@ class PlanResult(BaseModel):
     recipe: Recipe | None = Field(description="the best row's launch, in its framework")
     searched: int = Field(description="configurations evaluated")
     notes: list[str]
+    live: LivePlan | None = Field(None, description="plan --live: where the live figures came from")
 
 
 @dataclass
