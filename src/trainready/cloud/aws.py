@@ -225,6 +225,8 @@ class AwsProvider:
         self._clients: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         self.calls: dict[str, dict[str, tuple[str, str]]] = {}  # scope -> action -> (kind, reason)
+        self._memo: dict[str, Any] = {}  # this run's answers (or failures) by question
+        self._key_locks: dict[str, threading.Lock] = {}
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def client(self, service: str, region: str) -> Any:
@@ -264,15 +266,31 @@ class AwsProvider:
 
     def _cached(self, scope: str, question: list[Any], model: type[F], ask: Callable[[], F],
                 action: str) -> tuple[F, float | None]:
-        """(answer, its age in seconds when it came from the cache)."""
+        """(answer, its age in seconds when it came from the cache). Asked once per run: threads that want
+        the same answer (plan rows of one type in one region) wait for the first, which also reads and
+        writes the disk cache; a failure is remembered for the run too."""
         key = json.dumps([self.account, scope, *question], sort_keys=True, default=str)
-        hit = self.cache.get(key, model)
-        if hit is not None:
-            self._log(scope, action, "allowed", f"allowed (answer from the cache, {hit[1] / 60:.0f} min old)")
-            return hit
-        answer = ask()
-        self.cache.put(key, answer)
-        return answer, None
+        with self._lock:
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            if key in self._memo:
+                got = self._memo[key]
+                if isinstance(got, CallFailed):
+                    raise got
+                return got
+            hit = self.cache.get(key, model)
+            if hit is not None:
+                self._log(scope, action, "allowed", f"allowed (answer from the cache, {hit[1] / 60:.0f} min old)")
+                self._memo[key] = hit
+                return hit
+            try:
+                answer = ask()
+            except CallFailed as exc:
+                self._memo[key] = exc
+                raise
+            self.cache.put(key, answer)
+            self._memo[key] = (answer, None)
+            return answer, None
 
     # ---- identity and regions ------------------------------------------------------------------------------
     def identity(self) -> tuple[str, str]:

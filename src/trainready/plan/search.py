@@ -21,7 +21,7 @@ from .live_info import LivePlan, LiveRow
 from .memory import GiB, estimate_memory
 from .performance import estimate_step
 from .recipes import Recipe, framework_for, framework_reason, recipe_for
-from .setup import Setup, default_precision, default_seq_len, job_stack, nearest_multiples, resolve_model
+from .setup import Setup, default_precision, default_seq_len, job_stack, moe_comm, nearest_multiples, resolve_model
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -143,7 +143,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  lora_rank=job.lora_rank, kernels=st.kernels, attention_kernel=st.attention_kernel,
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
-                 stack=st.stack.name, stack_named=job.stack is not None)
+                 stack=st.stack.name, stack_named=job.stack is not None, **moe_comm(job, model, st.stack, precision))
 
 
 def _ep_options(experts: int, dp: int, dp_per_node: int) -> list[int]:
@@ -162,7 +162,9 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int]]:
     n = m.param_count()
     tps = [t for t in (1, 2, 4, 8) if t <= s.gpus_per_node and (t == 1 or n >= TP_MIN_PARAMS)
            and m.num_heads % t == 0 and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)]
-    pps = [p for p in (1, 2, 4, 8) if p == 1 or (n >= PP_MIN_PARAMS and m.num_layers % p == 0)]
+    # stages that divide the layers; uneven ones (setup.pipeline_split) when none does (DeepSeek-V3's 61)
+    even = [p for p in (2, 4, 8) if m.num_layers % p == 0] or [p for p in (2, 4, 8) if p <= m.num_layers]
+    pps = [1] + [p for p in even if n >= PP_MIN_PARAMS]
     gpus = nodes * s.gpus_per_node
     eps = lambda t, p: _ep_options(m.moe.num_experts, gpus // (t * p), s.gpus_per_node // t) if m.moe else [1]  # noqa: E731
     return [(t, p, e) for t in tps for p in pps if gpus % (t * p) == 0 for e in eps(t, p)]
