@@ -50,8 +50,11 @@ bench/data/plan_reference/moe.csv, `included` and `exclusion` say which count an
   that are re-measured every release.
   Not reasons to exclude (recorded in `notes`): the framework's own scheduling and kernels
   (interleaved pipeline stages, DeepEP, grouped GEMM, A2A overlap), which belong to the
-  stack; forced load balancing in benchmarks (matches the planner's stated balanced-routing
-  assumption); FP8 recipes (`estimate --precision fp8`), shown separately from bf16.
+  stack; forced load balancing in benchmarks; FP8 recipes (`estimate --precision fp8`), shown
+  separately from bf16. What the source states about routing and token dispatch is passed to
+  the estimate (columns load_imbalance, ep_dispatcher, ep_overlap, fp8_dispatch: forced balance
+  is expert_load_imbalance 1.0, DeepEP/HybridEP is ep_dispatcher deepep); blank: the stack's
+  values and the 1.15 imbalance assumption.
 
 Usage: python bench/plan_accuracy.py [--reference ../shared/reference] [--worst 8]
 """
@@ -320,6 +323,16 @@ def moe_job(r: dict[str, str]) -> JobSpec:
                   activation_checkpointing=checkpointing)
     # published values that differ from the stack's are passed explicitly
     kwargs.update(with_stack(r["stack"], **{k: r[k] for k in ("reduce_dtype", "kernels", "attention_kernel") if r[k]}))
+    # what the run did with its tokens, where the source states it: forced balance (load imbalance 1.0), the
+    # dispatcher (DeepEP/HybridEP: deepep), all-to-all overlap, FP8 dispatch; blank: the stack's / the assumption
+    if "expert_load_imbalance" in JobSpec.model_fields:
+        if r["load_imbalance"]:
+            kwargs["expert_load_imbalance"] = float(r["load_imbalance"])
+        if r["ep_dispatcher"]:
+            kwargs["ep_dispatcher"] = r["ep_dispatcher"]
+        for k in ("ep_overlap", "fp8_dispatch"):
+            if r[k]:
+                kwargs[k] = r[k] == "yes"
     return JobSpec(**kwargs)
 
 

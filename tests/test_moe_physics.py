@@ -15,7 +15,7 @@ from trainready.plan.memory import estimate_memory, param_counts
 from trainready.plan.model_spec import ModelSpec, MoESpec
 from trainready.plan.performance import _dp_layout, estimate_step, links, model_flops_per_token
 from trainready.plan.search import PlanRequest, plan
-from trainready.plan.setup import resolve
+from trainready.plan.setup import pipeline_split, resolve
 
 # A small DeepSeek-like shape: a dense first layer, then MoE layers with a shared expert.
 TOY = ModelSpec(name="toy-moe", vocab_size=32000, hidden_size=2048, num_layers=8, num_heads=16, num_kv_heads=4,
@@ -170,3 +170,194 @@ def test_plan_chooses_expert_parallelism_for_mixtral(catalog):
     assert (estimate_step(no_ep).tokens_per_s < r.rows[0].estimate.throughput.tokens_per_s
             or estimate_memory(no_ep).peak > estimate_memory(resolve(job.model_copy(update={"ep": best.ep}),
                                                                      catalog)).peak)
+
+
+# --- uneven pipeline stages ----------------------------------------------------------------
+def dense(layers: int) -> ModelSpec:
+    return ModelSpec(name=f"dense-{layers}", vocab_size=32000, hidden_size=2048, num_layers=layers, num_heads=16,
+                     num_kv_heads=16, ffn_hidden_size=5504)
+
+
+def test_pipeline_split_puts_the_extra_layers_first():
+    assert pipeline_split(61, 4) == (16, 15, 15, 15)  # DeepSeek-V3
+    assert pipeline_split(94, 8) == (12,) * 6 + (11, 11)  # Qwen3-235B
+    assert pipeline_split(32, 4) == (8, 8, 8, 8)
+    assert sum(pipeline_split(61, 16)) == 61 and max(pipeline_split(61, 16)) == 4
+
+
+def test_uneven_stages_cost_as_their_largest_stage(catalog):
+    """10 layers on 4 stages (3, 3, 2, 2) pace and fill memory like 12 layers (3 each): the first stage
+    is the largest and holds the most micro-batches in flight."""
+    kw = dict(gpu="h100-80gb", gpus=8, strategy="zero1", pp=4, micro_batch=1, global_batch=16, seq_len=2048)
+    ten, twelve = (resolve(JobSpec(**kw), catalog, model=dense(n)) for n in (10, 12))
+    assert ten.stage_layers == twelve.stage_layers == 3
+    assert estimate_step(ten).step_s == pytest.approx(estimate_step(twelve).step_s, rel=1e-12)
+    assert estimate_memory(ten).peak == pytest.approx(estimate_memory(twelve).peak, rel=1e-12)
+    nine = resolve(JobSpec(**kw), catalog, model=dense(9))  # 3, 2, 2, 2: still 3 on the first stage
+    assert estimate_step(nine).step_s == pytest.approx(estimate_step(ten).step_s, rel=1e-12)
+    eight = resolve(JobSpec(**kw), catalog, model=dense(8))  # 2 each: faster
+    assert estimate_step(eight).step_s < estimate_step(ten).step_s
+
+
+def test_uneven_moe_stages_take_the_worst_mix(catalog):
+    # TOY: a dense first layer, then 7 MoE layers; 3 stages of 3, 3, 2 layers
+    assert moe.stage_mix(TOY, 3) == [(1, 2), (0, 3), (0, 2)]
+    pc = param_counts(setup(catalog, pp=3, gpus=3, gpus_per_node=3, strategy="zero1"))
+    assert pc.local - pc.embed == pytest.approx(3 * TOY.layer_params(1))  # the all-MoE middle stage
+    dsv3 = setup(catalog, model="deepseek-v3", gpus=256, pp=4, ep=64, strategy="zero1", global_batch=512,
+                 inter_node_gbps=3200)
+    assert moe.stage_mix(dsv3.model, 4) == [(3, 13), (0, 15), (0, 15), (0, 15)]
+    assert estimate_step(dsv3).tokens_per_s > 0
+
+
+def test_pp_may_not_exceed_the_layers(catalog):
+    with pytest.raises(UsageError, match=r"--pp 16 is more than the 8 layers .*\(--pp 1\.\.8\)"):
+        setup(catalog, pp=16, gpus=16, strategy="zero1")
+
+
+def test_plan_offers_uneven_stages_only_when_none_divide(catalog):
+    from trainready.plan.search import _parallel_options
+    s = setup(catalog, model="deepseek-v3", gpus=8)
+    assert {p for _, p, _ in _parallel_options(s, 64)} == {1, 2, 4, 8}  # 61 layers: none divides
+    s = setup(catalog, model="llama-2-70b", gpus=8)
+    assert {p for _, p, _ in _parallel_options(s, 4)} == {1, 2, 4, 8}  # 80 layers: all divide
+    s = setup(catalog, model="qwen3-235b-a22b", gpus=8)
+    assert {p for _, p, _ in _parallel_options(s, 4)} == {1, 2}  # 94: 2 divides, so no uneven 4 or 8
+
+
+def test_recipes_split_the_layers_as_the_estimate_does():
+    from trainready.plan.recipes.megatron import pipeline_layout
+    assert pipeline_layout(61, 4) == "Et*16|(t*15|)*2t*15L"
+    layout_mod = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    for layers, pp in ((61, 4), (94, 8), (61, 16), (10, 3)):
+        layout = layout_mod.PipelineParallelLayerLayout.from_str(layout=pipeline_layout(layers, pp),
+                                                                 pipeline_model_parallel_size=pp)
+        layout.validate_layer_layout(num_layers=layers, mtp_num_layers=None)  # Megatron-Core's own check
+        per_stage = [sum(1 for x in row[0] if x.name == "decoder") for row in layout.layout]
+        assert tuple(per_stage) == pipeline_split(layers, pp)
+    pp_mod = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
+    # the torchtitan recipe sets first/last_stage_less_layers to 0: its split is then ours
+    split = getattr(pp_mod, "_generate_llm_fqn_per_model_part", None) or pp_mod.generate_llm_fqn_per_model_part
+    parts = split(4, 61, 0, 0)
+    assert tuple(sum(n.startswith("layers.") for n in part) for part in parts) == pipeline_split(61, 4)
+
+
+# --- load imbalance, dispatch, overlap, FP8 dispatch ----------------------------------------
+def test_stated_load_imbalance_replaces_the_assumption(catalog, monkeypatch):
+    stated = estimate_step(setup(catalog, ep=8, micro_batch=8, kernels="fused", expert_load_imbalance=1.0))
+    monkeypatch.setattr(eff, "LOAD_IMBALANCE", 1.0)
+    assumed_one = estimate_step(setup(catalog, ep=8, micro_batch=8, kernels="fused"))
+    assert stated.step_s == assumed_one.step_s
+    monkeypatch.undo()
+    s = setup(catalog, ep=8, expert_load_imbalance=1.3)
+    assert moe.busy_rows(s) == pytest.approx(1.3 * TOY.moe.experts_per_token)
+    assert "1.3x the mean load (given)" in moe.assumptions(s)[0]
+    assert "(assumed)" in moe.assumptions(setup(catalog, ep=8))[0]
+    with pytest.raises(UsageError, match="dense"):
+        setup(catalog, model="llama-2-7b", expert_load_imbalance=1.0)
+    with pytest.raises(ValueError):
+        JobSpec(model="mixtral-8x7b", expert_load_imbalance=0.9)  # below balanced
+
+
+def test_cli_expert_load_imbalance():
+    args = ("estimate", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--gpus", "8", "--ep", "8", "--json")
+    out = cli(*args, "--expert-load-imbalance", "1.0")
+    assert out.returncode == 0, out.stderr
+    assert any("1x the mean load (given)" in a for a in json.loads(out.stdout)["assumptions"])
+    bad = cli(*args, "--expert-load-imbalance", "0.5")
+    assert bad.returncode == 2 and "--expert-load-imbalance" in bad.stderr
+
+
+def test_deepep_sends_a_token_once_per_gpu_and_node(catalog):
+    """16 experts, top-4, 2 experts per GPU (ep 8): a GPU holds one of a token's experts with chance
+    1 - C(14,4)/C(16,4); a node of 4 GPUs (8 experts) with 1 - C(8,4)/C(16,4)."""
+    p_gpu, p_node = 1 - 1001 / 1820, 1 - 70 / 1820
+    one_node = setup(catalog, ep=8, expert_load_imbalance=1.0)
+    assert moe.a2a_rows(one_node, 8) == pytest.approx((4 * 7 / 8, 0.0))  # alltoall: a row per routed expert
+    deep = setup(catalog, ep=8, expert_load_imbalance=1.0, ep_dispatcher="deepep")
+    assert moe.a2a_rows(deep, 8) == pytest.approx((p_gpu * 7, 0.0))
+    assert moe.a2a_rows(deep, 4) == pytest.approx((p_gpu * 3 * 2, p_node * 1))  # 2 nodes of 4
+    assert moe.a2a_rows(one_node, 4) == pytest.approx((4 * 3 / 8, 4 * 4 / 8))
+    across = dict(gpus=8, gpus_per_node=4, inter_node_gbps=400, ep=8)
+    t = [moe.a2a_call_s(s, 2048, 4, links(s).intra_gbps)
+         for s in (setup(catalog, **across), setup(catalog, ep_dispatcher="deepep", **across))]
+    assert t[1] < t[0] / 1.5  # the network carries ~1 copy per token instead of 2 rows
+
+
+def test_overlapped_all_to_alls_leave_only_what_outlasts_compute(catalog):
+    kw = dict(ep=8, gpus=16, gpus_per_node=8, inter_node_gbps=400, micro_batch=2, kernels="fused")
+    plain, hidden = estimate_step(setup(catalog, **kw)), estimate_step(setup(catalog, ep_overlap=True, **kw))
+    s = setup(catalog, **kw)
+    a2a = moe.a2a_s(s, 2 * 2048, _dp_layout(s)[0], links(s).intra_gbps)
+    assert a2a > 0 and hidden.exposed_comm_s < plain.exposed_comm_s
+    assert hidden.step_s < plain.step_s
+    assert hidden.comm_s == pytest.approx(plain.comm_s)  # the same traffic, moved off the critical path
+
+
+def test_fp8_dispatch_halves_the_dispatch_bytes(catalog):
+    kw = dict(ep=8, precision="fp8")
+    bf16, fp8 = setup(catalog, **kw), setup(catalog, fp8_dispatch=True, **kw)
+    intra = links(bf16).intra_gbps
+    base = moe.a2a_call_s(bf16, 2048, 8, intra, 2.0)
+    latency = eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * 8
+    expect = (base - latency) * (2 + moe.FP8_DISPATCH_BYTES) / 4 + latency  # dispatches FP8, combines BF16
+    assert moe.a2a_s(fp8, 2048, 8, intra) / moe.a2a_s(bf16, 2048, 8, intra) == pytest.approx(
+        expect / base, rel=1e-9)
+    assert not setup(catalog, ep=8).fp8_dispatch  # stacks default to BF16 (Megatron, torchtitan)
+    with pytest.raises(UsageError, match="--precision fp8"):
+        setup(catalog, ep=8, precision="bf16", fp8_dispatch=True)
+
+
+def test_stacks_state_their_moe_communication():
+    from trainready.plan.stacks import STACKS
+    for st in STACKS.values():
+        assert st.ep_dispatcher in ("alltoall", "deepep") and len(st.ep_source) > 40, st.name
+        assert not st.ep_overlap and not st.fp8_dispatch  # none of today's presets does either by default
+
+
+# --- op-level selective checkpointing and MLA activations --------------------------------------
+def test_op_policy_keeps_the_all_to_all_outputs_and_recomputes_the_experts(catalog):
+    kw = dict(strategy="zero3", activation_checkpointing="selective-op")
+    s1, s8 = setup(catalog, ep=1, **kw), setup(catalog, ep=8, expert_load_imbalance=1.0, **kw)
+    d1, m1 = moe.op_sac_kept_per_token(s1, 2, 2)
+    d8, m8 = moe.op_sac_kept_per_token(s8, 2, 2)
+    assert d1 == d8 and m8 - m1 == 2 * 4 * TOY.hidden_size * 2  # dispatch and combine outputs, k rows
+    # a MoE layer keeps less than everything it would save, more than its input
+    none = estimate_memory(setup(catalog, ep=8, strategy="zero3"))
+    op = estimate_memory(s8)
+    assert op.activations < none.activations
+    # recompute: the routed experts' grouped GEMMs and the router run again in backward
+    step_none = estimate_step(setup(catalog, ep=8, strategy="zero3", expert_load_imbalance=1.0))
+    step_op = estimate_step(s8)
+    routed = 2 * TOY.num_moe_layers * 4 * 3 * TOY.hidden_size * TOY.moe.expert_ffn_hidden_size
+    assert step_op.hfu_flops_per_token - step_op.model_flops_per_token > routed
+    assert step_op.compute_s > step_none.compute_s
+
+
+def test_mla_activations_use_the_mla_widths():
+    from trainready.plan.activations import layer_bytes_per_token, op_sac_bytes_per_token
+    from trainready.plan.presets import preset
+    m = preset("deepseek-v3")
+    a, h = m.mla, m.num_heads
+    dense = m.model_copy(update={"moe": None})
+    attn = 2 * (2 * h * a.qk_head_dim + h * a.v_head_dim + 2 * (a.q_lora_rank + a.kv_lora_rank)) + 2 * h * a.v_head_dim
+    norms = m.norms_per_layer * (2 + 2) * m.hidden_size
+    assert layer_bytes_per_token(dense, kernels="fused", residual_bytes=2, act_bytes=2) == \
+        norms + attn + 4 * 2 * m.ffn_hidden_size
+    # the op policy keeps the input, the 1st, 3rd and 5th matmul outputs (q_a, kv_a, o_proj) and the
+    # attention output, heads x v_head_dim, with its log-sum-exp
+    d = m.hidden_size
+    kept = op_sac_bytes_per_token(dense, residual_bytes=2, act_bytes=2, ffn=0)
+    assert kept == 2 * d + 2 * (a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim + d) + 2 * h * a.v_head_dim + 4 * h
+
+
+# --- memo of the parameter counts ------------------------------------------------------------
+def test_parameter_counts_are_memoized_per_shape():
+    from trainready.plan.presets import preset
+    m = preset("deepseek-v3")
+    total = m.param_count()
+    assert m.param_count() == total == 671_026_419_200
+    smaller = m.model_copy(update={"num_layers": 31})  # a copy with another shape: counted afresh
+    assert smaller.param_count() < total and m.param_count() == total
+    assert smaller == ModelSpec.model_validate(smaller.model_dump())  # the memo is not a field
+    assert "_counts" not in m.model_dump()

@@ -43,6 +43,7 @@ def estimate(
     tp: Annotated[Optional[int], typer.Option("--tp", parser=o.number("2", hi=1024, whole=True), help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
     pp: Annotated[Optional[int], typer.Option("--pp", parser=o.number("2", hi=1024, whole=True), help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
     ep: Annotated[Optional[int], typer.Option("--ep", parser=o.number("8", hi=1024, whole=True), help="Expert-parallel size (mixture-of-experts models): divides the experts and the data-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
+    expert_load_imbalance: o.LoadImbalance = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", parser=o.number("4", hi=MAX_BATCH, whole=True), help="Sequences per GPU per forward. [default: the largest that fits]", rich_help_panel=PAR)] = None,
     global_batch: o.GlobalBatch = None,
     seq_len: o.SeqLen = None,
@@ -65,7 +66,8 @@ def estimate(
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
                       lora_rank=lora_rank, tokens=tokens, instance=instance, gpu=gpu, gpus=gpus,
                       gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps, strategy=strategy, tp=tp,
-                      pp=pp, ep=ep, micro_batch=micro_batch, global_batch=global_batch, seq_len=seq_len,
+                      pp=pp, ep=ep, expert_load_imbalance=expert_load_imbalance, micro_batch=micro_batch,
+                      global_batch=global_batch, seq_len=seq_len,
                       precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
                       optimizer_dtype=optimizer_dtype, reduce_dtype=reduce_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, spot=spot, region=region, usd_per_hour=usd_per_hour)

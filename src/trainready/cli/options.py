@@ -148,6 +148,7 @@ ReduceDType = Annotated[Optional[DType], typer.Option("--reduce-dtype", help="Gr
 KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager: plain PyTorch modules (Hugging Face style); fused: fused norm/activation kernels (Megatron, torch.compile). [default: the stack's]", rich_help_panel=NUM)]
 AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: the stack's]", rich_help_panel=NUM)]
 StackOpt = Annotated[Optional[str], typer.Option("--stack", metavar="NAME", help=f"Training stack whose defaults set kernels, attention kernel, reduce dtype and what selective recompute means: {', '.join(STACKS)}. Explicit flags win. [default: {DEFAULT_STACK}]", rich_help_panel=NUM)]
+LoadImbalance = Annotated[Optional[float], typer.Option("--expert-load-imbalance", parser=number("1.0", lo=1.0, lo_open=False, hi=64), help="Mixture-of-experts: routed tokens on the busiest expert-parallel rank over the mean; 1.0 for forced-balance benchmarks. [default: 1.15, an assumption]", rich_help_panel=PAR)]
 Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price on spot (with expected interruption rework) or on-demand.", rich_help_panel=COST)]
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
 UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", parser=number("32.77", hi=MAX_USD_PER_HOUR), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
@@ -171,7 +172,7 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
         base.pop("instance", None)
     if "stack" in given:  # a stack named here replaces the file's stack-controlled choices
         get_stack(given["stack"])  # unknown: exit 2 with the nearest names
-        for k in ("kernels", "attention_kernel", "reduce_dtype"):
+        for k in ("kernels", "attention_kernel", "reduce_dtype", "ep_dispatcher", "ep_overlap", "fp8_dispatch"):
             base.pop(k, None)
     try:
         return JobSpec.model_validate({**base, **given})

@@ -6,7 +6,8 @@ with dropout and without FlashAttention), adapted to what today's stacks run:
 
 * FlashAttention keeps Q, K, V, the output and a log-sum-exp, never the s x s scores;
 * no dropout (LLM fine-tuning and most pre-training use none) -> no masks;
-* GQA: K and V are num_kv_heads / num_heads of Q;
+* GQA: K and V are num_kv_heads / num_heads of Q; multi-head latent attention (DeepSeek-V3):
+  Q and K of qk_head_dim per head, V and the output of v_head_dim, and the q/kv latents;
 * SwiGLU saves gate, silu(gate), up and their product (4 x ffn) instead of GELU's 2 x ffn;
   the tanh GELU that Hugging Face writes out as elementwise ops (`gelu_new`, GPT-2) saves
   3 x ffn more in eager mode;
@@ -37,16 +38,33 @@ def _norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: 
     return residual_bytes + act_bytes
 
 
+def attention_out_dim(model: ModelSpec) -> int:
+    """Width of the attention output per token (the output projection's input): heads x head_dim,
+    with MLA heads x v_head_dim."""
+    return model.num_heads * model.mla.v_head_dim if model.mla else model.q_dim
+
+
+def _attention_saved(model: ModelSpec) -> int:
+    """Elements per token the attention saves before its output: Q, K, V as FlashAttention keeps them;
+    with MLA, Q and K are heads x qk_head_dim, V heads x v_head_dim, and the low-rank latents (q_a and
+    kv_a outputs) are each saved twice: as their RMSNorm's input and, normalized, as the up
+    projection's input."""
+    if model.mla is None:
+        return model.q_dim + 2 * model.kv_dim
+    a, h = model.mla, model.num_heads
+    return 2 * h * a.qk_head_dim + h * a.v_head_dim + 2 * ((a.q_lora_rank or 0) + a.kv_lora_rank)
+
+
 def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                           method: str = "full", dropout: bool = False, flash: bool = True,
                           seq_len: int = 0) -> float:
     """Bytes of activations one transformer block saves per token (no recomputation)."""
-    d, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.ffn_hidden_size
-    a = act_bytes
+    d, f = model.hidden_size, model.ffn_hidden_size
+    a, out = act_bytes, attention_out_dim(model)
     norm = _norm_bytes(model, kernels, residual_bytes, a)
-    attn = a * (q + 2 * kv) + a * q  # Q, K, V and the attention output (saved by Flash)
+    attn = a * _attention_saved(model) + a * out  # Q, K, V (MLA: and latents) and the output (saved by Flash)
     if kernels == "eager":
-        attn += a * q  # transpose + contiguous copy fed to the output projection
+        attn += a * out  # transpose + contiguous copy fed to the output projection
     if not flash:  # s x s scores per head: softmax output, plus dropout mask and output
         attn += (a + ((1 + a) if dropout else 0)) * model.num_heads * seq_len
     if model.gated_mlp:
@@ -65,9 +83,9 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
 
 def _lora_delta(model: ModelSpec, kernels: str, a: int) -> int:
     """Change in saved bytes when the base linears are frozen and every linear has an adapter."""
-    d, q, f = model.hidden_size, model.q_dim, model.ffn_hidden_size
+    d, f = model.hidden_size, model.ffn_hidden_size
     removed = model.norms_per_layer * a * d  # norm outputs: only frozen linears read them
-    removed += a * q if kernels == "eager" else 0  # the extra copy before o_proj
+    removed += a * attention_out_dim(model) if kernels == "eager" else 0  # the extra copy before o_proj
     removed += a * f  # the input of the down projection (SwiGLU product / GELU output)
     added = sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims())
     return added - removed
@@ -102,16 +120,26 @@ def korthikanti_layer_bytes(model: ModelSpec, seq_len: int) -> float:
 # adds, the unsaved matmuls) is recomputed in backward. A linear with a bias runs as
 # aten.addmm: neither saved nor counted. Hugging Face GPT-2 (c_attn), MPT (Wqkv), GPT-NeoX,
 # Bloom and Falcon (query_key_value) project q, k and v with one fused linear. LoRA adds two
-# unbiased matmuls after each adapted linear (PEFT: base, lora_A, lora_B). MoE layers are
-# counted by their attention and shared experts (routed experts: plan/moe.py).
+# unbiased matmuls after each adapted linear (PEFT: base, lora_A, lora_B). A MoE layer's
+# matmuls here are its attention and shared experts (`ffn`: their width); its router is
+# recomputed and not counted (SelectiveAC force_recompute_mm_shapes_by_fqns "moe.router.gate"),
+# its routed experts' grouped GEMMs (aten._grouped_mm, not a saved op) recomputed, and what it
+# does save (top-k, the all-to-alls' outputs) is in plan/moe.py.
 FUSED_QKV_FAMILIES = ("gpt", "mpt", "gpt_neox", "bloom", "falcon")
 LSE_BYTES = 4  # FlashAttention's log-sum-exp: fp32, one per head and token
 
 
-def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16) -> list[tuple[int, int, bool, bool]]:
-    """One block's forward matmuls in order: (in, out, saved by the op policy, is an adapter)."""
+def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16,
+                   ffn: int | None = None) -> list[tuple[int, int, bool, bool]]:
+    """One block's forward matmuls in order: (in, out, saved by the op policy, is an adapter).
+    `ffn`: the width of this block's MLP (a MoE model's dense layers: ffn_hidden_size; its MoE
+    layers: the shared experts', 0 for none); None: the dense MLP, or a MoE model's shared experts."""
     dims = model.linear_layer_dims()
     n_attn = len(dims) - (model.mlp_matrices if (model.moe is None or model.moe.shared_width) else 0)
+    if ffn is not None:
+        d = model.hidden_size
+        dims = dims[:n_attn] + ([] if not ffn else [(d, ffn), (d, ffn), (ffn, d)] if model.gated_mlp
+                                else [(d, ffn), (ffn, d)])
     if model.mla is None:
         bias = [model.qkv_bias] * 3 + [model.out_bias]
         if model.family in FUSED_QKV_FAMILIES:
@@ -139,10 +167,11 @@ def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16) 
 
 
 def op_sac_bytes_per_token(model: ModelSpec, *, residual_bytes: int, act_bytes: int, method: str = "full",
-                           lora_rank: int = 16) -> float:
+                           lora_rank: int = 16, ffn: int | None = None) -> float:
     """Bytes one block keeps per token between forward and backward under the op policy: its
     input (what torch.utils.checkpoint keeps), the saved matmul outputs and the attention output
-    with its log-sum-exp."""
+    with its log-sum-exp (`ffn`: as op_sac_matmuls)."""
     saved = sum(dout * (ADAPTER_BYTES if adapter else act_bytes)
-                for _, dout, keep, adapter in op_sac_matmuls(model, method, lora_rank) if keep)
-    return float(residual_bytes * model.hidden_size + saved + act_bytes * model.q_dim + LSE_BYTES * model.num_heads)
+                for _, dout, keep, adapter in op_sac_matmuls(model, method, lora_rank, ffn) if keep)
+    return float(residual_bytes * model.hidden_size + saved + act_bytes * attention_out_dim(model)
+                 + LSE_BYTES * model.num_heads)

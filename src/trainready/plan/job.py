@@ -68,6 +68,17 @@ class JobSpec(BaseModel):
     attention_kernel: Literal["sdpa", "flash2", "flash1"] | None = Field(None, description="None: the stack's")
     stack: str | None = Field(None, description="training stack preset (plan/stacks.py); None: the default, "
                                                 "hf-trainer. Explicit kernels/attention_kernel/reduce_dtype win")
+    expert_load_imbalance: float | None = Field(
+        None, ge=1.0, le=64.0, description="MoE: routed tokens on the busiest expert-parallel rank over the mean; "
+                                           "None: 1.15 assumed (dropless routing with a trained router); 1.0: "
+                                           "balanced, as forced-balance benchmarks route")
+    ep_dispatcher: Literal["alltoall", "deepep"] | None = Field(
+        None, description="MoE token dispatch: alltoall (a row per routed expert) or deepep (DeepEP/HybridEP: once "
+                          "per GPU and per node); None: the stack's")
+    ep_overlap: bool | None = Field(None, description="MoE all-to-alls hidden behind another micro-batch's compute "
+                                                      "(DualPipe, 1F1B A2A overlap); None: the stack's")
+    fp8_dispatch: bool | None = Field(None, description="with precision fp8, dispatch in FP8 (combine stays BF16); "
+                                                        "None: the stack's")
     tokens: float | None = Field(None, gt=0, description="training tokens")
     spot: bool = False
     region: str | None = None

@@ -30,7 +30,7 @@ from .activations import (
     loss_bytes_per_token,
     op_sac_bytes_per_token,
 )
-from .setup import MIXED, Setup
+from .setup import MIXED, Setup, pipeline_split
 
 GiB = 1024**3
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
@@ -50,7 +50,7 @@ class ParamCounts:
 
 def param_counts(s: Setup) -> ParamCounts:
     m = s.model
-    layers = m.num_layers // s.pp
+    layers = s.stage_layers  # the largest pipeline stage (setup.pipeline_split)
     block = m.block_params() / s.tp if not m.is_moe else 0.0  # MoE: moe.stage_params below
     # the input embedding (+ learned positions) is at least as large as the head: with
     # pipeline stages it is the worst stage's share, and it is ZeRO-3's largest single unit
@@ -105,7 +105,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     # peak only one is gathered) in their storage dtype: bf16, or NF4 for QLoRA's linears
     block_bytes = 2.0 * pc.block
     if s.method == "qlora":
-        linear_per_block = pc.quantized / (s.model.num_layers // s.pp)
+        linear_per_block = pc.quantized / s.stage_layers
         block_bytes = NF4_BYTES * linear_per_block + 2.0 * (pc.block - linear_per_block)
     units = (2 * block_bytes + 2.0 * pc.largest_embedding) if z3 else 0.0
     if s.method != "full":
@@ -152,27 +152,36 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     per_layer = layer_bytes_per_token(m, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                       method=s.method, seq_len=s.seq_len) / s.tp
     layer = per_layer * tokens
-    stage = m.num_layers // s.pp * layer  # one micro-batch's saved activations on the worst stage
+    stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
     if m.is_moe:  # MoE layers save routed tokens' activations (plan/moe.py)
         moe_layer = tokens * moe.moe_layer_bytes_per_token(s, lambda shape: layer_bytes_per_token(
             shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len), a) / s.tp
         stage = moe.worst_stage(m, s.pp, layer, moe_layer)
         layer = max(layer, moe_layer)
     in_flight = min(s.pp, s.grad_accum)  # 1F1B: the first stage holds pp micro-batches
-    layers = m.num_layers // s.pp * in_flight
+    layers = s.stage_layers * in_flight
     kept = None  # what one layer keeps per micro-batch under recompute (None: all it saves)
+    kept_stage = None  # what the worst stage's layers keep per micro-batch
     if s.checkpointing == "full":
         kept = tokens * layer_input_bytes(m, r) / s.tp
+    elif s.checkpointing == "selective-op" and m.is_moe:  # dense and MoE layers keep different things
+        kd, km = moe.op_sac_kept_per_token(s, r, a)
+        kept, kept_stage = tokens / s.tp * max(kd, km), tokens / s.tp * moe.worst_stage(m, s.pp, kd, km)
     elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
         kept = tokens * op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
                                                lora_rank=s.lora_rank) / s.tp
     if kept is not None:
-        saved = layers * kept
+        kept_stage = kept_stage if kept_stage is not None else s.stage_layers * kept
+        saved = in_flight * kept_stage
     else:  # with FlashAttention, selective-attn recompute saves nothing more (no s x s scores)
         saved = layers * layer if not m.is_moe else in_flight * stage
     loss = tokens * (loss_bytes_per_token(m, a) + final_norm_bytes(m, s.kernels, r, a)) / s.tp
     if s.pp > 1:  # the loss lives on the last stage, which holds one micro-batch
-        last = stage if kept is None else m.num_layers // s.pp * kept
+        n_last = pipeline_split(m.num_layers, s.pp)[-1]  # uneven stages: the last may be smaller
+        if kept is None:
+            last = stage if m.is_moe else n_last * layer
+        else:
+            last = kept_stage if m.is_moe else n_last * kept
         saved, loss = max(saved, last + loss), 0.0 if saved > last + loss else loss
     return saved, layer, loss, layer_input_bytes(m, r) * tokens
 

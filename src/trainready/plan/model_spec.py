@@ -3,7 +3,9 @@ attention) and their exact parameter counts."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -150,6 +152,27 @@ class ModelSpec(BaseModel):
                              f"planner models: check the shape's sizes")
         return self
 
+    # --- memo of the counts -----------------------------------------------------------------
+    @cached_property
+    def _counts(self) -> dict[tuple, int]:
+        """Parameter counts already computed for this (frozen) shape: `plan` asks for them tens of
+        thousands of times. Lives in the instance's __dict__, outside the fields (pydantic ignores it in
+        equality, dumps and schemas); model_copy starts a copy afresh (below)."""
+        return {}
+
+    def _memo(self, key: tuple, compute: Callable[[], int]) -> int:
+        counts = self._counts
+        value = counts.get(key)
+        if value is None:
+            value = counts[key] = compute()
+        return value
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "ModelSpec":
+        """As BaseModel.model_copy, without the original's memo: an update changes the shape."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("_counts", None)
+        return copied
+
     # --- shapes -------------------------------------------------------------------------
     @property
     def hd(self) -> int:
@@ -275,6 +298,9 @@ class ModelSpec(BaseModel):
         return self.moe.experts_per_token * self.expert_params() + self.shared_expert_params() + self.router_params()
 
     def _block(self, moe_layer: bool, active: bool = False) -> int:
+        return self._memo(("block", moe_layer, active), lambda: self._count_block(moe_layer, active))
+
+    def _count_block(self, moe_layer: bool, active: bool) -> int:
         if not moe_layer:
             mlp = self.dense_mlp_params()
         else:
@@ -313,7 +339,7 @@ class ModelSpec(BaseModel):
 
     def param_count(self) -> int:
         """Total parameters (the published "total"; DeepSeek's multi-token-prediction modules excluded)."""
-        return self.blocks_params() + self._outside_blocks()
+        return self._memo(("total",), lambda: self.blocks_params() + self._outside_blocks())
 
     def active_param_count(self) -> int:
         """Parameters one token uses: experts_per_token routed experts per MoE layer (the published
@@ -339,6 +365,9 @@ class ModelSpec(BaseModel):
     def matmul_params(self) -> int:
         """Weights that take part in a matmul per token (blocks + output head): the N of 6N.
         MoE layers count the router, the shared experts and experts_per_token routed experts."""
+        return self._memo(("matmul",), self._count_matmul_params)
+
+    def _count_matmul_params(self) -> int:
         attn = self._attention_linear_params()
         blocks = self.num_dense_layers * (attn + self.dense_mlp_params())
         if self.moe is not None:

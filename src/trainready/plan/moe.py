@@ -12,12 +12,14 @@ Layout, as torchtitan and Megatron-Core build it:
   ZeRO/FSDP then shards their states over the dp/ep ranks that hold the same experts
   (torchtitan's dp_mod_ep mesh). Attention, dense MLPs, shared experts and routers are
   replicated across the EP ranks and sharded over all dp ranks as in a dense model.
-* Pipeline stages take num_layers/pp contiguous layers; DeepSeek's dense first layers and
-  qwen2_moe's interleaved dense layers make stages differ: the worst stage sets memory and pace.
+* Pipeline stages take contiguous layers, num_layers/pp each or, when pp does not divide them,
+  one more on the earliest stages (setup.pipeline_split: DeepSeek-V3's 61 layers on 4 stages are
+  16, 15, 15, 15); DeepSeek's dense first layers and qwen2_moe's interleaved dense layers make
+  stages differ further: the worst stage sets memory and pace.
 
 Routing:
 * dropless (capacity_factor None): every token reaches its k experts; the busiest EP rank
-  receives LOAD_IMBALANCE x the mean (ep > 1; with ep = 1 a rank computes exactly k rows per
+  receives LOAD_IMBALANCE x the mean (or the job's expert_load_imbalance; ep > 1; with ep = 1 a rank computes exactly k rows per
   token whatever the routing). That sets its expert GEMMs, its routed activations and the
   all-to-alls; FLOPs counted for MFU/HFU stay the mean.
 * capacity factor c: every expert's buffer is padded to c x its mean share (Megatron
@@ -25,9 +27,12 @@ Routing:
   token in compute, memory and all-to-all volume, and no imbalance beyond that.
 * each MoE layer sends every token's hidden state to its k experts and back: dispatch and
   combine all-to-alls forward, their mirror images backward (4 per layer and micro-batch; 6
-  with full recomputation, which reruns the forward's two). Not overlapped with compute
-  (torchtitan's and Megatron's alltoall dispatcher by default; DeepSeek's DualPipe hides them,
-  which is not credited here).
+  with full recomputation, which reruns the forward's two). The stack (or the job) says how:
+  a row per routed expert (collective all-to-all: torchtitan's and Megatron's alltoall
+  dispatchers) or once per GPU and per node (DeepEP, HybridEP); in the compute path (their
+  defaults) or overlapped with another micro-batch's compute (DualPipe, Megatron's 1F1B A2A
+  overlap); BF16, or FP8 dispatch under fp8 (DeepSeek-V3; Megatron's DeepEP/HybridEP paths
+  send BF16).
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import efficiency as eff
+from .activations import op_sac_bytes_per_token, op_sac_matmuls
 from .model_spec import ModelSpec
-from .setup import Setup
+from .setup import Setup, pipeline_split
 
 PERMUTE_BYTES_PER_ROW = 16
 """HBM bytes per routed row and hidden unit (bf16) of token permutation and the weighted combine:
@@ -65,19 +71,19 @@ def _memo(m: ModelSpec, key: tuple, compute: Callable[[], object]):
 
 # --- layers and pipeline stages ----------------------------------------------------------
 def stage_mix(m: ModelSpec, pp: int) -> list[tuple[int, int]]:
-    """(dense layers, MoE layers) of each pipeline stage (num_layers/pp contiguous layers each)."""
+    """(dense layers, MoE layers) of each pipeline stage (contiguous layers, setup.pipeline_split)."""
     return _memo(m, ("mix", pp), lambda: _stage_mix(m, pp))
 
 
 def _stage_mix(m: ModelSpec, pp: int) -> list[tuple[int, int]]:
     first, freq = m.moe.first_dense_layers, m.moe.layer_freq
-    per = m.num_layers // pp
-    mix = []
-    for j in range(pp):
-        a, b = j * per, (j + 1) * per
+    mix, a = [], 0
+    for per in pipeline_split(m.num_layers, pp):
+        b = a + per
         # layer i is MoE when i >= first and (i + 1) % freq == 0 (ModelSpec.is_moe_layer)
         n_moe = b // freq - max(a, first) // freq if b > first else 0
         mix.append((per - n_moe, n_moe))
+        a = b
     return mix
 
 
@@ -113,13 +119,18 @@ def _stage_params(m: ModelSpec, tp: int, pp: int, ep: int) -> tuple[float, float
     return blocks, worst[1] * experts / ep / tp, unit
 
 
+def load_imbalance(s: Setup) -> float:
+    """The busiest EP rank's routed load over the mean: the job's figure, else the assumption."""
+    return eff.LOAD_IMBALANCE if s.load_imbalance is None else s.load_imbalance
+
+
 def busy_rows(s: Setup) -> float:
     """Routed rows per token on the busiest EP rank: k x capacity factor, or k x the load
     imbalance when tokens cross EP ranks dropless."""
     moe = s.model.moe
     if moe.capacity_factor is not None:
         return moe.experts_per_token * moe.capacity_factor
-    return moe.experts_per_token * (eff.LOAD_IMBALANCE if s.ep > 1 else 1.0)
+    return moe.experts_per_token * (load_imbalance(s) if s.ep > 1 else 1.0)
 
 
 def mean_rows(s: Setup) -> float:
@@ -183,6 +194,7 @@ class _Gemm:
     n: float  # output features: the input gradient's reduction dim
     rows: float  # rows per GEMM problem: the weight gradient's reduction dim
     ramp: float = 1.0  # grouped GEMMs: rows / (rows + GROUPED_GEMM_M0) on forward and input gradient
+    op_recompute: bool = False  # recomputed under torchtitan's op policy whatever the mm count (router, routed)
 
 
 def _ffn(d: int, f: int, t: int, gated: bool, tokens: float) -> list[_Gemm]:
@@ -198,15 +210,15 @@ def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
         return _ffn(d, m.ffn_hidden_size, t, m.gated_mlp, tokens)
     moe = m.moe
     router = 2 * tokens * d * moe.num_experts / t  # sequence parallel: each TP rank routes tokens/tp
-    gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t)]
+    gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t, op_recompute=True)]
     if moe.shared_width:
         gemms += _ffn(d, moe.shared_width, t, m.gated_mlp, tokens)
     busy, mean = tokens * busy_rows(s), tokens * mean_rows(s)
     per_expert = mean * s.ep / moe.num_experts  # rows each local expert receives
     ramp = per_expert / (per_expert + eff.GROUPED_GEMM_M0)
     fe, up = moe.expert_ffn_hidden_size, (2 if m.gated_mlp else 1) * moe.expert_ffn_hidden_size
-    gemms += [_Gemm(2 * busy * d * up / t, 2 * mean * d * up / t, d, up / t, per_expert, ramp),
-              _Gemm(2 * busy * fe / t * d, 2 * mean * fe / t * d, fe / t, d, per_expert, ramp)]
+    gemms += [_Gemm(2 * busy * d * up / t, 2 * mean * d * up / t, d, up / t, per_expert, ramp, True),
+              _Gemm(2 * busy * fe / t * d, 2 * mean * fe / t * d, fe / t, d, per_expert, ramp, True)]
     return gemms
 
 
@@ -244,17 +256,67 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
     bwd += 0.6 * elem
     if s.checkpointing == "full":
         return fwd, bwd + fwd, flops + fwd_flops
+    if s.checkpointing == "selective-op":  # the MLP matmuls the op policy does not keep, its elementwise forward
+        for i, o in _op_sac_mlp_unsaved(s, _mlp_width(s.model, moe_layer)):
+            f = 2 * tokens * i * o / s.tp
+            bwd += gemm_time(f, i, peak, e)
+            flops += f
+        for g in _mlp_gemms(s, tokens, moe_layer):
+            if g.op_recompute:
+                bwd += gemm_time(g.flops, g.k, peak, e) / g.ramp
+                flops += g.mean_flops
+        bwd += 0.4 * elem
     return fwd, bwd, flops
 
 
-def mlp_stage_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps: float, gemm_time: GemmTime,
-                   act_coef: float) -> tuple[float, float, float]:
-    """(forward s, backward s, FLOPs) of the MLPs of the slowest pipeline stage, one micro-batch:
-    dense layers' MLPs and MoE layers' routers, shared and routed experts (grouped GEMMs)."""
+def _mlp_width(m: ModelSpec, moe_layer: bool) -> int:
+    return m.moe.shared_width if moe_layer else m.ffn_hidden_size
+
+
+def _op_sac_mlp_unsaved(s: Setup, ffn: int) -> list[tuple[int, int]]:
+    """(in, out) of the MLP matmuls (dense or shared experts, `ffn` wide) that torchtitan's op policy
+    recomputes in one block (activations.op_sac_matmuls: every other mm, counted from attention's)."""
+    m = s.model
+    n_attn = len(op_sac_matmuls(m, s.method, s.lora_rank, ffn=0))
+    return [(i, o) for i, o, keep, adapter in op_sac_matmuls(m, s.method, s.lora_rank, ffn=ffn)[n_attn:]
+            if not (keep or adapter)]
+
+
+def op_sac_recompute_flops_per_token(s: Setup) -> float:
+    """FLOPs per token the op policy recomputes in the MLPs of all layers (counted like the MFU
+    numerator): unsaved dense/shared matmuls, every router and the active routed experts."""
+    m, moe = s.model, s.model.moe
+    unsaved = lambda ffn: sum(i * o for i, o in _op_sac_mlp_unsaved(s, ffn))  # noqa: E731
+    routed = mean_rows(s) * m.mlp_matrices * m.hidden_size * moe.expert_ffn_hidden_size
+    per_moe = unsaved(moe.shared_width) + m.hidden_size * moe.num_experts + routed
+    return 2 * (m.num_dense_layers * unsaved(m.ffn_hidden_size) + m.num_moe_layers * per_moe)
+
+
+def op_sac_kept_per_token(s: Setup, residual_bytes: int, act_bytes: int) -> tuple[float, float]:
+    """Bytes per token (before the 1/tp split) a dense and a MoE layer keep under torchtitan's op
+    policy: input, kept matmul outputs and attention output (activations.op_sac_bytes_per_token);
+    a MoE layer also the top-k scores (fp32) and indices (int64) and, with ep > 1, the outputs of
+    its dispatch and combine all-to-alls (saved comm ops: all_to_all_single, deepep/hybridep
+    dispatch and combine), rows of hidden size on the busiest rank."""
+    m, moe = s.model, s.model.moe
+    kw = dict(residual_bytes=residual_bytes, act_bytes=act_bytes, method=s.method, lora_rank=s.lora_rank)
+    dense = op_sac_bytes_per_token(m, ffn=m.ffn_hidden_size, **kw)
+    sparse = op_sac_bytes_per_token(m, ffn=moe.shared_width, **kw) + moe.experts_per_token * (4 + 8)
+    if s.ep > 1:
+        sparse += 2 * busy_rows(s) * m.hidden_size * act_bytes
+    return dense, sparse
+
+
+def stage_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps: float, gemm_time: GemmTime,
+               act_coef: float, rest: tuple[float, float, float]) -> tuple[float, float, float]:
+    """(forward s, backward s, FLOPs) of the slowest pipeline stage's blocks, one micro-batch: per
+    layer `rest` (attention, norms: the same in every block) plus its MLP: dense layers' MLPs, MoE
+    layers' routers, shared and routed experts (grouped GEMMs)."""
     dense = _mlp_time(s, e, tokens, peak, hbm_bps, gemm_time, act_coef, moe_layer=False)
     sparse = _mlp_time(s, e, tokens, peak, hbm_bps, gemm_time, act_coef, moe_layer=True)
-    nd, nm = max(stage_mix(s.model, s.pp), key=lambda mix: mix[0] * sum(dense[:2]) + mix[1] * sum(sparse[:2]))
-    return nd * dense[0] + nm * sparse[0], nd * dense[1] + nm * sparse[1], nd * dense[2] + nm * sparse[2]
+    nd, nm = max(stage_mix(s.model, s.pp), key=lambda mix: (mix[0] + mix[1]) * sum(rest[:2])
+                 + mix[0] * sum(dense[:2]) + mix[1] * sum(sparse[:2]))
+    return tuple((nd + nm) * r + nd * d + nm * x for r, d, x in zip(rest, dense, sparse, strict=True))
 
 
 # --- communication -------------------------------------------------------------------------
@@ -266,31 +328,73 @@ def _a2a_intra_gbps(s: Setup, ring_intra_gbps: float) -> float:
     return ring_intra_gbps  # PCIe: as the ring collectives
 
 
-def a2a_call_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: float) -> float:
+def _p_touched(experts: int, k: int, group: int) -> float:
+    """Chance that k distinct experts, drawn uniformly from `experts`, include one of a given `group`
+    of them (1 - C(experts - group, k) / C(experts, k))."""
+    miss = 1.0
+    for i in range(k):
+        miss *= max(0.0, (experts - group - i) / (experts - i))
+    return 1.0 - miss
+
+
+def a2a_rows(s: Setup, local: int) -> tuple[float, float]:
+    """(rows over NVLink, rows over the network) per token of this GPU's share in one dispatch (or
+    combine), on the busiest rank; `local`: EP ranks in this GPU's node.
+
+    alltoall: a row per routed expert, (ep - 1)/ep of them to other GPUs: k (local-1)/ep over NVLink,
+    k (ep-local)/ep over the network. deepep (DeepEP normal kernels, HybridEP): a token goes once to
+    each node holding one of its experts (network) and once to each GPU holding one (NVLink; a
+    node's arrivals are forwarded to its GPUs). With routing taken as uniformly random over the
+    experts (a trained, balanced router), a given GPU (E/ep experts) is hit with chance p_gpu and a
+    given node with p_node (_p_touched): network rows p_node (nodes - 1), NVLink rows
+    p_gpu (local - 1) nodes (the GPU's own tokens and the forwarded ones). Both scale with the load
+    on the busiest rank (busy_rows / k)."""
+    moe, ep = s.model.moe, s.ep
+    rows = busy_rows(s)
+    if s.ep_dispatcher != "deepep":
+        return rows * (local - 1) / ep, rows * (ep - local) / ep
+    e, k, load = moe.num_experts, moe.experts_per_token, rows / moe.experts_per_token
+    nodes = ep / local
+    p_gpu, p_node = _p_touched(e, k, e // ep), _p_touched(e, k, e // ep * local)
+    return load * p_gpu * (local - 1) * nodes, load * p_node * (nodes - 1)
+
+
+FP8_DISPATCH_BYTES = 1 + 4 / 128
+"""Bytes per element of an FP8 dispatch: e4m3 values plus one fp32 scale per 128 (DeepSeek-V3
+report Sec. 3.3: 1x128 activation tiles; DeepEP's FP8 dispatch carries the same scales)."""
+
+
+def a2a_call_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: float, nbytes: float = 2.0) -> float:
     """One dispatch (or combine) all-to-all of one MoE layer and micro-batch, on the busiest rank.
 
-    Each GPU sends its tokens' hidden states to their k experts: tokens/tp x rows x hidden x
-    bytes, of which (ep-1)/ep leave the GPU; the part bound for EP ranks on other nodes goes
-    over this GPU's share of the node's network (EFA, InfiniBand), the rest over NVLink."""
+    Each GPU sends its tokens' hidden states (tokens/tp of them: with TP, sequence parallelism
+    gives each rank its share) to the GPUs holding their experts, `nbytes` per element
+    (a2a_rows); the part bound for other nodes goes over this GPU's share of the node's network
+    (EFA, InfiniBand), the rest over NVLink, the two at once."""
     m = s.model
-    a = 4 if s.precision == "fp32" else 2
-    volume = tokens / s.tp * busy_rows(s) * m.hidden_size * a
-    ep = s.ep
-    local = max(1, min(ep, dp_ranks_per_node))  # EP ranks inside this GPU's node
-    t = volume * (local - 1) / ep / (_a2a_intra_gbps(s, ring_intra_gbps) * 1e9)
-    if ep > local:
+    local = max(1, min(s.ep, dp_ranks_per_node))  # EP ranks inside this GPU's node
+    nvl_rows, net_rows = a2a_rows(s, local)
+    row = tokens / s.tp * m.hidden_size * nbytes
+    t = row * nvl_rows / (_a2a_intra_gbps(s, ring_intra_gbps) * 1e9)
+    if net_rows > 0:
         net = (s.inter_node_gbps or 0.0) / 8 / s.gpus_per_node * eff.A2A_NETWORK_EFFICIENCY
-        t = max(t, volume * (ep - local) / ep / (net * 1e9)) if net > 0 else float("inf")
-    return t + eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * ep
+        t = max(t, row * net_rows / (net * 1e9)) if net > 0 else float("inf")
+    return t + eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * s.ep
 
 
 def a2a_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: float) -> float:
-    """All-to-alls of one micro-batch on the worst stage: 4 per MoE layer, 6 with full recompute."""
+    """All-to-alls of one micro-batch on the worst stage, per MoE layer: dispatch and combine
+    forward, their mirrors backward (the combine's gradient travels like a dispatch, the
+    dispatch's like a combine), and the forward pair again under full recompute. FP8 dispatch
+    (Setup.fp8_dispatch): the dispatch-like calls in FP8, the combine-like ones in BF16."""
     if s.ep <= 1:
         return 0.0
-    calls = 4 + (2 if s.checkpointing == "full" else 0)
+    a = 4.0 if s.precision == "fp32" else 2.0
+    pairs = 2 + (1 if s.checkpointing == "full" else 0)
+    dispatch = a2a_call_s(s, tokens, dp_ranks_per_node, ring_intra_gbps, FP8_DISPATCH_BYTES if s.fp8_dispatch else a)
+    combine = a2a_call_s(s, tokens, dp_ranks_per_node, ring_intra_gbps, a) if s.fp8_dispatch else dispatch
     moe_layers = max(nm for _, nm in stage_mix(s.model, s.pp))
-    return moe_layers * calls * a2a_call_s(s, tokens, dp_ranks_per_node, ring_intra_gbps)
+    return moe_layers * pairs * (dispatch + combine)
 
 
 def expert_dp_layout(s: Setup, dp_ranks_per_node: int, share: float) -> tuple[int, int, float]:
@@ -306,10 +410,16 @@ def assumptions(s: Setup) -> list[str]:
     if m.moe is None:
         return []
     moe = m.moe
+    stated = "given" if s.load_imbalance is not None else "assumed"
     routing = (f"capacity factor {moe.capacity_factor:g} (expert buffers padded to capacity)"
                if moe.capacity_factor is not None else
-               f"dropless routing, busiest expert-parallel rank {eff.LOAD_IMBALANCE:g}x the mean load (assumed)")
+               f"dropless routing, busiest expert-parallel rank {load_imbalance(s):g}x the mean load ({stated})")
+    dispatch = ("DeepEP-style dispatch (a token once per GPU and per node holding its experts, routing taken as "
+                "uniformly random)" if s.ep_dispatcher == "deepep" else "all-to-all dispatch (a row per routed expert)")
+    dispatch += " in FP8, combine in BF16" if s.fp8_dispatch else ""
+    dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
+                 else ", not overlapped with compute")
     return [f"MoE: {moe.experts_per_token} of {moe.num_experts} experts per token, {routing}; experts split "
             f"ep {s.ep} x tp {s.tp} (expert TP = TP, Megatron-Core's default); grouped-GEMM efficiency "
-            f"rows/(rows+{eff.GROUPED_GEMM_M0:g}) per expert; dispatch/combine all-to-alls not overlapped with "
-            f"compute; LoRA adapts attention and shared experts only"]
+            f"rows/(rows+{eff.GROUPED_GEMM_M0:g}) per expert; {dispatch} (stack {s.stack}); "
+            f"LoRA adapts attention and shared experts only"]

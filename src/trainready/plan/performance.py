@@ -47,7 +47,7 @@ class StepResult:
 # --- counting --------------------------------------------------------------------------
 def _gemms(s: Setup) -> list[tuple[int, int, int]]:
     """(K, N, count) of one block's forward matmuls per token (M = tokens), TP-split. MoE
-    models: attention only (their MLPs differ by layer: moe.mlp_stage_time); MLA: its projections."""
+    models: attention only (their MLPs differ by layer: moe.stage_time); MLA: its projections."""
     m, t = s.model, s.tp
     d, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
     up = 2 * f if m.gated_mlp else f
@@ -86,9 +86,11 @@ def recompute_flops_per_token(s: Setup) -> float:
         return 2 * m.num_layers * (m.attention_params() + m.mlp_params()) + attn_fwd
     if s.checkpointing == "selective-attn":
         return attn_fwd
-    if s.checkpointing == "selective-op":  # the matmuls the op policy does not keep
-        return 2 * m.num_layers * sum(i * o for i, o, keep, adapter in op_sac_matmuls(m, s.method, s.lora_rank)
-                                      if not (keep or adapter))
+    if s.checkpointing == "selective-op":  # the matmuls the op policy does not keep (MoE: MLPs per layer kind)
+        ffn = 0 if m.is_moe else None
+        attn_mlp = 2 * m.num_layers * sum(i * o for i, o, keep, adapter in op_sac_matmuls(m, s.method, s.lora_rank, ffn)
+                                          if not (keep or adapter))
+        return attn_mlp + (moe.op_sac_recompute_flops_per_token(s) if m.is_moe else 0.0)
     return 0.0
 
 
@@ -108,7 +110,8 @@ def cpu_adam_s(s: Setup, node_params: float) -> float:
 def _op_sac_recompute(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> tuple[float, float]:
     """(seconds, FLOPs) of one block's matmuls that the op policy recomputes, per micro-batch."""
     t = f = 0.0
-    for i, o, keep, adapter in op_sac_matmuls(s.model, s.method, s.lora_rank):
+    ffn = 0 if s.model.is_moe else None  # MoE models: the MLPs' recompute is per layer kind (moe.stage_time)
+    for i, o, keep, adapter in op_sac_matmuls(s.model, s.method, s.lora_rank, ffn):
         if not (keep or adapter):  # adapters' rank-r matmuls: negligible
             flops = 2 * tokens * i * o / s.tp
             t += _gemm_time(flops, i, peak, e)
@@ -125,7 +128,7 @@ def _elementwise_bytes_per_token_layer(s: Setup) -> float:
     # eager HF RMSNorm: upcast, pow, mean, mul, downcast, weight mul, and their backward.
     norm = (100 if (eager and m.norm == "rmsnorm") else 10) * d
     residual = 2 * 12 * d  # two adds, forward and backward gradient accumulation
-    act = _act_bytes(s, f) if not m.is_moe else 0  # MoE models: per layer kind in moe.mlp_stage_time
+    act = _act_bytes(s, f) if not m.is_moe else 0  # MoE models: per layer kind in moe.stage_time
     rope = ((40 if eager else 8) * (q + kv)) if m.position == "rope" else 0
     copies = 8 * q if eager else 0  # attention output transpose+contiguous, fwd and bwd
     total = m.norms_per_layer * norm + residual + act + rope + copies
@@ -191,7 +194,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     peak = (gpu.peak_tflops("tf32" if prec == "fp32" else prec) or 1.0) * 1e12
     gemm_peak = (gpu.peak_tflops("fp8") or peak / 1e12) * 1e12 if s.precision == "fp8" else peak
     tokens = s.micro_batch * s.seq_len
-    layers = m.num_layers // s.pp
+    layers = s.stage_layers  # the largest pipeline stage
     frozen = s.method != "full"
     fwd = bwd = flops = 0.0
     for k, n, count in _gemms(s):
@@ -229,12 +232,12 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     if s.checkpointing == "selective-op":  # unsaved matmuls, elementwise forward, dequantization again
         recompute, recompute_flops = _op_sac_recompute(s, tokens, gemm_peak, e)
         recompute += 0.4 * elem + deq
-    fwd_total = layers * fwd
-    bwd_total = layers * (bwd + recompute)
-    flops_total = layers * (flops + recompute_flops)
     if m.is_moe:  # dense layers' MLPs and MoE layers' routers and experts, on the slowest stage
-        mlp = moe.mlp_stage_time(s, e, tokens, gemm_peak, gpu.hbm_gbps * 1e9 * mem_eff, _gemm_time, _act_bytes(s, 1))
-        fwd_total, bwd_total, flops_total = fwd_total + mlp[0], bwd_total + mlp[1], flops_total + mlp[2]
+        fwd_total, bwd_total, flops_total = moe.stage_time(s, e, tokens, gemm_peak, gpu.hbm_gbps * 1e9 * mem_eff,
+                                                           _gemm_time, _act_bytes(s, 1),
+                                                           (fwd, bwd + recompute, flops + recompute_flops))
+    else:
+        fwd_total, bwd_total, flops_total = layers * fwd, layers * (bwd + recompute), layers * (flops + recompute_flops)
     # output head and loss on the last stage (counted for every stage: the slowest sets the pace)
     head_flops = 2 * tokens * m.hidden_size * m.vocab_size / s.tp
     head_k = m.hidden_size
@@ -306,7 +309,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     mb = _micro_batch_time(s, e)
     pc = param_counts(s)
     ln = links(s)
-    layers = m.num_layers // s.pp
+    layers = s.stage_layers  # the largest pipeline stage
     full = s.method == "full"
     mixed_amp = s.strategy == "ddp" and full and s.precision != "fp32" and s.optimizer_dtype == "fp32"
     cast = 6 * pc.local / hbm if mixed_amp else 0.0  # autocast re-casts fp32 weights each forward
@@ -321,8 +324,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
 
     # data parallel
     per_node, share = _dp_layout(s)
-    if m.is_moe:  # expert parallelism: dispatch/combine all-to-alls per micro-batch, exposed like TP's
-        tp_s += moe.a2a_s(s, tokens, per_node, ln.intra_gbps)
+    a2a = moe.a2a_s(s, tokens, per_node, ln.intra_gbps) if m.is_moe else 0.0  # EP dispatch/combine per micro-batch
     dp = s.dp
     g_bytes = 4 if s.reduce_dtype == "fp32" else 2
     train = pc.trainable
@@ -362,6 +364,11 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             exposed_mb += max(0.0, ag - mb.fwd_s) + max(0.0, ag + rs - mb.bwd_s)
             exposed_mb += (ag + rs) / max(1, layers)  # first gather, last reduce: nothing to hide behind
             overlapped_mb += min(ag, mb.fwd_s) + min(ag + rs, mb.bwd_s)
+    # EP all-to-alls: in the compute path, exposed like TP's all-reduces; or run beside another micro-batch's
+    # compute (DualPipe, 1F1B A2A overlap), where only what outlasts that compute stays exposed
+    a2a_hidden = min(a2a, mb.fwd_s + mb.bwd_s) if s.ep_overlap else 0.0
+    overlapped_mb += a2a_hidden
+    tp_s += a2a - a2a_hidden
     contention = eff.OVERLAP_CONTENTION * overlapped_mb
 
     # pipeline: activations to the next stage and gradients back, per micro-batch
@@ -403,6 +410,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     hfpt = mfpt + recompute_flops_per_token(s)
     hw_per_token = mb.hw_flops * s.grad_accum * s.n_gpus / tokens_step
     return StepResult(step_s=step, compute_s=compute, exposed_comm_s=exposed, other_s=other,
-                      comm_s=comm_total + s.grad_accum * (tp_s + p2p), hardware_flops_per_token=hw_per_token,
+                      comm_s=comm_total + s.grad_accum * (tp_s + p2p + a2a_hidden),
+                      hardware_flops_per_token=hw_per_token,
                       model_flops_per_token=mfpt, hfu_flops_per_token=hfpt, tokens_per_s=tps,
                       mfu=mfpt * tps / (s.n_gpus * peak), hfu=hfpt * tps / (s.n_gpus * peak))

@@ -15,7 +15,7 @@ from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
 from .presets import generic_model, preset
-from .stacks import DEFAULT_STACK, Resolved, checkpointing_kind, resolve_stack
+from .stacks import DEFAULT_STACK, Resolved, Stack, checkpointing_kind, resolve_stack
 
 MIXED = ("bf16", "fp16", "fp8")
 TOKENS_PER_STEP_TARGET = 1_048_576  # default global batch: ~1M tokens per optimizer step
@@ -57,6 +57,10 @@ class Setup:
     notes: tuple[str, ...] = field(default=())
     stack: str = DEFAULT_STACK  # plan/stacks.py: whose defaults kernels, reduce dtype and checkpointing follow
     stack_named: bool = False  # the job named it (False: the default stack)
+    load_imbalance: float | None = None  # MoE busiest-rank load over the mean; None: efficiency.LOAD_IMBALANCE assumed
+    ep_dispatcher: str = "alltoall"  # MoE dispatch: "alltoall" | "deepep" (stacks.Stack.ep_dispatcher)
+    ep_overlap: bool = False  # MoE all-to-alls overlapped with another micro-batch's compute
+    fp8_dispatch: bool = False  # dispatch in FP8 (precision fp8 only)
 
     @property
     def n_gpus(self) -> int:
@@ -69,6 +73,11 @@ class Setup:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
+
+    @property
+    def stage_layers(self) -> int:
+        """Layers of the largest pipeline stage (the first one: pipeline_split)."""
+        return -(-self.model.num_layers // self.pp)
 
     def with_(self, **changes) -> "Setup":
         return replace(self, **changes)
@@ -118,6 +127,16 @@ def nearest_multiples(value: int, unit: int) -> str:
     return " or ".join(str(v) for v in dict.fromkeys((below, above)) if v > 0)
 
 
+def pipeline_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers of each pipeline stage: as even as possible, the extra layers on the earliest stages,
+    as torchtitan's generate_llm_fqn_per_model_part distributes them (distributed/pipeline_parallel.py);
+    Megatron-Core takes any split through --pipeline-model-parallel-layout (or, when only the first and
+    last stages differ, --decoder-first/last-pipeline-num-layers). The first stage is the largest, and
+    under 1F1B it also holds the most micro-batches in flight: it sets the pace and the memory."""
+    base, extra = divmod(num_layers, pp)
+    return tuple(base + (j < extra) for j in range(pp))
+
+
 def _normalize_strategy(strategy: str) -> str:
     return "zero3" if strategy == "fsdp" else strategy
 
@@ -129,8 +148,9 @@ def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int) -> N
         raise UsageError(f"--tp {tp} must divide, or be a multiple of, the KV heads ({model.num_kv_heads})")
     if tp > gpus_per_node:
         raise UsageError(f"--tp {tp} exceeds the {gpus_per_node} GPUs per node: tensor parallelism must stay inside a node")
-    if model.num_layers % pp:
-        raise UsageError(f"--pp {pp} must divide the number of layers ({model.num_layers})")
+    if pp > model.num_layers:  # uneven stages are fine (pipeline_split); empty ones are not
+        raise UsageError(f"--pp {pp} is more than the {model.num_layers} layers of {printable(model.name)}: "
+                         f"every pipeline stage needs a layer (--pp 1..{model.num_layers})")
 
 
 def _check_ep(model: ModelSpec, ep: int, dp: int) -> None:
@@ -146,6 +166,18 @@ def _check_ep(model: ModelSpec, ep: int, dp: int) -> None:
     if experts % ep or dp % ep:
         raise UsageError(f"--ep {ep} must divide both the {experts} experts of {name} and the data-parallel size "
                          f"{dp} (GPUs / (tp x pp)); valid: {', '.join(map(str, valid))}")
+
+
+def moe_comm(job: JobSpec, model: ModelSpec, stack: Stack, precision: str) -> dict:
+    """Setup fields of the MoE communication: the job's values, else the stack's."""
+    if job.expert_load_imbalance is not None and model.moe is None:
+        raise UsageError(f"--expert-load-imbalance needs a mixture-of-experts model; {printable(model.name)} is dense")
+    fp8 = stack.fp8_dispatch if job.fp8_dispatch is None else job.fp8_dispatch
+    if job.fp8_dispatch and precision != "fp8":
+        raise UsageError(f"fp8_dispatch needs --precision fp8 (this job computes in {precision})")
+    return dict(load_imbalance=job.expert_load_imbalance, ep_dispatcher=job.ep_dispatcher or stack.ep_dispatcher,
+                ep_overlap=stack.ep_overlap if job.ep_overlap is None else job.ep_overlap,
+                fp8_dispatch=fp8 and precision == "fp8")
 
 
 def _check_precision(gpu: Gpu, precision: str, optimizer_dtype: str) -> None:
@@ -236,4 +268,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  lora_rank=job.lora_rank, kernels=st.kernels,
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
-                 ep=job.ep, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None)
+                 ep=job.ep, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
+                 **moe_comm(job, model, st.stack, precision))

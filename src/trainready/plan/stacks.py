@@ -30,6 +30,8 @@ from typing import Literal
 from trainready.errors import UnknownNameError, UsageError
 
 SelectiveKind = Literal["op", "attention"]
+EPDispatcher = Literal["alltoall", "deepep"]
+EP_DISPATCHERS = ("alltoall", "deepep")
 CHECKPOINTING_KINDS = ("none", "selective", "selective-op", "selective-attn", "full")
 """What a job may ask for; "selective" means the stack's kind."""
 SETUP_CHECKPOINTING = ("none", "selective-op", "selective-attn", "full")
@@ -46,7 +48,23 @@ class Stack:
     """What `--activation-checkpointing selective` recomputes; None: the stack has no selective mode."""
     description: str
     source: str
+    ep_dispatcher: EPDispatcher = "alltoall"
+    """How MoE tokens reach their experts (plan/moe.py): "alltoall" sends one row per token and routed
+    expert through a collective all-to-all; "deepep" (DeepEP's normal kernels, HybridEP) sends a token
+    once per destination GPU over NVLink and once per destination node over the network, which
+    forwards it inside that node."""
+    ep_overlap: bool = False
+    """Dispatch/combine run beside another micro-batch's compute (DeepSeek's DualPipe, Megatron-Core
+    --overlap-moe-expert-parallel-comm, torchtitan's DualPipeV EP overlap) instead of in its path."""
+    fp8_dispatch: bool = False
+    """Under --precision fp8 the dispatch (and its backward mirror) sends FP8 activations; combines stay
+    BF16 (DeepSeek-V3 technical report, Sec. 3.3.3)."""
+    ep_source: str = ""
+    """Where the three MoE communication values come from."""
 
+
+_EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to travel by a collective all-to-all "
+                        "in the activation dtype, in the compute path (as torchtitan's 'standard' dispatcher)")
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("hf-trainer", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
@@ -56,28 +74,39 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "torch.autocast over fp32 parameters, so DDP all-reduces fp32 gradients (accelerate's FSDP "
                  "MixedPrecision reduces in the compute dtype: give --reduce-dtype bf16 for it); its "
                  "gradient_checkpointing recomputes whole layers, and gradient_checkpointing_kwargs={'context_fn': "
-                 "...} passes PyTorch's selective (op-level) policy to torch.utils.checkpoint"),
+                 "...} passes PyTorch's selective (op-level) policy to torch.utils.checkpoint",
+          ep_source=_EP_ALLTOALL_ASSUMED),
     Stack("deepspeed", kernels="eager", attention_kernel="sdpa", reduce_dtype="bf16", selective="op",
           description="a Hugging Face model under DeepSpeed ZeRO with bf16 enabled",
           source="deepspeed/runtime/engine.py communication_data_type: bf16 when bf16 is enabled and "
-                 "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)"),
+                 "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
+          ep_source=_EP_ALLTOALL_ASSUMED),
     Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
           description="torchtitan (FSDP2/TP/PP on DTensor) as its Llama 3 configs ship: no torch.compile",
           source="torchtitan/models/llama3/train_configs/llama3_8b.toml (compile = false, [activation_checkpoint] "
                  "mode = 'selective', selective_ac_option = 'op'); config: mixed_precision_reduce = 'float32'; "
                  "distributed/activation_checkpoint.py: op policy saves aten.mm outputs except every second one "
-                 "and the SDPA outputs (_op_sac_save_list)"),
+                 "and the SDPA outputs (_op_sac_save_list)",
+          ep_source="torchtitan models/common/config_utils.py make_token_dispatcher_config: comm_backend "
+                    "'standard' (PyTorch all-to-all of per-expert rows) unless deepep/hybridep is chosen; EP "
+                    "overlap only with the DualPipeV schedule (pipeline_parallel_expert_parallel_overlap); "
+                    "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16"),
     Stack("megatron", kernels="fused", attention_kernel="sdpa", reduce_dtype="fp32", selective="attention",
           description="Megatron-LM / Megatron-Core with Transformer Engine: fused norm and activation kernels, "
                       "TE fused attention",
           source="megatron/training/arguments.py: bf16 forces accumulate_allreduce_grads_in_fp32 (fp32 reduce); "
                  "--recompute-granularity selective recomputes the core attention (Korthikanti et al. 2022); "
-                 "Transformer Engine fused LayerNorm/RMSNorm, bias-SwiGLU/GELU fusions and fused attention"),
+                 "Transformer Engine fused LayerNorm/RMSNorm, bias-SwiGLU/GELU fusions and fused attention",
+          ep_source="megatron/core/transformer/transformer_config.py: moe_token_dispatcher_type (trainready's "
+                    "recipe sets alltoall), overlap_moe_expert_parallel_comm off by default; moe/fused_a2a.py: "
+                    "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
+                    "HybridEP 'does not support fp8 dispatch now'"),
     Stack("llm-foundry-2023", kernels="eager", attention_kernel="flash1", reduce_dtype="bf16", selective=None,
           description="MosaicML llm-foundry / Composer as in its 2023 throughput tables (torch 1.13)",
           source="llm-foundry scripts/train/benchmarking/README.md (tables predate torch 2.0 and "
                  "FlashAttention-2: Triton/FlashAttention-1 attention); Composer FSDP mixed precision DEFAULT "
-                 "reduces in bf16; activation_checkpointing wraps whole blocks (no selective mode)"),
+                 "reduces in bf16; activation_checkpointing wraps whole blocks (no selective mode)",
+          ep_source=_EP_ALLTOALL_ASSUMED),
 )}
 DEFAULT_STACK = "hf-trainer"
 """The stack of a job that names none: eager kernels, SDPA, fp32 reduction (the planner's

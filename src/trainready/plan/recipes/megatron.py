@@ -10,7 +10,9 @@ from the fields, so Megatron-Core's own checks see every generated flag.
 
 from __future__ import annotations
 
-from ..setup import Setup
+from itertools import groupby
+
+from ..setup import Setup, pipeline_split
 from .common import Recipe, args_lines, batch_note, checkpointing, environment, ep, torchrun
 
 NAME = "megatron"
@@ -34,6 +36,7 @@ FLAGS: dict[str, str | None] = {
     "--moe-router-score-function": "moe_router_score_function", "--moe-shared-expert-gate": "moe_shared_expert_gate",
     "--tensor-model-parallel-size": "tensor_model_parallel_size",
     "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+    "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
     "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
     "--use-distributed-optimizer": None, "--optimizer-cpu-offload": None, "--optimizer-offload-fraction": None,
     "--use-precision-aware-optimizer": None,
@@ -125,8 +128,23 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
     return a
 
 
+def pipeline_layout(num_layers: int, pp: int) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout for setup.pipeline_split's uneven stages: E the
+    embedding, t a decoder layer, L the loss, | between stages, (..)*n a repeat: 61 layers on 4 stages
+    are Et*16|(t*15|)*2t*15L."""
+    split = pipeline_split(num_layers, pp)
+    stages = [("E" if j == 0 else "") + f"t*{n}" + ("L" if j == pp - 1 else "") for j, n in enumerate(split)]
+    out = ""
+    for stage, run in groupby(stages):
+        count = len(list(run))
+        out += f"({stage}|)*{count}" if count > 1 else f"{stage}|"
+    return out.rstrip("|")
+
+
 def parallel_args(s: Setup) -> list[tuple[str, object]]:
     a: list[tuple[str, object]] = [("--tensor-model-parallel-size", s.tp), ("--pipeline-model-parallel-size", s.pp)]
+    if s.model.num_layers % s.pp:  # uneven stages: Megatron splits evenly unless told the layout
+        a.append(("--pipeline-model-parallel-layout", pipeline_layout(s.model.num_layers, s.pp)))
     if s.model.is_moe:
         a.append(("--expert-model-parallel-size", ep(s)))
     if s.tp > 1:

@@ -84,7 +84,11 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
     ]
     if s.pp > 1:  # local_batch_size is split into pipeline micro-batches of this size
         a += [("--parallelism.pipeline_parallel_microbatch_size", s.micro_batch),
-              ("--parallelism.pipeline_parallel_schedule", "1F1B")]
+              ("--parallelism.pipeline_parallel_schedule", "1F1B"),
+              # layers split as the estimate splits them (setup.pipeline_split: even, the extra ones first);
+              # torchtitan's default counts the embedding and the head as a layer each
+              ("--parallelism.pipeline_parallel_first_stage_less_layers", 0),
+              ("--parallelism.pipeline_parallel_last_stage_less_layers", 0)]
     if s.model.is_moe:
         a.append(("--parallelism.expert_parallel_degree", ep(s)))
     local = s.micro_batch * s.grad_accum if s.pp > 1 else s.micro_batch
