@@ -310,6 +310,13 @@ def test_no_credentials_is_one_line_and_exit_2(server, monkeypatch, tmp_path, ne
     assert code == 2 and json.loads(out)["error"]["exit_code"] == 2
 
 
+def test_no_network_is_one_line_and_exit_2(server, monkeypatch, tmp_path, net):
+    aws_env(monkeypatch, tmp_path, "http://127.0.0.1:9", attempts=1)  # nothing listens on port 9
+    code, out, err = invoke("account", "--instance", "p4d.24xlarge")
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1
+    assert "cannot ask AWS who you are (sts:GetCallerIdentity): cannot reach AWS" in err
+
+
 def test_expired_credentials(env, monkeypatch):
     World().error("sts", "us-east-1", "get_caller_identity", "ExpiredToken",
                   "The security token included in the request is expired", 403).install(monkeypatch)

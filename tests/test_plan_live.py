@@ -103,6 +103,14 @@ def test_without_credentials_the_catalog_answers_in_one_line(server, monkeypatch
     assert code == 0 and out.count("plan --live: catalog prices, nothing checked live") == 2  # notes + live header
 
 
+def test_without_network_the_catalog_answers(server, monkeypatch, tmp_path, net):
+    aws_env(monkeypatch, tmp_path, "http://127.0.0.1:9", attempts=1)  # nothing listens on port 9 (discard)
+    doc = live_json("--live")
+    assert doc["live"]["live"] is False and "cannot ask AWS who you are" in doc["live"]["reason"]
+    assert "cannot reach AWS" in doc["live"]["reason"]
+    assert {r["live"]["price_source"] for r in doc["rows"]} == {"catalog"}
+
+
 def test_without_boto3_the_catalog_answers(server, monkeypatch, tmp_path, net):
     from trainready.cloud import live
 
@@ -154,6 +162,9 @@ def test_live_prices_rerank_and_quota_blocks(server, monkeypatch, tmp_path, net)
     costs = [rows[k]["live"]["total_usd"] for k in order if rows[k]["live"]["attainable"]]
     assert costs == sorted(costs) and [r["rank"] for r in doc["rows"]] == [1, 2, 3, 4, 5]
     assert doc["rows"][0]["why"].startswith("cheapest that can launch now (live)")
+    assert "2 nodes: needs a cluster placement group in one AZ with EFA" in rows[("p4d.24xlarge", 2)]["live"]["reasons"]
+    assert doc["live"]["reason"].endswith("3 row(s) launch now, 1 not fully checked, 1 wait for a quota increase, "
+                                          "0 excluded; 4 at live prices")
 
 
 def test_far_below_quota_excludes_the_row_with_the_command(server, monkeypatch, tmp_path, net):

@@ -134,8 +134,10 @@ def _live(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: AwsP
     rows = _rerank(rows, result.ranked_by, bool(result.tokens))
     checked = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     priced = sum(1 for r in rows if r.live and r.live.price_source == "live")
-    line = (f"plan --live: account {account}, {', '.join(regions)}: {len(rows)} row(s) can launch or were not "
-            f"blocked, {len(excluded) - len(result.excluded)} excluded, {priced} at live prices")
+    count = {k: sum(1 for r in rows if r.live and r.live.attainable is k) for k in (True, None, False)}
+    line = (f"plan --live: account {account}, {', '.join(regions)}: {count[True]} row(s) launch now, "
+            f"{count[None]} not fully checked, {count[False]} wait for a quota increase, "
+            f"{len(excluded) - len(result.excluded)} excluded; {priced} at live prices")
     if provider.cache.hits:
         line += f" ({provider.cache.hits} answer(s) from the cache, --max-age {req.max_age_s / 60:g} min)"
     notes += provider.cache.notes
@@ -188,6 +190,8 @@ def _aws_row(row: PlanRow, catalog: Catalog, req: LiveRequest, reports: dict[str
     best = min(choices, key=lambda c: (c.total if c.total is not None else float("inf"), c.region or ""))
     rep = best.report
     quota = rep.quotas[0] if rep and rep.quotas else None
+    if rep is not None and row.estimate.setup.nodes > 1 and rep.offerings.efa:
+        reasons.append(f"{row.estimate.setup.nodes} nodes: needs a cluster placement group in one AZ with EFA")
     return _row(row, req, best, attainable=attainable, reasons=hard + reasons,
                 quota_code=quota.code if quota else None,
                 headroom=quota.headroom_vcpus if quota else None, azs=rep.offerings.azs if rep else [],
