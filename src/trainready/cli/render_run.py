@@ -93,9 +93,7 @@ def render_summary(console: Console, s: Any, brief: bool = False) -> None:
         ("MFU", f"{100 * s.mfu_median:.1f}%" if s.mfu_median is not None else "n/a (no GPU peak or FLOP model)"),
     ]
     if s.shares is not None:
-        sh = s.shares
-        rows.append(("time went to", f"compute {sh.compute:.0%}, data wait {sh.data:.0%}, comm {sh.comm:.0%}, "
-                                     f"optimizer {sh.optimizer:.0%}, other {sh.other:.0%}"))
+        rows.append(("time went to", _shares(s.shares)))
     if s.loss_last is not None:
         rows.append(("loss", f"{_num(s.loss_first, 4)} -> {_num(s.loss_last, 4)}"
                              f"{f' ({s.nonfinite_losses} non-finite)' if s.nonfinite_losses else ''}"))
@@ -113,6 +111,99 @@ def render_summary(console: Console, s: Any, brief: bool = False) -> None:
     for key, value in rows:
         table.add_row(key, Text(str(value)))
     console.print(table)
+    if not brief and s.goodput is not None:
+        render_goodput(console, s.goodput)
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def render_goodput(console: Console, g: Any) -> None:
+    """Goodput and badput by cause, the launches, and per-rank step times; fits 80 columns."""
+    bound = " (at most: some steps did not measure every cause)" if g.upper_bound else ""
+    head = (f"goodput {g.goodput:.1%}{bound} of {_dur(g.billed_s)} billed" if g.goodput is not None
+            else f"goodput unknown ({_dur(g.billed_s)} billed)")
+    if g.billed_usd is not None:
+        head += f" ({_usd(g.billed_usd)} at ${g.usd_per_hour:g}/h x {g.nnodes} node(s))"
+    console.print(Text(head, style="bold"), soft_wrap=True)
+    table = Table(box=None, pad_edge=False)
+    for name, justify in (("where billed time went", "left"), ("time", "right"), ("hours", "right"),
+                          ("USD", "right"), ("share", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    table.add_row("productive (goodput)", _dur(g.productive_s), f"{g.productive_s / 3600:.4f}", _usd(g.productive_usd),
+                  f"{g.goodput:.1%}" if g.goodput is not None else "-", style="green")
+    for c in g.causes:
+        if c.seconds == 0 and not c.unmeasured_steps:
+            continue
+        name = c.label if c.in_billed else f"({c.label})"
+        table.add_row(name, _dur(c.seconds), "-" if c.hours is None else f"{c.hours:.4f}", _usd(c.usd),
+                      f"{c.share:.1%}" if c.share is not None else "-")
+    console.print(table)
+    if any(not c.in_billed and c.seconds for c in g.causes):
+        console.print(Text("(idle between launches is not billed by the budget: its cost if the nodes were kept)",
+                           style="dim"), soft_wrap=True)
+    if len(g.launches) > 1 or g.steps_lost:
+        launches = Table(title=Text(f"launches: {g.steps_kept} step(s) kept, {g.steps_lost} lost"),
+                         title_justify="left", box=None, pad_edge=False)
+        for name in ("#", "outcome", "billed", "restored", "steps", "lost", "productive"):
+            launches.add_column(name, justify="left" if name == "outcome" else "right", no_wrap=True)
+        for la in g.launches:
+            steps = f"{la.first_step}..{la.last_step}" if la.first_step is not None else "-"
+            launches.add_row(str(la.index), Text(la.outcome), _dur(la.billed_s),
+                             "fresh" if la.restored_step is None else str(la.restored_step), steps,
+                             str(la.steps_lost), _dur(la.productive_s))
+        console.print(launches)
+    _render_ranks(console, g)
+    for note in g.notes:
+        console.print(Text(f"note: {note}", style="dim"), soft_wrap=True)
+    if g.skipped:
+        total = sum(g.skipped.values())
+        reasons = ", ".join(f"{reason} ({n})" for reason, n in sorted(g.skipped.items(), key=lambda kv: -kv[1])[:4])
+        console.print(Text(f"skipped {total} malformed telemetry record(s)/field(s): {reasons}", style="yellow"),
+                      soft_wrap=True)
+
+
+def _render_ranks(console: Console, g: Any) -> None:
+    if len(g.ranks) < 2:
+        return
+    shown = g.ranks if len(g.ranks) <= 8 else sorted(g.ranks, key=lambda r: -(r.straggler_score or 0))[:6]
+    slow = f"slowest: rank {', '.join(map(str, g.slowest_ranks))}" if g.slowest_ranks else "no straggler"
+    more = f", showing the {len(shown)} slowest of {len(g.ranks)}" if len(shown) < len(g.ranks) else ""
+    table = Table(title=Text(f"step time per rank ({slow}{more})"), title_justify="left", box=None, pad_edge=False)
+    for name in ("rank", "steps", "min s", "median s", "max s", "work s", "score", "slowest in"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in shown:
+        table.add_row(str(r.rank), str(r.samples), f"{r.step_s_min:.3f}", f"{r.step_s_median:.3f}",
+                      f"{r.step_s_max:.3f}", "-" if r.work_s_median is None else f"{r.work_s_median:.3f}",
+                      "-" if r.straggler_score is None else f"{r.straggler_score:.2f}", str(r.slowest_steps),
+                      style="bold red" if r.rank in g.slowest_ranks else None)
+    console.print(table)
+
+
+def _shares(sh: Any) -> str:
+    """Measured parts as shares; an unmeasured part is named as such, never shown as 0%."""
+    def pct(name: str, value: float | None) -> str | None:
+        return f"{name} {value:.0%}" if value is not None else None
+
+    parts = [pct("compute", sh.compute), pct("data wait", sh.data), pct("comm", sh.comm),
+             pct("optimizer", sh.optimizer), pct("other", sh.other)]
+    text = ", ".join(p for p in parts if p)
+    unknown = [name for name, value in (("data wait", sh.data), ("comm", sh.comm), ("optimizer", sh.optimizer))
+               if value is None]
+    if unknown:
+        text += f", compute + unmeasured {' + '.join(unknown)} {sh.unattributed or 0:.0%}"
+    return text + (f" ({sh.timing} timing)" if sh.timing else "")
 
 
 def _num(value: float | None, digits: int = 0) -> str:

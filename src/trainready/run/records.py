@@ -51,6 +51,8 @@ class StartRecord(_Record):
     workers: list[Worker]
     run_id: str
     generation: int
+    timing: Literal["host", "cuda-events"] | None = Field(None, description="how step splits are timed (None: "
+                                                                            "written before it was recorded: host)")
 
 
 class RestoreRecord(_Record):
@@ -58,6 +60,7 @@ class RestoreRecord(_Record):
     step: int | None = Field(description="the checkpoint restored (last completed step), None: fresh start")
     tier: str | None
     skipped: list[str] = Field(description="newer checkpoints passed over, each with why")
+    duration_s: float | None = Field(None, description="seconds the restore took (finding, loading, verifying)")
 
 
 class CkptStatus(BaseModel):
@@ -72,17 +75,34 @@ class CkptStatus(BaseModel):
 class StepRecord(_Record):
     type: Literal["step"]
     step: int
-    step_s: float = Field(description="rank 0's time inside `with sess.step()`")
+    step_s: float | None = Field(description="rank 0's host time inside `with sess.step()` (None: no step block)")
     interval_s: float = Field(description="rank 0's wall time since the previous step ended (includes saves)")
-    data_s: float = Field(description="data wait, mean over ranks")
-    data_s_max: float
-    comm_s: float = Field(description="exposed communication, mean over ranks (where measurable)")
-    optimizer_s: float
-    compute_s: float
+    timing: Literal["host", "cuda-events"] = Field("host", description="source of the split below: host clocks, or "
+                                                                       "CUDA events on the streams doing the work")
+    split_step: int | None = Field(None, description="the step the split (data_s .. unattributed_s, straggler_s, "
+                                                     "rank_*) describes: this step with host clocks, the previous "
+                                                     "one with CUDA events (read a step later); None: no split yet")
+    data_s: float | None = Field(description="data wait, mean over ranks; None: not measured (no t.data())")
+    data_s_max: float | None
+    comm_s: float | None = Field(description="exposed communication, mean over ranks; None: not measured (several "
+                                             "ranks and neither a watched DDP model nor t.comm())")
+    optimizer_s: float | None = Field(description="optimizer step, mean over ranks; None: not measured (no t.optimizer())")
+    compute_s: float | None = Field(description="the rest of the step; None when a part is unmeasured (then see "
+                                                "unattributed_s)")
+    unattributed_s: float | None = Field(None, description="compute plus the unmeasured parts, when some part is "
+                                                           "unmeasured: never folded into compute")
+    unmeasured: list[str] = Field([], description="parts of the split not measured (data, comm, optimizer)")
+    straggler_s: float | None = Field(None, description="the slowest rank's work (step minus exposed comm) minus the "
+                                                        "typical rank's (median_low): time every rank waited for it; "
+                                                        "None when comm is unmeasured")
+    rank_step_s: list[float | None] | None = Field(None, description="each rank's step time (index = rank), in "
+                                                                     "every k-th split (k = ceil(world size / 64))")
+    rank_comm_s: list[float | None] | None = Field(None, description="each rank's exposed communication, same steps")
     tokens: float = Field(description="tokens of this step, summed over ranks")
     tokens_per_s: float | None
     mfu: float | None = Field(description="model FLOPs utilization, 0-1; None without a FLOP model or GPU peak")
-    slowest_rank: int
+    slowest_rank: int = Field(description="the rank with the most work (step minus exposed comm; step time when "
+                                          "comm is unmeasured)")
     cost_usd: float | None
     projected_usd: float | None
     eta_s: float | None

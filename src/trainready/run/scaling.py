@@ -14,16 +14,16 @@ import statistics
 from dataclasses import replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError
 from trainready.io import redact_argv
 
 from .launcher import Launcher, LaunchSpec
-from .summary import WARMUP_STEPS
+from .summary import SPLIT_PARTS, WARMUP_STEPS, has_split, split_total
 from .telemetry import FILE, read_records
 
-PARTS = ("data", "comm", "compute", "optimizer", "other")
+PARTS = ("data", "comm", "compute", "optimizer", "other", "unattributed")
 ADVICE = {
     "data": "the data loader does not keep up at this count: more loader workers, pinned memory, shards on local "
             "NVMe or streamed from object storage (`trainready data`)",
@@ -33,6 +33,9 @@ ADVICE = {
                "GPU (see `trainready check`: vCPUs per GPU, clocks, PCIe)",
     "optimizer": "the optimizer step grows: a non-sharded optimizer on a larger world, or CPU offload contention",
     "other": "time outside the step grows: synchronization, logging or checkpoint stalls",
+    "unattributed": "the growth is in compute or in a part the script does not let trainready measure (named "
+                    "above): time it with `sess.watch(ddp_model)`, `with t.comm():`, `with t.optimizer():`, "
+                    "`t.data(batch)` to see which",
 }
 
 
@@ -50,6 +53,10 @@ class ScalingPoint(BaseModel):
     compute_s: float | None
     optimizer_s: float | None
     other_s: float | None
+    unattributed_s: float | None = Field(None, description="median compute plus unmeasured parts, when a part is "
+                                                           "unmeasured (then that part and compute_s are None)")
+    unmeasured: list[str] = Field([], description="parts some measured step did not measure")
+    timing: str | None = Field(None, description="host or cuda-events")
 
 
 class ScalingReport(BaseModel):
@@ -80,14 +87,20 @@ def _median(values: list[float]) -> float | None:
 def measure(run_dir, processes: int, exit_code: int) -> ScalingPoint:
     records, _ = read_records(run_dir / FILE)
     steps = [r for r in records if r["type"] == "step"][WARMUP_STEPS:]
-    col = {k: [r.get(f"{k}_s") or 0.0 for r in steps] for k in ("interval", "data", "comm", "compute", "optimizer")}
-    other = [max(0.0, i - d - c - p - o) for i, d, c, p, o in
-             zip(col["interval"], col["data"], col["comm"], col["compute"], col["optimizer"], strict=True)]
+    split = [r for r in steps if has_split(r)]
+    # a part any step did not measure is unknown for the point: never counted as zero (issue 15)
+    unknown = [k for k in SPLIT_PARTS if any(not isinstance(r.get(f"{k}_s"), (int, float)) for r in split)]
+    col = {k: [r[f"{k}_s"] for r in split] for k in SPLIT_PARTS if k not in unknown}
+    rest = [split_total(r) - sum(r[f"{k}_s"] for k in col) for r in split]
+    other = [max(0.0, (r.get("interval_s") or 0.0) - split_total(r)) for r in split]
     tps = _median([r["tokens_per_s"] for r in steps if r.get("tokens_per_s")])
     return ScalingPoint(processes=processes, exit_code=exit_code, steps_measured=len(steps), tokens_per_s=tps,
                         tokens_per_s_per_process=tps / processes if tps else None, efficiency=None,
-                        step_s=_median(col["interval"]), data_s=_median(col["data"]), comm_s=_median(col["comm"]),
-                        compute_s=_median(col["compute"]), optimizer_s=_median(col["optimizer"]), other_s=_median(other))
+                        step_s=_median([r["interval_s"] for r in steps if r.get("interval_s")]),
+                        data_s=_median(col.get("data", [])), comm_s=_median(col.get("comm", [])),
+                        compute_s=None if unknown else _median(rest), optimizer_s=_median(col.get("optimizer", [])),
+                        other_s=_median(other), unattributed_s=_median(rest) if unknown else None, unmeasured=unknown,
+                        timing="+".join(sorted({r.get("timing") or "host" for r in split})) or None)
 
 
 def findings(points: list[ScalingPoint]) -> list[str]:
@@ -98,16 +111,35 @@ def findings(points: list[ScalingPoint]) -> list[str]:
             out.append(f"{p.processes} processes: no measurement (exit code {p.exit_code})")
             continue
         lost = p.step_s - base.step_s
-        growth = {part: (getattr(p, f"{part}_s") or 0) - (getattr(base, f"{part}_s") or 0) for part in PARTS}
+        growth = _growth(base, p)
         line = (f"{p.processes} vs {base.processes} processes: {p.tokens_per_s:,.0f} tokens/s, efficiency "
                 f"{p.efficiency:.0%}; step time {base.step_s:.3f} -> {p.step_s:.3f} s")
-        if lost > 0.02 * base.step_s:
+        unmeasured = sorted(set(p.unmeasured) | set(base.unmeasured))
+        if unmeasured:
+            line += f" ({', '.join(unmeasured)} not measured: counted as unknown, not zero)"
+        if lost > 0.02 * base.step_s and growth:
             worst = max(growth, key=growth.get)
-            split = ", ".join(f"{part} {growth[part]:+.3f} s" for part in PARTS if abs(growth[part]) >= 0.0005)
+            split = ", ".join(f"{part} {g:+.3f} s" for part, g in growth.items() if abs(g) >= 0.0005)
             line += f" ({split}); most went to {worst}: {ADVICE[worst]}"
         else:
             line += ": scales as it should"
         out.append(line)
+    return out
+
+
+def _growth(base: ScalingPoint, p: ScalingPoint) -> dict[str, float]:
+    """Each part's growth over the base count, for the parts measured at both (an unmeasured part
+    is left out, and compute with it: their time is `unattributed`, compared only with itself)."""
+    out = {}
+    for part in PARTS:
+        a, b = getattr(base, f"{part}_s"), getattr(p, f"{part}_s")
+        if part == "unattributed" and (a is None) != (b is None):
+            a = base.compute_s if a is None else a  # compute at one count, compute + unknowns at the other
+            b = p.compute_s if b is None else b
+        if a is not None and b is not None:
+            out[part] = b - a
+    if "unattributed" in out:
+        out.pop("compute", None)
     return out
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import statistics
@@ -45,15 +46,18 @@ from .interval import IntervalChoice, choose_interval, job_mtbf
 from .launcher import EXIT_BUDGET
 from .settings import STOP_FILE, RunSettings
 from .telemetry import TelemetryWriter
-from .timing import CommWatch, StepTimer, StepTimes
+from .timing import CommWatch, CudaMarks, FinishedStep, HostMarks, Marks, SplitQueue, StepTimer, StepTimes
 from .watchdog import start_watch
 
 log = logging.getLogger("trainready.run")
 
-# per-rank numbers exchanged after every step, in this order
-_FIELDS = ("step_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now", "commit_s",
-           "stall_s", "billed_s")
+# per-rank numbers exchanged after every step, in this order. step_s: the host's time inside the step;
+# split_of: the step the split (split_s = the time it covers, data_s, comm_s, optimizer_s) describes, one step
+# behind with CUDA events; NaN = unknown (not measured, or not resolved yet)
+_FIELDS = ("step_s", "split_of", "split_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now",
+           "commit_s", "stall_s", "billed_s")
 _PACE_WINDOW = 20
+RANK_LISTS_MAX = 64  # per-rank times go into about this many ranks' worth of step records (every k-th step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,10 @@ class Session:
         self._last_saved: int | None = None
         self._finished = False
         self._dropped_seen = 0
+        self._marks: Marks = _marks(self.device, settings.timing)
+        self._measured: set[str] = set() if self.world_size > 1 else {"comm"}  # one rank: nothing to communicate
+        self._splits = SplitQueue()
+        self._rank_every = max(1, -(-self.world_size // RANK_LISTS_MAX))
         self._start_record()
 
     # ---- setup -------------------------------------------------------------------------------
@@ -142,12 +150,13 @@ class Session:
             ckpt_every=self.settings.ckpt_every,
             total_steps=self.settings.total_steps, budget_usd=self.settings.budget_usd,
             usd_per_hour=self.settings.usd_per_hour, nnodes=self.settings.nnodes, workers=everyone,
-            run_id=self.manager.run_id, generation=self.manager.generation)
+            run_id=self.manager.run_id, generation=self.manager.generation, timing=self._marks.source)
 
     def _agreed_settings(self) -> dict[str, Any]:
         s = self.settings
         return {"budget_usd": s.budget_usd, "usd_per_hour": s.usd_per_hour, "nnodes": s.nnodes, "ckpt_every": s.ckpt_every,
-                "mtbf_h": s.mtbf_h, "spot": s.spot, "total_steps": s.total_steps, "max_steps": s.max_steps}
+                "mtbf_h": s.mtbf_h, "spot": s.spot, "total_steps": s.total_steps, "max_steps": s.max_steps,
+                "timing": s.timing}
 
     def _gather_objects(self, obj: Any) -> list[Any]:
         if self._group is None:
@@ -165,40 +174,46 @@ class Session:
     def restore(self, state: dict[str, Any]) -> int | None:
         """Load the newest checkpoint that verifies into `state`; returns its step (the last one
         completed) or None. Training continues at `sess.start_step`."""
+        t0 = time.perf_counter()
         result = self.manager.restore_details(state)
+        duration = time.perf_counter() - t0
         step = result.step if result else None
         self.start_step = self._next_step = 0 if step is None else step + 1
         self._last_saved = step
         self.telemetry.write("restore", step=step, tier=result.tier if result else None,
-                             skipped=list(result.skipped) if result else [])
+                             skipped=list(result.skipped) if result else [], duration_s=_r(duration))
         self._last_end = time.perf_counter()
         return step
 
     def watch(self, ddp_model: Any) -> Any:
-        """Time a DDP model's gradient all-reduce (a comm hook around the default one)."""
+        """Time a DDP model's gradient all-reduce (a comm hook around the default one). Anything else
+        (FSDP, a plain module) is not hooked: its communication stays unknown unless `t.comm()` times it."""
         if self._comm_watch is None:
-            self._comm_watch = CommWatch()
-        if hasattr(ddp_model, "register_comm_hook"):
-            self._comm_watch.attach(ddp_model)
+            self._comm_watch = CommWatch(self._marks)
+        if self._comm_watch.attach(ddp_model):
+            self._measured.add("comm")
+        elif self.world_size > 1 and self.is_main:
+            log.warning("sess.watch(%s): not a DistributedDataParallel model, its communication is not measured "
+                        "(recorded as unknown); wrap collectives in `with t.comm():` to time them",
+                        type(ddp_model).__name__)
         return ddp_model
 
     @contextmanager
     def step(self, tokens: float | None = None) -> Iterator[StepTimer]:
         """Time one training step; `tokens`: tokens this rank processes in it."""
-        timer = StepTimer(tokens=tokens or 0, comm_watch=self._comm_watch)
+        timer = StepTimer(tokens=tokens or 0, comm_watch=self._comm_watch, marks=self._marks, measured=self._measured)
         timer.begin()
         yield timer
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not self._marks.lagged:  # host clocks on a GPU: wait for its work
             torch.cuda.synchronize(self.device)
-        times = timer.end()
-        self._after_step(times, timer.metrics)
+        self._after_step(timer.end(), timer.metrics)
 
     def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
         """Save when due (interval, auto interval, last step) or forced; on a stop for a signal or
         the budget save, wait for the upload, and exit (max_steps exits without saving). Without
         `with sess.step()` blocks, each call marks a step. Returns whether it saved."""
         if self._decision is None:  # no `with sess.step()`: this call marks the step (times unknown)
-            self._after_step(StepTimes(), {})
+            self._after_step(None, {})
         decision = self._decision
         self._decision = None
         last = self.settings.total_steps is not None and step >= self.settings.total_steps - 1
@@ -230,7 +245,10 @@ class Session:
 
     # ---- per step ----------------------------------------------------------------------------
 
-    def _after_step(self, times: StepTimes, metrics: dict[str, Any]) -> None:
+    def _after_step(self, finished: FinishedStep | None, metrics: dict[str, Any]) -> None:
+        step = self._next_step
+        ready = self._splits.push(step, finished.pending) if finished is not None else None
+        split_of, split = ready if ready is not None else (None, StepTimes())
         now_perf = time.perf_counter()
         interval = now_perf - self._last_end
         self._last_end = now_perf
@@ -238,11 +256,11 @@ class Session:
         if commit is not None:
             self._last_saved = commit[0]
         now = time.time()
-        mine = [times.step_s, times.data_s, times.comm_s, times.optimizer_s, times.tokens, interval,
-                float(STOP.signum or 0), now, commit[1] if commit else 0.0, self._local_stall,
-                self.budget.clock.billed_s(now)]
+        mine = [finished.host_s if finished else math.nan, math.nan if split_of is None else float(split_of),
+                *(math.nan if v is None else v for v in (split.step_s, split.data_s, split.comm_s, split.optimizer_s)),
+                finished.tokens if finished else 0.0, interval, float(STOP.signum or 0), now,
+                commit[1] if commit else 0.0, self._local_stall, self.budget.clock.billed_s(now)]
         rows = self._exchange(mine)
-        step = self._next_step
         self._next_step += 1
         self._steps_this_launch += 1
         self._since_save += 1
@@ -252,7 +270,7 @@ class Session:
         self._pace.append(col["interval_s"][0])  # rank 0's
         pace = statistics.median(self._pace)
         self._decision = self._decide(step, col, pace)
-        self._record_step(step, col, pace, times, metrics)
+        self._record_step(step, col, pace, metrics)
 
     def _exchange(self, values: list[float]) -> list[list[float]]:
         if self._group is None:
@@ -315,8 +333,7 @@ class Session:
                                  assumption=choice.assumption, message=choice.describe())
         return self._since_save >= self._interval.every_steps
 
-    def _record_step(self, step: int, col: dict[str, list[float]], pace: float, times: StepTimes,
-                     metrics: dict[str, Any]) -> None:
+    def _record_step(self, step: int, col: dict[str, list[float]], pace: float, metrics: dict[str, Any]) -> None:
         if not self.is_main or self.telemetry.path is None:
             return
         tokens = sum(col["tokens"])
@@ -326,7 +343,6 @@ class Session:
         if tokens_per_s and self.flops_per_token and self.peak_flops:
             mfu = tokens_per_s * self.flops_per_token / (self.world_size * self.peak_flops)
         view = self.budget.assess(col["billed_s"][0], pace, 0.0, self._remaining_after(step), peek=True)
-        slowest = max(range(self.world_size), key=lambda r: col["step_s"][r])
         status = self.manager.status()
         dropped = status["dropped_unarchived"]
         if len(dropped) > self._dropped_seen:
@@ -334,12 +350,10 @@ class Session:
                        f"before reaching the archive (last upload error: {status['last_upload_error'] or 'none'})",
                        names=dropped[self._dropped_seen:])
             self._dropped_seen = len(dropped)
-        mean = StepTimes(**{part: statistics.fmean(col[part]) for part in ("step_s", "data_s", "optimizer_s", "comm_s")})
+        split = split_fields(col, self._marks.source, self._rank_every)
         self.telemetry.write(
-            "step", step=step, step_s=_r(times.step_s), interval_s=_r(interval),
-            data_s=_r(mean.data_s), data_s_max=_r(max(col["data_s"])),
-            comm_s=_r(mean.comm_s), optimizer_s=_r(mean.optimizer_s), compute_s=_r(mean.compute_s),
-            tokens=tokens, tokens_per_s=_r(tokens_per_s), mfu=_r(mfu), slowest_rank=slowest,
+            "step", step=step, step_s=_r(_finite(col["step_s"][0])), interval_s=_r(interval), **split,
+            tokens=tokens, tokens_per_s=_r(tokens_per_s), mfu=_r(mfu),
             cost_usd=_r(view.spent_usd), projected_usd=_r(view.projected_usd), eta_s=_r(view.eta_s),
             ckpt={"last_saved": self._last_saved, "saving": status["saving"], "uploading": status["uploading"],
                   "archived": status["archived_step"], "dropped_unarchived": len(dropped)},
@@ -418,6 +432,49 @@ class Session:
 
 def _r(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _mean(values: list[float]) -> float | None:
+    """Mean over ranks; None (unknown) when any rank did not measure it."""
+    return statistics.fmean(values) if values and all(math.isfinite(v) for v in values) else None
+
+
+def _marks(device: torch.device, timing: str) -> Marks:
+    if device.type == "cuda" and timing in ("auto", "cuda-events"):
+        return CudaMarks()
+    if timing == "cuda-events":
+        log.warning("timing=cuda-events needs a CUDA device; using host clocks on %s", device)
+    return HostMarks()
+
+
+def split_fields(col: dict[str, list[float]], source: str, rank_every: int = 1) -> dict[str, Any]:
+    """A step record's split, from every rank's exchanged numbers (NaN = unknown): means over ranks,
+    what is unmeasured, the wait for the slowest rank, and (every `rank_every`-th split) every
+    rank's step time and exposed communication."""
+    world = len(col["split_s"])
+    of = col["split_of"][0]
+    mean = StepTimes(step_s=_mean(col["split_s"]), data_s=_mean(col["data_s"]), comm_s=_mean(col["comm_s"]),
+                     optimizer_s=_mean(col["optimizer_s"]), source=source)
+    # work: a rank's step minus its exposed communication, where fast ranks wait for the slow one
+    work = [s - c for s, c in zip(col["split_s"], col["comm_s"], strict=True)]
+    work_known = all(math.isfinite(w) for w in work)
+    straggler = max(work) - statistics.median_low(work) if work_known and world > 1 else (0.0 if work_known else None)
+    basis = work if work_known else col["split_s"] if all(math.isfinite(v) for v in col["split_s"]) else col["step_s"]
+    slowest = max(range(world), key=lambda r: basis[r] if math.isfinite(basis[r]) else -1.0)
+    out: dict[str, Any] = {
+        "timing": source, "split_step": None if not math.isfinite(of) else int(of),
+        "data_s": _r(mean.data_s), "data_s_max": _r(max(col["data_s"])) if mean.data_s is not None else None,
+        "comm_s": _r(mean.comm_s), "optimizer_s": _r(mean.optimizer_s), "compute_s": _r(mean.compute_s),
+        "unattributed_s": _r(mean.unattributed_s), "unmeasured": mean.unmeasured if mean.step_s is not None else [],
+        "straggler_s": _r(max(0.0, straggler)) if straggler is not None else None, "slowest_rank": slowest}
+    if math.isfinite(of) and int(of) % rank_every == 0:
+        out["rank_step_s"] = [_r(_finite(v), 5) for v in col["split_s"]]
+        out["rank_comm_s"] = [_r(_finite(v), 5) for v in col["comm_s"]]
+    return out
 
 
 def _detect_peak(device: torch.device, given_tflops: float | None) -> tuple[str | None, float | None]:

@@ -47,6 +47,7 @@ class RunSettings(BaseModel):
     launcher_pid: int | None = Field(None, description="pid of `trainready run`: workers exit when it is gone")
     launcher_start_ticks: int | None = Field(None, description="its start time (/proc/PID/stat), so a reused pid is not mistaken for it")
     grace_s: float = Field(100.0, gt=0, description="time from a stop signal to exit: final save and upload")
+    timing: Literal["auto", "host", "cuda-events"] = Field("auto", description="how the step split is timed: 'auto' = CUDA events on a GPU (read a step later, no synchronize), host clocks elsewhere; 'host' forces host clocks (a GPU step then ends with a synchronize)")
     exit_s: float | None = Field(None, ge=0, description="seconds from the workers' stop to the launcher's end: the slowest measured in earlier launches x 1.5 (the budget keeps them in reserve; default EXIT_S_DEFAULT)")
 
     @field_validator("ckpt_every", mode="before")

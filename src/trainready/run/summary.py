@@ -13,11 +13,13 @@ import statistics
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError
 from trainready.io import redact, redact_argv
 
+from .goodput import compute_goodput, screen
+from .goodput_model import GoodputReport
 from .settings import node_run_dirs
 from .telemetry import FILE, read_records
 
@@ -26,12 +28,17 @@ WARMUP_STEPS = 2
 
 
 class TimeShares(BaseModel):
+    """Shares of the wall time between step ends; None = a part some step did not measure (its time is in
+    `unattributed`, with compute, never folded into compute)."""
+
     model_config = ConfigDict(extra="forbid")
-    data: float
-    compute: float
-    optimizer: float
-    comm: float
+    data: float | None
+    compute: float | None
+    optimizer: float | None
+    comm: float | None
     other: float
+    unattributed: float | None = Field(None, description="compute plus the unmeasured parts (None: all measured)")
+    timing: str | None = Field(None, description="how the split was timed: host, cuda-events, or both (host+cuda-events)")
 
 
 class CostSummary(BaseModel):
@@ -77,6 +84,8 @@ class RunSummary(BaseModel):
     cost: CostSummary
     warnings: list[str]
     stop: dict[str, Any] | None
+    goodput: GoodputReport | None = Field(None, description="share of billed time that produced kept steps, badput "
+                                                            "by cause in hours and dollars, per launch and per rank")
 
 
 def load_run_info(run_dir: Path) -> dict[str, Any]:
@@ -107,9 +116,12 @@ def summarize(run_dir: Path) -> RunSummary:
         raise UsageError(f"run directory {run_dir} does not exist")
     run_dir = _lead_node_dir(run_dir)
     info = load_run_info(run_dir)
-    records, _ = read_records(run_dir / FILE)
-    if not info and not records:
+    raw, _ = read_records(run_dir / FILE)
+    if not info and not raw:
         raise UsageError(f"{run_dir} is not a trainready run directory (no run.json, no {FILE})")
+    records, _skipped = screen(raw)  # malformed records (wrong types, negative or huge times) left out, counted
+    if not isinstance(info.get("launches", []), list):
+        info = {**info, "launches": []}
     steps = [r for r in records if r["type"] == "step"]
     starts = [r for r in records if r["type"] == "start"]
     stop = next((r for r in reversed(records) if r["type"] == "stop"), None)
@@ -117,8 +129,9 @@ def summarize(run_dir: Path) -> RunSummary:
     last_launch = launches[-1] if launches else {}
     steady = _steady(steps, records)
     saved, archived = _checkpoints(records)
+    status = _status(last_launch, records)
     return RunSummary(
-        run_dir=str(run_dir), status=_status(last_launch, records), exit_code=last_launch.get("exit_code"),
+        run_dir=str(run_dir), status=status, exit_code=last_launch.get("exit_code"),
         message=_redacted(last_launch.get("message") or (stop or {}).get("message")),
         command=redact_argv(info.get("command", [])),  # a run.json of an older version may hold it verbatim
         launches=len(launches) or len({r.get("run_id") for r in starts} - {None}) or 0,
@@ -138,7 +151,19 @@ def summarize(run_dir: Path) -> RunSummary:
         eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop, launches, records),
         warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
         stop=redact_values({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
+        goodput=_goodput(launches, records, raw, status, info.get("config")),
     )
+
+
+def _goodput(launches: list[Any], records: list[dict[str, Any]], raw: list[dict[str, Any]], status: str,
+             config: Any) -> GoodputReport | None:
+    """Goodput from the raw records (screened again there, so it counts what it skips)."""
+    config = config if isinstance(config, dict) else {}
+    price, nnodes = config.get("usd_per_hour"), config.get("nnodes")
+    report = compute_goodput(launches or launches_from_telemetry(records), raw, running=status == "running",
+                             usd_per_hour=price if isinstance(price, (int, float)) and price > 0 else None,
+                             nnodes=nnodes if isinstance(nnodes, int) and nnodes > 0 else None)
+    return report if report.billed_s > 0 or report.steps_kept else None
 
 
 def _redacted(text: str | None) -> str | None:
@@ -196,13 +221,34 @@ def _median(steps: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+SPLIT_PARTS = ("data", "comm", "optimizer")
+
+
+def has_split(record: dict[str, Any]) -> bool:
+    """A step record with a step split (CUDA events: not the first step of a launch, read a step later)."""
+    return "split_step" not in record or record["split_step"] is not None
+
+
+def split_total(record: dict[str, Any]) -> float:
+    """The time a step record's split covers: its parts, compute or the unattributed rest."""
+    return sum(v for k in (*SPLIT_PARTS, "compute", "unattributed")
+               if isinstance(v := record.get(f"{k}_s"), (int, float)))
+
+
 def _shares(steps: list[dict[str, Any]]) -> TimeShares | None:
+    steps = [r for r in steps if has_split(r)]
     total = sum(r.get("interval_s") or 0 for r in steps)
     if total <= 0:
         return None
-    parts = {k: sum(r.get(f"{k}_s") or 0 for r in steps) / total for k in ("data", "compute", "optimizer", "comm")}
-    other = max(0.0, 1.0 - sum(parts.values()))
-    return TimeShares(**{k: round(v, 4) for k, v in parts.items()}, other=round(other, 4))
+    unknown = {k for k in SPLIT_PARTS for r in steps if not isinstance(r.get(f"{k}_s"), (int, float))}
+    parts: dict[str, float | None] = {k: None if k in unknown else sum(r[f"{k}_s"] for r in steps) / total
+                                      for k in SPLIT_PARTS}
+    rest = sum(split_total(r) for r in steps) / total - sum(v for v in parts.values() if v is not None)
+    parts["compute"], unattributed = (None, max(0.0, rest)) if unknown else (max(0.0, rest), None)
+    other = max(0.0, 1.0 - sum(v for v in parts.values() if v is not None) - (unattributed or 0.0))
+    sources = sorted({r.get("timing") or "host" for r in steps})
+    return TimeShares(**{k: None if v is None else round(v, 4) for k, v in parts.items()}, other=round(other, 4),
+                      unattributed=None if unattributed is None else round(unattributed, 4), timing="+".join(sources))
 
 
 def _loss(record: dict[str, Any]) -> float | None:

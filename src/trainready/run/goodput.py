@@ -1,0 +1,552 @@
+"""Goodput of a run directory across all its launches: the share of billed time that produced
+steps kept in the final lineage, and where the rest went, in hours and dollars. Pure: records
+(telemetry.jsonl) and launches (run.json) in, a GoodputReport (goodput_model.py) out.
+
+Every launch's wall time [start, end] is cut at the telemetry records' times, so each second
+lands in one bucket and the buckets add up to billed time:
+* start-up: launch start (or a crashed attempt's last record) to the restore, or to the first
+  step's start when the script does not restore; restore: the restore record's duration_s;
+* each step execution: rank 0's span from the previous step's end to its own end. Executions
+  outside the final lineage are lost progress, whole. For a kept one: checkpoint stalls recorded
+  inside it, data wait (mean over ranks), the wait for the slowest rank (straggler_s), time
+  outside `with sess.step()` (other), and the rest is productive (goodput);
+* after a launch's last step: the final save's stall, then shutdown (torchrun, the launcher, or
+  a crash until the launcher noticed).
+Lineage: an attempt that restores step s (or, without a restore record, starts at step s+1)
+makes every earlier execution of a step after s lost: it is recomputed. A final attempt that
+ended without an `end` or `stop` record (killed, crashed) and is not running loses the steps
+after its newest committed checkpoint. A split read a step late (CUDA events) is matched to its
+step by `split_step`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .goodput_model import BadputCause, GoodputReport, LaunchGoodput, RankStats, RankWindow
+
+MAX_S = 1e6  # a duration above 11.6 days in one record is not a measurement: skipped as malformed
+MAX_UNIX = 1e11  # year 5138
+MAX_STEP = 10**12
+MAX_WORLD = 10**6
+WINDOWS = 60
+SLOW_SCORE = 1.05  # a rank 5% slower than the typical one is named
+
+CAUSES: dict[str, tuple[str, str]] = {
+    "startup": ("start-up", "launch (or a crashed attempt's last record) to the restore or the first step's start: "
+                            "process start, torch import, rendezvous, model build"),
+    "restore": ("restore", "finding, loading and verifying the checkpoint (the restore record's duration_s)"),
+    "data_wait": ("data wait", "kept steps waiting for their batch (t.data(), mean over ranks)"),
+    "ckpt_stall": ("checkpoint stall", "training blocked by saves (ckpt records' stall_s, rank 0), final saves "
+                                       "included"),
+    "lost_progress": ("lost progress", "step executions outside the final lineage: recomputed after a crash or "
+                                       "preemption, or never saved; their whole span"),
+    "straggler_wait": ("slowest rank", "kept steps waiting for the slowest rank: its work minus the typical "
+                                       "rank's (straggler_s)"),
+    "shutdown": ("shutdown", "a launch's last step (and final save) to its end: workers and torchrun exiting, or a "
+                             "crash until the launcher noticed"),
+    "other": ("other", "rank 0's time outside `with sess.step()` in kept steps (logging, evaluation, the per-step "
+                       "exchange) and anything not matched to a record"),
+    "idle_between_launches": ("idle between launches", "from a launch's recorded end to the next launch's start: no "
+                                                       "launcher ran, not billed by the budget (what it costs if the "
+                                                       "nodes were kept)"),
+}
+
+
+class _Bad(Exception):
+    pass
+
+
+def _num(value: Any, what: str, lo: float = 0.0, hi: float = MAX_S, optional: bool = True) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Bad(f"{what} not a number")
+    if not math.isfinite(value):
+        raise _Bad(f"{what} not finite")
+    if value < lo:
+        raise _Bad(f"{what} negative" if lo == 0 else f"{what} below {lo:g}")
+    if value > hi:
+        raise _Bad(f"{what} too large")
+    return float(value)
+
+
+def _int(value: Any, what: str, lo: int = 0, hi: int = MAX_STEP, optional: bool = True) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _Bad(f"{what} not an integer in {lo}..{hi}")
+    return value
+
+
+_SPLIT = ("data_s", "comm_s", "optimizer_s", "compute_s", "unattributed_s", "straggler_s")
+
+
+def _screen_one(r: dict[str, Any], skipped: Counter) -> dict[str, Any]:
+    """A record with the fields goodput and the summary read checked; raises _Bad for a record whose
+    core fields are unusable; an optional field that is malformed becomes None (unknown), counted."""
+    kind = r.get("type")
+    if not isinstance(kind, str):
+        raise _Bad("type not a string")
+    out = dict(r)
+    out["t"] = _num(r.get("t"), "t", hi=MAX_UNIX, optional=False)
+    if kind == "step":
+        out["step"] = _int(r.get("step"), "step", optional=False)
+        out["interval_s"] = _num(r.get("interval_s"), "interval_s", optional=False)
+        for key in ("step_s", "data_s_max", "tokens_per_s", "mfu", "cost_usd", "projected_usd", "eta_s", "tokens",
+                    *_SPLIT):
+            try:
+                out[key] = _num(r.get(key), key, hi=MAX_S if key.endswith("_s") else 1e18)
+            except _Bad as exc:
+                skipped[f"step field: {exc}"] += 1
+                out[key] = None
+        for key in ("split_step", "slowest_rank"):
+            try:
+                out[key] = _int(r.get(key), key)
+            except _Bad as exc:
+                skipped[f"step field: {exc}"] += 1
+                out[key] = None
+        if "split_step" not in r:
+            out.pop("split_step")  # an older record: its split is its own step's
+        if not isinstance(r.get("metrics", {}), dict):
+            skipped["step field: metrics not an object"] += 1
+            out["metrics"] = {}
+        if not isinstance(r.get("ckpt", {}), dict):
+            skipped["step field: ckpt not an object"] += 1
+            out["ckpt"] = {}
+        unmeasured = r.get("unmeasured", [])
+        if not isinstance(unmeasured, list) or not all(isinstance(u, str) for u in unmeasured):
+            skipped["step field: unmeasured not a list of names"] += 1
+            out["unmeasured"] = []
+    elif kind == "restore":
+        out["step"] = _int(r.get("step"), "restore step")
+        try:
+            out["duration_s"] = _num(r.get("duration_s"), "restore duration_s")
+        except _Bad as exc:
+            skipped[f"restore field: {exc}"] += 1
+            out["duration_s"] = None
+    elif kind == "ckpt":
+        out["step"] = _int(r.get("step"), "ckpt step", optional=False)
+        out["stall_s"] = _num(r.get("stall_s"), "stall_s", optional=False)
+    elif kind == "start":
+        out["world_size"] = _int(r.get("world_size"), "world_size", lo=1, hi=MAX_WORLD)
+        out["restart_count"] = _int(r.get("restart_count"), "restart_count") or 0
+        out["nnodes"] = _int(r.get("nnodes"), "nnodes", lo=1, hi=MAX_WORLD)
+        out["usd_per_hour"] = _num(r.get("usd_per_hour"), "usd_per_hour", hi=1e7)
+        out["total_steps"] = _int(r.get("total_steps"), "total_steps")
+    elif kind in ("end", "stop"):
+        for key in ("last_saved", "checkpoint", "last_step", "step", "archived"):
+            if key in r:
+                out[key] = _int(r.get(key), f"{kind} {key}", lo=-1)
+    if kind in ("budget", "ckpt_interval", "exit", "stop") and not isinstance(r.get("message", ""), str):
+        raise _Bad("message not a string")
+    return out
+
+
+def screen(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Telemetry records with malformed ones left out (wrong types, negative or huge times, NaN),
+    and how many were left out, by reason. The summary and goodput read only screened records."""
+    skipped: Counter = Counter()
+    out = []
+    for r in records:
+        try:
+            out.append(_screen_one(r, skipped))
+        except _Bad as exc:
+            skipped[f"{r.get('type') if isinstance(r.get('type'), str) else '?'}: {exc}"] += 1
+    return out, dict(skipped)
+
+
+# ---- the timeline ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Exec:
+    """One execution of a step (a step record) and the span of rank 0's time it stands for."""
+
+    launch: int
+    attempt: int
+    step: int
+    span: float
+    stall: float
+    record: dict[str, Any]
+    split: dict[str, Any] | None = None
+    world: int | None = None
+    lost: bool = False
+
+
+@dataclass
+class _Launch:
+    index: int
+    start: float
+    end: float
+    end_known: bool
+    reason: str | None
+    records: list[dict[str, Any]]
+    buckets: Counter = field(default_factory=Counter)
+    attempts: int = 0
+    restored: int | None = None
+    restore_seen: bool = False
+    clean_end: bool = False
+    committed: int | None = None
+
+
+def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]],
+                    skipped: Counter) -> tuple[list[_Launch], str]:
+    good = []
+    for la in launches:
+        try:
+            start = _num(la.get("start_unix"), "launch start_unix", hi=MAX_UNIX, optional=False)
+            end = _num(la.get("end_unix"), "launch end_unix", hi=MAX_UNIX)
+            if end is not None and end < start:
+                raise _Bad("launch ends before it starts")
+            good.append((start, end, la.get("reason") if isinstance(la.get("reason"), str) else None))
+        except (_Bad, AttributeError) as exc:
+            skipped[f"launch: {exc}" if isinstance(exc, _Bad) else "launch: not an object"] += 1
+    source = "run.json" if good and not any(isinstance(la, dict) and la.get("recovered_from") for la in launches) \
+        else "telemetry"
+    if not good and records:  # a script run without the launcher: its records are all we have
+        ts = [r["t"] for r in records]
+        good = [(min(ts), max(ts), None)]
+    good.sort(key=lambda g: g[0])
+    out = []
+    for i, (start, end, reason) in enumerate(good):
+        before = good[i + 1][0] if i + 1 < len(good) else math.inf
+        mine = [r for r in records if start <= r["t"] < before]
+        stop = end if end is not None else max((r["t"] for r in mine), default=start)
+        out.append(_Launch(i, start, max(start, stop), end is not None, reason, mine))
+    first = good[0][0] if good else math.inf
+    early = sum(1 for r in records if r["t"] < first)
+    if early:
+        skipped["record before the first launch"] += early
+    return out, source
+
+
+def _split_of(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: r.get(k) for k in (*_SPLIT, "rank_step_s", "rank_comm_s", "unmeasured")}
+
+
+def _walk(launch: _Launch, execs: list[_Exec], kept: dict[int, _Exec], skipped: Counter) -> None:
+    """Cut one launch's wall time at its records; step executions go to `execs` (bucketed later,
+    once the lineage is known), the rest into launch.buckets. Updates the lineage `kept`."""
+    end = launch.end
+    cursor = launch.start
+    pending_stall = 0.0
+    trained = False
+    attempt_no = -1
+    world: int | None = None
+    by_step: dict[int, _Exec] = {}
+    steps_started = False
+    restored_seen = False
+
+    def to(t: float) -> float:
+        return min(max(t, cursor), end)
+
+    def gap_to(t: float, bucket: str) -> None:
+        """[cursor, t] into `bucket`, less the saves recorded in it (a final save before a restart)."""
+        nonlocal cursor, pending_stall
+        t = to(t)
+        stall = min(pending_stall, t - cursor)
+        launch.buckets["ckpt_stall"] += stall
+        launch.buckets[bucket] += t - cursor - stall
+        cursor, pending_stall = t, 0.0
+
+    def supersede(after: int) -> None:
+        for step in [s for s in kept if s > after]:
+            kept.pop(step).lost = True
+
+    for r in launch.records:
+        kind = r["type"]
+        if kind == "start":
+            attempt_no += 1
+            launch.attempts += 1
+            world = r.get("world_size") or world
+            by_step = {}
+            steps_started = restored_seen = False
+            launch.clean_end = False
+        elif attempt_no < 0:
+            continue  # the launcher's own records before the workers start (launch, budget)
+        elif kind == "restore" and not restored_seen:
+            restored_seen = True
+            gap_to(r["t"] - (r.get("duration_s") or 0.0), "startup")
+            gap_to(r["t"], "restore")
+            if not launch.restore_seen:
+                launch.restore_seen = True
+                launch.restored = r.get("step")
+            supersede(-1 if r.get("step") is None else r["step"])
+            trained = True
+        elif kind == "step":
+            if r["t"] < cursor - 1e-3:
+                skipped["step: out of time order"] += 1
+                continue
+            if not steps_started:
+                steps_started = True
+                if not restored_seen:  # no restore: the first interval runs from the session's start
+                    gap_to(r["t"] - r["interval_s"], "startup")
+                    supersede(r["step"] - 1)
+            done = to(r["t"])
+            span = done - cursor
+            ex = _Exec(launch.index, attempt_no, r["step"], span, min(pending_stall, span), r, world=world)
+            pending_stall = 0.0
+            cursor = done
+            trained = True
+            if r["step"] in kept:
+                kept.pop(r["step"]).lost = True
+            kept[r["step"]] = ex
+            execs.append(ex)
+            by_step[r["step"]] = ex
+            of = r.get("split_step", r["step"])
+            if of is not None and of in by_step:
+                by_step[of].split = _split_of(r)
+            saved = (r.get("ckpt") or {}).get("last_saved")
+            if isinstance(saved, int) and not isinstance(saved, bool):
+                launch.committed = saved
+        elif kind == "ckpt":
+            pending_stall += r["stall_s"]
+        elif kind in ("end", "stop"):
+            launch.clean_end = True
+            saved = r.get("last_saved") if kind == "end" else r.get("checkpoint")
+            if isinstance(saved, int):
+                launch.committed = saved
+    tail = end - cursor
+    stall = min(pending_stall, tail)
+    launch.buckets["ckpt_stall"] += stall
+    launch.buckets["shutdown" if trained else "startup"] += tail - stall
+
+
+def _bucket(ex: _Exec, launch: _Launch, unmeasured: Counter) -> None:
+    b = launch.buckets
+    if ex.lost:
+        b["lost_progress"] += ex.span
+        return
+    b["ckpt_stall"] += ex.stall
+    inside = ex.span - ex.stall
+    split = ex.split
+    total = None
+    if split is not None:
+        parts = [split.get(k) for k in ("data_s", "comm_s", "optimizer_s", "compute_s", "unattributed_s")]
+        if any(p is not None for p in parts):
+            total = sum(p for p in parts if p is not None)
+    if total is None:  # no split for this execution: the whole span counts as the step
+        unmeasured["data_wait"] += 1
+        unmeasured["straggler_wait"] += 1
+        b["productive"] += inside
+        return
+    step = min(total, inside)
+    b["other"] += inside - step
+    data = split.get("data_s")
+    if data is None:
+        unmeasured["data_wait"] += 1
+        data = 0.0
+    data = min(data, step)
+    straggler = split.get("straggler_s")
+    if straggler is None and ex.world == 1:
+        straggler = 0.0
+    if straggler is None:
+        unmeasured["straggler_wait"] += 1
+        straggler = 0.0
+    straggler = min(straggler, step - data)
+    b["data_wait"] += data
+    b["straggler_wait"] += straggler
+    b["productive"] += step - data - straggler
+
+
+def _final_lineage(launches: list[_Launch], kept: dict[int, _Exec], running: bool) -> None:
+    """The last attempt of the last launch ended without saying so (killed, crashed) and nothing
+    runs now: the steps after its newest committed checkpoint are in no checkpoint."""
+    if not launches or running:
+        return
+    last = launches[-1]
+    if last.clean_end or last.reason in ("finished", "budget", "signal", "max_steps"):
+        return
+    committed = -1 if last.committed is None else last.committed
+    for step in [s for s, ex in kept.items() if s > committed and ex.launch == last.index]:
+        kept.pop(step).lost = True
+
+
+# ---- ranks ----------------------------------------------------------------------------------------
+
+
+def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple[list[RankStats], list[int],
+                                                                                 list[RankWindow]]:
+    samples: list[tuple[int, list[float | None], list[float | None]]] = []
+    for ex in execs:
+        split = ex.split or {}
+        steps, comms = split.get("rank_step_s"), split.get("rank_comm_s")
+        if steps is None:
+            continue
+        n = ex.world or world
+        if not isinstance(steps, list) or n is None or len(steps) != n:
+            skipped["rank_step_s: length is not the world size"] += 1
+            continue
+        if not isinstance(comms, list) or len(comms) != n:
+            comms = [None] * n
+        try:
+            s = [_num(v, "rank step") for v in steps]
+            c = [_num(v, "rank comm") for v in comms]
+        except _Bad as exc:
+            skipped[f"rank_step_s: {exc}"] += 1
+            continue
+        samples.append((ex.step, s, c))
+    if not samples:
+        return [], [], []
+    n = max(len(s) for _, s, _ in samples)
+    work_known = all(st is None or cm is not None for _, s, c in samples for st, cm in zip(s, c, strict=True))
+    per_step: dict[int, list[float]] = {r: [] for r in range(n)}
+    per_work: dict[int, list[float]] = {r: [] for r in range(n)}
+    slowest: Counter = Counter()
+    for _, s, c in samples:
+        basis = [None if st is None else (st - cm if work_known and cm is not None else st) for st, cm in zip(s, c, strict=True)]
+        for r, (st, w) in enumerate(zip(s, basis, strict=True)):
+            if st is not None:
+                per_step[r].append(st)
+            if w is not None and work_known:
+                per_work[r].append(w)
+        known = [(w, r) for r, w in enumerate(basis) if w is not None]
+        if len(known) > 1:
+            slowest[max(known)[1]] += 1
+    basis_of = per_work if work_known else per_step
+    medians = {r: statistics.median(v) for r, v in basis_of.items() if v}
+    typical = statistics.median(medians.values()) if medians else None
+    stats = []
+    for r in range(n):
+        if not per_step[r]:
+            continue
+        score = medians[r] / typical if typical and r in medians else None
+        stats.append(RankStats(rank=r, samples=len(per_step[r]), step_s_min=_r(min(per_step[r])),
+                               step_s_median=_r(statistics.median(per_step[r])), step_s_max=_r(max(per_step[r])),
+                               work_s_median=_r(statistics.median(per_work[r])) if per_work[r] else None,
+                               straggler_score=None if score is None else round(score, 4),
+                               slowest_steps=slowest[r]))
+    ranked = sorted((s for s in stats if s.straggler_score is not None and s.straggler_score >= SLOW_SCORE),
+                    key=lambda s: -s.straggler_score)
+    return stats, [s.rank for s in ranked[:3]], _windows(samples, n, work_known)
+
+
+def _windows(samples: list[tuple[int, list[float | None], list[float | None]]], n: int,
+             work_known: bool) -> list[RankWindow]:
+    size = max(1, math.ceil(len(samples) / WINDOWS))
+    out = []
+    for i in range(0, len(samples), size):
+        chunk = samples[i:i + size]
+
+        def med(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return _r(statistics.median(known)) if known else None
+
+        out.append(RankWindow(
+            first_step=chunk[0][0], last_step=chunk[-1][0],
+            step_s=[med([s[r] if r < len(s) else None for _, s, _ in chunk]) for r in range(n)],
+            work_s=[med([s[r] - c[r] if r < len(s) and s[r] is not None and c[r] is not None else None
+                         for _, s, c in chunk]) if work_known else None for r in range(n)]))
+    return out
+
+
+# ---- the report -----------------------------------------------------------------------------------
+
+
+def _r(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _idle(launches: list[_Launch]) -> tuple[float | None, int]:
+    """Known gaps between launches (a launch whose end was recorded), and how many are unknown."""
+    known, unknown = [], 0
+    for a, b in zip(launches, launches[1:], strict=False):
+        if a.end_known:
+            known.append(max(0.0, b.start - a.end))
+        else:
+            unknown += 1
+    if unknown and not known:
+        return None, unknown
+    return sum(known), unknown
+
+
+def _outcome(launch: _Launch, is_last: bool, running: bool) -> str:
+    if is_last and running:
+        return "running"
+    mapped = {"finished": "finished", "budget": "stopped", "max_steps": "stopped", "signal": "interrupted",
+              "failed": "failed"}.get(launch.reason or "")
+    if mapped:
+        return mapped
+    return "finished" if launch.clean_end and launch.end_known else "unknown"
+
+
+def compute_goodput(launches: list[dict[str, Any]], records: list[dict[str, Any]], *, running: bool = False,
+                    usd_per_hour: float | None = None, nnodes: int | None = None) -> GoodputReport:
+    """The goodput report of a run from its run.json launches and its telemetry records (raw:
+    they are screened here). `running`: the last launch is still going (its steps are kept).
+    `usd_per_hour` (per node) and `nnodes`: used when no start record gives them."""
+    records, skipped_d = screen(records)
+    skipped: Counter = Counter(skipped_d)
+    windows, source = _launch_windows(launches if isinstance(launches, list) else [], records, skipped)
+    execs: list[_Exec] = []
+    kept: dict[int, _Exec] = {}
+    for launch in windows:
+        _walk(launch, execs, kept, skipped)
+    _final_lineage(windows, kept, running)
+    unmeasured: Counter = Counter()
+    for ex in execs:
+        _bucket(ex, windows[ex.launch], unmeasured)
+    starts = [r for r in records if r["type"] == "start"]
+    price = next((r["usd_per_hour"] for r in reversed(starts) if r.get("usd_per_hour")), None) or usd_per_hour
+    nodes = next((r["nnodes"] for r in reversed(starts) if r.get("nnodes")), None) or nnodes or 1
+    world = next((r["world_size"] for r in reversed(starts) if r.get("world_size")), None)
+    usd_per_s = None if price is None else price * nodes / 3600.0
+    billed = sum(la.end - la.start for la in windows)
+    total: Counter = Counter()
+    for la in windows:
+        total.update(la.buckets)
+    productive = total.pop("productive", 0.0)
+    named = sum(v for k, v in total.items() if k != "other")
+    total["other"] = max(0.0, billed - productive - named)  # what no record explains; exact sum by construction
+    idle, idle_unknown = _idle(windows)
+
+    def usd(seconds: float | None) -> float | None:
+        return None if usd_per_s is None or seconds is None else round(seconds * usd_per_s, 4)
+
+    causes = []
+    for cause, (label, description) in CAUSES.items():
+        in_billed = cause != "idle_between_launches"
+        seconds = total.get(cause, 0.0) if in_billed else idle
+        if cause in ("data_wait", "straggler_wait") and unmeasured[cause] and not total.get(cause):
+            seconds = None  # not one kept step measured it: unknown, not zero
+        if cause == "idle_between_launches" and idle_unknown:
+            description += f" ({idle_unknown} gap(s) after a launch whose end was not recorded: not counted)"
+        causes.append(BadputCause(
+            cause=cause, label=label, description=description, seconds=_r(seconds, 3),
+            hours=_r(None if seconds is None else seconds / 3600.0), usd=usd(seconds),
+            share=_r(seconds / billed, 4) if in_billed and seconds is not None and billed > 0 else None,
+            in_billed=in_billed, unmeasured_steps=unmeasured[cause]))
+    ranks, slow, rank_windows = _rank_view(execs, world, skipped)
+    last = len(windows) - 1
+    per_launch = []
+    for la in windows:
+        mine = [ex for ex in execs if ex.launch == la.index]
+        buckets = {k: round(v, 3) for k, v in la.buckets.items() if k != "productive" and v > 0}
+        per_launch.append(LaunchGoodput(
+            index=la.index, start_unix=la.start, end_unix=la.end, billed_s=round(la.end - la.start, 3),
+            outcome=_outcome(la, la.index == last, running), attempts=la.attempts, restored_step=la.restored,
+            first_step=mine[0].step if mine else None, last_step=mine[-1].step if mine else None,
+            steps_run=len(mine), steps_lost=sum(ex.lost for ex in mine),
+            productive_s=round(la.buckets.get("productive", 0.0), 3), causes_s=buckets))
+    notes = []
+    if price is None:
+        notes.append("no price recorded (--instance or --usd-per-hour): dollars unknown")
+    if any(unmeasured.values()):
+        notes.append(f"{max(unmeasured.values())} kept step(s) without a measured data wait or wait for the slowest "
+                     "rank: their time counts as productive, so goodput is an upper bound")
+    if ranks and any(s.work_s_median is None for s in ranks):
+        notes.append("exposed communication not measured: straggler scores compare step times, which collective "
+                     "operations make nearly equal; call sess.watch(ddp_model) to separate work from waiting")
+    sources = Counter(ex.record.get("timing") or "host" for ex in execs)
+    return GoodputReport(
+        billed_s=round(billed, 3), billed_hours=round(billed / 3600.0, 6), billed_source=source, usd_per_hour=price,
+        nnodes=nodes, billed_usd=usd(billed), productive_s=round(productive, 3), productive_usd=usd(productive),
+        goodput=round(productive / billed, 4) if billed > 0 else None, upper_bound=any(unmeasured.values()),
+        causes=causes, steps_kept=sum(not ex.lost for ex in execs), steps_lost=sum(ex.lost for ex in execs),
+        launches=per_launch, world_size=world, ranks=ranks, slowest_ranks=slow, rank_windows=rank_windows,
+        timing_sources=dict(sources), skipped=dict(skipped), notes=notes)
