@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -16,7 +17,7 @@ from trainready.plan.setup import resolve_model
 
 from . import options as o
 from .account_cmd import live_plan
-from .console import emit_json, out
+from .console import emit_json, err, out
 from .render import render_plan
 from .render_account import render_live
 
@@ -71,6 +72,7 @@ def plan(
     catalog_file: o.CatalogFile = None,
     save: o.Save = None,
     json_out: o.Json = False,
+    html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write every candidate (cost vs time, Pareto front), the rows, the excluded instances and the best row's memory per GPU as one self-contained HTML page (needs trainready[report]).", rich_help_panel=o.OUT)] = None,
     live: Annotated[bool, typer.Option("--live", help="Check each row against your AWS account now: quota, offering, permissions, live prices; rows that cannot launch are excluded (docs/account.md).", rich_help_panel="Live")] = False,
     regions: Annotated[Optional[str], typer.Option("--regions", metavar="REGIONS", help="With --live: regions to try, comma-separated, or all. [default: each row's price region]", rich_help_panel="Live")] = None,
     data: Annotated[Optional[str], typer.Option("--data", metavar="S3URL", help="With --live: the dataset, s3://bucket/prefix; other regions pay to move it.", rich_help_panel="Live")] = None,
@@ -99,6 +101,10 @@ def plan(
             "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
             "offload": best.offload})
         save_job(chosen, save)
+    if html is not None:
+        from .render_html import plan_html
+
+        plan_html(result, html, console=err if json_out else out, memory_margin=memory_margin)
     if json_out:
         emit_json(result)
     else:

@@ -22,7 +22,8 @@ HELP = ("Run a training command on torchrun with checkpoints, telemetry, a live 
         "telemetry.jsonl, logs/ and summary.json. Run the same command again to resume (a changed command needs "
         "--resume).\n\n" + CODES)
 REPORT_HELP = ("Summarize a run directory: steps, throughput, MFU, where the time went, checkpoints, cost, how it "
-               "ended. Works while the run is going. Exit codes: 0 ok; 2 not a run directory; 3 internal error.")
+               "ended. Works while the run is going. --html FILE writes the same as one self-contained page with "
+               "charts (docs/run.md). Exit codes: 0 ok; 2 not a run directory; 3 internal error.")
 
 LAUNCH, CKPT, COST, MODES = "Launch", "Checkpoints", "Cost", "Other modes"
 
@@ -95,5 +96,12 @@ def report(run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A ru
 
     from .render_run import render_summary
 
-    summary = summarize(run_dir)
+    if html is not None or live:
+        from .render_html import report_html
+
+        summary = report_html(run_dir, html, live=live, console=err if json_out else out)
+    else:
+        summary = summarize(run_dir)
     emit_json(summary) if json_out else render_summary(out, summary)
+           html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write the report as one self-contained HTML page with charts (opens offline; needs trainready[report]).")] = None,
+           live: Annotated[bool, typer.Option("--live", help="With --html: rewrite the page every 15 s while the run is going (the page reloads itself); ends when the run does.")] = False,

@@ -83,6 +83,19 @@ class Alternative(BaseModel):
 class PlanResult(BaseModel):
     schema_version: int = PLAN_SCHEMA_VERSION
     model: str
+class Candidate(BaseModel):
+    """A point of plan --html's cost-vs-time chart: the best configuration of one instance at one node count."""
+
+    instance: str
+    nodes: int
+    gpus: int
+    strategy: str
+    total_usd: float | None = Field(description="for --tokens, else per 1B tokens; None: no price")
+    train_hours: float = Field(description="for --tokens, else per 1B tokens")
+    tokens_per_s: float
+    row: int | None = Field(description="its rank among the shown rows; None: not shown")
+
+
     params: int
     method: str
     tokens: float | None
@@ -100,6 +113,8 @@ class PlanResult(BaseModel):
 
 
 @dataclass
+    candidates: list[Candidate] = Field(default_factory=list, description="the best configuration per instance and "
+                                        "node count that fits within the limits, shown or not (plan --html)")
 class _Best:
     setup: Setup
     mem: object
@@ -510,6 +525,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         notes.append("some prices are marked suspect in the catalog: verify them before buying")
     return PlanResult(model=model.name, params=model.param_count(), method=job.method, tokens=job.tokens,
                       ranked_by=req.by, global_batch=gb, seq_len=seq_len, rows=rows, excluded=excluded,
-                      others=others,
+                      others=others, candidates=[
+                          Candidate(instance=c.setup.instance.name, nodes=c.setup.nodes, gpus=c.setup.n_gpus,
+                                    strategy=c.setup.strategy, total_usd=c.usd, train_hours=c.hours,
+                                    tokens_per_s=c.step.tokens_per_s, row=i if i <= req.top else None)
+                          for i, c in enumerate(ranked, start=1)],
                       framework=req.framework, recipe=recipe_for(ranked[0].setup, req.framework) if ranked else None,
                       searched=searched, notes=notes)

@@ -90,8 +90,9 @@ def describe_checkpoints(every: int | str | None) -> str:
     return f"checkpoints every {every} step(s): a crash loses at most {every} step(s)"
 
 
-def _from_job(path: Path, opts: RunOptions, notes: list[str]) -> tuple[float | None, float | None]:
-    """Fill unset options from the job spec; returns (FLOPs per token, estimated step seconds)."""
+def _from_job(path: Path, opts: RunOptions, notes: list[str]) -> tuple[float | None, float | None, dict[str, Any]]:
+    """Fill unset options from the job spec; returns (FLOPs per token, estimated step seconds, the
+    plan's prediction that run.json records for `report --html`)."""
     from trainready.catalog import load_catalog
     from trainready.plan.estimate import estimate_setup
     from trainready.plan.job import load_job
@@ -110,7 +111,9 @@ def _from_job(path: Path, opts: RunOptions, notes: list[str]) -> tuple[float | N
     step_s = result.throughput.step_time_s
     notes.append(f"job {path}: {setup.model.name}, {setup.n_gpus} x {setup.gpu.name}, {setup.strategy}; "
                  f"plan estimate {step_s:.2f} s/step" if step_s else f"job {path}: {setup.model.name}")
-    return model_flops_per_token(setup), step_s
+    prediction = {"source": f"plan estimate for --job {path}", "gpus": setup.n_gpus, "step_s": step_s,
+                  "tokens_per_s": result.throughput.tokens_per_s, "mfu": result.throughput.mfu}
+    return model_flops_per_token(setup), step_s, prediction
 
 
 def configure(opts: RunOptions) -> Configured:
@@ -120,7 +123,7 @@ def configure(opts: RunOptions) -> Configured:
         raise UsageError(f"--max-restarts {opts.max_restarts}: must be >= 0")
     notes: list[str] = []
     every = _ckpt_every(opts.ckpt_every)  # before anything slow: a typo is found at once
-    flops, step_s = _from_job(opts.job, opts, notes) if opts.job else (None, None)
+    flops, step_s, prediction = _from_job(opts.job, opts, notes) if opts.job else (None, None, None)
     gpus_per_node = None
     if opts.instance:
         from trainready.catalog import load_catalog
@@ -147,7 +150,7 @@ def configure(opts: RunOptions) -> Configured:
         "rdzv_endpoint": opts.rdzv_endpoint, "max_restarts": opts.max_restarts, "hot": settings.hot_dir,
         "archive": opts.archive, "ckpt_every": settings.ckpt_every, "instance": opts.instance, "spot": opts.spot,
         "usd_per_hour": price.usd_per_hour, "price_source": price.source, "budget_usd": opts.budget_usd,
-        "job": str(opts.job) if opts.job else None}
+        "job": str(opts.job) if opts.job else None, "prediction": prediction}
     nproc = _nproc(opts.nproc_per_node, gpus_per_node)
     preflight.check_torch(nproc)
     spec = LaunchSpec(command=opts.command, settings=settings, nproc_per_node=nproc,

@@ -1,0 +1,61 @@
+"""`report --html FILE [--live]` and `plan --html FILE`: write the page, say where it went."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from trainready.errors import UsageError, printable
+
+
+def _writable(path: Path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--html {printable(path)}: is a directory; give a file name, e.g. {printable(path / 'report.html')}")
+    if not path.parent.is_dir():
+        raise UsageError(f"--html {printable(path)}: the directory {printable(path.parent)} does not exist")
+    return path
+
+
+def _wrote(console: Console, path: Path, what: str) -> None:
+    size = path.stat().st_size
+    console.print(Text(f"trainready: wrote {what} {path} ({size / 1024:,.0f} KiB, self-contained: open it in a browser)"),
+                  soft_wrap=True)
+
+
+def _write(write, path: Path) -> Any:
+    try:
+        return write()
+    except PermissionError:
+        raise UsageError(f"--html {printable(path)}: permission denied") from None
+    except OSError as exc:
+        raise UsageError(f"--html {printable(path)}: cannot write ({exc.strerror})") from None
+
+
+def report_html(run_dir: Path, html: Path | None, *, live: bool, console: Console) -> Any:
+    """Write the run's page (again every REFRESH_S while the run goes on, with --live); the last summary."""
+    from trainready.report.run_page import REFRESH_S, write_run_page
+
+    if html is None:
+        raise UsageError("--live rewrites the --html page while the run goes on: give --html FILE")
+    path = _writable(html)
+    summary = _write(lambda: write_run_page(run_dir, path, live=live), path)
+    _wrote(console, path, "run report")
+    if live and summary.status != "running":
+        console.print(Text(f"trainready: the run is not going ({summary.status}): written once"), soft_wrap=True)
+    while live and summary.status == "running":
+        time.sleep(REFRESH_S)
+        summary = _write(lambda: write_run_page(run_dir, path, live=True), path)
+    return summary
+
+
+def plan_html(result: Any, html: Path, *, console: Console, memory_margin: float) -> None:
+    from trainready.report.plan_page import write_plan_page
+
+    path = _writable(html)
+    _write(lambda: write_plan_page(result, path, memory_margin=memory_margin), path)
+    _wrote(console, path, "plan")

@@ -1,0 +1,97 @@
+"""matplotlib figures as inline SVG, and the few data reductions the charts need.
+
+Every chart is a `matplotlib.figure.Figure` (no pyplot: no global state, no GUI backend) saved
+as SVG with text kept as <text> (`svg.fonttype: none`: smaller, selectable, no font files), ids
+salted per chart so two charts on one page never share a clip-path id, and no date in the
+metadata so the same input gives the same bytes. The artists that carry data get a gid starting
+with `mark-`: the tests look for those in the page Chromium rendered.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+
+from trainready.errors import UsageError
+
+INSTALL = "pip install 'trainready[report]'"
+# Colours: matplotlib's default cycle (tab10), named here so every chart uses the same one per part.
+PART_COLOURS = {"compute": "#1f77b4", "data": "#ff7f0e", "comm": "#2ca02c", "optimizer": "#9467bd",
+                "unattributed": "#8c564b", "other": "#c7c7c7"}
+MAX_POINTS = 1000  # a 1280-pixel chart cannot show more; longer series are reduced to bins
+
+
+def matplotlib_figure(width_in: float, height_in: float, *, left: float = 0.8, right: float = 0.25,
+                      bottom: float = 0.55, top: float = 0.15):
+    """A Figure on the SVG canvas, or a usage error naming the extra when matplotlib is missing.
+    Margins in inches, fixed (constrained layout measured every label: a third of the render time)."""
+    try:
+        from matplotlib.backends.backend_svg import FigureCanvasSVG
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError(f"--html needs matplotlib: {INSTALL}") from None
+    fig = Figure(figsize=(width_in, height_in), dpi=100)
+    fig.subplots_adjust(left=left / width_in, right=1 - right / width_in, bottom=bottom / height_in,
+                        top=1 - top / height_in, hspace=0.12 * 4 / height_in)
+    FigureCanvasSVG(fig)
+    return fig
+
+
+def to_svg(fig, salt: str) -> str:
+    """The figure as an <svg> element (XML prolog and DOCTYPE dropped: it goes inside HTML)."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def style_axes(ax, *, xlabel: str, ylabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, color="#e5e5e5", linewidth=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def finite(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def reduce_series(xs: Sequence[float], ys: Sequence[float | None], max_points: int = MAX_POINTS
+                  ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(x, mean, min, max) per bin of consecutive points, at most `max_points` bins; missing
+    values are skipped. Short series come back point by point (min = max = the value)."""
+    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+    if not pairs:
+        return [], [], [], []
+    size = max(1, math.ceil(len(pairs) / max_points))
+    out_x, mean, lo, hi = [], [], [], []
+    for i in range(0, len(pairs), size):
+        chunk = pairs[i:i + size]
+        values = [y for _, y in chunk]
+        out_x.append(sum(x for x, _ in chunk) / len(chunk))
+        mean.append(sum(values) / len(values))
+        lo.append(min(values))
+        hi.append(max(values))
+    return out_x, mean, lo, hi
+
+
+def reduce_stack(xs: Sequence[float], columns: dict[str, Sequence[float]], max_points: int = MAX_POINTS
+                 ) -> tuple[list[float], dict[str, list[float]]]:
+    """Means of every column per bin of consecutive rows (a stacked chart's bins still add up)."""
+    import numpy as np
+
+    n = len(xs)
+    size = max(1, math.ceil(n / max_points))
+    starts = np.arange(0, n, size)
+    counts = np.diff(np.append(starts, n))
+
+    def means(col: Sequence[float]) -> list[float]:
+        return (np.add.reduceat(np.asarray(col, dtype=float), starts) / counts).tolist()
+
+    return means(xs), {k: means(col) for k, col in columns.items()}
