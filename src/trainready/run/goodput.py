@@ -194,18 +194,29 @@ class _Launch:
     committed: int | None = None
 
 
-def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]],
-                    skipped: Counter) -> tuple[list[_Launch], str]:
-    good = []
+def valid_launches(launches: list[Any], skipped: dict[str, int]) -> list[dict[str, Any]]:
+    """run.json's launches whose start and end are usable (a number, not before the start); the
+    others are counted in `skipped` by reason."""
+    out = []
     for la in launches:
         try:
-            start = _num(la.get("start_unix"), "launch start_unix", hi=MAX_UNIX, optional=False)
-            end = _num(la.get("end_unix"), "launch end_unix", hi=MAX_UNIX)
+            if not isinstance(la, dict):
+                raise _Bad("not an object")
+            start = _num(la.get("start_unix"), "start_unix", hi=MAX_UNIX, optional=False)
+            end = _num(la.get("end_unix"), "end_unix", hi=MAX_UNIX)
             if end is not None and end < start:
-                raise _Bad("launch ends before it starts")
-            good.append((start, end, la.get("reason") if isinstance(la.get("reason"), str) else None))
-        except (_Bad, AttributeError) as exc:
-            skipped[f"launch: {exc}" if isinstance(exc, _Bad) else "launch: not an object"] += 1
+                raise _Bad("ends before it starts")
+            out.append(la)
+        except _Bad as exc:
+            skipped[f"launch: {exc}"] = skipped.get(f"launch: {exc}", 0) + 1
+    return out
+
+
+def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]],
+                    skipped: Counter) -> tuple[list[_Launch], str]:
+    good = [(float(la["start_unix"]), None if la.get("end_unix") is None else float(la["end_unix"]),
+             la.get("reason") if isinstance(la.get("reason"), str) else None)
+            for la in valid_launches(launches, skipped)]
     source = "run.json" if good and not any(isinstance(la, dict) and la.get("recovered_from") for la in launches) \
         else "telemetry"
     if not good and records:  # a script run without the launcher: its records are all we have
@@ -476,12 +487,16 @@ def _outcome(launch: _Launch, is_last: bool, running: bool) -> str:
 
 
 def compute_goodput(launches: list[dict[str, Any]], records: list[dict[str, Any]], *, running: bool = False,
-                    usd_per_hour: float | None = None, nnodes: int | None = None) -> GoodputReport:
+                    usd_per_hour: float | None = None, nnodes: int | None = None,
+                    skipped: dict[str, int] | None = None) -> GoodputReport:
     """The goodput report of a run from its run.json launches and its telemetry records (raw:
     they are screened here). `running`: the last launch is still going (its steps are kept).
-    `usd_per_hour` (per node) and `nnodes`: used when no start record gives them."""
+    `usd_per_hour` (per node) and `nnodes`: used when no start record gives them. `skipped`:
+    counts from reading the file (unreadable lines), reported with the screen's."""
     records, skipped_d = screen(records)
-    skipped: Counter = Counter(skipped_d)
+    skipped_all: Counter = Counter(skipped or {})
+    skipped_all.update(skipped_d)
+    skipped = skipped_all
     windows, source = _launch_windows(launches if isinstance(launches, list) else [], records, skipped)
     execs: list[_Exec] = []
     kept: dict[int, _Exec] = {}

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainready.errors import UsageError
 from trainready.io import redact, redact_argv
 
-from .goodput import compute_goodput, screen
+from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
 from .settings import node_run_dirs
 from .telemetry import FILE, read_records
@@ -116,12 +116,13 @@ def summarize(run_dir: Path) -> RunSummary:
         raise UsageError(f"run directory {run_dir} does not exist")
     run_dir = _lead_node_dir(run_dir)
     info = load_run_info(run_dir)
-    raw, _ = read_records(run_dir / FILE)
+    unreadable: dict[str, int] = {}
+    raw, _ = read_records(run_dir / FILE, skipped=unreadable)
     if not info and not raw:
         raise UsageError(f"{run_dir} is not a trainready run directory (no run.json, no {FILE})")
     records, _skipped = screen(raw)  # malformed records (wrong types, negative or huge times) left out, counted
-    if not isinstance(info.get("launches", []), list):
-        info = {**info, "launches": []}
+    all_launches = info.get("launches", []) if isinstance(info.get("launches", []), list) else []
+    info = {**info, "launches": valid_launches(all_launches, {})}
     steps = [r for r in records if r["type"] == "step"]
     starts = [r for r in records if r["type"] == "start"]
     stop = next((r for r in reversed(records) if r["type"] == "stop"), None)
@@ -151,18 +152,18 @@ def summarize(run_dir: Path) -> RunSummary:
         eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop, launches, records),
         warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
         stop=redact_values({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
-        goodput=_goodput(launches, records, raw, status, info.get("config")),
+        goodput=_goodput(all_launches, records, raw, status, info.get("config"), unreadable),
     )
 
 
 def _goodput(launches: list[Any], records: list[dict[str, Any]], raw: list[dict[str, Any]], status: str,
-             config: Any) -> GoodputReport | None:
+             config: Any, unreadable: dict[str, int]) -> GoodputReport | None:
     """Goodput from the raw records (screened again there, so it counts what it skips)."""
     config = config if isinstance(config, dict) else {}
     price, nnodes = config.get("usd_per_hour"), config.get("nnodes")
     report = compute_goodput(launches or launches_from_telemetry(records), raw, running=status == "running",
                              usd_per_hour=price if isinstance(price, (int, float)) and price > 0 else None,
-                             nnodes=nnodes if isinstance(nnodes, int) and nnodes > 0 else None)
+                             nnodes=nnodes if isinstance(nnodes, int) and nnodes > 0 else None, skipped=unreadable)
     return report if report.billed_s > 0 or report.steps_kept else None
 
 

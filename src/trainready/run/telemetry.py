@@ -70,9 +70,10 @@ class TelemetryWriter:
             self._fd = None
 
 
-def read_records(path: Path, since: int = 0) -> tuple[list[dict[str, Any]], int]:
+def read_records(path: Path, since: int = 0, skipped: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], int]:
     """Complete records from byte offset `since`; returns them and the offset to continue from
-    (a line still being written is left for the next call)."""
+    (a line still being written is left for the next call). `skipped`: counts lines that are not
+    a record (torn, not JSON, not an object with a type) under "unreadable line"."""
     try:
         with open(path, "rb") as f:
             f.seek(since)
@@ -80,7 +81,7 @@ def read_records(path: Path, since: int = 0) -> tuple[list[dict[str, Any]], int]
     except FileNotFoundError:
         return [], since
     end = data.rfind(b"\n") + 1
-    records = list(_parse_lines(data[:end]))
+    records = list(_parse_lines(data[:end], skipped))
     return records, since + end
 
 
@@ -92,11 +93,13 @@ def median_step_s(records: list[dict[str, Any]]) -> float | None:
     return statistics.median(steps) if steps else None
 
 
-def _parse_lines(data: bytes) -> Iterator[dict[str, Any]]:
+def _parse_lines(data: bytes, skipped: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
     for line in data.splitlines():
         try:
             record = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            continue  # torn by a crash: skip, never fail the reader
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            record = None  # torn by a crash: skip, never fail the reader
         if isinstance(record, dict) and "type" in record:
             yield record
+        elif skipped is not None and line.strip():
+            skipped["unreadable line"] = skipped.get("unreadable line", 0) + 1
