@@ -94,6 +94,8 @@ def render_summary(console: Console, s: Any, brief: bool = False) -> None:
     ]
     if s.shares is not None:
         rows.append(("time went to", _shares(s.shares)))
+    if getattr(s, "plan_check", None) is not None:  # `report` only: predicted vs measured per part
+        rows.append(("vs plan", _plan_check(s.plan_check)))
     if s.loss_last is not None:
         rows.append(("loss", f"{_num(s.loss_first, 4)} -> {_num(s.loss_last, 4)}"
                              f"{f' ({s.nonfinite_losses} non-finite)' if s.nonfinite_losses else ''}"))
@@ -113,6 +115,17 @@ def render_summary(console: Console, s: Any, brief: bool = False) -> None:
     console.print(table)
     if not brief and s.goodput is not None:
         render_goodput(console, s.goodput)
+
+
+def _plan_check(pc: Any) -> str:
+    """Each part as measured/predicted, then the finding: "step 1.31x, compute 1.05x, communication 2.3x, ..."."""
+    def part(c: Any) -> str:
+        if c.ratio is not None:
+            return f"{c.part} {c.ratio:.2f}x"
+        return f"{c.part} {_num(c.measured_s, 3)} s (not predicted)" if c.measured_s is not None else f"{c.part} -"
+    measured = [part(c) for c in pc.parts if c.measured_s is not None]
+    return (f"measured/predicted: {', '.join(measured) or 'nothing measured'}; {pc.message} "
+            f"(predicted for {pc.configuration}; factors: {pc.factors})")
 
 
 def _dur(seconds: float | None) -> str:
@@ -212,12 +225,15 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 def render_scaling(console: Console, report: Any) -> None:
     table = Table(title="scaling (weak: the same batch per process); seconds per step", box=None)
-    for col in ("procs", "tok/s", "tok/s/proc", "eff", "step", "data", "comm", "compute", "optim", "other"):
+    unknown = any(p.unattributed_s is not None for p in report.points)  # "-" = not measured, never 0
+    for col in ("procs", "tok/s", "tok/s/proc", "eff", "step", "data", "comm", "compute", "optim", "other",
+                *(("compute+unmeasured",) if unknown else ())):
         table.add_column(col, justify="right", no_wrap=True)  # numbers: never wrapped or cut
     for p in report.points:
         table.add_row(str(p.processes), _num(p.tokens_per_s), _num(p.tokens_per_s_per_process),
                       f"{p.efficiency:.0%}" if p.efficiency is not None else "-", _num(p.step_s, 3), _num(p.data_s, 3),
-                      _num(p.comm_s, 3), _num(p.compute_s, 3), _num(p.optimizer_s, 3), _num(p.other_s, 3))
+                      _num(p.comm_s, 3), _num(p.compute_s, 3), _num(p.optimizer_s, 3), _num(p.other_s, 3),
+                      *((_num(p.unattributed_s, 3),) if unknown else ()))
     console.print(table)
     for line in report.findings:
         console.print(Text(f"- {line}"), soft_wrap=True)
