@@ -198,9 +198,8 @@ def test_a_real_two_rank_run_adds_up_to_its_billed_time(tmp_path):
     code, out = run(run_cmd(run_dir, "--nproc-per-node", "2", "--usd-per-hour", str(PRICE), "--ckpt-every", "3",
                             steps=6), tmp_path)
     assert code == 0, out[-3000:]
-    code, out = run([sys.executable, "-m", "trainready", "report", str(run_dir), "--json"], tmp_path)
-    assert code == 0, out[-3000:]
-    summary = RunSummary.model_validate_json(out)
+    summary = RunSummary.model_validate_json((run_dir / "summary.json").read_text())  # = report --json
+    assert summary.goodput == summarize(run_dir).goodput
     g = summary.goodput
     assert g is not None and g.billed_s == pytest.approx(summary.wall_s, abs=0.01)
     assert in_billed_total(g) == pytest.approx(g.billed_s, abs=0.01)
@@ -212,8 +211,10 @@ def test_a_real_two_rank_run_adds_up_to_its_billed_time(tmp_path):
     assert summary.shares is not None and summary.shares.comm is not None and summary.shares.timing == "host"
     print(f"\nreal 2-rank run: goodput {g.goodput:.1%} of {g.billed_s:.1f} s billed; "
           + ", ".join(f"{c.cause} {c.seconds:.2f}" for c in g.causes if c.seconds))
-    code, text = run([sys.executable, "-m", "trainready", "report", str(run_dir)], tmp_path, env={"COLUMNS": "80"})
-    assert code == 0 and "goodput" in text and "step time per rank" in text
+    buf = io.StringIO()
+    render_summary(Console(file=buf, width=80), summary)
+    text = buf.getvalue()
+    assert "goodput" in text and "step time per rank" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
@@ -333,3 +334,49 @@ def test_cuda_events_on_a_gpu():
     split = results[2][1]
     assert split.source == "cuda-events" and split.step_s > 0 and split.optimizer_s > 0
     assert split.compute_s is not None and split.step_s >= split.optimizer_s
+
+
+LAGGED_SESSION = """
+import sys, time, torch, trainready
+import trainready.run.session as session
+from trainready.run.timing import HostMarks
+
+class LaggedMarks(HostMarks):  # the CudaMarks seam: read a step later, as on a GPU
+    source = "cuda-events"
+    lagged = True
+
+session._marks = lambda device, timing: LaggedMarks()
+sess = trainready.init(run_dir=sys.argv[1], hot=sys.argv[1] + "/hot", total_steps=4)
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sess.restore({"model": model})
+for step in range(sess.start_step, 4):
+    with sess.step(tokens=2) as t:
+        time.sleep(0.02)
+        batch = t.data(torch.ones(1, 2))
+        model(batch).sum().backward()
+        with t.optimizer():
+            opt.step()
+            opt.zero_grad()
+    sess.maybe_save(step, {"model": model})
+sess.finish()
+"""
+
+
+def test_a_session_with_lagged_marks_writes_each_split_under_the_step_it_describes(tmp_path):
+    import subprocess
+
+    from run_helpers import env_for_run, records
+
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-c", LAGGED_SESSION, str(run_dir)], env=env_for_run(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [r for r in records(run_dir) if r["type"] == "step"]
+    assert [r["split_step"] for r in steps] == [None, 0, 1, 2] and {r["timing"] for r in steps} == {"cuda-events"}
+    assert steps[0]["data_s"] is None and all(r["data_s"] >= 0.015 for r in steps[1:])  # the 20 ms before t.data()
+    assert all(r["comm_s"] == 0.0 and r["unmeasured"] == [] and r["rank_step_s"] for r in steps[1:])  # one rank
+    g = summarize(run_dir).goodput
+    assert g.timing_sources == {"cuda-events": 4} and g.steps_kept == 4
+    data = next(c for c in g.causes if c.cause == "data_wait")
+    assert data.unmeasured_steps == 1 and data.seconds >= 3 * 0.015  # the last step's split was never read
