@@ -100,6 +100,10 @@ def throughput(steps: list[dict[str, Any]], records: list[dict[str, Any]], pred:
         notes.append("no prediction recorded: `trainready run --job job.toml` records the plan's estimate")
     else:
         notes.append(f"dashed: {pred.get('source', 'the plan estimate')}")
+        world = next((r.get("world_size") for r in reversed(records) if r.get("type") == "start"), None)
+        if isinstance(pred.get("gpus"), int) and isinstance(world, int) and pred["gpus"] != world:
+            notes.append(f"the plan predicted {pred['gpus']} GPUs; this run had {world} processes: "
+                         "tokens/s do not compare")
     if not has_mfu:
         notes.append("MFU not measured (no GPU peak or FLOP model: give init(model=...) or --job)")
     if len(segments) > 1:

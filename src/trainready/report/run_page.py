@@ -25,12 +25,10 @@ REFRESH_S = 15  # --live: the page reloads itself this often while the run is go
 def run_page(run_dir: Path, *, live: bool = False) -> tuple[str, Any]:
     """The page's HTML and the RunSummary it was made from (its status decides whether --live goes on)."""
     from trainready.run.summary import load_run_info, summarize
-    from trainready.run.telemetry import FILE, read_records
 
-    summary = summarize(run_dir)
-    lead = Path(summary.run_dir)  # a multi-node run: the node where global rank 0 ran
-    records, _ = read_records(lead / FILE)
-    info = load_run_info(lead)
+    records: list[dict[str, Any]] = []  # the summary's own, screened: malformed records left out
+    summary = summarize(run_dir, records_out=records)
+    info = load_run_info(Path(summary.run_dir))  # a multi-node run: the node where global rank 0 ran
     goodput = getattr(summary, "goodput", None)  # the goodput model (run/goodput.py) where it is computed
     prediction = _prediction(info)
     page = Page(title=f"trainready run report: {summary.run_dir}", subtitle=_subtitle(summary, live))

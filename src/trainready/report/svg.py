@@ -66,19 +66,20 @@ def reduce_series(xs: Sequence[float], ys: Sequence[float | None], max_points: i
                   ) -> tuple[list[float], list[float], list[float], list[float]]:
     """(x, mean, min, max) per bin of consecutive points, at most `max_points` bins; missing
     values are skipped. Short series come back point by point (min = max = the value)."""
-    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
-    if not pairs:
+    import numpy as np
+
+    x = np.asarray(xs, dtype=float)
+    y = np.array([np.nan if v is None else v for v in ys], dtype=float)
+    keep = ~np.isnan(y)
+    x, y = x[keep], y[keep]
+    n = len(y)
+    if not n:
         return [], [], [], []
-    size = max(1, math.ceil(len(pairs) / max_points))
-    out_x, mean, lo, hi = [], [], [], []
-    for i in range(0, len(pairs), size):
-        chunk = pairs[i:i + size]
-        values = [y for _, y in chunk]
-        out_x.append(sum(x for x, _ in chunk) / len(chunk))
-        mean.append(sum(values) / len(values))
-        lo.append(min(values))
-        hi.append(max(values))
-    return out_x, mean, lo, hi
+    size = max(1, math.ceil(n / max(1, max_points)))
+    starts = np.arange(0, n, size)
+    counts = np.diff(np.append(starts, n))
+    return ((np.add.reduceat(x, starts) / counts).tolist(), (np.add.reduceat(y, starts) / counts).tolist(),
+            np.minimum.reduceat(y, starts).tolist(), np.maximum.reduceat(y, starts).tolist())
 
 
 def reduce_stack(xs: Sequence[float], columns: dict[str, Sequence[float]], max_points: int = MAX_POINTS

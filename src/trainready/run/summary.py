@@ -110,7 +110,9 @@ def _lead_node_dir(run_dir: Path) -> Path:
     return nodes[0] if nodes else run_dir
 
 
-def summarize(run_dir: Path) -> RunSummary:
+def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None) -> RunSummary:
+    """What the run did; `records_out`, when given, receives the screened telemetry records the summary
+    was made from (report --html draws them without reading and screening the file twice)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist")
@@ -121,6 +123,8 @@ def summarize(run_dir: Path) -> RunSummary:
     if not info and not raw:
         raise UsageError(f"{run_dir} is not a trainready run directory (no run.json, no {FILE})")
     records, _skipped = screen(raw)  # malformed records (wrong types, negative or huge times) left out, counted
+    if records_out is not None:
+        records_out.extend(records)
     all_launches = info.get("launches", []) if isinstance(info.get("launches", []), list) else []
     info = {**info, "launches": valid_launches(all_launches, {})}
     steps = [r for r in records if r["type"] == "step"]
