@@ -62,6 +62,9 @@ class _Bad(Exception):
 
 
 def _num(value: Any, what: str, lo: float = 0.0, hi: float = MAX_S, optional: bool = True) -> float | None:
+    kind = type(value)
+    if (kind is float or kind is int) and lo <= value <= hi:  # the common case, fast (NaN fails the comparison)
+        return float(value)
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -84,6 +87,8 @@ def _int(value: Any, what: str, lo: int = 0, hi: int = MAX_STEP, optional: bool 
 
 
 _SPLIT = ("data_s", "comm_s", "optimizer_s", "compute_s", "unattributed_s", "straggler_s")
+_STEP_NUMBERS = tuple((key, MAX_S if key.endswith("_s") else 1e18) for key in (
+    "step_s", "data_s_max", "tokens_per_s", "mfu", "cost_usd", "projected_usd", "eta_s", "tokens", *_SPLIT))
 
 
 def _screen_one(r: dict[str, Any], skipped: Counter) -> dict[str, Any]:
@@ -97,10 +102,9 @@ def _screen_one(r: dict[str, Any], skipped: Counter) -> dict[str, Any]:
     if kind == "step":
         out["step"] = _int(r.get("step"), "step", optional=False)
         out["interval_s"] = _num(r.get("interval_s"), "interval_s", optional=False)
-        for key in ("step_s", "data_s_max", "tokens_per_s", "mfu", "cost_usd", "projected_usd", "eta_s", "tokens",
-                    *_SPLIT):
+        for key, hi in _STEP_NUMBERS:
             try:
-                out[key] = _num(r.get(key), key, hi=MAX_S if key.endswith("_s") else 1e18)
+                out[key] = _num(r.get(key), key, hi=hi)
             except _Bad as exc:
                 skipped[f"step field: {exc}"] += 1
                 out[key] = None
@@ -396,8 +400,7 @@ def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple
         if not isinstance(comms, list) or len(comms) != n:
             comms = [None] * n
         try:
-            s = [_num(v, "rank step") for v in steps]
-            c = [_num(v, "rank comm") for v in comms]
+            s, c = _numbers(steps, "rank step"), _numbers(comms, "rank comm")
         except _Bad as exc:
             skipped[f"rank_step_s: {exc}"] += 1
             continue
@@ -435,6 +438,12 @@ def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple
     ranked = sorted((s for s in stats if s.straggler_score is not None and s.straggler_score >= SLOW_SCORE),
                     key=lambda s: -s.straggler_score)
     return stats, [s.rank for s in ranked[:3]], _windows(samples, n, work_known)
+
+
+def _numbers(values: list[Any], what: str) -> list[float | None]:
+    if all(v is None or (type(v) is float or type(v) is int) and 0 <= v <= MAX_S for v in values):
+        return values  # the common case: already clean
+    return [_num(v, what) for v in values]
 
 
 def _windows(samples: list[tuple[int, list[float | None], list[float | None]]], n: int,
@@ -488,12 +497,13 @@ def _outcome(launch: _Launch, is_last: bool, running: bool) -> str:
 
 def compute_goodput(launches: list[dict[str, Any]], records: list[dict[str, Any]], *, running: bool = False,
                     usd_per_hour: float | None = None, nnodes: int | None = None,
-                    skipped: dict[str, int] | None = None) -> GoodputReport:
+                    skipped: dict[str, int] | None = None, screened: bool = False) -> GoodputReport:
     """The goodput report of a run from its run.json launches and its telemetry records (raw:
     they are screened here). `running`: the last launch is still going (its steps are kept).
     `usd_per_hour` (per node) and `nnodes`: used when no start record gives them. `skipped`:
-    counts from reading the file (unreadable lines), reported with the screen's."""
-    records, skipped_d = screen(records)
+    counts from reading the file (unreadable lines), reported with the screen's. `screened`: the
+    records already went through screen() and `skipped` holds its counts."""
+    records, skipped_d = (records, {}) if screened else screen(records)
     skipped_all: Counter = Counter(skipped or {})
     skipped_all.update(skipped_d)
     skipped = skipped_all

@@ -156,18 +156,19 @@ def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None) ->
         eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop, launches, records),
         warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
         stop=redact_values({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
-        goodput=_goodput(all_launches, records, raw, status, info.get("config"), unreadable),
+        goodput=_goodput(all_launches, records, status, info.get("config"), {**unreadable, **_skipped}),
     )
 
 
-def _goodput(launches: list[Any], records: list[dict[str, Any]], raw: list[dict[str, Any]], status: str,
-             config: Any, unreadable: dict[str, int]) -> GoodputReport | None:
-    """Goodput from the raw records (screened again there, so it counts what it skips)."""
+def _goodput(launches: list[Any], records: list[dict[str, Any]], status: str, config: Any,
+             skipped: dict[str, int]) -> GoodputReport | None:
+    """Goodput from the screened records; `skipped`: what reading and screening left out."""
     config = config if isinstance(config, dict) else {}
     price, nnodes = config.get("usd_per_hour"), config.get("nnodes")
-    report = compute_goodput(launches or launches_from_telemetry(records), raw, running=status == "running",
+    report = compute_goodput(launches or launches_from_telemetry(records), records, running=status == "running",
                              usd_per_hour=price if isinstance(price, (int, float)) and price > 0 else None,
-                             nnodes=nnodes if isinstance(nnodes, int) and nnodes > 0 else None, skipped=unreadable)
+                             nnodes=nnodes if isinstance(nnodes, int) and nnodes > 0 else None, skipped=skipped,
+                             screened=True)
     return report if report.billed_s > 0 or report.steps_kept else None
 
 
