@@ -26,7 +26,7 @@ def test_allreduce_judged_against_nvswitch_expectation(tmp_path, busbw, status):
     deep = {"allreduce": {"backend": "nccl", "world_size": 8, "busbw_gbps": busbw, "rows": []}}
     found = _deep_findings(tmp_path, "p4d", deep)["nccl.allreduce"]
     assert found.status == status, found
-    assert "231" in found.expected  # 0.77 x 12 links x 25 GB/s, the ~230 GB/s nccl-tests shows on 8x A100
+    assert "228" in found.expected and "aznhc" in found.expected  # Azure's healthy-node floor for 8x A100 (issue 16)
 
 
 @pytest.mark.parametrize(("tflops", "status"), [(250.0, "pass"), (150.0, "warn"), (60.0, "fail")])
@@ -98,6 +98,7 @@ def test_deep_reports_progress_per_measurement(tmp_path, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(deep, "gemm", lambda: {"skipped": "test"})
     monkeypatch.setattr(deep, "allreduce_local", lambda: {"skipped": "test"})
+    monkeypatch.setattr(deep, "collectives_local", lambda plan=None: {})  # no gloo processes: progress only
     bundle = Bundle({}, source="live")
     assert check_cmd._add_deep(bundle, tmp_path, None) == 0
     assert shown == [["measuring (--deep): GEMM, all-reduce, hot tier", 3, False, 3]]

@@ -24,8 +24,9 @@ def job_needs(job: JobSpec) -> JobNeeds:
 
 
 def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | None = None, deep: bool = False,
-            live: bool = False, cpu_only: bool = False) -> CheckReport:
-    """`cpu_only`: the user says the node has no GPU; otherwise no GPU where training needs one fails."""
+            live: bool = False, cpu_only: bool = False, mig: bool = False) -> CheckReport:
+    """`cpu_only`: the user says the node has no GPU; otherwise no GPU where training needs one fails.
+    `mig`: MIG mode is intended on this node."""
     catalog = load_catalog()
     note = ""
     name = instance_type
@@ -43,5 +44,5 @@ def analyze(bundle: Bundle, instance_type: str | None = None, job: JobNeeds | No
         if instance is not None:
             gpu = catalog.gpu_of(instance)
     ctx = Context(bundle=bundle, instance=instance, gpu=gpu, job=job, live=live, cpu_only=cpu_only,
-                  instance_note=note)
+                  instance_note=note, mig_expected=mig)
     return CheckReport.build(instance.name if instance else name, bundle.source, run_checks(ctx, deep))

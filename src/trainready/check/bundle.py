@@ -52,7 +52,20 @@ FILES: dict[str, str] = {
     "sys-class-infiniband.txt": "listing of /sys/class/infiniband (rdmap* = EFA, mlx5_* = Mellanox)",
     "efa-software.txt": "libfabric and aws-ofi-nccl presence (paths found)",
     "cuda.json": "torch's view: CUDA available, device count and names, CUDA graph capture/replay result",
-    "deep.json": "--deep results: GEMM TFLOP/s, all-reduce bus bandwidth, storage bandwidth",
+    "deep.json": "--deep results: GEMM TFLOP/s, copies, collectives, pairwise node tests, storage bandwidth",
+    # acceptance quick checks (issue 16); a bundle collected before them lacks these: unknown, never a failure
+    "nvidia-smi-compute-apps.csv": "nvidia-smi --query-compute-apps=gpu_bus_id,pid,process_name,used_memory --format=csv",
+    "ps.txt": "ps -eo pid,ppid,user,stat,etimes,comm (owners of GPU processes, processes in D state)",
+    "lspci-vvv.txt": "lspci -vvv (PCIe bridges' bus ranges and ACS control)",
+    "modules.txt": "/proc/modules (nvidia_peermem, efa, ...)",
+    "uname.txt": "uname -r (kernel release: dma-buf needs Linux >= 5.12)",
+    "fabricmanager-status.txt": "systemctl status nvidia-fabricmanager (stdout and stderr)",
+    "fabricmanager-log.txt": "/var/log/fabricmanager.log: its last [ERROR]/[WARNING]/NVSwitch lines",
+    "kernel-log.txt": "kernel log lines about NICs, block devices, hung tasks, NVSwitches (dmesg), or why unreadable",
+    "cpufreq.txt": "`cpuN GOVERNOR` per CPU (cpufreq scaling_governor), or `absent: why`",
+    "clocksource.txt": "`current: X` and `available: ...` (/sys/devices/system/clocksource/clocksource0)",
+    "nvme-devices.txt": "`nvmeN MODEL` per NVMe controller (/sys/class/nvme/*/model)",
+    "dcgm-diag.json": "--dcgm N: dcgmi diag -r N -j",
 }
 
 
@@ -60,7 +73,7 @@ MiB = 1 << 20
 # The most a bundle's file may hold (a received bundle is hostile input: a 300 MB file is refused
 # from its size, before any read). nvidia-smi -q of a 16-GPU node is well under 1 MiB.
 LIMITS: dict[str, int] = {MANIFEST: 1 * MiB, "instance-type.txt": 256, "nccl-debug.log": 64 * MiB,
-                          "kernel-xid.txt": 64 * MiB}
+                          "kernel-xid.txt": 64 * MiB, "kernel-log.txt": 64 * MiB, "lspci-vvv.txt": 16 * MiB}
 DEFAULT_LIMIT = 4 * MiB
 # What an instance type name may be made of (every catalog name is): anything else in a bundle's
 # instance-type.txt is not an instance type, and is only ever shown escaped.
@@ -151,6 +164,8 @@ class BundleManifest(BaseModel):
     created_unix: float = Field(default_factory=time.time)
     hostname: str = ""
     probes: list[ProbeRecord] = []
+    own_pids: list[int] = Field([], description="PIDs of trainready's own processes at collection time (the probes, "
+                                "torchrun ranks): not leftover GPU processes. Absent in bundles collected before it.")
 
 
 class Bundle:

@@ -31,6 +31,7 @@ class Context:
     live: bool = False
     cpu_only: bool = False  # the user says this node has no GPU (--cpu-only): no GPU is then no failure
     instance_note: str = ""  # why the bundle's instance-type.txt was not taken (refused, not a name)
+    mig_expected: bool = False  # --mig: MIG mode is intended (else MIG on fails gpu.mig)
     _parsed: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def parsed(self, name: str, parser: Callable[[str], Any]) -> Any:

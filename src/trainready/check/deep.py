@@ -1,9 +1,12 @@
-"""`--deep` measurements: bf16 GEMM TFLOP/s, all-reduce bus bandwidth, storage bandwidth.
+"""`--deep` measurements: bf16 GEMM TFLOP/s, host<->device, memory and GPU-to-GPU copies
+(deep_gpu.py), collectives (all_reduce, all_gather, reduce_scatter, all_to_all), pairwise node tests
+across nodes, storage bandwidth.
 
 Results go into the bundle as `deep.json`, so `check --bundle` judges them like everything else.
-All-reduce follows nccl-tests: algbw = bytes / time, busbw = algbw x 2(n-1)/n. Under torchrun
-(WORLD_SIZE set) it measures the job's own world, across nodes; otherwise it spawns one process
-per local GPU (NCCL), or two gloo processes on a CPU-only machine (the CPU analogue)."""
+Collectives follow nccl-tests: algbw = bytes / time, busbw = algbw x the collective's factor
+(all_reduce 2(n-1)/n). Under torchrun (WORLD_SIZE set) they measure the job's own world, across
+nodes, and then pairs of nodes (bisect.py) to name a slow node or link; otherwise one process per
+local GPU is spawned (NCCL), or two gloo processes on a CPU-only machine (the CPU analogue)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .deep_gpu import MiB
+from .thresholds import COLLECTIVES
 
 
 def gemm(size: int = 8192, iters: int = 20) -> dict[str, Any]:
@@ -39,83 +45,78 @@ def gemm(size: int = 8192, iters: int = 20) -> dict[str, Any]:
     return {"size": size, "tflops": 2 * size**3 / seconds / 1e12, "device": torch.cuda.get_device_name(0)}
 
 
-def _allreduce_sweep(sizes_bytes: list[int], device: str, iters: int) -> list[dict[str, float]]:
-    import torch
-    import torch.distributed as dist
-
-    world = dist.get_world_size()
-    rows = []
-    for size in sizes_bytes:
-        x = torch.ones(size // 4, dtype=torch.float32, device=device)
-        for _ in range(2):
-            dist.all_reduce(x)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        dist.barrier()
-        started = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        seconds = (time.perf_counter() - started) / iters
-        algbw = size / seconds / 1e9
-        rows.append({"size_bytes": size, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-                     "busbw_gbps": algbw * 2 * (world - 1) / world})
-    return rows
-
-
 def allreduce_in_world(max_mib: int = 256, iters: int = 10) -> dict[str, Any]:
     """In an initialized process group (torchrun): every rank calls this; rank 0's result counts."""
+    from .deep_gpu import collective_in_world
+
+    return collective_in_world("all_reduce", max_mib * MiB, iters)
+
+
+def _spawned(rank: int, world: int, port: int, backend: str, plan: dict[str, int], out: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    device = "cpu"
-    if dist.get_backend() == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
-    sizes = [1 << 20 << k for k in range(0, max_mib.bit_length()) if (1 << k) <= max_mib]
-    rows = _allreduce_sweep(sizes, device, iters)
-    return {"backend": dist.get_backend(), "world_size": dist.get_world_size(), "rows": rows,
-            "busbw_gbps": max(r["busbw_gbps"] for r in rows)}
-
-
-def _spawned(rank: int, world: int, port: int, backend: str, max_mib: int, out: Any) -> None:
-    import torch
-    import torch.distributed as dist
+    from .deep_gpu import collective_in_world
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world)
-    result = allreduce_in_world(max_mib)
+    result = {}
+    for kind, max_bytes in plan.items():
+        try:
+            result[kind] = collective_in_world(kind, max_bytes)
+        except Exception as exc:  # one failing collective is a finding, not the end of the others
+            result[kind] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     if rank == 0:
         out.put(result)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def allreduce_local(max_mib: int | None = None) -> dict[str, Any]:
+def collectives_local(plan: dict[str, int] | None = None) -> dict[str, Any]:
+    """Each collective of `plan` (kind -> largest message, bytes) over every local GPU with NCCL, or
+    over two gloo processes on a CPU-only machine (16 MiB at most: the CPU analogue, not judged)."""
     try:
         import torch
         import torch.multiprocessing as mp
     except ImportError:
-        return {"skipped": "torch is not installed"}
+        return {kind: {"skipped": "torch is not installed"} for kind in plan or COLLECTIVES}
     import socket
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend, world = ("nccl", gpus) if gpus >= 2 else ("gloo", 2)
+    plan = dict(plan or {kind: (256 if backend == "nccl" else 16) * MiB for kind in COLLECTIVES})
     if gpus == 1:
-        return {"skipped": "one GPU: nothing to all-reduce across"}
+        return {kind: {"skipped": "one GPU: nothing to exchange with"} for kind in plan}
+    if backend == "gloo":
+        plan = {kind: min(size, 16 * MiB) for kind, size in plan.items()}
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_spawned, args=(world, port, backend, max_mib or (256 if backend == "nccl" else 16), queue),
-                       nprocs=world, join=True, start_method="spawn")
-    result = queue.get()
+    mp.start_processes(_spawned, args=(world, port, backend, plan, queue), nprocs=world, join=True, start_method="spawn")
+    results = queue.get()
     if backend == "gloo":
-        result["note"] = "CPU-only machine: gloo over loopback (the CPU analogue), not judged against NVLink"
-    return result
+        for result in results.values():
+            result["note"] = "CPU-only machine: gloo over loopback (the CPU analogue), not judged against NVLink"
+    return results
+
+
+def allreduce_local(max_mib: int | None = None) -> dict[str, Any]:
+    """The all-reduce sweep alone (see collectives_local)."""
+    size = max_mib * MiB if max_mib is not None else _default_max()
+    return collectives_local({"all_reduce": size})["all_reduce"]
+
+
+def _default_max() -> int:
+    try:
+        import torch
+
+        return (256 if torch.cuda.is_available() else 16) * MiB
+    except ImportError:
+        return 16 * MiB
 
 
 def _scratch_name() -> str:
@@ -175,25 +176,80 @@ def storage_bandwidth(directory: str | Path, size_mib: int = 1024) -> dict[str, 
 
 
 def deep_steps(hot_dir: str | None, shared_dir: str | None) -> int:
-    """How many measurements run_deep makes (GEMM, all-reduce, and each directory given): for progress."""
+    """How many steps run_deep reports (GEMM and copies; collectives and pairwise; each directory)."""
     return 2 + bool(hot_dir) + bool(shared_dir)
 
 
-def run_deep(hot_dir: str | None, shared_dir: str | None, storage_mib: int = 1024,
-             on_progress: Callable[[float], None] | None = None) -> dict[str, Any]:
-    """Every --deep measurement; `on_progress(1)` after each of deep_steps(...)."""
-    tick = on_progress or (lambda _n: None)
-    result: dict[str, Any] = {"schema_version": 1, "gemm": gemm()}
-    tick(1)
-    try:
-        import torch.distributed as dist
+# The key deep.json keeps each collective under (all_reduce: "allreduce", as bundles always had it).
+DEEP_KEY = {"all_reduce": "allreduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+            "all_to_all": "all_to_all"}
+OTHERS_MAX = 1 << 30  # all_gather, reduce_scatter, all_to_all: up to 1 GiB (time), never past a floor's size
 
-        if dist.is_available() and dist.is_initialized():
-            result["allreduce"] = allreduce_in_world()
-        else:
-            result["allreduce"] = allreduce_local()
-    except Exception as exc:  # a failing collective is a finding, not a crash
-        result["allreduce"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+def plan_sizes(instance_type: str | None, nodes: int, backend: str) -> dict[str, int]:
+    """The largest message per collective: the all-reduce floor's size (multi-GiB where aznhc
+    measures there), a quarter of a GPU's memory at most."""
+    from .deep_gpu import max_message
+    from .thresholds import threshold
+
+    instance, gpu = _catalog_entry(instance_type)
+    memory = int(gpu.memory_gib * (1 << 30)) if gpu else _gpu_memory()
+    plan = {}
+    for kind in COLLECTIVES:
+        floor = threshold(kind, instance, gpu, nodes) if gpu else None
+        size = floor.size_bytes if floor and floor.size_bytes else None
+        if kind != "all_reduce":
+            size = min(size or OTHERS_MAX, OTHERS_MAX)
+        plan[kind] = max_message(memory, size, backend)
+    return plan
+
+
+def _catalog_entry(instance_type: str | None):
+    if not instance_type:
+        return None, None
+    from trainready.catalog import load_catalog
+
+    catalog = load_catalog()
+    try:
+        instance = catalog.instance(instance_type)
+    except Exception:  # an unknown type: measure with the defaults
+        return None, None
+    return instance, catalog.gpu_of(instance)
+
+
+def _gpu_memory() -> int | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def _guarded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return measure()
+    except Exception as exc:  # a failing measurement is a finding, not a crash
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _local_rank_zero() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def run_deep(hot_dir: str | None, shared_dir: str | None, storage_mib: int = 1024,
+             on_progress: Callable[[float], None] | None = None, instance_type: str | None = None) -> dict[str, Any]:
+    """Every --deep measurement; `on_progress(1)` after each of deep_steps(...)."""
+    from . import deep_gpu
+
+    tick = on_progress or (lambda _n: None)
+    result: dict[str, Any] = {"schema_version": 2, "gemm": _guarded(gemm)}
+    if _local_rank_zero():  # one process per node measures the node's GPUs one at a time
+        result["copy"] = _guarded(deep_gpu.copy_bandwidth)
+        result["memory"] = _guarded(deep_gpu.memory_bandwidth)
+        result["p2p"] = _guarded(deep_gpu.p2p_bandwidth)
+    tick(1)
+    result.update(_collectives(instance_type))
     tick(1)
     if hot_dir:
         result["hot_tier"] = storage_bandwidth(hot_dir, storage_mib)
@@ -202,3 +258,81 @@ def run_deep(hot_dir: str | None, shared_dir: str | None, storage_mib: int = 102
         result["shared"] = storage_bandwidth(shared_dir, storage_mib)
         tick(1)
     return result
+
+
+def _collectives(instance_type: str | None) -> dict[str, Any]:
+    try:
+        import torch.distributed as dist
+
+        in_world = dist.is_available() and dist.is_initialized()
+    except ImportError:
+        in_world = False
+    if not in_world:
+        try:
+            import torch
+
+            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
+        except ImportError:
+            backend = "gloo"
+        try:
+            measured = collectives_local(plan_sizes(instance_type, 1, backend))
+        except Exception as exc:
+            error = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            measured = {kind: error for kind in COLLECTIVES}
+        return {"nodes": 1, **{DEEP_KEY[k]: v for k, v in measured.items()}}
+    from .deep_gpu import collective_in_world
+
+    world = dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+    nodes = world // local if local and world % local == 0 else 1
+    plan = plan_sizes(instance_type, nodes, dist.get_backend())
+    out: dict[str, Any] = {"nodes": nodes}
+    for kind, size in plan.items():
+        out[DEEP_KEY[kind]] = _guarded(lambda k=kind, n=size: collective_in_world(k, n))
+    if nodes >= 2:
+        out["pairwise"] = _guarded(lambda: pairwise_in_world(instance_type, plan["all_reduce"], local))
+    return out
+
+
+def pairwise_in_world(instance_type: str | None, size: int, local: int, iters: int = 5) -> dict[str, Any]:
+    """After the world test: all-reduce between pairs of nodes, round by round (bisect.py), so a slow
+    node or link is named. Every rank calls this; every rank sees every result (all_gather_object),
+    so every rank plans the same next round."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from .bisect import PairResult, plan_all
+    from .deep_gpu import collective_rows
+    from .thresholds import threshold
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    nodes, node = world // local, dist.get_rank() // local
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    instance, gpu = _catalog_entry(instance_type)
+    floor = threshold("all_reduce", instance, gpu, nodes=2) if gpu else None
+    known = floor.floor_gbps if floor is not None and not floor.derived else None
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+    def measure(pairs: list[tuple[int, int]]) -> list[PairResult]:
+        groups = [dist.new_group([*range(a * local, (a + 1) * local), *range(b * local, (b + 1) * local)])
+                  for a, b in pairs]  # every rank creates every group, in the same order
+        mine = None
+        for (a, b), group in zip(pairs, groups, strict=True):
+            if node in (a, b):
+                busbw = collective_rows("all_reduce", [size], device, iters, group=group)[0]["busbw_gbps"]
+                if node == a and rank % local == 0:
+                    mine = (a, b, busbw)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine)
+        for group in groups:
+            dist.destroy_process_group(group)
+        return [PairResult(*g) for g in gathered if g]
+
+    rounds, used = plan_all(nodes, measure, known)
+    return {"nodes": [hosts[n * local] for n in range(nodes)], "size_bytes": size, "floor_gbps": used,
+            "floor_source": floor.source if floor is not None and known is not None else
+            "75% of the median pair (no published 2-node figure for this instance)",
+            "rounds": [[{"a": r.a, "b": r.b, "busbw_gbps": r.busbw_gbps} for r in rnd] for rnd in rounds]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -64,7 +65,21 @@ COMMANDS: dict[str, list[str]] = {
     "kernel-xid.txt": ["dmesg", "--ctime"],
     "df.txt": ["df", "-B1", "--output=source,fstype,size,avail,target"],
     "cuda.json": [sys.executable, "-m", "trainready.check.cuda_probe"],
+    "ps.txt": ["ps", "-eo", "pid,ppid,user,stat,etimes,comm"],
+    "lspci-vvv.txt": ["lspci", "-vvv"],
+    "uname.txt": ["uname", "-r"],
+    "fabricmanager-status.txt": ["systemctl", "status", "nvidia-fabricmanager", "--no-pager", "--lines=20"],
 }
+# Run after the others, so the CUDA probe's own context is gone: GPU processes still there are someone else's.
+COMPUTE_APPS = ("nvidia-smi-compute-apps.csv",
+                ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory", "--format=csv"])
+# The kernel log lines kept besides the Xid ones: NIC links and errors, block-device I/O errors, hung tasks,
+# NVSwitch and GPUDirect (nvidia-peermem) messages. The last KERNEL_LOG_LINES of them.
+KERNEL_LOG = re.compile(r"lost carrier|link is down|link down|link becomes not ready|\befa\b|mlx5|I/O error|"
+                        r"nvme nvme|EXT4-fs error|XFS \(|blocked for more than|nvidia-peermem|nvswitch|SXid", re.I)
+KERNEL_LOG_LINES = 5000
+# systemctl status exits 3 for an inactive unit and 4 for an unknown one; both say something true
+OUTPUT_ON_ANY_EXIT = ("fabricmanager-status.txt",)
 
 
 def _filtered_env(environ: dict[str, str]) -> str:
@@ -115,8 +130,51 @@ def detect_instance_type(timeout_s: float = 1.0) -> str | None:
 
 
 READ_FILES = ("meminfo.txt", "mounts.txt", "fstab.txt", "filesystems.txt", "env.txt", "sys-class-infiniband.txt",
-              "efa-software.txt")  # read, not run (the readers in collect)
-PROBE_COUNT = len(COMMANDS) + len(READ_FILES)
+              "efa-software.txt", "modules.txt", "cpufreq.txt", "clocksource.txt", "nvme-devices.txt",
+              "fabricmanager-log.txt")  # read, not run (the readers in collect)
+PROBE_COUNT = len(COMMANDS) + 1 + len(READ_FILES)  # + the compute-apps query, run after the others
+
+
+def _cpufreq() -> str:
+    root = Path("/sys/devices/system/cpu")
+    governors = sorted(root.glob("cpu[0-9]*/cpufreq/scaling_governor"), key=lambda p: int(p.parent.parent.name[3:]))
+    if not governors:
+        return "absent: no /sys/devices/system/cpu/cpu*/cpufreq (frequency set by the hypervisor or firmware)\n"
+    return "".join(f"{g.parent.parent.name} {_read(str(g)).strip()}\n" for g in governors)
+
+
+def _clocksource() -> str:
+    root = "/sys/devices/system/clocksource/clocksource0/"
+    return f"current: {_read(root + 'current_clocksource').strip()}\navailable: {_read(root + 'available_clocksource').strip()}\n"
+
+
+def _nvme_devices() -> str:
+    root = Path("/sys/class/nvme")
+    if not root.is_dir():
+        return ""
+    return "".join(f"{d.name} {_read(str(d / 'model')).strip()}\n" for d in sorted(root.iterdir()) if (d / "model").exists())
+
+
+def _fabricmanager_log(path: str = "/var/log/fabricmanager.log", tail: int = 4 << 20) -> str:
+    with open(path, "rb") as f:  # OSError when absent: the manifest records it, the file stays unknown
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - tail))
+        text = f.read().decode("utf-8", errors="replace")
+    keep = [line for line in text.splitlines() if "[ERROR]" in line or "[WARNING]" in line or "NVSwitch" in line]
+    return "".join(line + "\n" for line in keep[-500:])
+
+
+def own_pids() -> list[int]:
+    """trainready's processes on this machine (this one, its probes, torchrun's other ranks): their GPU
+    contexts are not leftovers. Only PIDs are kept, never command lines (they may hold secrets)."""
+    pids = {os.getpid()}
+    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if b"trainready" in entry.read_bytes():
+                pids.add(int(entry.parent.name))
+        except (OSError, ValueError):
+            continue
+    return sorted(pids)
 
 
 def collect(out: Path | None, runner: Runner = run_command, instance_type: str | None = None,
@@ -140,23 +198,37 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
     # and the quick check has a 10 s budget.
     with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
         results = dict(zip(COMMANDS, pool.map(run, COMMANDS.values()), strict=True))
-    for name, argv in COMMANDS.items():
+    results[COMPUTE_APPS[0]] = run(COMPUTE_APPS[1])
+    kernel_log = None
+    for name, argv in [*COMMANDS.items(), COMPUTE_APPS]:
         result = results[name]
         text = result.stdout
+        if name in OUTPUT_ON_ANY_EXIT:
+            text = result.stdout + result.stderr
         if name == "kernel-xid.txt":
-            text = "".join(line + "\n" for line in result.stdout.splitlines() if "Xid" in line)
+            lines = result.stdout.splitlines()
+            text = "".join(line + "\n" for line in lines if "Xid" in line)
+            kernel_log = "".join(line + "\n" for line in [x for x in lines if KERNEL_LOG.search(x)][-KERNEL_LOG_LINES:])
             if result.exit_code not in (0, None):
-                text = f"unreadable: {result.stderr.strip()[:200]}\n"
+                text = kernel_log = f"unreadable: {result.stderr.strip()[:200]}\n"
         if result.exit_code is not None and (text or name == "kernel-xid.txt"):
             files[name] = text
         records.append(ProbeRecord(file=name, command=" ".join(argv), exit_code=result.exit_code,
                                    duration_s=round(result.duration_s, 3), timestamp_unix=time.time(),
                                    error=result.stderr.strip()[:300] if result.exit_code != 0 else ""))
+    dmesg = results["kernel-xid.txt"]
+    if kernel_log is not None and dmesg.exit_code is not None:
+        files["kernel-log.txt"] = kernel_log
+    records.append(ProbeRecord(file="kernel-log.txt", command="dmesg --ctime (NIC, block device, hung task lines)",
+                               exit_code=dmesg.exit_code, timestamp_unix=time.time(),
+                               error=dmesg.stderr.strip()[:300] if dmesg.exit_code != 0 else ""))
     readers: dict[str, Callable[[], str]] = {
         "meminfo.txt": lambda: _read("/proc/meminfo"), "mounts.txt": lambda: _read("/proc/mounts"),
         "fstab.txt": lambda: _read("/etc/fstab"), "filesystems.txt": lambda: _read("/proc/filesystems"),
         "env.txt": lambda: _filtered_env(dict(os.environ if environ is None else environ)),
         "sys-class-infiniband.txt": lambda: _listing("/sys/class/infiniband"), "efa-software.txt": _efa_software,
+        "modules.txt": lambda: _read("/proc/modules"), "cpufreq.txt": _cpufreq, "clocksource.txt": _clocksource,
+        "nvme-devices.txt": _nvme_devices, "fabricmanager-log.txt": _fabricmanager_log,
     }
     assert tuple(readers) == READ_FILES
     for name, read in readers.items():
@@ -171,7 +243,7 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
         tick(1)
     if instance_type:
         files["instance-type.txt"] = instance_type + "\n"
-    manifest = BundleManifest(hostname=socket.gethostname(), probes=records)
+    manifest = BundleManifest(hostname=socket.gethostname(), probes=records, own_pids=own_pids())
     # redacted here too, so a live check never quotes a secret; Bundle.save redacts what it writes
     bundle = Bundle({name: shareable(name, text) for name, text in files.items()}, manifest, str(out) if out else "live")
     if out is not None:

@@ -1,4 +1,7 @@
-"""The one list of checks: id -> function(Context) -> Finding. Duplicate ids are an error."""
+"""The one list of checks: id -> function(Context) -> Finding. Duplicate ids are an error.
+
+A check may return a list instead: its first finding carries the registered id (the summary), the
+others ids of their own (`dcgm.<test>`: one per DCGM test that did not pass)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections.abc import Callable
 from .context import Context
 from .findings import Finding
 
-CheckFn = Callable[[Context], Finding]
+CheckFn = Callable[[Context], "Finding | list[Finding]"]
 CHECKS: dict[str, tuple[str, CheckFn, bool]] = {}  # id -> (area, fn, deep_only)
 
 
@@ -21,7 +24,7 @@ def check(check_id: str, area: str, deep: bool = False) -> Callable[[CheckFn], C
 
 
 def run_checks(ctx: Context, deep: bool) -> list[Finding]:
-    from . import checks_deep, checks_gpu, checks_system  # noqa: F401  (registration)
+    from . import checks_accept_deep, checks_deep, checks_gpu, checks_host, checks_node, checks_system  # noqa: F401  (registration)
 
     findings = []
     for check_id, (area, fn, deep_only) in sorted(CHECKS.items()):
@@ -35,5 +38,5 @@ def run_checks(ctx: Context, deep: bool) -> list[Finding]:
             finding = Finding(id=check_id, area=area, status="skip",
                               reason=f"check could not run: {type(exc).__name__}: {exc}"[:300],
                               advice="please report this with the bundle (trainready check collect --out DIR)")
-        findings.append(finding)
+        findings.extend(finding if isinstance(finding, list) else [finding])
     return findings

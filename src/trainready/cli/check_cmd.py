@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -28,6 +29,9 @@ HotDir = Annotated[Optional[str], typer.Option("--hot-dir", metavar="DIR", help=
 SharedDir = Annotated[Optional[str], typer.Option("--shared-dir", metavar="DIR", help="Directory on shared storage to measure with --deep.")]
 Instance = Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type (else instance-type.txt in the bundle, or detected on EC2 when live).")]
 CpuOnly = Annotated[bool, typer.Option("--cpu-only", help="This node is meant to have no GPU: no GPU is then no failure (without it, a node with no GPU fails gpu.count).")]
+Dcgm = Annotated[Optional[int], typer.Option("--dcgm", metavar="LEVEL", help="Also run NVIDIA's DCGM diagnostic at level 1, 2 or 3 (dcgmi diag -r LEVEL; level 3 takes up to half an hour) and report its tests.")]
+Fix = Annotated[bool, typer.Option("--fix", help="Before checking, turn persistence mode on and reset application clocks (nvidia-smi -pm 1, -rac; needs root). Nothing else is changed.")]
+Mig = Annotated[bool, typer.Option("--mig", help="MIG mode is intended on this node (without it, MIG on fails gpu.mig).")]
 
 
 @app.callback(invoke_without_command=True)
@@ -39,6 +43,7 @@ def check(ctx: typer.Context,
           strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="With --model: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]")] = None,
           offload: Annotated[Optional[o.OffloadMode], typer.Option("--offload", show_choices=False, help="With --model: optimizer states (and parameters) in host RAM: none, optimizer or optimizer+params.")] = None,
           deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
+          dcgm: Dcgm = None, fix: Fix = False, mig: Mig = False,
           dataset: Annotated[Optional[str], typer.Option("--dataset", metavar="URL", help="Also check the training data's layout (local directory or s3://bucket/prefix): many small objects starve GPUs, packed shards do not. Lists at most 10,000 objects (~20 s).")] = None,
           json_out: o.Json = False) -> None:
     if ctx.invoked_subcommand is not None:
@@ -56,6 +61,7 @@ def check(ctx: typer.Context,
         raise UsageError("--hot-dir and --shared-dir measure this machine: with --bundle, --deep reads the "
                          "bundle's deep.json; drop them (or --bundle)")
     hot, shared = _measured_dirs(deep, hot_dir, shared_dir)
+    _this_machine_only(bundle_dir, dcgm, fix)
     loaded = Bundle.load(bundle_dir) if bundle_dir is not None else None  # read once: a bundle can change
     detected = None  # live: the instance type detected on EC2 (judged like a bundle's instance-type.txt)
     if loaded is None and not instance:
@@ -68,17 +74,28 @@ def check(ctx: typer.Context,
         if not (node or job_path):
             raise UsageError("--model needs the instance type: pass --instance TYPE (e.g. p4d.24xlarge)")
         needs = job_needs(o.build_job(job_path, model=model, method=method, strategy=strategy, offload=offload, instance=node))
+    fixed = None
     if loaded is not None:
-        report = analyze(loaded, instance, needs, deep=deep, cpu_only=cpu_only)
+        report = analyze(loaded, instance, needs, deep=deep, cpu_only=cpu_only, mig=mig)
     else:
+        if fix and os.environ.get("LOCAL_RANK", "0") == "0":  # one process per node changes its GPUs
+            from trainready.check.fix import apply_fixes
+
+            fixed = apply_fixes()
         live = _collect(None, instance or detected, json_out)
+        if dcgm is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+            _add_dcgm(live, dcgm, json_out)
         if deep:
-            rank = _add_deep(live, hot, shared, json_out)
+            rank = _add_deep(live, hot, shared, json_out, instance or detected)
             if rank != 0:  # under torchrun: every rank measured, rank 0 reports
                 return
         # a detected type travels in the bundle (instance-type.txt), where analyze judges it as found,
         # not as the user's word: one unknown to the catalog is checked without, not a usage error
-        report = analyze(live, instance, needs, deep=deep, live=True, cpu_only=cpu_only)
+        report = analyze(live, instance, needs, deep=deep, live=True, cpu_only=cpu_only, mig=mig)
+    if fixed is not None:
+        from trainready.check.findings import CheckReport
+
+        report = CheckReport.build(report.instance_type, report.source, [*report.checks, fixed])
     if dataset is not None:  # not part of the quick probes' budget: only when asked, after them
         from trainready.check.dataset_scan import dataset_finding, scan_dataset
         from trainready.check.findings import CheckReport
@@ -93,6 +110,27 @@ def check(ctx: typer.Context,
         render_check(out, report)
     if report.failed:
         raise typer.Exit(1)
+
+
+def _this_machine_only(bundle_dir: Path | None, dcgm: int | None, fix: bool) -> None:
+    """--dcgm and --fix act on this machine: a level other than 1-3, or either with --bundle, is a usage error."""
+    from trainready.check.dcgm import LEVELS
+
+    if dcgm is not None and dcgm not in LEVELS:
+        raise UsageError(f"--dcgm {dcgm}: the DCGM diagnostic levels are 1 (seconds), 2 (minutes) and 3 (up to half an hour)")
+    if bundle_dir is not None and (dcgm is not None or fix):
+        if dcgm is not None:
+            raise UsageError(f"--dcgm {dcgm} runs dcgmi on this machine: with --bundle, drop it "
+                             "(the bundle's dcgm-diag.json is judged anyway)")
+        raise UsageError("--fix changes this machine's GPU settings: with --bundle, drop it (or --bundle)")
+
+
+def _add_dcgm(bundle, level: int, json_out: bool) -> None:
+    from trainready.check.dcgm import run_dcgm
+
+    with progress(f"DCGM diagnostic level {level} (dcgmi diag)", total=1, as_json=_quiet(json_out)) as sink:
+        run_dcgm(bundle, level)
+        sink.advance(1)
 
 
 def _given_path(value: str | None, option: str, what: str = "a directory") -> Path | None:
@@ -141,7 +179,7 @@ def _collect(out_dir: Path | None, instance: str | None, json_out: bool):
         return collect(out_dir, instance_type=instance, on_progress=sink.advance)
 
 
-def _add_deep(bundle, hot: str | None, shared: str | None, json_out: bool = False) -> int:
+def _add_deep(bundle, hot: str | None, shared: str | None, json_out: bool = False, instance_type: str | None = None) -> int:
     """Run the --deep measurements into the bundle; returns this process's rank (0 alone)."""
     import json
     import os
@@ -162,7 +200,8 @@ def _add_deep(bundle, hot: str | None, shared: str | None, json_out: bool = Fals
         what = "GEMM, all-reduce" + (", hot tier" if hot else "") + (", shared storage" if shared else "")
         with progress(f"measuring (--deep): {what}", total=deep_steps(hot, shared),
                       as_json=_quiet(json_out)) as sink:
-            bundle.files["deep.json"] = json.dumps(run_deep(hot, shared, on_progress=sink.advance))
+            bundle.files["deep.json"] = json.dumps(run_deep(hot, shared, on_progress=sink.advance,
+                                                            instance_type=instance_type or _bundle_type(bundle)))
     finally:
         if distributed:
             dist.barrier()
@@ -170,15 +209,26 @@ def _add_deep(bundle, hot: str | None, shared: str | None, json_out: bool = Fals
     return rank
 
 
+def _bundle_type(bundle) -> str | None:
+    from trainready.check.bundle import instance_name
+
+    return instance_name(bundle.files.get("instance-type.txt") or "")[0]
+
+
 @app.command("collect", help=f"Save every probe's raw output into a bundle directory (analyze it with --bundle).\n\n{CODES}")
 def collect_cmd(out_path: Annotated[str, typer.Option("--out", metavar="DIR", help="Bundle directory to write.")],
-                instance: Instance = None, deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None) -> None:
+                instance: Instance = None, deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
+                dcgm: Dcgm = None) -> None:
     from trainready.check.probes import detect_instance_type
 
     out_dir = _given_path(out_path, "--out")
     hot, shared = _measured_dirs(deep, hot_dir, shared_dir)
+    _this_machine_only(None, dcgm, False)
     bundle = _collect(out_dir, instance or detect_instance_type(), False)
-    if deep and _add_deep(bundle, hot, shared) == 0:
+    if dcgm is not None:
+        _add_dcgm(bundle, dcgm, False)
+        bundle.save(out_dir)  # the manifest gains dcgmi's record; redacted, private
+    if deep and _add_deep(bundle, hot, shared, instance_type=_bundle_type(bundle)) == 0:
         bundle.save(out_dir, ["deep.json"])  # through the bundle writer: redacted, private
     ran = sum(1 for p in bundle.manifest.probes if p.exit_code is not None)
     out.print(f"bundle written to {out_dir}: {len(bundle.files)} files, {ran} of {len(bundle.manifest.probes)} probes ran")
