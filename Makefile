@@ -27,6 +27,9 @@ $(VENV)/.dev: pyproject.toml constraints-dev.txt $(VENV)/.base
 	# torchtitan's config classes for the recipe tests; without its deps (datasets pins fsspec below ours,
 	# wandb, tensorboard): its config needs only tyro and spmd_types from the dev extra
 	$(BIN)/pip install -q --no-deps -c constraints-dev.txt torchtitan
+	# ParallelCluster's own config schema for tests/test_emit_k8s.py; its dependencies (AWS CDK v1, jsii, Flask)
+	# serve cluster creation, not loading a config: marshmallow (dev extra), boto3 and PyYAML are all it needs
+	$(BIN)/pip install -q --no-deps -c constraints-dev.txt aws-parallelcluster
 	touch $@
 
 demo: $(VENV)/.base

@@ -26,6 +26,7 @@ REPORT_HELP = ("Summarize a run directory: steps, throughput, MFU, where the tim
                "charts (docs/run.md). Exit codes: 0 ok; 2 not a run directory; 3 internal error.")
 
 LAUNCH, CKPT, COST, MODES = "Launch", "Checkpoints", "Cost", "Other modes"
+CLUSTER = "Cluster (--emit k8s, jobset, pcluster)"
 
 
 def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMAND...", help="The training command, after `--`.", show_default=False)] = None,
@@ -52,7 +53,13 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         job: Annotated[Optional[Path], typer.Option("--job", help="Job spec (plan --save): model for MFU, instance, price, step-time estimate.", rich_help_panel=COST)] = None,
         scaling: Annotated[Optional[str], typer.Option("--scaling", help="Run briefly at each process count, e.g. 1,2,4,8, and report scaling efficiency and where time went.", rich_help_panel=MODES)] = None,
         scaling_steps: Annotated[int, typer.Option("--scaling-steps", parser=o.number("12", lo=3, lo_open=False, whole=True, hi=100000), help="Steps per --scaling run (the first 2 are warm-up).", rich_help_panel=MODES)] = 12,
-        emit: Annotated[Optional[str], typer.Option("--emit", help="Print a launch file for this job instead of running: slurm, skypilot or torchrun.", rich_help_panel=MODES)] = None,
+        emit: Annotated[Optional[str], typer.Option("--emit", help="Print a launch file for this job instead of running: slurm, skypilot, torchrun, k8s (Kubeflow Trainer TrainJob), jobset or pcluster (AWS ParallelCluster).", rich_help_panel=MODES)] = None,
+        image: Annotated[Optional[str], typer.Option("--image", help="k8s/jobset: container image with trainready and torch.", rich_help_panel=CLUSTER)] = None,
+        queue: Annotated[Optional[str], typer.Option("--queue", help="k8s/jobset: Kueue LocalQueue; pcluster/slurm: Slurm queue (partition).", rich_help_panel=CLUSTER)] = None,
+        service_account: Annotated[Optional[str], typer.Option("--service-account", help="k8s/jobset: the pods' ServiceAccount (IRSA / EKS Pod Identity for S3).", rich_help_panel=CLUSTER)] = None,
+        aws_secret: Annotated[Optional[str], typer.Option("--aws-secret", help="k8s/jobset: Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, used by reference.", rich_help_panel=CLUSTER)] = None,
+        shared_fs: Annotated[Optional[str], typer.Option("--shared-fs", help="pcluster: FSx for Lustre at /fsx: 'new' or an existing fs-... id.", rich_help_panel=CLUSTER)] = None,
+        capacity_reservation: Annotated[Optional[str], typer.Option("--capacity-reservation", help="pcluster: a Capacity Block's reservation id (cr-...).", rich_help_panel=CLUSTER)] = None,
         json_out: o.Json = False) -> None:
     from trainready.run.configure import RunOptions, configure
 
@@ -66,10 +73,18 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
 
         raise UsageError("--resume continues a run in --run-dir; --emit writes a launch file and --scaling runs fresh "
                          "points, neither resumes anything: leave out --resume")
+    cluster_opts = {"--image": image, "--queue": queue, "--service-account": service_account, "--aws-secret": aws_secret,
+                    "--shared-fs": shared_fs, "--capacity-reservation": capacity_reservation}
+    if emit is None and any(v is not None for v in cluster_opts.values()):
+        from trainready.errors import UsageError
+
+        given = next(k for k, v in cluster_opts.items() if v is not None)
+        raise UsageError(f"{given} goes with --emit (k8s, jobset, pcluster): it describes the cluster, not this machine")
     if emit is not None:
         from trainready.run.emit_cli import emit_for
 
-        text = emit_for(emit, opts)
+        text = emit_for(emit, opts, image=image, queue=queue, service_account=service_account, aws_secret=aws_secret,
+                        shared_fs=shared_fs, capacity_reservation=capacity_reservation)
         if json_out:
             emit_json({"schema_version": 1, "kind": emit, "text": text})
         else:
@@ -103,5 +118,3 @@ def report(run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A ru
     else:
         summary = summarize(run_dir)
     emit_json(summary) if json_out else render_summary(out, summary)
-           html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write the report as one self-contained HTML page with charts (opens offline; needs trainready[report]).")] = None,
-           live: Annotated[bool, typer.Option("--live", help="With --html: rewrite the page every 15 s while the run is going (the page reloads itself); ends when the run does.")] = False,

@@ -8,6 +8,8 @@ an emitted file can be kept in git and diffed.
 * skypilot: a SkyPilot task YAML whose `run` starts one `trainready run` per node.
 * torchrun: one block of plain `python -m torch.distributed.run` per node, with the
   launcher's settings as `TRAINREADY_*` environment variables (no launcher involved).
+* k8s / jobset: a Kubeflow Trainer v2 TrainJob, or a plain JobSet (emit_k8s.py).
+* pcluster: an AWS ParallelCluster 3 cluster config for the job (emit_pcluster.py).
 
 Every user-supplied word is shell-quoted (`shlex.quote`, or bash `$'...'` for control
 characters), and YAML scalars are quoted where needed, so commands with spaces, quotes,
@@ -28,8 +30,8 @@ from trainready.errors import UsageError
 
 from .settings import node_run_dir
 
-EmitKind = Literal["slurm", "skypilot", "torchrun"]
-EMIT_KINDS: tuple[str, ...] = ("slurm", "skypilot", "torchrun")
+EmitKind = Literal["slurm", "skypilot", "torchrun", "k8s", "jobset", "pcluster"]
+EMIT_KINDS: tuple[str, ...] = ("slurm", "skypilot", "torchrun", "k8s", "jobset", "pcluster")
 
 HEAD_PLACEHOLDER = "HEAD_NODE_IP"
 PIP_INSTALL = 'pip install "trainready[torch,s3]"'
@@ -75,6 +77,19 @@ class EmitSpec(BaseModel):
     usd_per_hour: float | None = None
     budget_usd: float | None = None
     run_dir: str | None = None
+    # Cluster settings of the k8s, jobset and pcluster kinds (emit_k8s.py, emit_pcluster.py say what each does).
+    image: str | None = None
+    """k8s/jobset: the container image holding trainready and torch; None: a placeholder to replace."""
+    queue: str | None = None
+    """k8s/jobset: the Kueue LocalQueue; pcluster (and slurm's --partition): the Slurm queue."""
+    service_account: str | None = None
+    """k8s/jobset: the pods' ServiceAccount (IRSA or EKS Pod Identity grants the archive's S3 access)."""
+    aws_secret: str | None = None
+    """k8s/jobset: a Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (optionally AWS_SESSION_TOKEN)."""
+    shared_fs: str | None = None
+    """pcluster: FSx for Lustre as the shared tier: "new", or an existing file system's id (fs-...)."""
+    capacity_reservation: str | None = None
+    """pcluster: an EC2 Capacity Block's reservation id (cr-...)."""
 
     @field_validator("ckpt_every", mode="before")
     @classmethod
@@ -153,6 +168,14 @@ def emit(kind: EmitKind, spec: EmitSpec) -> str:
         return _skypilot(spec)
     if kind == "torchrun":
         return _torchrun(spec)
+    if kind in ("k8s", "jobset"):
+        from .emit_k8s import emit_k8s
+
+        return emit_k8s(kind, spec)
+    if kind == "pcluster":
+        from .emit_pcluster import emit_pcluster
+
+        return emit_pcluster(spec)
     raise UsageError(f"unknown --emit kind {kind!r}: choose one of {', '.join(EMIT_KINDS)}")
 
 
@@ -183,7 +206,10 @@ def _validate(spec: EmitSpec) -> None:
         raise UsageError(f"job name {spec.job_name!r} must be 1-63 letters, digits, '.', '_' or '-', starting with "
                          "a letter or digit")
     for flag, value in (("--rdzv-id", spec.rdzv_id), ("head host", spec.head_host), ("--instance", spec.instance),
-                        ("GPU name", spec.gpu_name), ("cloud", spec.cloud), ("region", spec.region)):
+                        ("GPU name", spec.gpu_name), ("cloud", spec.cloud), ("region", spec.region),
+                        ("--image", spec.image), ("--queue", spec.queue), ("--service-account", spec.service_account),
+                        ("--aws-secret", spec.aws_secret), ("--shared-fs", spec.shared_fs),
+                        ("--capacity-reservation", spec.capacity_reservation)):
         if value is not None and (not value or any(c.isspace() or not c.isprintable() for c in value)):
             raise UsageError(f"{flag} {value!r} must be a non-empty word without spaces")
     for flag, value in (("--job", spec.job), ("--hot", spec.hot), ("--archive", spec.archive),
@@ -334,6 +360,8 @@ def _slurm(spec: EmitSpec) -> str:
     ]
     if gpus is not None:
         lines.append(f"#SBATCH --gpus-per-node={gpus}")
+    if spec.queue is not None:  # the ParallelCluster queue of --emit pcluster, or any Slurm partition
+        lines.append(f"#SBATCH --partition={spec.queue}")
     lines += [
         "#SBATCH --exclusive",
         f"#SBATCH --output={name}-%j.out",

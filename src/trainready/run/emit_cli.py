@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 from trainready.errors import UsageError, closest
 
 from . import preflight
-from .configure import RunOptions
+from .configure import RunOptions, default_run_dir
 from .emit import EMIT_KINDS, build_spec, emit
 
+CLUSTER_KINDS = ("k8s", "jobset", "pcluster")
 
-def emit_for(kind: str, opts: RunOptions) -> str:
+
+def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
+    """`cluster`: the EmitSpec fields of the cluster kinds (image, queue, service_account, aws_secret, shared_fs,
+    capacity_reservation), None where not given."""
     if kind not in EMIT_KINDS:
         near = closest(kind, EMIT_KINDS)
         raise UsageError(f"--emit {kind!r}: valid kinds are {', '.join(EMIT_KINDS)}"
                          f"{f'. Did you mean: {near[0]}?' if near else ''}")
+    allowed = {"slurm": ("queue",)}.get(kind, cluster if kind in CLUSTER_KINDS else ())
+    for key, value in cluster.items():
+        if value is not None and key not in allowed:
+            raise UsageError(f"--{key.replace('_', '-')} does not apply to --emit {kind} (it is for "
+                             f"{', '.join(CLUSTER_KINDS)}{' and slurm' if key == 'queue' else ''})")
     if not opts.command:  # the script lives on the cluster: only its presence is checked here
         raise UsageError("no training command: put it after `--`, e.g. trainready run --emit slurm -- python train.py")
     host, port = None, 29500
@@ -31,5 +42,15 @@ def emit_for(kind: str, opts: RunOptions) -> str:
                       region=opts.region, job=str(opts.job) if opts.job else None, max_restarts=opts.max_restarts,
                       hot=opts.hot, archive=opts.archive, ckpt_every=opts.ckpt_every or "auto", usd_per_hour=opts.usd_per_hour,
                       budget_usd=opts.budget_usd, run_dir=str(opts.run_dir) if opts.run_dir else None,
-                      cloud="aws" if opts.instance and "." in opts.instance else None)
+                      cloud="aws" if opts.instance and "." in opts.instance else None,
+                      **{k: v for k, v in cluster.items() if v is not None}, **_cluster_name(kind, opts))
     return emit(kind, spec)
+
+
+def _cluster_name(kind: str, opts: RunOptions) -> dict[str, str]:
+    """The cluster kinds name their objects after --run-dir's last part, else the script (lowercase, '-')."""
+    if kind not in CLUSTER_KINDS:
+        return {}
+    stem = (opts.run_dir or default_run_dir(opts.command)).name
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-").lstrip("0123456789-")[:40].rstrip("-")
+    return {"job_name": name or "trainready"}
