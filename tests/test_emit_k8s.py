@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,8 @@ def jobs_of(kind: str, docs: list[dict]) -> list[dict]:
         runtime, trainjob = docs
         return [merged_trainjob_pod(runtime, trainjob)]
     (jobset,) = docs
-    return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{jobset['metadata']['name']}-{r['name']}-0"},
+    name = jobset["metadata"]["name"]
+    return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-{r['name']}-0"},
              "spec": r["template"]["spec"]} for r in jobset["spec"]["replicatedJobs"]]
 
 
@@ -335,18 +337,17 @@ def pcluster_load(text: str):
 
 def pcluster_offline_errors(config) -> list[str]:
     """ParallelCluster's validators that need no AWS call: names, counts, EFA placement group."""
-    from pcluster.validators.cluster_validators import (ComputeResourceSizeValidator, EfaPlacementGroupValidator,
-                                                        NameValidator)
+    from pcluster.validators import cluster_validators as v
     from pcluster.validators.common import FailureLevel
 
     out = []
     for queue in config.scheduling.queues:
-        results = NameValidator().execute(name=queue.name)
+        results = v.NameValidator().execute(name=queue.name)
         for res in queue.compute_resources:
-            results += NameValidator().execute(name=res.name)
-            results += ComputeResourceSizeValidator().execute(min_count=res.min_count, max_count=res.max_count,
+            results += v.NameValidator().execute(name=res.name)
+            results += v.ComputeResourceSizeValidator().execute(min_count=res.min_count, max_count=res.max_count,
                                                               capacity_type=queue.capacity_type)
-            results += EfaPlacementGroupValidator().execute(  # called as SlurmQueue registers it
+            results += v.EfaPlacementGroupValidator().execute(  # called as SlurmQueue registers it
                 efa_enabled=res.efa.enabled,
                 placement_group_key=queue.get_placement_group_settings_for_compute_resource(res).get("key"),
                 placement_group_disabled=queue.get_chosen_placement_group_setting_for_compute_resource(res).enabled
@@ -410,8 +411,6 @@ def test_pcluster_s3_access_by_role_and_the_job_file_to_go_with_it():
                                    archive=s.archive))
     assert "#SBATCH --partition=gpu" in slurm.splitlines()
     srun = next(line for line in slurm.replace("\\\n", " ").splitlines() if line.startswith("srun "))
-    import shlex
-
     words = shlex.split(srun.split("' trainready ", 1)[1])
     _, args = torchrun_args(["trainready", "run", "--nnodes", "4", "--node-rank", "3", *words])
     assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("4", 3, "8")

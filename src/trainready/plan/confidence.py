@@ -40,8 +40,13 @@ Costs = Callable[[float], tuple[float | None, float | None, float | None]]
 """tokens/s -> (train hours or None, total usd or None, usd per 1B tokens or None)."""
 
 
+def _factors(s: Setup) -> eff.ArchEfficiency:
+    """The setup's calibrated factors (plan/calibration.py), else its architecture's."""
+    return s.efficiency or eff.arch_efficiency(s.gpu.arch)
+
+
 def _bounds(s: Setup) -> tuple[eff.ArchEfficiency, eff.ArchEfficiency] | None:
-    return eff.arch_efficiency(s.gpu.arch).bounds()
+    return _factors(s).bounds()
 
 
 def is_assumed(s: Setup) -> bool:
@@ -72,7 +77,7 @@ def _span(lo: float | None, hi: float | None) -> Range | None:
 
 
 def confidence_info(s: Setup, tps: float, costs: Costs) -> ConfidenceInfo:
-    e = eff.arch_efficiency(s.gpu.arch)
+    e = _factors(s)
     r = tokens_per_s_range(s, tps)
     if r is None:
         return ConfidenceInfo(level="normal", efficiency_factors=e.confidence, source=e.source)

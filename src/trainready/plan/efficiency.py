@@ -37,10 +37,33 @@ class ArchEfficiency:
     attention_range: tuple[float, float] | None = None
     """(pessimistic, optimistic) `attention`, likewise."""
     range_source: str = ""
+    # Fitted to the user's own runs (plan/calibration.py); None: the module-wide figure below.
+    eager_memory: float | None = None
+    """HBM fraction of eager elementwise kernels (None: EAGER_MEMORY_EFFICIENCY)."""
+    intra_node: float | None = None
+    """Collective bandwidth over the GPUs' links in a node (None: NVLINK_/PCIE_P2P_EFFICIENCY)."""
+    inter_node: float | None = None
+    """Collective bandwidth over the node's network (None: NETWORK_EFFICIENCY)."""
+    overlap: float | None = None
+    """Share of overlapped communication that still slows compute (None: OVERLAP_CONTENTION)."""
+    fragmentation: float | None = None
+    """Allocator reserve over allocated, DDP/ZeRO-1/2 (None: FRAGMENTATION['default'])."""
+    fragmentation_zero3: float | None = None
+    """Likewise for ZeRO-3/FSDP (None: FRAGMENTATION['zero3'])."""
 
     @property
     def measured(self) -> bool:
         return self.confidence == "measured"
+
+    def eager_memory_efficiency(self) -> float:
+        return EAGER_MEMORY_EFFICIENCY if self.eager_memory is None else self.eager_memory
+
+    def overlap_contention(self) -> float:
+        return OVERLAP_CONTENTION if self.overlap is None else self.overlap
+
+    def fragmentation_of(self, strategy: str) -> float:
+        own = self.fragmentation_zero3 if strategy == "zero3" else self.fragmentation
+        return FRAGMENTATION["zero3" if strategy == "zero3" else "default"] if own is None else own
 
     def bounds(self) -> tuple[ArchEfficiency, ArchEfficiency] | None:
         """These factors at the pessimistic and the optimistic end of their range (None: no range)."""

@@ -235,6 +235,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     assumptions = [
         resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
                       reduce_dtype=s.reduce_dtype).describe(named=s.stack_named),
+        f"efficiency factors: {s.efficiency.source}" if s.efficiency is not None else
         f"efficiency factors for {s.gpu.arch} (see docs/planner.md)",
         f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "
         f"{interval / 60:.0f} min (Young/Daly)",

@@ -216,7 +216,7 @@ def estimate_memory(s: Setup) -> MemoryResult:
     else:
         phase, acts, g_at_peak = "backward-end", end_acts, grads
     allocated = max(start, end)
-    frag = eff.FRAGMENTATION["zero3" if s.strategy == "zero3" else "default"]
+    frag = (s.efficiency or eff.arch_efficiency(s.gpu.arch)).fragmentation_of(s.strategy)  # calibrated or FRAGMENTATION
     reserved = allocated * (1 + frag)
     fixed = (eff.CUDA_CONTEXT_GIB + (eff.NCCL_BUFFERS_GIB if s.n_gpus > 1 else 0.0)) * GiB
     peak = reserved + fixed

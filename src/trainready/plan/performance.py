@@ -42,6 +42,7 @@ class StepResult:
     tokens_per_s: float
     mfu: float
     hfu: float
+    optimizer_s: float = 0.0  # of compute_s: the optimizer step (GPU AdamW, or CPU-Adam and its copies with offload)
 
 
 # --- counting --------------------------------------------------------------------------
@@ -216,7 +217,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     fwd += attn_fwd
     bwd += 2.5 * attn_fwd
     flops += 3.5 * attn_fwd_flops
-    mem_eff = eff.EAGER_MEMORY_EFFICIENCY if s.kernels == "eager" else e.memory
+    mem_eff = e.eager_memory_efficiency() if s.kernels == "eager" else e.memory
     elem = _elementwise_bytes_per_token_layer(s) * tokens / (gpu.hbm_gbps * 1e9 * mem_eff)
     fwd += 0.4 * elem
     bwd += 0.6 * elem
@@ -261,14 +262,16 @@ class Links:
     node_net_gbps: float | None  # a node's network, GB/s achievable
 
 
-def links(s: Setup) -> Links:
+def links(s: Setup, e: eff.ArchEfficiency | None = None) -> Links:
+    """`e`'s calibrated intra_node/inter_node fractions where set, else the module's."""
     gpu = s.gpu
     topo = s.instance.topology if s.instance else ("nvswitch" if gpu.has_nvlink else "pcie")
+    intra_f, net_f = (e.intra_node, e.inter_node) if e is not None else (None, None)
     if topo in ("nvswitch", "nvlink-mesh") and gpu.nvlink_links and gpu.nvlink_link_gbps:
-        intra = gpu.nvlink_links * gpu.nvlink_link_gbps * eff.NVLINK_EFFICIENCY
+        intra = gpu.nvlink_links * gpu.nvlink_link_gbps * (intra_f or eff.NVLINK_EFFICIENCY)
     else:
-        intra = (gpu.pcie_gbps_per_dir or 16.0) * eff.PCIE_P2P_EFFICIENCY
-    net = s.inter_node_gbps / 8 * eff.NETWORK_EFFICIENCY if s.inter_node_gbps else None
+        intra = (gpu.pcie_gbps_per_dir or 16.0) * (intra_f or eff.PCIE_P2P_EFFICIENCY)
+    net = s.inter_node_gbps / 8 * (net_f or eff.NETWORK_EFFICIENCY) if s.inter_node_gbps else None
     return Links(intra, net)
 
 
@@ -304,11 +307,11 @@ def _dp_layout(s: Setup) -> tuple[int, float]:
 def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> StepResult:
     """One training step of `s`; `efficiency` replaces its GPU's factors (the ends of an assumed range)."""
     m, gpu = s.model, s.gpu
-    e = efficiency or eff.arch_efficiency(gpu.arch)
+    e = efficiency or s.efficiency or eff.arch_efficiency(gpu.arch)
     hbm = gpu.hbm_gbps * 1e9 * e.memory
     mb = _micro_batch_time(s, e)
     pc = param_counts(s)
-    ln = links(s)
+    ln = links(s, e)
     layers = s.stage_layers  # the largest pipeline stage
     full = s.method == "full"
     mixed_amp = s.strategy == "ddp" and full and s.precision != "fp32" and s.optimizer_dtype == "fp32"
@@ -369,7 +372,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     a2a_hidden = min(a2a, mb.fwd_s + mb.bwd_s) if s.ep_overlap else 0.0
     overlapped_mb += a2a_hidden
     tp_s += a2a - a2a_hidden
-    contention = eff.OVERLAP_CONTENTION * overlapped_mb
+    contention = e.overlap_contention() * overlapped_mb
 
     # pipeline: activations to the next stage and gradients back, per micro-batch
     p2p = 0.0
@@ -413,4 +416,5 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
                       comm_s=comm_total + s.grad_accum * (tp_s + p2p + a2a_hidden),
                       hardware_flops_per_token=hw_per_token,
                       model_flops_per_token=mfpt, hfu_flops_per_token=hfpt, tokens_per_s=tps,
-                      mfu=mfpt * tps / (s.n_gpus * peak), hfu=hfpt * tps / (s.n_gpus * peak))
+                      mfu=mfpt * tps / (s.n_gpus * peak), hfu=hfpt * tps / (s.n_gpus * peak),
+                      optimizer_s=optimizer + accum_adds)

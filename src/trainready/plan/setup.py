@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.errors import UsageError, printable
 
+from .efficiency import ArchEfficiency
 from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
@@ -61,6 +62,7 @@ class Setup:
     ep_dispatcher: str = "alltoall"  # MoE dispatch: "alltoall" | "deepep" (stacks.Stack.ep_dispatcher)
     ep_overlap: bool = False  # MoE all-to-alls overlapped with another micro-batch's compute
     fp8_dispatch: bool = False  # dispatch in FP8 (precision fp8 only)
+    efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
 
     @property
     def n_gpus(self) -> int:

@@ -235,7 +235,8 @@ def _trainjob(spec: EmitSpec, node: Node, name: str) -> dict:
         trainer["env"] = env
     trainer.update({"numNodes": spec.nnodes, "numProcPerNode": nproc(spec, node),
                     "resourcesPerNode": _resources(spec, node)})
-    pod = {**_pod_settings(spec, node, name), "volumes": volumes, "containers": [{"name": NAME, "volumeMounts": mounts}]}
+    pod = {**_pod_settings(spec, node, name), "volumes": volumes,
+           "containers": [{"name": NAME, "volumeMounts": mounts}]}
     metadata: dict = {"name": name}
     if spec.queue is not None:
         metadata["labels"] = {QUEUE_LABEL: spec.queue}
@@ -305,7 +306,7 @@ def _header(kind: str, spec: EmitSpec, node: Node, name: str) -> str:
     if spec.image is None:
         lines.append(f"  - replace {IMAGE_PLACEHOLDER} with an image that has trainready and torch (--image);")
     if spec.archive is None:
-        lines.append("  - no --archive: checkpoints live on the pods' local disk, and pods that are replaced start over;")
+        lines.append("  - no --archive: checkpoints stay on the pods' local disk; a replaced pod starts over;")
     elif spec.archive.startswith("s3://") and spec.service_account is None and spec.aws_secret is None:
         lines.append("  - S3 access for the archive: --service-account (IRSA / EKS Pod Identity) or --aws-secret;")
     elif not spec.archive.startswith("s3://"):

@@ -23,8 +23,9 @@ SUBNET_PLACEHOLDER = "subnet-changeme"  # well-formed (subnet- and 8 characters)
 HOT_DEFAULT = "/scratch"  # ParallelCluster's own default mount of the instance-store RAID 0
 FSX_MOUNT = "/fsx"
 # A new FSx for Lustre file system: PERSISTENT_2 keeps its data through a file-server failure (SCRATCH does
-# not), 1200 GiB is its smallest size and 125 MB/s per TiB its lowest throughput (FSx for Lustre user guide,
-# "Deployment options" and "Storage capacity"); Retain keeps the checkpoints when the cluster is deleted.
+# not replicate it: FSx for Lustre user guide, "Deployment options"), 1200 GiB is the smallest size and
+# 125 MB/s per TiB the lowest of PERSISTENT_2's throughputs 125/250/500/1000 (the guide's "Managing throughput
+# capacity"; the FSx API's PerUnitStorageThroughput); Retain keeps the checkpoints when the cluster is deleted.
 FSX_NEW = {"StorageCapacity": 1200, "DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 125,
            "DeletionPolicy": "Retain"}
 _FSX_ID = re.compile(r"fs-[0-9a-z]{17}")  # ParallelCluster's FsxLustreSettings FileSystemId pattern
@@ -134,7 +135,8 @@ def _header(spec: EmitSpec, node: Node) -> str:
         lines.append(f"  - the FSx for Lustre file system is mounted at {FSX_MOUNT}: an --archive there is shared;")
     lines += [
         "Then, on the head node, submit the job file: the same `trainready run` options with --emit slurm",
-        f"(queue {queue} is the cluster's Slurm partition{', given by --queue' if spec.queue else ''}): sbatch {name}.sbatch",
+        f"(queue {queue} is the cluster's Slurm partition{', given by --queue' if spec.queue else ''}): "
+        f"sbatch {name}.sbatch",
     ]
     if node.nvme_gb:
         hot = spec.hot or HOT_DEFAULT
