@@ -131,6 +131,14 @@ def planning(tmp_path_factory) -> Outputs:
             expect=1)  # nothing fits
     file_of(out, "job", cwd / "planned.toml")
     file_of(out, "job", cwd / "estimated.toml")
+    bundle = cwd / "deep-bundle"  # a check --deep bundle: GEMM and all-reduce figures to calibrate from
+    bundle.mkdir()
+    (bundle / "instance-type.txt").write_text("p5en.48xlarge\n")
+    (bundle / "deep.json").write_text(json.dumps({"schema_version": 1, "gemm": {"size": 8192, "tflops": 650.0}, "allreduce": {
+        "backend": "nccl", "world_size": 8, "busbw_gbps": 300.0, "rows": [{"size_bytes": 1 << 28, "busbw_gbps": 300.0}]}}))
+    json_of(out, "estimate", "estimate", "--model", "llama-3-8b", "--instance", "p5en.48xlarge", "--calibrate",
+            str(bundle), "--calibration", "calibration.json", "--json", cwd=cwd)
+    file_of(out, "calibration", cwd / "calibration.json")
     json_of(out, "diagnose", "diagnose", str(LOGS / "cuda_oom.log"), "--job", "planned.toml", "--json", cwd=cwd, expect=1)
     json_of(out, "diagnose", "diagnose", str(LOGS), "--json", cwd=cwd, expect=1)  # every rule
     json_of(out, "diagnose", "diagnose", str(LOGS / "healthy_training.log"), "--json", cwd=cwd)
@@ -219,6 +227,7 @@ def cloud(tmp_path_factory, moto) -> Outputs:
 
 PRODUCER = {"catalog-gpus": "planning", "catalog-instances": "planning", "catalog-models": "planning",
             "estimate": "planning", "plan": "planning", "job": "planning", "diagnose": "planning", "error": "planning",
+            "calibration": "planning",
             "run-result": "training", "run-summary": "training", "run-info": "training", "run-stop": "training",
             "run-telemetry": "training", "run-scaling": "training", "ckpt-manifest": "training",
             "ckpt-tensor-index": "training", "ckpt-lease": "training", "ckpt-ls": "training", "ckpt-verify": "training",

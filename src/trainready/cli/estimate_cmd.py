@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from trainready.catalog import load_catalog
 from trainready.plan.estimate import estimate_setup
@@ -13,7 +14,8 @@ from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
 
 from . import options as o
-from .console import emit_json, out
+from .calibrate import applied, resolve_calibration
+from .console import emit_json, err, out
 from .render import render_estimate
 
 HELP = """Memory per GPU, tokens/s, MFU, training time and cost of one setup.
@@ -61,6 +63,8 @@ def estimate(
     spot_mtbf_hours: o.SpotMtbf = None,
     catalog_file: o.CatalogFile = None,
     save: o.Save = None,
+    calibrate: o.Calibrate = None,
+    calibration: o.CalibrationRef = None,
     json_out: o.Json = False,
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
@@ -74,6 +78,9 @@ def estimate(
     catalog = load_catalog(catalog_file)
     spec = resolve_model(job)
     setup = resolve(job, catalog, model=spec)
+    cal, cal_line = resolve_calibration(calibrate, calibration, catalog, setup if job.micro_batch else None)
+    if cal is not None:
+        setup = applied(cal, setup)
     chosen_note = None
     if job.micro_batch is None:
         setup, chosen_note = largest_fitting_micro_batch(setup)
@@ -87,8 +94,12 @@ def estimate(
                                        "gpus_per_node": setup.gpus_per_node})
         save_job(saved, save)
     if json_out:
+        if cal_line:
+            err.print(Text(f"trainready: {cal_line}"), soft_wrap=True)
         emit_json(result)
     else:
         render_estimate(out, result)
         if save is not None:
             out.print(f"\nsaved job spec: {save}")
+        if cal_line:
+            out.print(Text(f"\n{cal_line}"), soft_wrap=True)

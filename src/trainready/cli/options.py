@@ -153,6 +153,9 @@ Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price 
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
 UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", parser=number("32.77", hi=MAX_USD_PER_HOUR), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
 SpotMtbf = Annotated[Optional[float], typer.Option("--spot-mtbf-hours", parser=number("24"), help="Mean hours between spot interruptions per node. [default: 24, an assumption]", rich_help_panel=COST)]
+CAL = "Calibration"
+Calibrate = Annotated[Optional[list[Path]], typer.Option("--calibrate", metavar="RUN_DIR|BUNDLE_DIR", help="Fit the efficiency factors to a run directory (`trainready run`) or a `check --deep` bundle, save them as a named calibration and use them; repeat to combine (docs/planner.md, Calibration).", rich_help_panel=CAL)]
+CalibrationRef = Annotated[Optional[str], typer.Option("--calibration", metavar="NAME|FILE", help="Use a stored calibration (or a calibration file); with --calibrate: the name to save it under. [default with --calibrate: GPU-stack]", rich_help_panel=CAL)]
 
 
 def build_job(job_path: Path | None, **opts: Any) -> JobSpec:

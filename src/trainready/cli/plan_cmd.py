@@ -7,16 +7,19 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from trainready.catalog import load_catalog
+from trainready.plan.calibration_file import check_stack
 from trainready.plan.job import save_job
 from trainready.plan.recipes import CHOICES
 from trainready.plan.search import PlanRequest
 from trainready.plan.search import plan as run_plan
-from trainready.plan.setup import resolve_model
+from trainready.plan.setup import job_stack, resolve_model
 
 from . import options as o
 from .account_cmd import live_plan
+from .calibrate import resolve_calibration
 from .console import emit_json, err, out
 from .render import render_plan
 from .render_account import render_live
@@ -71,6 +74,8 @@ def plan(
     spot_mtbf_hours: o.SpotMtbf = None,
     catalog_file: o.CatalogFile = None,
     save: o.Save = None,
+    calibrate: o.Calibrate = None,
+    calibration: o.CalibrationRef = None,
     json_out: o.Json = False,
     html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write every candidate (cost vs time, Pareto front), the rows, the excluded instances and the best row's memory per GPU as one self-contained HTML page (needs trainready[report]).", rich_help_panel=o.OUT)] = None,
     live: Annotated[bool, typer.Option("--live", help="Check each row against your AWS account now: quota, offering, permissions, live prices; rows that cannot launch are excluded (docs/account.md).", rich_help_panel="Live")] = False,
@@ -83,12 +88,17 @@ def plan(
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, spot=spot, region=region, usd_per_hour=usd_per_hour)
     catalog = load_catalog(catalog_file)
+    cal, cal_line = resolve_calibration(calibrate, calibration, catalog, None)
+    if cal is not None:
+        check_stack(cal, job_stack(job).stack.name)
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None  # noqa: E731
     req = PlanRequest(job=job, by=by.value, top=top, max_usd=max_usd, deadline_hours=deadline_hours,
                       clouds=split(clouds), instances=split(instances), max_nodes=max_nodes,
                       min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours,
-                      framework=getattr(framework, "value", framework))
+                      framework=getattr(framework, "value", framework), calibration=cal)
     result = run_plan(req, catalog)
+    if cal is not None:
+        result.notes.insert(0, f"rows on {cal.gpu}: {cal.describe()}")
     if live or regions or data:  # --regions/--data alone mean --live
         result = live_plan(result, catalog, regions=regions, data=data, max_age=max_age, spot=bool(job.spot),
                            spot_mtbf_h=spot_mtbf_hours)
@@ -112,5 +122,7 @@ def plan(
         render_live(out, result)
         if save is not None and result.rows:
             out.print(f"\nsaved the best row as a job spec: {save}  (next: trainready estimate --job {save})")
+    if cal_line:  # where the calibration was saved: beside the JSON, not in it
+        (err if json_out else out).print(Text(f"trainready: {cal_line}" if json_out else f"\n{cal_line}"), soft_wrap=True)
     if not result.rows:
         raise typer.Exit(1)

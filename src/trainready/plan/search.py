@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainready.catalog import Catalog, Instance
 from trainready.errors import UsageError, closest, printable
 
+from .calibration_file import CalibrationFile, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
 from .estimate import EstimateResult, assemble, run_cost
 from .job import JobSpec
@@ -57,6 +58,8 @@ class PlanRequest(BaseModel):
     framework: Literal["auto", "torchtitan", "deepspeed", "megatron", "hf-tp"] = Field(
         "auto", description="recommend only rows this framework runs as planned (recipes/); auto: any, "
                             "each row in the first that runs it")
+    calibration: CalibrationFile | None = Field(None, description="calibrated factors for the rows on its GPU "
+                                                                  "(plan/calibration_file.py)")
 
 
 class PlanRow(BaseModel):
@@ -96,6 +99,9 @@ class Candidate(BaseModel):
     row: int | None = Field(description="its rank among the shown rows; None: not shown")
 
 
+class PlanResult(BaseModel):
+    schema_version: int = PLAN_SCHEMA_VERSION
+    model: str
     params: int
     method: str
     tokens: float | None
@@ -110,11 +116,11 @@ class Candidate(BaseModel):
     searched: int = Field(description="configurations evaluated")
     notes: list[str]
     live: LivePlan | None = Field(None, description="plan --live: where the live figures came from")
+    candidates: list[Candidate] = Field(default_factory=list, description="the best configuration per instance and "
+                                        "node count that fits within the limits, shown or not (plan --html)")
 
 
 @dataclass
-    candidates: list[Candidate] = Field(default_factory=list, description="the best configuration per instance and "
-                                        "node count that fits within the limits, shown or not (plan --html)")
 class _Best:
     setup: Setup
     mem: object
@@ -145,13 +151,14 @@ def _global_batch(job: JobSpec, seq_len: int) -> int:
     return 1 << (target.bit_length() - 1) if target & (target - 1) else target  # power of two
 
 
-def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: int) -> Setup | None:
+def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: int,
+                calibration: CalibrationFile | None = None) -> Setup | None:
     gpu = catalog.gpu_of(inst)
     precision = job.precision or default_precision(gpu)
     if not gpu.peak_tflops(precision) and precision != "fp32":
         return None
     st = job_stack(job)
-    return Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
+    setup = Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
                  tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
                  precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=st.reduce_dtype,
                  gather_dtype=job.gather_dtype, checkpointing="none", offload="none", method=job.method,
@@ -159,6 +166,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  stack=st.stack.name, stack_named=job.stack is not None, **moe_comm(job, model, st.stack, precision))
+    return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
 
 
 def _ep_options(experts: int, dp: int, dp_per_node: int) -> list[int]:
@@ -248,7 +256,7 @@ def _score(req: PlanRequest, s: Setup, mem, tps: float) -> tuple[float, float | 
 def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model, seq_len: int,
                        gb: int) -> tuple[list[_Best], _InstanceLog, int]:
     log = _InstanceLog()
-    base = _base_setup(req.job, catalog, inst, model, seq_len)
+    base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
     if base is None:
         log.batch = f"--precision {req.job.precision} is not supported on {inst.gpu}"
         return [], log, 0
@@ -407,7 +415,7 @@ def _best_per_nodes(candidates: list[_Best], value=lambda c: c.score) -> dict[tu
 def _zero3_at(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: int):
     """The leanest plain configuration at `nodes`: ZeRO-3, full recompute, smallest micro-batch."""
     seq_len = req.job.seq_len or default_seq_len(model)
-    base = _base_setup(req.job, catalog, inst, model, seq_len)
+    base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
     if base is None:
         return None
     n = nodes * inst.gpu_count

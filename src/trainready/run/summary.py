@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError
 from trainready.io import redact, redact_argv
+from trainready.plan.divergence import PlanCheck
 
 from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
@@ -86,6 +87,8 @@ class RunSummary(BaseModel):
     stop: dict[str, Any] | None
     goodput: GoodputReport | None = Field(None, description="share of billed time that produced kept steps, badput "
                                                             "by cause in hours and dollars, per launch and per rank")
+    plan_check: PlanCheck | None = Field(None, description="`report`: the measured step against the planner's "
+                                                       "prediction for the run's job spec, part by part")
 
 
 def load_run_info(run_dir: Path) -> dict[str, Any]:
