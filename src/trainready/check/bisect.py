@@ -4,8 +4,9 @@ After the world test, nodes are measured in pairs (two nodes' GPUs all-reduce to
 Meta's gcm narrows a slow collective down instead of reporting one number for the world:
 
 1. round 1 pairs the nodes disjointly (0-1, 2-3, ...), all pairs at once;
-2. a node in a pair at or above the floor is *cleared*; every node not yet cleared is then paired
-   with a cleared node it has not met (one pair per node per round, so rounds stay parallel);
+2. a node in a pair at or above the floor is *cleared*; every node neither cleared nor already slow
+   with a cleared partner is then paired with a cleared node it has not met (one pair per node per
+   round, so rounds stay parallel);
 3. when no pair passes, the suspects are re-paired crosswise (0-2, 1-3, ...) to find one that does.
 
 A node that is slow with a cleared partner is a slow node. A slow pair whose nodes are both cleared
@@ -65,15 +66,24 @@ def _cleared(results: Sequence[PairResult], floor: float) -> set[int]:
 
 def next_round(nodes: int, results: Sequence[PairResult], floor: float | None, rounds_done: int) -> list[Pair]:
     """The pairs to measure next, disjoint; [] when done."""
-    if floor is None or rounds_done >= MAX_ROUNDS or nodes < 2:
+    if rounds_done >= MAX_ROUNDS or nodes < 2:
         return []
-    cleared = _cleared(results, floor)
     met = {r.pair for r in results}
-    suspects = [n for n in range(nodes) if n not in cleared]
-    if not suspects:
-        return []
     busy: set[int] = set()
     plan: list[Pair] = []
+    if floor is None:  # no floor yet (too few pairs for a median): measure the nodes not measured yet
+        measured = sorted({n for r in results for n in (r.a, r.b)})
+        for n in range(nodes):
+            partner = next((m for m in measured if m not in busy), None)
+            if n not in measured and partner is not None and n not in busy:
+                plan.append((min(n, partner), max(n, partner)))
+                busy.update((n, partner))
+        return plan
+    cleared = _cleared(results, floor)
+    convicted = {n for r in results if r.busbw_gbps < floor for n, other in ((r.a, r.b), (r.b, r.a)) if other in cleared}
+    suspects = [n for n in range(nodes) if n not in cleared and n not in convicted]
+    if not suspects:
+        return []
     if cleared:
         for s in suspects:
             partner = next((c for c in sorted(cleared) if c not in busy and (min(s, c), max(s, c)) not in met), None)
@@ -122,6 +132,7 @@ def plan_all(nodes: int, measure, known_floor: float | None) -> tuple[list[list[
     while plan:
         rounds.append(list(measure(plan)))
         flat = [r for rnd in rounds for r in rnd]
-        floor = pair_floor(known_floor, flat)
+        if floor is None:  # a relative floor is set once, from the first pairs: later rounds test suspects
+            floor = pair_floor(None, flat)
         plan = next_round(nodes, flat, floor, len(rounds))
     return rounds, floor

@@ -284,25 +284,34 @@ def dcgm(ctx: Context) -> Finding | list[Finding]:
                        expected="every DCGM test passes", reason=diag.runtime_error, advice="run `dcgmi diag -r 1` by hand")
     if not diag.results:
         return skip("gpu.dcgm", "gpu", "no test results in dcgmi diag output" + (f": {diag.problems[0]}" if diag.problems else ""))
+    tests: dict[str, list[node.DcgmResult]] = {}  # one finding per test, its GPUs together
+    for result in diag.results:
+        tests.setdefault(result.test, []).append(result)
     findings = []
     counts = {"fail": 0, "warn": 0, "pass": 0, "skip": 0}
-    for result in diag.results:
-        status = _dcgm_status(result.status)
+    rank = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
+    for name, results in tests.items():
+        status = min((_dcgm_status(r.status) for r in results), key=rank.__getitem__)
         counts[status] += 1
-        if status in ("fail", "warn"):
-            where = f" on GPU {', '.join(result.gpus)}" if result.gpus else ""
-            findings.append(Finding(
-                id=f"dcgm.{_slug(result.test)}", area="gpu", status=status,
-                observed=f"{result.test}: {result.status}{where}", expected="Pass",
-                reason=("; ".join(result.messages) or f"DCGM's {result.category or ''} test {result.test} did not pass").strip()[:500],
-                advice="see NVIDIA's DCGM diagnostics guide for this test; a hardware test failing: drain the node"))
+        if status not in ("fail", "warn"):
+            continue
+        gpus = [g for r in results if _dcgm_status(r.status) == status for g in r.gpus]
+        messages = [m for r in results for m in r.messages]
+        findings.append(Finding(
+            id=f"dcgm.{_slug(name)}", area="gpu", status=status, expected="Pass",
+            observed=f"{name}: {status}" + (f" on GPU {', '.join(gpus)}" if gpus else ""),
+            reason=("; ".join(messages) or f"DCGM's {results[0].category or ''} test {name} did not pass").strip()[:500],
+            advice="see NVIDIA's DCGM diagnostics guide for this test; a hardware test failing: drain the node"))
+    nothing = not counts["pass"] and not counts["fail"] and not counts["warn"]
     summary = Finding(id="gpu.dcgm", area="gpu", expected="every DCGM test passes",
-                      status="fail" if counts["fail"] else "warn" if counts["warn"] else "pass",
-                      observed=f"{counts['pass']} pass, {counts['fail']} fail, {counts['warn']} warn, {counts['skip']} skip"
-                               + (f" (DCGM {diag.version})" if diag.version else ""),
-                      reason="DCGM diagnostic: " + ("see the dcgm.* findings" if findings else "no test failed"))
-    if findings:
-        summary.advice = "the dcgm.* findings name each test; rerun with a higher --dcgm level to confirm"
+                      status="fail" if counts["fail"] else "warn" if counts["warn"] or nothing else "pass",
+                      observed=f"{counts['pass']} pass, {counts['fail']} fail, {counts['warn']} warn, {counts['skip']} skip "
+                               f"(tests)" + (f", DCGM {diag.version}" if diag.version else ""),
+                      reason="DCGM diagnostic: " + ("see the dcgm.* findings" if findings else
+                                                    "every test skipped: nothing was verified" if nothing else "no test failed"))
+    if findings or nothing:
+        summary.advice = ("the dcgm.* findings name each test; rerun with a higher --dcgm level to confirm" if findings else
+                          "DCGM skips tests a GPU or its configuration does not allow (dcgmi diag -r 3 -v says why)")
     return [summary, *findings]
 
 

@@ -202,6 +202,7 @@ class FabricManager(_Parsed):
 
 
 _FM_ERROR = re.compile(r"NV_WARN_NOTHING_TO_DO|NV_ERR_|failed|error|Failed", re.I)
+_JOURNAL_PREFIX = re.compile(r"^.{0,80}?\]: ")
 
 
 def _parse_fm_status(text: str) -> FabricManager:
@@ -227,7 +228,9 @@ def _parse_fm_status(text: str) -> FabricManager:
             continue
         if _FM_ERROR.search(stripped[:400]) and len(errors) < 12 and ("fabricmanager" in stripped or "nv-fabric" in stripped
                                                                      or "systemd" in stripped):
-            errors.append(quote(stripped))
+            message = _JOURNAL_PREFIX.sub("", stripped[:400], count=1)  # "Sep 18 03:19:01 host unit[pid]: "
+            errors.append(message[:200] + ("..." if len(message) > 200 else ""))
+    errors.sort(key=lambda e: "NV_" not in e)  # the driver's own error code first: it says why
     if active is not None and installed is None:
         installed = True
     if _command_missing(lines, "systemctl"):
@@ -655,6 +658,11 @@ def _parse_dcgm(text: str) -> DcgmDiag:
     if overall is None and isinstance(diag, dict):
         overall = diag.get("Overall Result")
     runtime = data.get("runtime_error")
+    for key in ("DCGM Diagnostic", "DCGM GPU Diagnostic"):  # DCGM 4 keeps it inside the diagnostic object
+        if runtime is None and isinstance(data.get(key), dict):
+            runtime = data[key].get("runtime_error")
+    if version is None and isinstance(data.get("metadata"), dict):
+        version = data["metadata"].get("version") or data["metadata"].get("DCGM Version")
     return DcgmDiag(version=str(version)[:40] if isinstance(version, (str, int, float)) else None,
                     results=results, overall=str(overall)[:40] if isinstance(overall, str) else None,
                     runtime_error=quote(runtime) if isinstance(runtime, str) else None, problems=problems.done())
