@@ -88,7 +88,7 @@ def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
     key = (api_version, kind)
     if key not in _VALIDATORS:
         for path in CRDS.glob("*.yaml.gz"):
-            crd = yaml.safe_load(gzip.decompress(path.read_bytes()))
+            crd = yaml.load(gzip.decompress(path.read_bytes()), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
             group, version = api_version.split("/")
             if crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind:
                 ver = next(v for v in crd["spec"]["versions"] if v["name"] == version and v["served"])
