@@ -111,6 +111,14 @@ def test_uninformed_factors_stay_at_their_prior():
     assert fit.efficiency.attention == eff.ARCH["hopper"].attention
 
 
+def test_hbm_copy_informs_the_memory_factor():
+    gpu = CATALOG.gpu("h200")
+    fit = cal.fit([cal.HbmCopyMeasurement("deep", gpu, 3600.0)])  # 0.75 of 4.8 TB/s
+    assert fit.factors["memory"].status == "informed"
+    assert fit.factors["memory"].value == pytest.approx(0.75, rel=0.01)
+    assert fit.factors["eager_memory"].status == "not informed"  # eager kernels are not a plain copy
+
+
 def test_step_times_alone_move_what_they_cannot_separate_together():
     """One run's step without a split: GEMM and elementwise kernels cannot be told apart. The step is
     matched; the factors that share it move together (partly informed); comm stays at its prior."""
@@ -333,7 +341,9 @@ def write_bundle(path: Path, tflops: float, busbw: float) -> None:
     allreduce = {"backend": "nccl", "world_size": 8, "busbw_gbps": busbw,
                  "rows": [{"size_bytes": 256 << 20, "busbw_gbps": busbw}]}
     gemm = {"size": 8192, "tflops": tflops, "device": "NVIDIA H200"}
-    (path / "deep.json").write_text(json.dumps({"schema_version": 1, "gemm": gemm, "allreduce": allreduce}))
+    memory = {"bytes": 1 << 30, "counted": "read + write", "gpus": [{"index": i, "gbps": 4100.0 + i} for i in range(8)]}
+    (path / "deep.json").write_text(json.dumps({"schema_version": 2, "gemm": gemm, "allreduce": allreduce,
+                                                "memory": memory}))
 
 
 def test_cli_calibrate_then_calibration(tmp_path):
@@ -364,6 +374,8 @@ def test_cli_calibrate_then_calibration(tmp_path):
     assert abs(stored["factors"]["gemm"]["value"] - 0.6) < 0.01
     assert stored["fit"]["step_error_after"] < 0.01 < stored["fit"]["step_error_before"]
     assert [s["kind"] for s in stored["sources"]] == ["run", "bundle"]
+    assert stored["factors"]["memory"]["status"] == "informed"  # the bundle's HBM copy
+    assert stored["factors"]["memory"]["value"] == pytest.approx(4104 / 4800, rel=0.01)
 
     later = cli("estimate", "--model", "llama-3-8b", "--instance", H200_NODE, "--strategy", "fsdp", "--micro-batch",
                 "2", "--calibration", "my-h200", "--json", env=env)

@@ -91,7 +91,7 @@ def _number(x: Any) -> float | None:
 
 
 def bundle_measurements(path: Path, catalog: Catalog) -> tuple[list[cal.Measurement], list[str], str | None]:
-    """GEMM TFLOP/s and all-reduce busbw from a bundle's deep.json; (measurements, notes, instance)."""
+    """GEMM TFLOP/s, HBM copy GB/s and all-reduce busbw from a bundle's deep.json; (measurements, notes, instance)."""
     from trainready.check.bundle import Bundle
 
     bundle = Bundle.load(path)
@@ -129,6 +129,13 @@ def bundle_measurements(path: Path, catalog: Catalog) -> tuple[list[cal.Measurem
     if tflops and size:
         out.append(cal.GemmMeasurement(label, gpu, tflops, int(size)))
         notes.append(f"GEMM {tflops:,.0f} TFLOP/s at {int(size)}^3")
+    hbm = deep.get("memory") if isinstance(deep.get("memory"), dict) else {}
+    copies = sorted(g["gbps"] for g in hbm.get("gpus", []) if isinstance(g, dict) and _number(g.get("gbps"))) \
+        if isinstance(hbm.get("gpus"), list) else []
+    if copies and hbm.get("counted") == "read + write":
+        median = copies[len(copies) // 2]
+        out.append(cal.HbmCopyMeasurement(label, gpu, float(median)))
+        notes.append(f"HBM copy {median:,.0f} GB/s (median of {len(copies)} GPUs)")
     ar = deep.get("allreduce") if isinstance(deep.get("allreduce"), dict) else {}
     rows = [r for r in ar.get("rows", []) if isinstance(r, dict) and _number(r.get("busbw_gbps"))
             and _number(r.get("size_bytes"))] if isinstance(ar.get("rows"), list) else []
@@ -146,7 +153,8 @@ def bundle_measurements(path: Path, catalog: Catalog) -> tuple[list[cal.Measurem
     elif ar:
         notes.append("all-reduce not used (not NCCL over several GPUs)")
     if not out:
-        raise UsageError(f"bundle {printable(path)}: deep.json has no GEMM or NCCL all-reduce figure to calibrate from")
+        raise UsageError(f"bundle {printable(path)}: deep.json has no GEMM, HBM copy or NCCL all-reduce figure to "
+                         f"calibrate from")
     return out, notes, inst.name if inst else None
 
 
@@ -179,7 +187,7 @@ def calibrate(paths: list[Path], ref: str | None, catalog: Catalog,
             measurements += ms
             instance = inst or instance
             sources.append(cf.CalibrationSource(kind="bundle", path=str(path.absolute())[:4096], what=notes))
-    gpus = {m.gpu.name if isinstance(m, cal.GemmMeasurement) else m.setup.gpu.name for m in measurements}
+    gpus = {cal.gpu_of(m).name for m in measurements}
     if len(gpus) > 1:
         raise UsageError(f"--calibrate: these sources ran on different GPUs ({', '.join(sorted(gpus))}); "
                          f"a calibration is for one GPU")

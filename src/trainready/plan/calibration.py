@@ -8,8 +8,9 @@ allocator's fragmentation. Measurements are compared with the planner's predicti
 * a run's step: per component where it was measured -- compute (forward, backward, recompute),
   exposed communication, optimizer -- and the whole step (tokens/s when no step time is known);
   a component that was not measured is skipped, never taken as zero; peak memory (reserved);
-* `check --deep`: GEMM TFLOP/s at size^3 (the GEMM factor directly) and all-reduce bus bandwidth
-  (intra- or inter-node collective efficiency, as nccl-tests defines busbw).
+* `check --deep`: GEMM TFLOP/s at size^3 (the GEMM factor directly), a device-to-device copy's
+  GB/s (the fused memory factor directly) and all-reduce bus bandwidth (intra- or inter-node
+  collective efficiency, as nccl-tests defines busbw).
 
 The fit is a maximum a-posteriori estimate: residuals log(predicted/measured)/sigma (sigma: how
 noisy each kind of measurement is) plus a weak prior log(factor/prior)/tau pulling every factor
@@ -70,9 +71,9 @@ PRIOR_TAU = 0.3
 # cannot swing the fit; check --deep's GEMM and all-reduce figures vary a few percent between calls;
 # the allocator's peak is deterministic for a fixed program to ~1-2%.
 SIGMA = {"step": 0.03, "tokens_per_s": 0.03, "compute": 0.04, "communication": 0.04, "optimizer": 0.04,
-         "peak_memory": 0.03, "gemm_tflops": 0.03, "busbw": 0.05}
+         "peak_memory": 0.03, "gemm_tflops": 0.03, "busbw": 0.05, "hbm_copy": 0.03}
 COMPONENTS = ("compute", "communication", "optimizer")
-INVERTED = ("tokens_per_s", "gemm_tflops", "busbw")  # kept as 1/x in a Residual (Residual.natural)
+INVERTED = ("tokens_per_s", "gemm_tflops", "busbw", "hbm_copy")  # kept as 1/x in a Residual (Residual.natural)
 # A factor is informed when the data cut its prior sd at least in half (its own value is known);
 # partly informed when they cut it by 5% or more (it moves with others the data cannot tell apart,
 # e.g. GEMM and elementwise kernels from step times alone); otherwise it stays at its prior.
@@ -115,7 +116,17 @@ class BusbwMeasurement:
     size_bytes: float
 
 
-Measurement = StepMeasurement | GemmMeasurement | BusbwMeasurement
+@dataclass(frozen=True)
+class HbmCopyMeasurement:
+    """check --deep: a device-to-device copy, (read + write) bytes / time: large contiguous elementwise
+    traffic, what efficiency.py's fused `memory` fraction was set from (H200: 4.3 of 4.8 TB/s)."""
+
+    label: str
+    gpu: Gpu
+    gbps: float
+
+
+Measurement = StepMeasurement | GemmMeasurement | BusbwMeasurement | HbmCopyMeasurement
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,8 @@ def residuals(measurements: Sequence[Measurement], e: eff.ArchEfficiency) -> lis
         elif isinstance(m, GemmMeasurement):
             pred = predicted_gemm_tflops(m.gpu, m.size, e)
             out.append(Residual(f"{m.label}: GEMM {m.size}^3", "gemm_tflops", 1 / pred, 1 / m.tflops))
+        elif isinstance(m, HbmCopyMeasurement):
+            out.append(Residual(f"{m.label}: HBM copy", "hbm_copy", 1 / (m.gpu.hbm_gbps * e.memory), 1 / m.gbps))
         elif isinstance(m, BusbwMeasurement) and m.setup.n_gpus > 1:
             pred = predicted_busbw_gbps(m.setup, m.size_bytes, e)
             out.append(Residual(f"{m.label}: all-reduce busbw", "busbw", 1 / pred, 1 / m.busbw_gbps))
@@ -330,15 +343,18 @@ def _lm(f, x0: list[float], prior: list[float], lo: list[float], hi: list[float]
     return x, it
 
 
+def gpu_of(m: Measurement) -> Gpu:
+    return m.gpu if isinstance(m, (GemmMeasurement, HbmCopyMeasurement)) else m.setup.gpu
+
+
 def _arch_prior(measurements: Sequence[Measurement]) -> tuple[eff.ArchEfficiency, bool]:
-    gpus = {m.gpu.name if isinstance(m, GemmMeasurement) else m.setup.gpu.name for m in measurements}
+    gpus = {gpu_of(m).name for m in measurements}
     if len(gpus) != 1:
         raise ValueError(f"one calibration is for one GPU; these measurements ran on {', '.join(sorted(gpus))}")
-    first = measurements[0]
-    gpu = first.gpu if isinstance(first, GemmMeasurement) else first.setup.gpu
-    inst = None if isinstance(first, GemmMeasurement) else first.setup.instance
-    e = next((m.setup.efficiency for m in measurements if not isinstance(m, GemmMeasurement) and m.setup.efficiency),
-             None)
+    gpu = gpu_of(measurements[0])
+    setups = [m.setup for m in measurements if isinstance(m, (StepMeasurement, BusbwMeasurement))]
+    inst = setups[0].instance if setups else None
+    e = next((s.efficiency for s in setups if s.efficiency), None)
     return e or eff.arch_efficiency(gpu.arch), _nvlink(gpu, inst)
 
 

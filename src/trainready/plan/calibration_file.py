@@ -49,7 +49,7 @@ class MeasuredFigure(BaseModel):
     model_config = _STRICT
     label: str = Field(max_length=300)
     kind: str = Field(max_length=40, description="step, tokens_per_s, compute, communication, optimizer, "
-                                                 "peak_memory, gemm_tflops, busbw")
+                                                 "peak_memory, gemm_tflops, busbw, hbm_copy")
     measured: float = Field(ge=0, description="seconds (step parts), tokens/s, GiB, TFLOP/s or GB/s (busbw)")
     predicted_before: float = Field(ge=0)
     predicted_after: float = Field(ge=0)
