@@ -13,7 +13,7 @@ SEVERITY = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
 
 class Finding(BaseModel):
     id: str = Field(description="Stable check id, e.g. gpu.nvlink-topology.")
-    area: str = Field(description="gpu, net, cpu, mem, storage, cuda, nccl, data.")
+    area: str = Field(description="gpu, nvswitch, pci, net, cpu, mem, storage, cuda, nccl, data.")
     status: Status
     observed: str = ""
     expected: str = ""
