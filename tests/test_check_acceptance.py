@@ -638,3 +638,21 @@ def test_pairwise_rounds_run_across_four_gloo_nodes():
     assert len(result["nodes"]) == 4 and result["size_bytes"] == 1 << 20
     assert result["floor_source"].startswith("75% of the median pair") and result["floor_gbps"] > 0
     assert len(result["rounds"]) <= bisect.MAX_ROUNDS
+
+
+@pytest.mark.parametrize(("name", "gpus", "driver", "reasons"), [
+    (H100_Q, 8, "535.161.08", ["HW Slowdown", "HW Power Brake Slowdown"]),
+    (H100_PROCS_Q, 8, "535.183.01", []),
+    ("nvidia-smi-q_8xRTX4090_535.154.05_processes.txt", 8, "535.154.05", []),
+    ("nvidia-smi-q_TitanV_560.35.03_persistence-off.txt", 1, "560.35.03", []),
+])
+def test_the_nvidia_smi_q_parser_reads_real_captures(name, gpus, driver, reasons):
+    # until issue 16 the -q fixtures were synthetic; these are real nodes' output (gpud's test data)
+    from trainready.check.parsers.nvsmi import parse_smi_q
+
+    q = parse_smi_q(body(name))
+    assert (len(q.gpus), q.attached_gpus, q.driver_version, q.problems) == (gpus, gpus, driver, [])
+    assert q.gpus[0].active_clock_reasons == reasons
+    assert q.gpus[0].pcie.width_current == q.gpus[0].pcie.width_max == 16
+    cut = parse_smi_q(body("nvidia-smi-q_8xH100_535.183.01_TRUNCATED.txt"))
+    assert len(cut.gpus) == 1 and "1 GPU sections for 8 attached GPUs" in cut.problems[0]
