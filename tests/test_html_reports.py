@@ -266,3 +266,24 @@ def test_without_matplotlib_the_error_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(UsageError, match=r"trainready\[report\]"):
         run_page(run)
+
+
+def test_malformed_run_files_never_break_the_page(tmp_path):
+    """Telemetry fields and run.json entries of the wrong type are left out, never a traceback."""
+    from trainready.report.run_page import run_page
+
+    run = make_run_dir(tmp_path / "run", steps=30, ranks=2, ckpt_every=10, prediction=PREDICTION)
+    lines = [json.loads(line) for line in (run / "telemetry.jsonl").read_text().splitlines()]
+    bad = []
+    for record in lines:
+        for key in ("step", "interval_s", "tokens_per_s", "mfu", "stall_s", "metrics", "rank_step_s", "t"):
+            if key in record:
+                bad += [{**record, key: value} for value in ("x", None, -1, [], {}, 1e308)]
+    (run / "telemetry.jsonl").write_text("\n".join(map(json.dumps, lines + bad)) + "\n")
+    info = json.loads((run / "run.json").read_text())
+    info["config"]["prediction"] = {"tokens_per_s": "fast", "mfu": [], "gpus": "8", "source": {"x": 1}}
+    info["launches"][0].update(reason=["failed"], message={"text": "<b>"})
+    info["launches"].append("not a launch")
+    (run / "run.json").write_text(json.dumps(info))
+    text, summary = run_page(run)
+    assert summary.last_step == 29 and "no prediction recorded" in text and 'data-chart="loss"' in text

@@ -40,6 +40,7 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir even though the command differs from the one that started it (without it, a different command there is refused).", rich_help_panel=LAUNCH)] = False,
         grace: Annotated[float, typer.Option("--grace", parser=o.number("120", lo=1, lo_open=False, hi=86400), help="Seconds from SIGINT/SIGTERM to exit: the final checkpoint and its upload (spot gives 120).", rich_help_panel=LAUNCH)] = 100.0,
         show_ranks: Annotated[str, typer.Option("--show-ranks", help="Local ranks whose output is echoed here, e.g. 0 or 0,1 (all go to the logs).", rich_help_panel=LAUNCH)] = "0",
+        log_to: Annotated[Optional[str], typer.Option("--log-to", help="Also write the per-step metrics to tensorboard, mlflow and/or wandb (comma-separated; files in the run directory, W&B offline; each needs its extra, e.g. trainready[mlflow]).", rich_help_panel=LAUNCH)] = None,
         hot: Annotated[Optional[str], typer.Option("--hot", help="Hot checkpoint tier (the node's NVMe). [default: RUN_DIR/checkpoints]", rich_help_panel=CKPT)] = None,
         archive: Annotated[Optional[str], typer.Option("--archive", help="Archive tier: a shared path or s3://bucket/prefix.", rich_help_panel=CKPT)] = None,
         ckpt_every: Annotated[Optional[str], typer.Option("--ckpt-every", help="Checkpoint every N steps; 'auto' (Young/Daly from the measured stall and the instance's MTBF); 'off' (only at the end and when stopping: a crash loses everything). [default: auto]", show_default=False, rich_help_panel=CKPT)] = None,
@@ -73,6 +74,14 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
 
         raise UsageError("--resume continues a run in --run-dir; --emit writes a launch file and --scaling runs fresh "
                          "points, neither resumes anything: leave out --resume")
+    if log_to is not None and (emit is not None or scaling is not None):
+        from trainready.errors import UsageError
+
+        raise UsageError("--log-to exports the steps of a launch: --scaling runs throw-away points and --emit writes a "
+                         "launch file (add --log-to to its `trainready run` line): leave out --log-to")
+    from trainready.run.exporters import parse_log_to
+
+    log_names = parse_log_to(log_to)  # unknown or not installed: exit 2 before anything starts
     cluster_opts = {"--image": image, "--queue": queue, "--service-account": service_account, "--aws-secret": aws_secret,
                     "--shared-fs": shared_fs, "--capacity-reservation": capacity_reservation}
     if emit is None and any(v is not None for v in cluster_opts.values()):
@@ -101,7 +110,8 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         raise typer.Exit(0 if report.ok else 1)
     from .render_run import launch_and_render
 
-    code = launch_and_render(configured, json_out=json_out, console=err if json_out else out)
+    configured.spec.config["log_to"] = log_names
+    code = launch_and_render(configured, json_out=json_out, console=err if json_out else out, log_to=log_names)
     raise typer.Exit(code)
 
 

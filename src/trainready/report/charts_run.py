@@ -268,7 +268,8 @@ OUTCOME_COLOURS = {"finished": "#2ca02c", "failed": "#d62728", "budget": "#ff7f0
 
 
 def launches(info: dict[str, Any], records: list[dict[str, Any]], goodput: Any) -> Result:
-    rows = [(launch.get("start_unix"), launch.get("end_unix"), launch.get("reason"))
+    rows = [(launch.get("start_unix"), launch.get("end_unix"),
+             launch.get("reason") if isinstance(launch.get("reason"), str) else None)
             for launch in info.get("launches") or []]
     if goodput is not None and not rows:
         rows = [(g.start_unix, g.end_unix, g.outcome) for g in goodput.launches]

@@ -18,17 +18,21 @@ from trainready.io import redact
 
 from . import charts_run as charts
 from .page import Page
+from .svg import finite
 
 REFRESH_S = 15  # --live: the page reloads itself this often while the run is going
 
 
 def run_page(run_dir: Path, *, live: bool = False) -> tuple[str, Any]:
     """The page's HTML and the RunSummary it was made from (its status decides whether --live goes on)."""
+    from trainready.run.goodput import valid_launches
     from trainready.run.summary import load_run_info, summarize
 
     records: list[dict[str, Any]] = []  # the summary's own, screened: malformed records left out
     summary = summarize(run_dir, records_out=records)
     info = load_run_info(Path(summary.run_dir))  # a multi-node run: the node where global rank 0 ran
+    launches = info.get("launches") if isinstance(info.get("launches"), list) else []
+    info = {**info, "launches": valid_launches(launches, {})}  # as the summary does: unusable ones left out
     goodput = getattr(summary, "goodput", None)  # the goodput model (run/goodput.py) where it is computed
     prediction = _prediction(info)
     page = Page(title=f"trainready run report: {summary.run_dir}", subtitle=_subtitle(summary, live))
@@ -69,8 +73,14 @@ def _section(page: Page, key: str, heading: str, make) -> None:
 
 def _prediction(info: dict[str, Any]) -> dict[str, Any] | None:
     """The plan's estimate that `run --job` recorded in run.json (config.prediction), if any."""
-    pred = (info.get("config") or {}).get("prediction")
-    return pred if isinstance(pred, dict) else None
+    config = info.get("config")
+    pred = config.get("prediction") if isinstance(config, dict) else None
+    if not isinstance(pred, dict):
+        return None
+    out: dict[str, Any] = {k: finite(pred.get(k)) for k in ("tokens_per_s", "mfu", "step_s")}
+    out["gpus"] = pred.get("gpus") if isinstance(pred.get("gpus"), int) and not isinstance(pred.get("gpus"), bool) else None
+    out["source"] = pred["source"] if isinstance(pred.get("source"), str) else "plan estimate"
+    return out if any(out[k] is not None for k in ("tokens_per_s", "mfu", "step_s")) else None
 
 
 def _subtitle(s: Any, live: bool) -> list[str]:
@@ -110,7 +120,7 @@ def _key_figures(s: Any, goodput: Any, pred: dict[str, Any] | None) -> list[tupl
     if goodput is not None and goodput.goodput is not None:
         rows.append(("goodput", f"{100 * goodput.goodput:.1f}% of {goodput.billed_hours:,.2f} billed hours"
                                 + (" (upper bound)" if goodput.upper_bound else "")))
-    rows.append(("prediction", f"{pred.get('source', 'plan estimate')}" if pred else "no prediction recorded "
+    rows.append(("prediction", pred["source"] if pred else "no prediction recorded "
                  "(run with --job job.toml to record the plan's estimate)"))
     return rows
 
@@ -124,11 +134,12 @@ def _launch_rows(info: dict[str, Any], s: Any) -> list[list[object]]:
     for i, launch in enumerate(info.get("launches") or []):
         start, end = launch.get("start_unix"), launch.get("end_unix")
         wall = "-" if start is None or end is None else charts.duration(end - start)
-        outcome = launch.get("reason") or ("running" if i == len(info["launches"]) - 1 and s.status == "running"
+        reason = launch.get("reason") if isinstance(launch.get("reason"), str) else None
+        outcome = reason or ("running" if i == len(info["launches"]) - 1 and s.status == "running"
                                            else "unknown" if end is None else "-")
         message = launch.get("message")
         rows.append([i, _utc(start), _utc(end), wall, outcome, "-" if launch.get("exit_code") is None
-                     else launch["exit_code"], redact(message) if message else ""])
+                     else launch["exit_code"], redact(message) if isinstance(message, str) else ""])
     return rows
 
 
