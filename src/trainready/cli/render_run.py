@@ -24,7 +24,7 @@ def _diagnose(files: list[str], job_path: str | None) -> Any:
     return diagnose_files(existing, job=load_job(job_path) if job_path else None) if existing else None
 
 
-def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> int:
+def launch_and_render(configured: Any, *, json_out: bool, console: Console, log_to: list[str] | None = None) -> int:
     from trainready.run.launcher import Launcher, process_start_unix
     from trainready.run.live import LiveView
     from trainready.run.records import RunOutcome
@@ -38,7 +38,19 @@ def launch_and_render(configured: Any, *, json_out: bool, console: Console) -> i
     title = " ".join(redact_argv(spec.command))[:80]  # redact first: a cut URL could keep half a secret
     view = LiveView(console, title, live=console.is_terminal and not json_out)
     with view:  # the launch is billed from this process's start: its own start-up costs money too
-        result = Launcher(spec, view.print, view.update, started_unix=process_start_unix()).run()
+        launcher = Launcher(spec, view.print, view.update, started_unix=process_start_unix())
+        sink, result = None, None
+        if log_to:  # fed what the launcher tails from telemetry.jsonl (run/exporters.py says why there)
+            from trainready.run.exporters import ExportSink, outcome_of
+
+            sink = ExportSink(log_to, spec.run_dir, view.print, eager=spec.nnodes == 1)
+            view.print(f"trainready: {sink.describe()}")
+            launcher.on_records = lambda records: (view.update(records), sink.feed(records))
+        try:
+            result = launcher.run()
+        finally:
+            if sink is not None:
+                sink.close(outcome_of(result.reason) if result is not None else "failed")
     report = _diagnose(result.log_files, spec.config.get("job")) if result.reason == "failed" else None
     summary = result.summary  # set by the launcher as the launch ended (summary.json)
     if json_out:
