@@ -51,10 +51,13 @@ bench/data/plan_reference/moe.csv, `included` and `exclusion` say which count an
   Not reasons to exclude (recorded in `notes`): the framework's own scheduling and kernels
   (interleaved pipeline stages, DeepEP, grouped GEMM, A2A overlap), which belong to the
   stack; forced load balancing in benchmarks; FP8 recipes (`estimate --precision fp8`), shown
-  separately from bf16. What the source states about routing and token dispatch is passed to
-  the estimate (columns load_imbalance, ep_dispatcher, ep_overlap, fp8_dispatch: forced balance
-  is expert_load_imbalance 1.0, DeepEP/HybridEP is ep_dispatcher deepep); blank: the stack's
-  values and the 1.15 imbalance assumption.
+  separately from bf16. What the source states about routing, token dispatch and the pipeline
+  schedule is passed to the estimate (columns load_imbalance, expert_routing, ep_dispatcher,
+  ep_overlap, fp8_dispatch, vpp: forced balance is expert_load_imbalance 1.0; Automodel's
+  fake_balanced_gate sends token t to the consecutive experts t*k..t*k+k-1 (expert_routing
+  contiguous), Megatron's forced balance draws random logits (random); DeepEP/HybridEP is
+  ep_dispatcher deepep; vpp is the interleaved stages per rank, pp_virtual); blank: the stack's
+  values, random routing and the 1.15 imbalance assumption.
 
 Usage: python bench/plan_accuracy.py [--reference ../shared/reference] [--worst 8]
 """
@@ -321,6 +324,8 @@ def moe_job(r: dict[str, str]) -> JobSpec:
                   pp=int(r["pp"]), ep=int(r["ep"]), micro_batch=int(r["micro_batch"] or 1),  # unknown: 1
                   global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]), precision=r["precision"],
                   activation_checkpointing=checkpointing)
+    if r["vpp"] and "pp_virtual" in JobSpec.model_fields:  # interleaved (virtual) pipeline stages per rank
+        kwargs["pp_virtual"] = int(r["vpp"])
     # published values that differ from the stack's are passed explicitly
     kwargs.update(with_stack(r["stack"], **{k: r[k] for k in ("reduce_dtype", "kernels", "attention_kernel") if r[k]}))
     # what the run did with its tokens, where the source states it: forced balance (load imbalance 1.0), the
@@ -330,6 +335,8 @@ def moe_job(r: dict[str, str]) -> JobSpec:
             kwargs["expert_load_imbalance"] = float(r["load_imbalance"])
         if r["ep_dispatcher"]:
             kwargs["ep_dispatcher"] = r["ep_dispatcher"]
+        if r.get("expert_routing") and "expert_routing" in JobSpec.model_fields:
+            kwargs["expert_routing"] = r["expert_routing"]
         for k in ("ep_overlap", "fp8_dispatch"):
             if r[k]:
                 kwargs[k] = r[k] == "yes"

@@ -2,6 +2,7 @@
 FLOPs, the --ep option and the plan's EP degrees."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -11,11 +12,11 @@ from trainready.errors import UsageError
 from trainready.plan import efficiency as eff
 from trainready.plan import moe
 from trainready.plan.job import JobSpec
-from trainready.plan.memory import estimate_memory, param_counts
+from trainready.plan.memory import activation_parts, estimate_memory, param_counts
 from trainready.plan.model_spec import ModelSpec, MoESpec
 from trainready.plan.performance import _dp_layout, estimate_step, links, model_flops_per_token
 from trainready.plan.search import PlanRequest, plan
-from trainready.plan.setup import pipeline_split, resolve
+from trainready.plan.setup import in_flight_micro_batches, pipeline_ranks, pipeline_split, resolve
 
 # A small DeepSeek-like shape: a dense first layer, then MoE layers with a shared expert.
 TOY = ModelSpec(name="toy-moe", vocab_size=32000, hidden_size=2048, num_layers=8, num_heads=16, num_kv_heads=4,
@@ -361,3 +362,146 @@ def test_parameter_counts_are_memoized_per_shape():
     assert smaller.param_count() < total and m.param_count() == total
     assert smaller == ModelSpec.model_validate(smaller.model_dump())  # the memo is not a field
     assert "_counts" not in m.model_dump()
+
+
+# --- interleaved (virtual) pipeline stages ----------------------------------------------------
+def _interleaved(catalog, v, **kw):
+    base = dict(model="llama-2-13b", gpu="h100-80gb", gpus=8, pp=4, strategy="zero1", micro_batch=1,
+                global_batch=16, seq_len=4096, kernels="fused")
+    base.update(kw)
+    return resolve(JobSpec(pp_virtual=v, **base), catalog)
+
+
+def test_interleaved_bubble_shrinks_by_v(catalog):
+    """Narayanan et al. 2021: the 1F1B bubble (pp - 1) micro-batch times becomes (pp - 1)/v; each rank
+    sends v activations and v gradients per micro-batch instead of one."""
+    steps = {v: estimate_step(_interleaved(catalog, v)) for v in (1, 2, 5)}
+    for v in (2, 5):
+        assert steps[v].other_s == pytest.approx(steps[1].other_s / v, rel=0.03)
+        assert steps[v].step_s < steps[1].step_s
+    # v times the point-to-point sends, run beside compute (Megatron's overlap_p2p_comm)
+    assert steps[5].comm_s > steps[1].comm_s and steps[5].exposed_comm_s < steps[1].exposed_comm_s
+    assert estimate_step(_interleaved(catalog, 1, pp=1)).other_s == 0.0
+
+
+def test_interleaved_memory_holds_more_micro_batches(catalog):
+    """The first rank holds pp (1 + (pp - 1)/(pp v)) micro-batches of its activations (Korthikanti et
+    al. 2022, Megatron's interleaved_schedule_memory_penalty), at most all v x m of its stage-chunks."""
+    assert in_flight_micro_batches(4, 1, 8) == 4 and in_flight_micro_batches(4, 1, 2) == 2
+    assert in_flight_micro_batches(4, 2, 8) == pytest.approx(4 * (1 + 3 / 8))
+    assert in_flight_micro_batches(4, 5, 40) == pytest.approx(4 * (1 + 3 / 20))
+    assert in_flight_micro_batches(4, 2, 1) == 1  # one micro-batch: both its chunks, no more
+    assert in_flight_micro_batches(4, 2, 8, rank=3) == pytest.approx((4 + 1) / 2)  # the last rank
+    saved = {v: activation_parts(_interleaved(catalog, v))[0] for v in (1, 2, 5)}
+    assert saved[2] / saved[1] == pytest.approx(1 + 3 / 8, rel=0.01)
+    assert saved[5] / saved[1] == pytest.approx(1 + 3 / 20, rel=0.01)
+    assert estimate_memory(_interleaved(catalog, 2)).peak > estimate_memory(_interleaved(catalog, 1)).peak
+
+
+def test_interleaved_ranks_take_every_pp_th_virtual_stage(catalog):
+    ranks = pipeline_ranks(61, 4, 8)  # DeepSeek-V3: 32 virtual stages of 2 (the first 29) or 1 layers
+    assert [len(r) for r in ranks] == [16, 15, 15, 15]
+    assert ranks[0][:4] == (0, 1, 8, 9) and ranks[1][:2] == (2, 3)
+    assert sorted(i for r in ranks for i in r) == list(range(61))
+    assert pipeline_ranks(61, 4) == tuple(tuple(range(a, a + n)) for a, n in zip((0, 16, 31, 46), (16, 15, 15, 15), strict=True))
+    dsv3 = setup(catalog, model="deepseek-v3", gpus=256, gpus_per_node=8, inter_node_gbps=3200, pp=4,
+                 pp_virtual=8, ep=64, strategy="zero1", global_batch=512)
+    assert dsv3.stage_layers == 16
+    assert moe.stage_mix(dsv3.model, 4, 8) == [(2, 14), (1, 14), (0, 15), (0, 15)]  # dense layers 0-2 spread
+    # torchtitan: pp x v stages split as ours, stage i on rank i % pp ("loop" style stage_ids_this_rank)
+    pp_mod = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
+    split = getattr(pp_mod, "_generate_llm_fqn_per_model_part", None) or pp_mod.generate_llm_fqn_per_model_part
+    parts = split(32, 61, 0, 0)
+    layer_ids = [[int(n.split(".")[1]) for n in part if n.startswith("layers.")] for part in parts]
+    titan = [tuple(i for st in range(r, 32, 4) for i in layer_ids[st]) for r in range(4)]
+    assert tuple(titan) == ranks
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(pp=1, pp_virtual=2), "needs pipeline stages"),
+    (dict(pp=8, pp_virtual=6), "--pp-virtual 1..5"),  # 48 virtual stages for 40 layers
+    (dict(pp=4, pp_virtual=2, global_batch=12), "nearest valid: 8 or 16"),  # 6 micro-batches, groups of 4
+])
+def test_interleaved_validation(catalog, kw, message):
+    with pytest.raises(UsageError, match=message):
+        _interleaved(catalog, **{"v": kw.pop("pp_virtual"), **kw})
+
+
+def test_interleaved_default_batch_is_whole_groups(catalog):
+    s = resolve(JobSpec(model="llama-2-13b", gpu="h100-80gb", gpus=24, inter_node_gbps=3200, pp=4, pp_virtual=2,
+                        strategy="zero1"), catalog)
+    assert s.grad_accum % 4 == 0 and s.pp_virtual == 2
+
+
+def test_cli_pp_virtual():
+    args = ("estimate", "--model", "llama-2-13b", "--gpu", "h100-80gb", "--gpus", "8", "--pp", "4",
+            "--strategy", "zero1", "--micro-batch", "1", "--global-batch", "16")
+    out = cli(*args, "--pp-virtual", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["setup"]["pp_virtual"] == 2
+    text = cli(*args, "--pp-virtual", "2")
+    assert text.returncode == 0 and "2 virtual stages per rank" in text.stdout
+    for bad, message in ((("--pp-virtual", "0"), "--pp-virtual"), (("--pp-virtual", "3", "--global-batch", "12"),
+                                                                   "multiple of --pp 4")):
+        out = cli(*args, *bad)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_cli_plan_expert_load_imbalance():
+    args = ("plan", "--model", "qwen3-30b-a3b", "--instances", "p5.48xlarge", "--max-nodes", "1", "--top", "1",
+            "--tokens", "1e9", "--json")
+    out = cli(*args, "--expert-load-imbalance", "1.0")
+    assert out.returncode == 0, out.stderr
+    assumptions = json.loads(out.stdout)["rows"][0]["estimate"]["assumptions"]
+    assert any("1x the mean load (given)" in a for a in assumptions)
+    for bad in (("--expert-load-imbalance", "0.5"), ("--model", "llama-2-7b", "--expert-load-imbalance", "1.2")):
+        out = cli(*args, *bad)
+        assert out.returncode == 2, (bad, out.stderr)
+
+
+# --- routing pattern, hierarchical dispatch, FP8 --------------------------------------------
+def test_contiguous_routing_reaches_fewer_gpus_and_nodes(catalog):
+    """Automodel's fake_balanced_gate sends token t to experts t*k..t*k+k-1: with 16 experts per GPU
+    (Qwen3-30B-A3B, ep 8) one GPU; with 4 (DeepSeek-V3, ep 64) two GPUs of one node."""
+    qwen = dict(model="qwen3-30b-a3b", ep=8, expert_load_imbalance=1.0, ep_dispatcher="deepep")
+    rand, cont = setup(catalog, **qwen), setup(catalog, expert_routing="contiguous", **qwen)
+    assert moe.a2a_rows(cont, 8) == pytest.approx((7 / 8, 0.0))
+    p_gpu = 1 - math.comb(112, 8) / math.comb(128, 8)
+    assert moe.a2a_rows(rand, 8) == pytest.approx((8 * p_gpu * 7 / 8, 0.0))
+    dsv3 = dict(model="deepseek-v3", gpus=512, gpus_per_node=8, inter_node_gbps=3200, ep=64, pp=8,
+                strategy="zero1", expert_load_imbalance=1.0, ep_dispatcher="deepep", global_batch=64)
+    assert moe.a2a_rows(setup(catalog, expert_routing="contiguous", **dsv3), 8) == pytest.approx((2 * 7 / 8, 7 / 8))
+    assert "routing contiguous" in moe.assumptions(cont)[0]
+    alltoall = dict(qwen, ep_dispatcher="alltoall")  # a row per routed expert either way
+    assert moe.a2a_rows(setup(catalog, **alltoall), 8) == moe.a2a_rows(
+        setup(catalog, expert_routing="contiguous", **alltoall), 8)
+    with pytest.raises(UsageError, match="dense"):
+        setup(catalog, model="llama-2-7b", expert_routing="contiguous")
+
+
+@pytest.mark.parametrize("ranks, published_ms", [(16, (2.15, 2.19)), (32, (4.48, 4.04)), (64, (7.51, 6.65))])
+def test_hierarchical_dispatch_matches_hybridep_on_h100(catalog, ranks, published_ms):
+    """DeepEP docs/README_Hybrid-EP.md, H100: 4096 tokens x 7168 per rank, top-8 of 8 experts per rank,
+    uniform router, torch API, 16 SMs: BF16 dispatch and combine at 54.47/53.35 (16 ranks), 47.36/52.53
+    (32), 41.24/46.57 (64) GB/s counted as tokens x nodes reached (own node included) x 14336 bytes."""
+    m = ModelSpec(name="hybridep-bench", vocab_size=32000, hidden_size=7168, num_layers=4, num_heads=56,
+                  num_kv_heads=8, ffn_hidden_size=2048,
+                  moe=MoESpec(num_experts=8 * ranks, experts_per_token=8, expert_ffn_hidden_size=2048))
+    s = resolve(JobSpec(gpu="h100-80gb", gpus=ranks, gpus_per_node=8, inter_node_gbps=3200, ep=ranks,
+                        strategy="zero1", micro_batch=1, global_batch=ranks, seq_len=4096,
+                        expert_load_imbalance=1.0, ep_dispatcher="deepep"), catalog, model=m)
+    t = moe.a2a_call_s(s, 4096, _dp_layout(s)[0], links(s).intra_gbps) * 1e3
+    assert min(published_ms) * 0.9 < t < max(published_ms) * 1.1
+
+
+def test_fp8_gemms_follow_deepgemm_and_pay_for_their_casts(catalog, monkeypatch):
+    """DeepGEMM's H800 FP8 table (dense M=4096, grouped contiguous): 0.69 x K/(K + 650) of 1979 TFLOP/s
+    within 8%; an FP8 step is faster than bf16 but far from 2x for small-K MoE GEMMs."""
+    e = eff.fp8_gemm(eff.arch_efficiency("hopper"))
+    for k, tflops in ((512, 590), (1536, 990), (2048, 1025), (7168, 1304), (16384, 1358), (2048, 1099)):
+        assert 1979 * e.gemm * k / (k + e.gemm_k0) == pytest.approx(tflops, rel=0.08)
+    kw = dict(model="qwen3-30b-a3b", ep=8, expert_load_imbalance=1.0, kernels="fused", micro_batch=2)
+    bf16, fp8 = estimate_step(setup(catalog, **kw)), estimate_step(setup(catalog, precision="fp8", **kw))
+    assert bf16.compute_s / 2 < fp8.compute_s < bf16.compute_s
+    monkeypatch.setattr(eff, "FP8_CAST_BYTES", 0)
+    assert estimate_step(setup(catalog, precision="fp8", **kw)).compute_s < fp8.compute_s

@@ -50,6 +50,15 @@ CASES = {
     "qwen3 moe ep4 tp2": dict(model="qwen3-30b-a3b", strategy="zero3", ep=4, tp=2),
     "deepseek-v3 tp8 ep8 zero1 x 64 nodes": dict(model="deepseek-v3", instance="p5.48xlarge", strategy="zero1",
                                                  tp=8, ep=8, gpus=512, activation_checkpointing="full"),
+    "deepseek-v3 pp4 uneven (61 layers) ep64 x 32 nodes": dict(model="deepseek-v3", instance="p5.48xlarge",
+                                                              strategy="zero1", pp=4, ep=64, gpus=256,
+                                                              activation_checkpointing="full"),
+    "ddp tp2 pp4 interleaved v5 x 2 nodes": dict(model="llama-3.1-70b", strategy="ddp", tp=2, pp=4, pp_virtual=5,
+                                                 gpus=16, activation_checkpointing="full"),
+    "deepseek-v3 pp4 v8 uneven, deepep + a2a overlap": dict(model="deepseek-v3", instance="p5.48xlarge",
+                                                           strategy="zero1", pp=4, pp_virtual=8, ep=64, gpus=256,
+                                                           ep_dispatcher="deepep", ep_overlap=True,
+                                                           activation_checkpointing="selective-attn"),
     "lora zero2": dict(model="llama-2-13b", method="lora", strategy="zero2"),
     "qlora zero3 x 2 nodes": dict(model="llama-3.1-70b", method="qlora", strategy="zero3", gpus=16),
     "gpt3 layernorm, learned positions": dict(model="gpt3-1.3b", strategy="zero1"),
@@ -87,6 +96,10 @@ def check_torchtitan(s, r):
     assert p.expert_parallel_degree == getattr(s, "ep", 1)
     assert (t.global_batch_size, t.seq_len) == (s.global_batch, s.seq_len)
     if s.pp > 1:
+        assert p.pipeline_parallel_schedule == ("Interleaved1F1B" if s.pp_virtual > 1 else "1F1B")
+        if s.pp_virtual > 1:  # torchtitan makes ceil(layers / layers_per_stage) stages (pipeline_parallel.py)
+            stages = -(-s.model.num_layers // p.pipeline_parallel_layers_per_stage)
+            assert stages == s.pp * s.pp_virtual
         assert t.local_batch_size == s.micro_batch * s.grad_accum
         assert t.local_batch_size % p.pipeline_parallel_microbatch_size == 0
         assert p.pipeline_parallel_microbatch_size == s.micro_batch
@@ -168,6 +181,8 @@ def check_megatron(s, r):
     fields = {megatron.FLAGS[f]: v for f, v in args.items() if megatron.FLAGS[f]}
     if "add_bias_linear" in fields:  # --disable-bias-linear sets the field to False
         fields["add_bias_linear"] = False
+    if "--num-virtual-stages-per-pipeline-rank" in args:  # validate_args sets the field from it
+        fields["virtual_pipeline_model_parallel_size"] = args["--num-virtual-stages-per-pipeline-rank"]
     if "--num-experts" in args:  # arguments.py: --num-experts is TransformerConfig.num_moe_experts
         fields["num_moe_experts"] = args["--num-experts"]
     if "--moe-layer-freq" in args:  # arguments.py moe_freq_type: a Python list expression
@@ -183,6 +198,21 @@ def check_megatron(s, r):
                                                                                    m.num_heads)
     assert config.num_moe_experts == (m.moe.num_experts if m.moe else None)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (s.tp, s.pp)
+    # interleaved stages: from --num-virtual-stages-per-pipeline-rank or the layout's pp x v stages
+    assert config.virtual_pipeline_model_parallel_size == (s.pp_virtual if s.pp_virtual > 1 else None)
+    if "--pipeline-model-parallel-layout" in args:  # Megatron-Core's own reading of the layout, rank by rank
+        from megatron.core.transformer.enums import LayerType
+
+        from trainready.plan.setup import pipeline_ranks
+
+        layout = config.pipeline_model_parallel_layout
+        layout.validate_layer_layout(m.num_layers, None)
+        per_rank = [sum(chunk.count(LayerType.decoder) for chunk in rank) for rank in layout.layout]
+        assert per_rank == [len(r) for r in pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)]
+    if m.moe is not None:  # the dispatcher and the all-to-all overlap the estimate assumed
+        deepep = s.ep > 1 and s.ep_dispatcher == "deepep"
+        assert config.moe_token_dispatcher_type == ("flex" if deepep else "alltoall")
+        assert config.overlap_moe_expert_parallel_comm == (s.ep > 1 and s.ep_overlap)
     assert config.sequence_parallel == (s.tp > 1)
     calc = ConstantNumMicroBatchesCalculator(args["--global-batch-size"], args["--micro-batch-size"], s.dp,
                                              decrease_batch_size_if_needed=False, rank=0)

@@ -89,6 +89,7 @@ def _setup_line(e: EstimateResult) -> str:
     par = s.strategy + (f"+offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
         par += f", tp {s.tp} x pp {s.pp} x dp {s.dp}"
+        par += f" (interleaved: {s.pp_virtual} virtual stages per rank)" if s.pp_virtual > 1 else ""
     if s.ep > 1:
         par += f", ep {s.ep}"
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")

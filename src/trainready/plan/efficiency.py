@@ -233,5 +233,46 @@ LOAD_IMBALANCE = 1.15
 # of each GPU's share of the node's network: UCCL-EP on p5en EFA (50 GB/s per GPU) EP16 dispatch
 # 50 / combine 18 GB/s, EP24 53 / 26, EP32 54 / 43 -> 0.53, 0.70, 0.96 for a dispatch+combine
 # pair; DeepEP on InfiniBand CX7 (50 GB/s per GPU) EP16-64: 43-58 GB/s. 0.75 taken.
+# Those "RDMA" figures count a token's copy to its own node too (DeepEP's tests, and HybridEP's
+# count_rdma_send_from_routing_map "to align with the implementation in the DeepEP, we do not set the
+# local node map to zeros"). Recounted as the bytes that leave the node, HybridEP on H100 (DeepEP
+# docs/README_Hybrid-EP.md: 4096 tokens x 7168, top-8 of 8 experts per rank, uniform router, torch API,
+# 16 SMs, BF16 dispatch / combine) moves 35.5 / 39.4 GB/s at 32 ranks and 36.1 / 40.7 at 64 (4 and 8
+# nodes; 0.71-0.81 of 50 GB/s): 0.75 stands. At 16 ranks (2 nodes) the same calls take 2.15 / 2.19 ms,
+# where 0.75 gives the network 1.6 ms: there the NVLink leg binds (below).
 A2A_NVLINK_EFFICIENCY = 0.70
 A2A_NETWORK_EFFICIENCY = 0.75
+# The NVLink leg of a hierarchical dispatch across nodes (DeepEP normal kernels, HybridEP: a token
+# reaches its destination node over RDMA and is forwarded to the GPUs holding its experts by the few SMs
+# the kernel is given) is slower than a one-node all-to-all over the same links: HybridEP's 16-rank H100
+# figures above put 339 MB of per-GPU NVLink traffic per call (tokens x P(a GPU is hit) x 14 ranks off
+# the rail) through in 2.15-2.19 ms, 154-158 GB/s of the H100's 478 -> 0.33; at 32 and 64 ranks that
+# leg (373, 392 MB) fits inside the network time, as this fraction predicts.
+A2A_FORWARD_NVLINK_EFFICIENCY = 0.33
+
+# --- FP8 GEMMs (precision fp8) -----------------------------------------------------------------
+# FP8 doubles the tensor cores' rate but not the per-tile costs (loads, scaling, epilogue), so its
+# GEMMs reach a smaller fraction of the FP8 peak and need a longer reduction dimension K to do so.
+# DeepGEMM README (2025-02-25 tables; H800 SXM5, the H100 SXM's SM90 silicon and 1979 TFLOP/s dense
+# FP8 peak; NVCC 12.8): dense M=4096 GEMMs at K = 512/1536/2048/7168/7168/16384 reach 590/990/1025/
+# 1058 (N 2112)/1304/1358 TFLOP/s, contiguous grouped (4-8 groups of 4096-8192 rows) 1288-1297 at
+# K 7168 and 1093-1099 at K 2048. Fitted as gemm x K/(K + k0) (log error): 0.69 x K/(K + 650),
+# every point within 8% but N 2112 (+19%: wave quantization, not modelled). Hopper's bf16 factors
+# are 0.75 and 170: FP8 GEMMs run at 0.92 of the bf16 fraction with a 3.8x longer K ramp; other
+# architectures' FP8 (Ada, Blackwell) are assumed to keep the same ratios to their own factors.
+FP8_GEMM_SCALE = 0.69 / 0.75
+FP8_GEMM_K0_SCALE = 650 / 170
+# HBM bytes per element to cast a bf16 GEMM operand to FP8 under Transformer Engine's current scaling
+# (the FP8 recipe of the Megatron rows on Hopper): a read for the tensor's amax, a read to scale and cast,
+# and, as Hopper's FP8 GEMMs take only the TN layout, a row-wise and a transposed column-wise FP8 copy for
+# the backward GEMMs: 2 + 2 + 1 + 1 (TE docs, features/low_precision_training/fp8_current_scaling:
+# "quantization ... requires reading the tensor twice"; "on Ada and Hopper, the backward pass requires a
+# transposed FP8 tensor"). Inputs are cast in forward, output gradients in backward; weights once per
+# step (reused across micro-batches): not counted.
+FP8_CAST_BYTES = 6
+
+
+def fp8_gemm(e: ArchEfficiency) -> ArchEfficiency:
+    """`e` with its GEMM factors as FP8 GEMMs reach them (FP8_GEMM_SCALE, FP8_GEMM_K0_SCALE)."""
+    return replace(e, gemm=e.gemm * FP8_GEMM_SCALE, gemm_k0=e.gemm_k0 * FP8_GEMM_K0_SCALE,
+                   gemm_range=None if e.gemm_range is None else tuple(g * FP8_GEMM_SCALE for g in e.gemm_range))

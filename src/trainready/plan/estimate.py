@@ -41,6 +41,7 @@ class SetupInfo(BaseModel):
     dp: int
     tp: int
     pp: int
+    pp_virtual: int = Field(1, description="interleaved (virtual) pipeline stages per rank; 1: plain 1F1B")
     ep: int = Field(1, description="expert-parallel size (MoE), carved out of dp")
     strategy: str
     micro_batch: int
@@ -281,6 +282,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         source=m.source),
         setup=SetupInfo(instance=s.instance.name if s.instance else None, gpu=s.gpu.name, nodes=s.nodes,
                         gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
+                        pp_virtual=s.pp_virtual,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,

@@ -55,6 +55,9 @@ class JobSpec(BaseModel):
     pp: int = Field(1, gt=0, le=1024)
     ep: int = Field(1, gt=0, le=1024, description="expert-parallel size (mixture-of-experts models): "
                                                   "EP groups are carved out of the data-parallel ranks")
+    pp_virtual: int | None = Field(None, gt=0, le=128, description="interleaved (virtual) pipeline stages per "
+                                                                  "rank (Megatron's interleaved 1F1B, torchtitan's "
+                                                                  "Interleaved1F1B); None: 1, plain 1F1B")
     micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per GPU per forward")
     global_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per optimizer step")
     seq_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN)
@@ -72,6 +75,10 @@ class JobSpec(BaseModel):
         None, ge=1.0, le=64.0, description="MoE: routed tokens on the busiest expert-parallel rank over the mean; "
                                            "None: 1.15 assumed (dropless routing with a trained router); 1.0: "
                                            "balanced, as forced-balance benchmarks route")
+    expert_routing: Literal["random", "contiguous"] | None = Field(
+        None, description="MoE: how a token's experts spread over the expert-parallel ranks: random (a trained "
+                          "router, or Megatron's forced balance, which draws random logits) or contiguous (token t "
+                          "to experts t*k..t*k+k-1: NeMo Automodel's fake_balanced_gate); None: random")
     ep_dispatcher: Literal["alltoall", "deepep"] | None = Field(
         None, description="MoE token dispatch: alltoall (a row per routed expert) or deepep (DeepEP/HybridEP: once "
                           "per GPU and per node); None: the stack's")

@@ -30,7 +30,7 @@ from .activations import (
     loss_bytes_per_token,
     op_sac_bytes_per_token,
 )
-from .setup import MIXED, Setup, pipeline_split
+from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
 
 GiB = 1024**3
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
@@ -156,9 +156,10 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     if m.is_moe:  # MoE layers save routed tokens' activations (plan/moe.py)
         moe_layer = tokens * moe.moe_layer_bytes_per_token(s, lambda shape: layer_bytes_per_token(
             shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len), a) / s.tp
-        stage = moe.worst_stage(m, s.pp, layer, moe_layer)
+        stage = moe.worst_stage(m, s.pp, layer, moe_layer, s.pp_virtual)
         layer = max(layer, moe_layer)
-    in_flight = min(s.pp, s.grad_accum)  # 1F1B: the first stage holds pp micro-batches
+    # 1F1B: the first stage holds pp micro-batches; interleaved, pp (1 + (pp - 1)/(pp v)) (setup.py)
+    in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum)
     layers = s.stage_layers * in_flight
     kept = None  # what one layer keeps per micro-batch under recompute (None: all it saves)
     kept_stage = None  # what the worst stage's layers keep per micro-batch
@@ -166,7 +167,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         kept = tokens * layer_input_bytes(m, r) / s.tp
     elif s.checkpointing == "selective-op" and m.is_moe:  # dense and MoE layers keep different things
         kd, km = moe.op_sac_kept_per_token(s, r, a)
-        kept, kept_stage = tokens / s.tp * max(kd, km), tokens / s.tp * moe.worst_stage(m, s.pp, kd, km)
+        kept, kept_stage = tokens / s.tp * max(kd, km), tokens / s.tp * moe.worst_stage(m, s.pp, kd, km, s.pp_virtual)
     elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
         kept = tokens * op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
                                                lora_rank=s.lora_rank) / s.tp
@@ -176,12 +177,13 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     else:  # with FlashAttention, selective-attn recompute saves nothing more (no s x s scores)
         saved = layers * layer if not m.is_moe else in_flight * stage
     loss = tokens * (loss_bytes_per_token(m, a) + final_norm_bytes(m, s.kernels, r, a)) / s.tp
-    if s.pp > 1:  # the loss lives on the last stage, which holds one micro-batch
-        n_last = pipeline_split(m.num_layers, s.pp)[-1]  # uneven stages: the last may be smaller
+    if s.pp > 1:  # the loss lives on the last rank, which holds one micro-batch (interleaved: (v-1) pp + 1 of v)
+        n_last = len(pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)[-1])  # uneven stages: the last may be smaller
+        last_in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum, rank=s.pp - 1)
         if kept is None:
-            last = stage if m.is_moe else n_last * layer
+            last = last_in_flight * (stage if m.is_moe else n_last * layer)
         else:
-            last = kept_stage if m.is_moe else n_last * kept
+            last = last_in_flight * (kept_stage if m.is_moe else n_last * kept)
         saved, loss = max(saved, last + loss), 0.0 if saved > last + loss else loss
     return saved, layer, loss, layer_input_bytes(m, r) * tokens
 

@@ -15,7 +15,8 @@ Layout, as torchtitan and Megatron-Core build it:
 * Pipeline stages take contiguous layers, num_layers/pp each or, when pp does not divide them,
   one more on the earliest stages (setup.pipeline_split: DeepSeek-V3's 61 layers on 4 stages are
   16, 15, 15, 15); DeepSeek's dense first layers and qwen2_moe's interleaved dense layers make
-  stages differ further: the worst stage sets memory and pace.
+  stages differ further: the worst stage sets memory and pace. With v interleaved (virtual)
+  stages per rank a rank holds every pp-th of pp x v virtual stages (setup.pipeline_ranks).
 
 Routing:
 * dropless (capacity_factor None): every token reaches its k experts; the busiest EP rank
@@ -39,11 +40,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import gcd
 
 from . import efficiency as eff
 from .activations import op_sac_bytes_per_token, op_sac_matmuls
 from .model_spec import ModelSpec
-from .setup import Setup, pipeline_split
+from .setup import Setup, pipeline_ranks
 
 PERMUTE_BYTES_PER_ROW = 16
 """HBM bytes per routed row and hidden unit (bf16) of token permutation and the weighted combine:
@@ -70,26 +72,25 @@ def _memo(m: ModelSpec, key: tuple, compute: Callable[[], object]):
 
 
 # --- layers and pipeline stages ----------------------------------------------------------
-def stage_mix(m: ModelSpec, pp: int) -> list[tuple[int, int]]:
-    """(dense layers, MoE layers) of each pipeline stage (contiguous layers, setup.pipeline_split)."""
-    return _memo(m, ("mix", pp), lambda: _stage_mix(m, pp))
+def stage_mix(m: ModelSpec, pp: int, v: int = 1) -> list[tuple[int, int]]:
+    """(dense layers, MoE layers) of each pipeline rank, all its virtual stages (setup.pipeline_ranks:
+    contiguous stages, or v interleaved ones per rank)."""
+    return _memo(m, ("mix", pp, v), lambda: _stage_mix(m, pp, v))
 
 
-def _stage_mix(m: ModelSpec, pp: int) -> list[tuple[int, int]]:
+def _stage_mix(m: ModelSpec, pp: int, v: int) -> list[tuple[int, int]]:
+    # layer i is MoE when i >= first and (i + 1) % freq == 0 (ModelSpec.is_moe_layer)
     first, freq = m.moe.first_dense_layers, m.moe.layer_freq
-    mix, a = [], 0
-    for per in pipeline_split(m.num_layers, pp):
-        b = a + per
-        # layer i is MoE when i >= first and (i + 1) % freq == 0 (ModelSpec.is_moe_layer)
-        n_moe = b // freq - max(a, first) // freq if b > first else 0
-        mix.append((per - n_moe, n_moe))
-        a = b
+    mix = []
+    for layers in pipeline_ranks(m.num_layers, pp, v):
+        n_moe = sum(1 for i in layers if i >= first and (i + 1) % freq == 0)
+        mix.append((len(layers) - n_moe, n_moe))
     return mix
 
 
-def worst_stage(m: ModelSpec, pp: int, dense_cost: float, moe_cost: float) -> float:
-    """The largest per-stage sum of a cost counted per dense and per MoE layer."""
-    return max(nd * dense_cost + nm * moe_cost for nd, nm in stage_mix(m, pp))
+def worst_stage(m: ModelSpec, pp: int, dense_cost: float, moe_cost: float, v: int = 1) -> float:
+    """The largest per-rank sum of a cost counted per dense and per MoE layer."""
+    return max(nd * dense_cost + nm * moe_cost for nd, nm in stage_mix(m, pp, v))
 
 
 def _layer_params(m: ModelSpec) -> tuple[int, int, int]:
@@ -107,13 +108,14 @@ def _count_layer_params(m: ModelSpec) -> tuple[int, int, int]:
 def stage_params(s: Setup) -> tuple[float, float, float]:
     """Per GPU before ZeRO sharding, on the worst pipeline stage, 1/tp: (blocks' parameters,
     of them routed experts, the largest block: one FSDP unit)."""
-    return _memo(s.model, ("stage", s.tp, s.pp, s.ep), lambda: _stage_params(s.model, s.tp, s.pp, s.ep))
+    return _memo(s.model, ("stage", s.tp, s.pp, s.ep, s.pp_virtual),
+                 lambda: _stage_params(s.model, s.tp, s.pp, s.ep, s.pp_virtual))
 
 
-def _stage_params(m: ModelSpec, tp: int, pp: int, ep: int) -> tuple[float, float, float]:
+def _stage_params(m: ModelSpec, tp: int, pp: int, ep: int, v: int) -> tuple[float, float, float]:
     dense, moe_rest, experts = _layer_params(m)
     moe_local = moe_rest + experts / ep
-    worst = max(stage_mix(m, pp), key=lambda mix: mix[0] * dense + mix[1] * moe_local)
+    worst = max(stage_mix(m, pp, v), key=lambda mix: mix[0] * dense + mix[1] * moe_local)
     blocks = (worst[0] * dense + worst[1] * moe_local) / tp
     unit = max([moe_local] + ([dense] if m.num_dense_layers else [])) / tp
     return blocks, worst[1] * experts / ep / tp, unit
@@ -195,6 +197,7 @@ class _Gemm:
     rows: float  # rows per GEMM problem: the weight gradient's reduction dim
     ramp: float = 1.0  # grouped GEMMs: rows / (rows + GROUPED_GEMM_M0) on forward and input gradient
     op_recompute: bool = False  # recomputed under torchtitan's op policy whatever the mm count (router, routed)
+    fp8: bool = True  # runs in FP8 under --precision fp8 (the router stays in its own dtype: Megatron's fp32)
 
 
 def _ffn(d: int, f: int, t: int, gated: bool, tokens: float) -> list[_Gemm]:
@@ -210,7 +213,7 @@ def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
         return _ffn(d, m.ffn_hidden_size, t, m.gated_mlp, tokens)
     moe = m.moe
     router = 2 * tokens * d * moe.num_experts / t  # sequence parallel: each TP rank routes tokens/tp
-    gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t, op_recompute=True)]
+    gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t, op_recompute=True, fp8=False)]
     if moe.shared_width:
         gemms += _ffn(d, moe.shared_width, t, m.gated_mlp, tokens)
     busy, mean = tokens * busy_rows(s), tokens * mean_rows(s)
@@ -251,6 +254,10 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
         if not frozen:
             bwd += gemm_time(g.flops, g.rows, peak, e)  # weight gradient: K = rows
             flops += g.mean_flops
+        if s.precision == "fp8" and g.fp8:  # operand casts (efficiency.FP8_CAST_BYTES): rows x (K in, N out)
+            rows = g.flops / (2 * g.k * g.n)
+            fwd += eff.FP8_CAST_BYTES * rows * g.k / hbm_bps
+            bwd += eff.FP8_CAST_BYTES * rows * g.n / hbm_bps
     elem = _mlp_elementwise_bytes(s, tokens, moe_layer, act_coef) / hbm_bps
     fwd += 0.4 * elem
     bwd += 0.6 * elem
@@ -314,17 +321,20 @@ def stage_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bp
     layers' routers, shared and routed experts (grouped GEMMs)."""
     dense = _mlp_time(s, e, tokens, peak, hbm_bps, gemm_time, act_coef, moe_layer=False)
     sparse = _mlp_time(s, e, tokens, peak, hbm_bps, gemm_time, act_coef, moe_layer=True)
-    nd, nm = max(stage_mix(s.model, s.pp), key=lambda mix: (mix[0] + mix[1]) * sum(rest[:2])
+    nd, nm = max(stage_mix(s.model, s.pp, s.pp_virtual), key=lambda mix: (mix[0] + mix[1]) * sum(rest[:2])
                  + mix[0] * sum(dense[:2]) + mix[1] * sum(sparse[:2]))
     return tuple((nd + nm) * r + nd * d + nm * x for r, d, x in zip(rest, dense, sparse, strict=True))
 
 
 # --- communication -------------------------------------------------------------------------
-def _a2a_intra_gbps(s: Setup, ring_intra_gbps: float) -> float:
+def _a2a_intra_gbps(s: Setup, ring_intra_gbps: float, forward: bool = False) -> float:
+    """All-to-all bandwidth over the node's links; `forward`: the NVLink leg of a hierarchical (deepep)
+    dispatch across nodes (efficiency.A2A_FORWARD_NVLINK_EFFICIENCY)."""
     gpu = s.gpu
     topo = s.instance.topology if s.instance else ("nvswitch" if gpu.has_nvlink else "pcie")
     if topo in ("nvswitch", "nvlink-mesh") and gpu.nvlink_links and gpu.nvlink_link_gbps:
-        return gpu.nvlink_links * gpu.nvlink_link_gbps * eff.A2A_NVLINK_EFFICIENCY
+        fraction = eff.A2A_FORWARD_NVLINK_EFFICIENCY if forward else eff.A2A_NVLINK_EFFICIENCY
+        return gpu.nvlink_links * gpu.nvlink_link_gbps * fraction
     return ring_intra_gbps  # PCIe: as the ring collectives
 
 
@@ -337,26 +347,39 @@ def _p_touched(experts: int, k: int, group: int) -> float:
     return 1.0 - miss
 
 
+def _groups_touched(s: Setup, group: int) -> float:
+    """Expected number of distinct blocks of `group` consecutive experts (one GPU's, or one node's) that a
+    token's k experts fall in. random: a trained, balanced router looks uniformly random to the dispatcher
+    (Megatron's forced balance draws random logits: router.py apply_random_logits), E/group x _p_touched.
+    contiguous: token t goes to experts t k .. t k + k - 1 (mod E), NeMo Automodel's FakeBalancedGate
+    (`fake_balanced_gate`), averaged over the token positions."""
+    e, k = s.model.moe.num_experts, s.model.moe.experts_per_token
+    if s.expert_routing != "contiguous":
+        return e / group * _p_touched(e, k, group)
+    starts = range(0, e * k // gcd(e, k), k)  # t k mod E runs through these before repeating
+    return sum(len({(x % e) // group for x in range(a, a + k)}) for a in starts) / len(starts)
+
+
 def a2a_rows(s: Setup, local: int) -> tuple[float, float]:
     """(rows over NVLink, rows over the network) per token of this GPU's share in one dispatch (or
     combine), on the busiest rank; `local`: EP ranks in this GPU's node.
 
     alltoall: a row per routed expert, (ep - 1)/ep of them to other GPUs: k (local-1)/ep over NVLink,
-    k (ep-local)/ep over the network. deepep (DeepEP normal kernels, HybridEP): a token goes once to
-    each node holding one of its experts (network) and once to each GPU holding one (NVLink; a
-    node's arrivals are forwarded to its GPUs). With routing taken as uniformly random over the
-    experts (a trained, balanced router), a given GPU (E/ep experts) is hit with chance p_gpu and a
-    given node with p_node (_p_touched): network rows p_node (nodes - 1), NVLink rows
-    p_gpu (local - 1) nodes (the GPU's own tokens and the forwarded ones). Both scale with the load
-    on the busiest rank (busy_rows / k)."""
+    k (ep-local)/ep over the network (whatever the routing: destinations spread evenly). deepep (DeepEP
+    normal kernels, HybridEP): a token goes once to each node holding one of its experts (network) and
+    once to each GPU holding one (NVLink; a node's arrivals are forwarded to its GPUs). A token reaching
+    g GPUs in n nodes (_groups_touched) sends n (nodes - 1)/nodes copies over the network and
+    g (local - 1)/local over NVLink (the destinations are spread evenly over nodes and GPUs): uniformly
+    random routing gives n = nodes p_node, g = ep p_gpu, the chance that a node (GPU) holds one of the k
+    experts. Both scale with the load on the busiest rank (busy_rows / k)."""
     moe, ep = s.model.moe, s.ep
     rows = busy_rows(s)
     if s.ep_dispatcher != "deepep":
         return rows * (local - 1) / ep, rows * (ep - local) / ep
-    e, k, load = moe.num_experts, moe.experts_per_token, rows / moe.experts_per_token
-    nodes = ep / local
-    p_gpu, p_node = _p_touched(e, k, e // ep), _p_touched(e, k, e // ep * local)
-    return load * p_gpu * (local - 1) * nodes, load * p_node * (nodes - 1)
+    per_gpu = moe.num_experts // ep
+    load, nodes = rows / moe.experts_per_token, ep / local
+    gpus_hit, nodes_hit = _groups_touched(s, per_gpu), _groups_touched(s, per_gpu * local)
+    return load * gpus_hit * (local - 1) / local, load * nodes_hit * (nodes - 1) / nodes
 
 
 FP8_DISPATCH_BYTES = 1 + 4 / 128
@@ -375,7 +398,8 @@ def a2a_call_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: f
     local = max(1, min(s.ep, dp_ranks_per_node))  # EP ranks inside this GPU's node
     nvl_rows, net_rows = a2a_rows(s, local)
     row = tokens / s.tp * m.hidden_size * nbytes
-    t = row * nvl_rows / (_a2a_intra_gbps(s, ring_intra_gbps) * 1e9)
+    hierarchical = s.ep_dispatcher == "deepep" and net_rows > 0  # forwarded inside the destination node
+    t = row * nvl_rows / (_a2a_intra_gbps(s, ring_intra_gbps, forward=hierarchical) * 1e9)
     if net_rows > 0:
         net = (s.inter_node_gbps or 0.0) / 8 / s.gpus_per_node * eff.A2A_NETWORK_EFFICIENCY
         t = max(t, row * net_rows / (net * 1e9)) if net > 0 else float("inf")
@@ -393,7 +417,7 @@ def a2a_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: float)
     pairs = 2 + (1 if s.checkpointing == "full" else 0)
     dispatch = a2a_call_s(s, tokens, dp_ranks_per_node, ring_intra_gbps, FP8_DISPATCH_BYTES if s.fp8_dispatch else a)
     combine = a2a_call_s(s, tokens, dp_ranks_per_node, ring_intra_gbps, a) if s.fp8_dispatch else dispatch
-    moe_layers = max(nm for _, nm in stage_mix(s.model, s.pp))
+    moe_layers = max(nm for _, nm in stage_mix(s.model, s.pp, s.pp_virtual))
     return moe_layers * pairs * (dispatch + combine)
 
 
@@ -414,8 +438,10 @@ def assumptions(s: Setup) -> list[str]:
     routing = (f"capacity factor {moe.capacity_factor:g} (expert buffers padded to capacity)"
                if moe.capacity_factor is not None else
                f"dropless routing, busiest expert-parallel rank {load_imbalance(s):g}x the mean load ({stated})")
-    dispatch = ("DeepEP-style dispatch (a token once per GPU and per node holding its experts, routing taken as "
-                "uniformly random)" if s.ep_dispatcher == "deepep" else "all-to-all dispatch (a row per routed expert)")
+    spread = ("routing contiguous: token t to experts t*k..t*k+k-1, as fake_balanced_gate" if s.expert_routing ==
+              "contiguous" else "routing taken as uniformly random")
+    dispatch = (f"DeepEP-style dispatch (a token once per GPU and per node holding its experts, {spread})"
+                if s.ep_dispatcher == "deepep" else "all-to-all dispatch (a row per routed expert)")
     dispatch += " in FP8, combine in BF16" if s.fp8_dispatch else ""
     dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
                  else ", not overlapped with compute")

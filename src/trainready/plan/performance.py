@@ -193,19 +193,26 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     m, gpu = s.model, s.gpu
     prec = "fp16" if s.precision == "fp16" else ("fp32" if s.precision == "fp32" else "bf16")
     peak = (gpu.peak_tflops("tf32" if prec == "fp32" else prec) or 1.0) * 1e12
-    gemm_peak = (gpu.peak_tflops("fp8") or peak / 1e12) * 1e12 if s.precision == "fp8" else peak
+    fp8 = s.precision == "fp8"
+    gemm_peak = (gpu.peak_tflops("fp8") or peak / 1e12) * 1e12 if fp8 else peak
+    ge = eff.fp8_gemm(e) if fp8 else e  # the blocks' GEMMs (FP8 under fp8; the head stays bf16)
     tokens = s.micro_batch * s.seq_len
     layers = s.stage_layers  # the largest pipeline stage
     frozen = s.method != "full"
+    mem_eff = e.eager_memory_efficiency() if s.kernels == "eager" else e.memory
+    hbm_bps = gpu.hbm_gbps * 1e9 * mem_eff
     fwd = bwd = flops = 0.0
     for k, n, count in _gemms(s):
         f_flops = 2 * tokens * k * n * count
-        fwd += _gemm_time(f_flops, k, gemm_peak, e)
-        bwd += _gemm_time(f_flops, n, gemm_peak, e)  # input gradient: K = out features
+        fwd += _gemm_time(f_flops, k, gemm_peak, ge)
+        bwd += _gemm_time(f_flops, n, gemm_peak, ge)  # input gradient: K = out features
         flops += 2 * f_flops
         if not frozen:
-            bwd += _gemm_time(f_flops, tokens, gemm_peak, e)  # weight gradient: K = tokens
+            bwd += _gemm_time(f_flops, tokens, gemm_peak, ge)  # weight gradient: K = tokens
             flops += f_flops
+        if fp8:  # each GEMM's input cast forward, its output gradient backward (efficiency.FP8_CAST_BYTES per element)
+            fwd += eff.FP8_CAST_BYTES * tokens * k * count / hbm_bps
+            bwd += eff.FP8_CAST_BYTES * tokens * n * count / hbm_bps
     if frozen:
         a_fwd, a_bwd, a_flops = _adapter_time(s, tokens, peak, e)
         fwd += a_fwd
@@ -217,8 +224,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     fwd += attn_fwd
     bwd += 2.5 * attn_fwd
     flops += 3.5 * attn_fwd_flops
-    mem_eff = e.eager_memory_efficiency() if s.kernels == "eager" else e.memory
-    elem = _elementwise_bytes_per_token_layer(s) * tokens / (gpu.hbm_gbps * 1e9 * mem_eff)
+    elem = _elementwise_bytes_per_token_layer(s) * tokens / hbm_bps
     fwd += 0.4 * elem
     bwd += 0.6 * elem
     deq = 0.0
@@ -231,10 +237,10 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     recompute_flops = {"full": flops / 3 if not frozen else flops / 2,
                        "selective-attn": attn_fwd_flops}.get(s.checkpointing, 0.0)
     if s.checkpointing == "selective-op":  # unsaved matmuls, elementwise forward, dequantization again
-        recompute, recompute_flops = _op_sac_recompute(s, tokens, gemm_peak, e)
+        recompute, recompute_flops = _op_sac_recompute(s, tokens, gemm_peak, ge)
         recompute += 0.4 * elem + deq
     if m.is_moe:  # dense layers' MLPs and MoE layers' routers and experts, on the slowest stage
-        fwd_total, bwd_total, flops_total = moe.stage_time(s, e, tokens, gemm_peak, gpu.hbm_gbps * 1e9 * mem_eff,
+        fwd_total, bwd_total, flops_total = moe.stage_time(s, ge, tokens, gemm_peak, hbm_bps,
                                                            _gemm_time, _act_bytes(s, 1),
                                                            (fwd, bwd + recompute, flops + recompute_flops))
     else:
@@ -372,13 +378,21 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     a2a_hidden = min(a2a, mb.fwd_s + mb.bwd_s) if s.ep_overlap else 0.0
     overlapped_mb += a2a_hidden
     tp_s += a2a - a2a_hidden
-    contention = e.overlap_contention() * overlapped_mb
-
-    # pipeline: activations to the next stage and gradients back, per micro-batch
-    p2p = 0.0
+    # pipeline: activations to the next stage and gradients back, per micro-batch; interleaved, once per
+    # virtual stage (v sends and v receives per rank and micro-batch: Narayanan et al. 2021, Sec. 2.2.2).
+    # Across nodes every GPU of a stage sends at once, each over its share of the node's network. The
+    # interleaved schedule's sends run beside compute (Megatron-LM's overlap_p2p_comm, on unless
+    # --no-overlap-p2p-communication; torch.distributed.pipelining posts them asynchronously).
+    p2p = p2p_hidden = 0.0
     if s.pp > 1:
-        hop = ln.intra_gbps if s.nodes == 1 else min(ln.intra_gbps, (ln.node_net_gbps or ln.intra_gbps))
-        p2p = 2 * tokens * m.hidden_size * 2 / s.tp / (hop * 1e9)
+        senders = max(1, min(s.gpus_per_node, s.n_gpus // s.pp))  # one stage's GPUs in a node
+        hop = ln.intra_gbps if s.nodes == 1 else min(ln.intra_gbps, (ln.node_net_gbps or ln.intra_gbps) / senders)
+        p2p = s.pp_virtual * 2 * tokens * m.hidden_size * 2 / s.tp / (hop * 1e9)
+        if s.pp_virtual > 1:
+            p2p_hidden = min(p2p, mb.fwd_s + mb.bwd_s)
+            p2p -= p2p_hidden
+            overlapped_mb += p2p_hidden
+    contention = e.overlap_contention() * overlapped_mb
 
     compute_mb = mb.fwd_s + mb.bwd_s + cast + contention
     cpu_mb = layers * eff.CPU_S_PER_LAYER[s.kernels] * (1.33 if s.checkpointing in ("full", "selective-op") else 1.0)
@@ -402,7 +416,9 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
 
     compute = s.grad_accum * compute_mb + optimizer + accum_adds
     exposed = s.grad_accum * (exposed_mb + tp_s + p2p) + exposed_step
-    bubble = (s.pp - 1) * (compute_mb + exposed_mb + tp_s + p2p) if s.pp > 1 else 0.0
+    # 1F1B: pp - 1 micro-batch times idle per step; interleaved with v virtual stages per rank, (pp - 1)/v
+    # (bubble fraction (p - 1)/(v m), Narayanan et al. 2021, Sec. 2.2.2, Megatron's interleaved 1F1B)
+    bubble = (s.pp - 1) / s.pp_virtual * (compute_mb + exposed_mb + tp_s + p2p) if s.pp > 1 else 0.0
     other = bubble + s.grad_accum * cpu_stall_mb + offload_s
     step = compute + exposed + other
     tokens_step = s.global_batch * s.seq_len
@@ -413,7 +429,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     hfpt = mfpt + recompute_flops_per_token(s)
     hw_per_token = mb.hw_flops * s.grad_accum * s.n_gpus / tokens_step
     return StepResult(step_s=step, compute_s=compute, exposed_comm_s=exposed, other_s=other,
-                      comm_s=comm_total + s.grad_accum * (tp_s + p2p + a2a_hidden),
+                      comm_s=comm_total + s.grad_accum * (tp_s + p2p + p2p_hidden + a2a_hidden),
                       hardware_flops_per_token=hw_per_token,
                       model_flops_per_token=mfpt, hfu_flops_per_token=hfpt, tokens_per_s=tps,
                       mfu=mfpt * tps / (s.n_gpus * peak), hfu=hfpt * tps / (s.n_gpus * peak),

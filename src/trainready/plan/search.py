@@ -83,9 +83,6 @@ class Alternative(BaseModel):
     tokens_per_s: float
 
 
-class PlanResult(BaseModel):
-    schema_version: int = PLAN_SCHEMA_VERSION
-    model: str
 class Candidate(BaseModel):
     """A point of plan --html's cost-vs-time chart: the best configuration of one instance at one node count."""
 
@@ -231,7 +228,8 @@ def largest_fitting_micro_batch(s: Setup) -> tuple[Setup, str]:
     per_dp = s.global_batch // s.dp
     chosen = s.with_(micro_batch=1, grad_accum=per_dp)
     fits = False
-    for mb in (m for m in MICRO_BATCHES if per_dp % m == 0):
+    group = s.pp if s.pp_virtual > 1 else 1  # interleaved stages: micro-batches in whole groups of pp (setup.py)
+    for mb in (m for m in MICRO_BATCHES if per_dp % m == 0 and per_dp // m % group == 0):
         cand = s.with_(micro_batch=mb, grad_accum=per_dp // mb)
         if estimate_memory(cand).peak / GiB > s.gpu.memory_gib:
             break

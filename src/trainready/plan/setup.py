@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.errors import UsageError, printable
@@ -62,6 +63,8 @@ class Setup:
     ep_dispatcher: str = "alltoall"  # MoE dispatch: "alltoall" | "deepep" (stacks.Stack.ep_dispatcher)
     ep_overlap: bool = False  # MoE all-to-alls overlapped with another micro-batch's compute
     fp8_dispatch: bool = False  # dispatch in FP8 (precision fp8 only)
+    pp_virtual: int = 1  # interleaved (virtual) pipeline stages per rank: 1 is plain 1F1B
+    expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
 
     @property
@@ -78,8 +81,10 @@ class Setup:
 
     @property
     def stage_layers(self) -> int:
-        """Layers of the largest pipeline stage (the first one: pipeline_split)."""
-        return -(-self.model.num_layers // self.pp)
+        """Layers of the busiest pipeline rank (the first one: pipeline_ranks), all its virtual stages."""
+        if self.pp_virtual == 1:
+            return -(-self.model.num_layers // self.pp)
+        return len(pipeline_ranks(self.model.num_layers, self.pp, self.pp_virtual)[0])
 
     def with_(self, **changes) -> "Setup":
         return replace(self, **changes)
@@ -139,6 +144,32 @@ def pipeline_split(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(base + (j < extra) for j in range(pp))
 
 
+@lru_cache(maxsize=1024)
+def pipeline_ranks(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[int, ...], ...]:
+    """Layer indices each pipeline rank holds. Plain 1F1B (v = 1): pipeline_split's contiguous stages.
+    Interleaved (v virtual stages per rank): the layers split into pp x v virtual stages as pipeline_split
+    splits them, virtual stage i on rank i mod pp (Narayanan et al. 2021, Sec. 2.2.2; Megatron-Core's
+    PipelineParallelLayerLayout puts layout entry i on pp rank i % pp; torchtitan's stage_ids_this_rank
+    takes rank + s x pp). The first rank holds the most layers."""
+    split = pipeline_split(num_layers, pp * v)
+    starts = [sum(split[:i]) for i in range(len(split))]
+    return tuple(tuple(j for i in range(r, pp * v, pp) for j in range(starts[i], starts[i] + split[i]))
+                 for r in range(pp))
+
+
+def in_flight_micro_batches(pp: int, v: int, micro_batches: int, rank: int = 0) -> float:
+    """Micro-batches whose activations a pipeline rank holds at once, counted in whole-rank micro-batches
+    (all its layers). 1F1B: rank r runs pp - r forwards before its first backward (at most the step's
+    micro-batches). Interleaved: rank r warms up with 2 (pp - 1 - r) + (v - 1) pp virtual-stage forwards
+    and holds one more in steady state (Megatron-Core schedules.py num_warmup_microbatches; PyTorch
+    ScheduleInterleaved1F1B warmup_steps), each 1/v of the rank's layers: for the first rank
+    pp (1 + (pp - 1)/(pp v)) micro-batches, Korthikanti et al. 2022 Sec. 4.2.3 and Megatron-LM's
+    theoretical_memory_usage.py interleaved_schedule_memory_penalty."""
+    if v == 1:
+        return float(min(pp - rank, micro_batches))
+    return min(2 * (pp - 1 - rank) + (v - 1) * pp + 1, micro_batches * v) / v
+
+
 def _normalize_strategy(strategy: str) -> str:
     return "zero3" if strategy == "fsdp" else strategy
 
@@ -153,6 +184,28 @@ def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int) -> N
     if pp > model.num_layers:  # uneven stages are fine (pipeline_split); empty ones are not
         raise UsageError(f"--pp {pp} is more than the {model.num_layers} layers of {printable(model.name)}: "
                          f"every pipeline stage needs a layer (--pp 1..{model.num_layers})")
+
+
+def _check_virtual(model: ModelSpec, pp: int, v: int, micro: int, dp: int, global_batch: int, accum: int) -> None:
+    """Interleaved pipeline stages: pp > 1, a layer per virtual stage, and micro-batches in whole groups of
+    pp: Megatron-Core's interleaved schedule runs micro-batches pp at a time per virtual stage
+    (microbatch_group_size_per_vp_stage defaults to pp; schedules.py refuses a remainder below pp), the
+    case the bubble (pp - 1)/(v m) of Narayanan et al. 2021 describes."""
+    if v == 1:
+        return
+    if pp == 1:
+        raise UsageError(f"--pp-virtual {v} needs pipeline stages (--pp 2 or more): it interleaves each "
+                         f"rank's layers into {v} virtual stages")
+    if pp * v > model.num_layers:
+        most = model.num_layers // pp
+        raise UsageError(f"--pp-virtual {v} with --pp {pp} makes {pp * v} virtual stages for the "
+                         f"{model.num_layers} layers of {printable(model.name)}: every virtual stage needs a layer "
+                         f"(--pp-virtual 1..{most})")
+    if accum % pp:
+        unit = micro * dp * pp
+        raise UsageError(f"--pp-virtual {v}: {accum} micro-batches per step is not a multiple of --pp {pp} (the "
+                         f"interleaved schedule runs micro-batches in groups of pp); global batch {global_batch} "
+                         f"-> nearest valid: {nearest_multiples(global_batch, unit)}")
 
 
 def _check_ep(model: ModelSpec, ep: int, dp: int) -> None:
@@ -177,7 +230,10 @@ def moe_comm(job: JobSpec, model: ModelSpec, stack: Stack, precision: str) -> di
     fp8 = stack.fp8_dispatch if job.fp8_dispatch is None else job.fp8_dispatch
     if job.fp8_dispatch and precision != "fp8":
         raise UsageError(f"fp8_dispatch needs --precision fp8 (this job computes in {precision})")
+    if job.expert_routing is not None and model.moe is None:
+        raise UsageError(f"expert_routing needs a mixture-of-experts model; {printable(model.name)} is dense")
     return dict(load_imbalance=job.expert_load_imbalance, ep_dispatcher=job.ep_dispatcher or stack.ep_dispatcher,
+                expert_routing=job.expert_routing or "random",
                 ep_overlap=stack.ep_overlap if job.ep_overlap is None else job.ep_overlap,
                 fp8_dispatch=fp8 and precision == "fp8")
 
@@ -251,11 +307,14 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     if model.max_seq_len and seq_len > model.max_seq_len:
         notes.append(f"seq_len {seq_len} is beyond {model.name}'s trained context ({model.max_seq_len})")
     micro = job.micro_batch or 1
-    global_batch = job.global_batch or default_global_batch(seq_len, dp, micro)
+    v = job.pp_virtual or 1
+    # interleaved stages run micro-batches in groups of pp (_check_virtual): the default batch is a whole number
+    global_batch = job.global_batch or default_global_batch(seq_len, dp * (job.pp if v > 1 else 1), micro)
     if global_batch % (micro * dp):
         raise UsageError(f"global batch {global_batch} is not divisible by micro-batch {micro} x data-parallel "
                          f"size {dp} = {micro * dp}; nearest valid: {nearest_multiples(global_batch, micro * dp)}")
     accum = global_batch // (micro * dp)
+    _check_virtual(model, job.pp, v, micro, dp, global_batch, accum)
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
     inter = job.inter_node_gbps or (inst.network_gbps if inst else None)
@@ -271,4 +330,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
-                 **moe_comm(job, model, st.stack, precision))
+                 pp_virtual=v, **moe_comm(job, model, st.stack, precision))

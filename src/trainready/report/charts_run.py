@@ -6,7 +6,9 @@ import math
 import statistics
 from typing import Any
 
-from .svg import MAX_POINTS, PART_COLOURS, finite, matplotlib_figure, reduce_series, reduce_stack, style_axes, to_svg
+import numpy as np
+
+from .svg import MAX_POINTS, PART_COLOURS, column, finite, matplotlib_figure, reduce_series, reduce_stack, style_axes, to_svg
 
 WIDTH = 11.5  # inches at 100 dpi: fits a 1200-pixel page
 Result = tuple[str | None, Any]
@@ -72,7 +74,7 @@ def throughput(steps: list[dict[str, Any]], records: list[dict[str, Any]], pred:
         return None, "no step recorded yet"
     t0 = min([r["t"] for r in records if r.get("type") == "launch"] or [segments[0][0]["t"]])
     scale, unit = _time_unit(max(r["t"] for r in segments[-1]) - t0)
-    has_mfu = any(finite(r.get("mfu")) is not None for r in steps)
+    has_mfu = bool(np.isfinite(column(steps, "mfu")).any())
     fig = matplotlib_figure(WIDTH, 4.6 if has_mfu else 3.0)
     axes = fig.subplots(2, 1, sharex=True) if has_mfu else [fig.add_subplot()]
     total = sum(len(s) for s in segments)
@@ -84,9 +86,8 @@ def throughput(steps: list[dict[str, Any]], records: list[dict[str, Any]], pred:
         ax = axes[k]
         factor = 100.0 if key == "mfu" else 1.0
         for seg in segments:
-            xs = [(r["t"] - t0) / scale for r in seg]
-            ys = [None if finite(r.get(key)) is None else finite(r.get(key)) * factor for r in seg]
-            x, mean, _, _ = reduce_series(xs, ys, math.ceil(len(seg) / size))
+            xs = (column(seg, "t") - t0) / scale
+            x, mean, _, _ = reduce_series(xs, column(seg, key) * factor, math.ceil(len(seg) / size))
             ax.plot(x, mean, color=colour, linewidth=1.1, gid=f"mark-{key}")
         value = finite((pred or {}).get(key))
         if value is not None:
@@ -127,12 +128,11 @@ def breakdown(steps: list[dict[str, Any]]) -> Result:
     order = sorted(split)
     if not order:
         return None, "no step with a time split recorded yet"
-    columns: dict[str, list[float]] = {}
-    for p in PARTS:
-        columns[p] = [max(0.0, finite(split[k].get(f"{p}_s")) or 0.0) for k in order]
-    columns["other"] = [max(0.0, interval[k] - sum(columns[p][i] for p in PARTS)) for i, k in enumerate(order)]
+    rows = [split[k] for k in order]
+    columns = {p: np.clip(np.nan_to_num(column(rows, f"{p}_s")), 0.0, None) for p in PARTS}
+    columns["other"] = np.clip(np.array([interval[k] for k in order]) - sum(columns.values()), 0.0, None)
     unmeasured = sorted({str(p) for k in order for p in (split[k].get("unmeasured") or [])})
-    columns = {k: v for k, v in columns.items() if any(v)}
+    columns = {k: v for k, v in columns.items() if v.any()}
     x, binned = reduce_stack(order, columns)
     fig = matplotlib_figure(WIDTH, 3.4, right=1.4)
     ax = fig.add_subplot()

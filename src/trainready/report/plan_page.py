@@ -9,7 +9,7 @@ from typing import Any
 from trainready.plan.units import count_text
 
 from .page import Page
-from .svg import matplotlib_figure, style_axes, to_svg
+from .svg import matplotlib_figure, require_matplotlib, style_axes, to_svg
 
 WIDTH = 11.5
 MEMORY_PARTS = (("weights", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer", "#2ca02c"),
@@ -114,6 +114,7 @@ def _row_cells(row: Any) -> list[object]:
 
 
 def plan_page(result: Any, *, memory_margin: float = 0.10) -> str:
+    require_matplotlib()
     tokens = f"{count_text(result.tokens)} tokens" if result.tokens else "no --tokens (costs per 1B tokens)"
     page = Page(title=f"trainready plan: {result.model}, {result.method}",
                 subtitle=[f"{tokens}; ranked by {result.ranked_by}; global batch {result.global_batch} x "

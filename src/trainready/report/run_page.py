@@ -16,17 +16,19 @@ from typing import Any
 
 from trainready.io import redact
 
-from . import charts_run as charts
 from .page import Page
-from .svg import finite
+from .svg import finite, require_matplotlib
 
 REFRESH_S = 15  # --live: the page reloads itself this often while the run is going
 
 
 def run_page(run_dir: Path, *, live: bool = False) -> tuple[str, Any]:
     """The page's HTML and the RunSummary it was made from (its status decides whether --live goes on)."""
+    require_matplotlib()
     from trainready.run.goodput import valid_launches
     from trainready.run.summary import load_run_info, summarize
+
+    from . import charts_run as charts
 
     records: list[dict[str, Any]] = []  # the summary's own, screened: malformed records left out
     summary = summarize(run_dir, records_out=records)
@@ -130,10 +132,12 @@ def _utc(unix: float | None) -> str:
 
 
 def _launch_rows(info: dict[str, Any], s: Any) -> list[list[object]]:
+    from .charts_run import duration
+
     rows = []
     for i, launch in enumerate(info.get("launches") or []):
         start, end = launch.get("start_unix"), launch.get("end_unix")
-        wall = "-" if start is None or end is None else charts.duration(end - start)
+        wall = "-" if start is None or end is None else duration(end - start)
         reason = launch.get("reason") if isinstance(launch.get("reason"), str) else None
         outcome = reason or ("running" if i == len(info["launches"]) - 1 and s.status == "running"
                                            else "unknown" if end is None else "-")

@@ -22,6 +22,16 @@ PART_COLOURS = {"compute": "#1f77b4", "data": "#ff7f0e", "comm": "#2ca02c", "opt
 MAX_POINTS = 1000  # a 1280-pixel chart cannot show more; longer series are reduced to bins
 
 
+def require_matplotlib() -> None:
+    """A usage error naming the extra, before anything else is read, when matplotlib (and numpy,
+    which it brings) is missing."""
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError:
+        raise UsageError(f"--html needs matplotlib: {INSTALL}") from None
+
+
 def matplotlib_figure(width_in: float, height_in: float, *, left: float = 0.8, right: float = 0.25,
                       bottom: float = 0.55, top: float = 0.15):
     """A Figure on the SVG canvas, or a usage error naming the extra when matplotlib is missing.
@@ -62,6 +72,15 @@ def finite(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
+def column(records: Sequence[dict], key: str):
+    """records[i][key] as a float array: NaN where it is missing, not a number (a bool, a string) or not finite."""
+    import numpy as np
+
+    values = np.array([v if type(v) in (int, float) else np.nan for v in (r.get(key) for r in records)], dtype=float)
+    values[~np.isfinite(values)] = np.nan
+    return values
+
+
 def reduce_series(xs: Sequence[float], ys: Sequence[float | None], max_points: int = MAX_POINTS
                   ) -> tuple[list[float], list[float], list[float], list[float]]:
     """(x, mean, min, max) per bin of consecutive points, at most `max_points` bins; missing
@@ -69,7 +88,7 @@ def reduce_series(xs: Sequence[float], ys: Sequence[float | None], max_points: i
     import numpy as np
 
     x = np.asarray(xs, dtype=float)
-    y = np.array([np.nan if v is None else v for v in ys], dtype=float)
+    y = ys if isinstance(ys, np.ndarray) else np.array([np.nan if v is None else v for v in ys], dtype=float)
     keep = ~np.isnan(y)
     x, y = x[keep], y[keep]
     n = len(y)

@@ -35,6 +35,9 @@ def reason(s: Setup) -> str | None:
                 "AutoTP; tp x pp: use --framework megatron or torchtitan")
     if s.pp > 1 and s.method != "full":
         return "PEFT adapters in a DeepSpeed PipelineModule are not supported; use pp 1"
+    if s.pp_virtual > 1:
+        return ("DeepSpeed's pipeline engine runs one stage per rank (TrainSchedule, 1F1B), not interleaved "
+                "virtual stages; use --framework megatron or torchtitan")
     if s.tp > 1 and s.method != "full":
         return f"PEFT {s.method} on AutoTP-sharded layers is not documented; use a tp 1 row"
     if ep(s) > 1:
@@ -43,6 +46,9 @@ def reason(s: Setup) -> str | None:
                     f"use --framework torchtitan or megatron")
         if s.pp > 1 or s.tp > 1 or s.method != "full":
             return "DeepSpeed AutoEP here only with tp 1, pp 1 and full training; use --framework megatron"
+        if s.ep_dispatcher != "alltoall" or s.ep_overlap:
+            return ("DeepSpeed AutoEP dispatches tokens by a collective all-to-all in the compute path: no "
+                    "DeepEP dispatcher, no all-to-all overlap; use --framework megatron")
     return None
 
 

@@ -52,6 +52,9 @@ def reason(s: Setup) -> str | None:
             return f"transformers needs ep a multiple of tp dividing dp x tp (ep {ep(s)}, tp {s.tp}, dp {s.dp})"
         if s.strategy == "ddp":
             return "transformers shards experts over FSDP ranks (fsdp_size x tp / ep); ddp: --framework torchtitan"
+        if s.ep_dispatcher != "alltoall" or s.ep_overlap:
+            return ("transformers' expert-parallel plan dispatches by a collective all-to-all in the compute "
+                    "path: no DeepEP dispatcher, no all-to-all overlap; use --framework megatron")
     return None
 
 

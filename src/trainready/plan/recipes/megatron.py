@@ -37,6 +37,8 @@ FLAGS: dict[str, str | None] = {
     "--tensor-model-parallel-size": "tensor_model_parallel_size",
     "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
     "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
+    "--num-virtual-stages-per-pipeline-rank": None, "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
+    "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
     "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
     "--use-distributed-optimizer": None, "--optimizer-cpu-offload": None, "--optimizer-offload-fraction": None,
     "--use-precision-aware-optimizer": None,
@@ -67,6 +69,16 @@ def reason(s: Setup) -> str | None:
         return f"Megatron-LM has no ALiBi positions ({m.name}); use --framework deepspeed"
     if m.mlp == "geglu":
         return f"Megatron-LM has no tanh-GeGLU flag ({m.name}: Gemma); use --framework deepspeed or hf-tp"
+    if ep(s) > 1 and s.fp8_dispatch:
+        return ("Megatron-Core's flex dispatcher sends activations as they are (bf16 under FP8 compute; HybridEP "
+                "'does not support fp8 dispatch now', moe/fused_a2a.py): plan without fp8_dispatch")
+    if ep(s) > 1 and s.ep_overlap:  # TransformerConfig.__post_init__'s rules for overlap_moe_expert_parallel_comm
+        if s.pp > 1 and s.pp_virtual == 1:
+            return ("Megatron's --overlap-moe-expert-parallel-comm needs virtual pipeline stages when pp > 1 "
+                    "(transformer_config.py): add --pp-virtual")
+        if checkpointing(s) == "full":
+            return ("Megatron's --overlap-moe-expert-parallel-comm refuses full recompute (transformer_config.py): "
+                    "use --activation-checkpointing selective-attn or none")
     return None
 
 
@@ -113,9 +125,12 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
         if m.mla.q_lora_rank:
             a.append(("--q-lora-rank", m.mla.q_lora_rank))
     if m.moe is not None:
+        deepep = ep(s) > 1 and s.ep_dispatcher == "deepep"  # DeepEP through the flex dispatcher (moe/fused_a2a.py)
         a += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.experts_per_token),
               ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", True),
-              ("--moe-token-dispatcher-type", "alltoall"), ("--moe-router-dtype", "fp32")]
+              ("--moe-token-dispatcher-type", "flex" if deepep else "alltoall"), ("--moe-router-dtype", "fp32")]
+        if deepep:
+            a.append(("--moe-flex-dispatcher-backend", "deepep"))
         if m.moe.router_bias:  # DeepSeek-V3: sigmoid scores with a bias that balances the experts
             a += [("--moe-router-score-function", "sigmoid"), ("--moe-router-enable-expert-bias", True)]
         if m.moe.num_shared_experts:
@@ -128,12 +143,14 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
     return a
 
 
-def pipeline_layout(num_layers: int, pp: int) -> str:
+def pipeline_layout(num_layers: int, pp: int, v: int = 1) -> str:
     """Megatron-Core's --pipeline-model-parallel-layout for setup.pipeline_split's uneven stages: E the
     embedding, t a decoder layer, L the loss, | between stages, (..)*n a repeat: 61 layers on 4 stages
-    are Et*16|(t*15|)*2t*15L."""
-    split = pipeline_split(num_layers, pp)
-    stages = [("E" if j == 0 else "") + f"t*{n}" + ("L" if j == pp - 1 else "") for j, n in enumerate(split)]
+    are Et*16|(t*15|)*2t*15L. With v virtual stages per rank, pp x v stages, entry i on rank i % pp
+    (PipelineParallelLayerLayout), as setup.pipeline_ranks assigns them."""
+    n = pp * v
+    split = pipeline_split(num_layers, n)
+    stages = [("E" if j == 0 else "") + f"t*{k}" + ("L" if j == n - 1 else "") for j, k in enumerate(split)]
     out = ""
     for stage, run in groupby(stages):
         count = len(list(run))
@@ -143,10 +160,15 @@ def pipeline_layout(num_layers: int, pp: int) -> str:
 
 def parallel_args(s: Setup) -> list[tuple[str, object]]:
     a: list[tuple[str, object]] = [("--tensor-model-parallel-size", s.tp), ("--pipeline-model-parallel-size", s.pp)]
-    if s.model.num_layers % s.pp:  # uneven stages: Megatron splits evenly unless told the layout
-        a.append(("--pipeline-model-parallel-layout", pipeline_layout(s.model.num_layers, s.pp)))
+    v = s.pp_virtual
+    if s.model.num_layers % (s.pp * v):  # uneven stages: Megatron splits evenly unless told the layout
+        a.append(("--pipeline-model-parallel-layout", pipeline_layout(s.model.num_layers, s.pp, v)))
+    elif v > 1:  # interleaved 1F1B (validate_args sets virtual_pipeline_model_parallel_size from it)
+        a.append(("--num-virtual-stages-per-pipeline-rank", v))
     if s.model.is_moe:
         a.append(("--expert-model-parallel-size", ep(s)))
+        if ep(s) > 1 and s.ep_overlap:  # dispatch/combine beside another micro-batch's compute
+            a.append(("--overlap-moe-expert-parallel-comm", True))
     if s.tp > 1:
         a.append(("--sequence-parallel", True))
     if s.strategy == "zero1":
@@ -182,14 +204,23 @@ def args(s: Setup) -> list[tuple[str, object]]:
 
 def recipe(s: Setup) -> Recipe:
     env, notes = environment(s)
-    env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM's examples: overlaps TP comm with compute
+    # Megatron-LM's examples: 1 overlaps TP comm with compute; EP A2A overlap wants more queues (arguments.py
+    # warns against combining it with TP on Hopper and suggests 32 when it is prioritized)
+    overlap = ep(s) > 1 and s.ep_overlap and s.tp == 1
+    env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32" if overlap else "1"
     notes.insert(0, f"Megatron-LM pretrain_gpt.py on Megatron-Core {CORE_VERSION} with Transformer Engine: save "
                     f"the config as {ARGS_FILE}; add --data-path, --tokenizer-type/--tokenizer-model, "
                     f"--train-iters and --lr (or --mock-data for a first run)")
     if s.strategy == "zero1":
         notes.append("--use-distributed-optimizer: optimizer states sharded over data-parallel ranks (ZeRO-1)")
-    if s.pp > 1:
+    if s.pp > 1 and s.pp_virtual > 1:
+        notes.append(f"pipeline {s.pp} x {s.pp_virtual} virtual stages per rank: {s.grad_accum} micro-batches per "
+                     f"step through the interleaved 1F1B schedule (bubble (pp-1)/v of the 1F1B one)")
+    elif s.pp > 1:
         notes.append(f"pipeline {s.pp}: {s.grad_accum} micro-batches per step through the 1F1B schedule")
+    if s.model.is_moe and ep(s) > 1 and s.ep_dispatcher == "deepep":
+        notes.append("--moe-token-dispatcher-type flex needs DeepEP installed (github.com/deepseek-ai/DeepEP); "
+                     "--moe-flex-dispatcher-backend hybridep selects NVIDIA's HybridEP instead")
     notes.append(batch_note(s))
     return Recipe(framework=NAME, torchrun=torchrun(s, f"pretrain_gpt.py $(cat {ARGS_FILE})"), env=env,
                   config_kind="megatron-args", config_file=ARGS_FILE, config=args_lines(args(s)), notes=notes)

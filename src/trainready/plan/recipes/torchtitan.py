@@ -59,7 +59,26 @@ def reason(s: Setup) -> str | None:
     if checkpointing(s) == "selective-attn":
         return ("torchtitan's selective checkpointing is op-level (selective-op), not Megatron's attention "
                 "recompute; use --framework megatron or --activation-checkpointing selective-op")
+    if s.pp_virtual > 1 and layers_per_stage(s) is None:
+        n = s.pp * s.pp_virtual
+        return (f"torchtitan makes ceil({m.num_layers} / pipeline_parallel_layers_per_stage) stages: no whole "
+                f"number of layers per stage gives {n} (pp {s.pp} x {s.pp_virtual} virtual); use --framework "
+                f"megatron (--pipeline-model-parallel-layout) or another --pp-virtual")
+    if ep(s) > 1 and s.ep_dispatcher == "deepep":
+        return ("torchtitan 0.3 picks DeepEP/HybridEP in the model's Python config (model_registry(..., "
+                "moe_comm_backend='deepep')), not on its command line; use --framework megatron")
+    if ep(s) > 1 and s.ep_overlap:
+        return ("torchtitan 0.3 has no all-to-all overlap on its command line for the 1F1B schedules; use "
+                "--framework megatron (--overlap-moe-expert-parallel-comm)")
     return None
+
+
+def layers_per_stage(s: Setup) -> int | None:
+    """torchtitan's pipeline_parallel_layers_per_stage for pp x v stages: it makes ceil(layers / it) stages
+    and splits the layers evenly over them, the extra ones first (distributed/pipeline_parallel.py), which
+    is setup.pipeline_ranks' split; None: no value gives exactly pp x v stages."""
+    n, layers = s.pp * s.pp_virtual, s.model.num_layers
+    return next((k for k in range(1, layers + 1) if -(-layers // k) == n), None)
 
 
 def module_config(s: Setup) -> tuple[str, str, bool]:
@@ -84,11 +103,13 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
     ]
     if s.pp > 1:  # local_batch_size is split into pipeline micro-batches of this size
         a += [("--parallelism.pipeline_parallel_microbatch_size", s.micro_batch),
-              ("--parallelism.pipeline_parallel_schedule", "1F1B"),
+              ("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B" if s.pp_virtual > 1 else "1F1B"),
               # layers split as the estimate splits them (setup.pipeline_split: even, the extra ones first);
               # torchtitan's default counts the embedding and the head as a layer each
               ("--parallelism.pipeline_parallel_first_stage_less_layers", 0),
               ("--parallelism.pipeline_parallel_last_stage_less_layers", 0)]
+        if s.pp_virtual > 1:  # pp x v stages, stage i on rank i % pp (stage_ids_this_rank, "loop" style)
+            a.append(("--parallelism.pipeline_parallel_layers_per_stage", layers_per_stage(s)))
     if s.model.is_moe:
         a.append(("--parallelism.expert_parallel_degree", ep(s)))
     local = s.micro_batch * s.grad_accum if s.pp > 1 else s.micro_batch
