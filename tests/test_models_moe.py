@@ -205,8 +205,8 @@ def test_deepseek_v2_is_read_with_the_same_shape_family():
     ("qwen3-30b-a3b", {"mlp_only_layers": "0"}, ["'mlp_only_layers'", "a list"]),
     ("qwen3-30b-a3b", {"mlp_only_layers": [0, "x"]}, ["'mlp_only_layers'", "layer numbers"]),
     # top-k larger than the experts there are
-    ("mixtral-8x7b", {"num_experts_per_tok": 9}, ["experts_per_token 9", "num_experts 8", "1..8"]),
-    ("deepseek-v3", {"first_k_dense_replace": 61}, ["first_dense_layers 61", "0..60"]),
+    ("mixtral-8x7b", {"num_experts_per_tok": 9}, ["'num_experts_per_tok' 9", "'num_local_experts' 8", "1..8"]),
+    ("deepseek-v3", {"first_k_dense_replace": 61}, ["'first_k_dense_replace' 61", "0..60"]),
     # layouts not modelled are refused, not guessed
     ("qwen3-30b-a3b", {"mlp_only_layers": [5, 9]}, ["mlp_only_layers [5, 9]", "leading dense layers"]),
     ("deepseek-v3", {"moe_layer_freq": 2}, ["moe_layer_freq 2", "not modelled"]),

@@ -41,7 +41,7 @@ def estimate(
     gpus: Annotated[Optional[int], typer.Option("--gpus", parser=o.number("16", hi=MAX_GPUS, whole=True), help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", parser=o.number("8", hi=1024, whole=True), help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
     inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", parser=o.number("400"), help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
-    strategy: Annotated[Optional[o.Strategy], typer.Option("--strategy", help="Data parallelism: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]", rich_help_panel=PAR)] = None,
+    strategy: Annotated[Optional[o.StrategyMode], typer.Option("--strategy", show_choices=False, help="Data parallelism: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]", rich_help_panel=PAR)] = None,
     tp: Annotated[Optional[int], typer.Option("--tp", parser=o.number("2", hi=1024, whole=True), help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
     pp: Annotated[Optional[int], typer.Option("--pp", parser=o.number("2", hi=1024, whole=True), help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
     pp_virtual: Annotated[Optional[int], typer.Option("--pp-virtual", parser=o.number("4", hi=128, whole=True), help="Interleaved pipeline: virtual stages per pipeline rank (Megatron's interleaved 1F1B, torchtitan's Interleaved1F1B); shrinks the bubble v-fold. Needs --pp 2+ and micro-batches per step a multiple of --pp. [default: 1]", rich_help_panel=PAR)] = None,

@@ -64,6 +64,7 @@ def labelled(choices: type[Enum], label: str) -> Any:
 
 CkptMode = labelled(Ckpt, "MODE")
 OffloadMode = labelled(Offload, "STATES")
+StrategyMode = labelled(Strategy, "STRATEGY")  # ddp|zero1|... squeezed --expert-load-imbalance at 80 columns
 
 
 class Method(str, Enum):

@@ -20,13 +20,16 @@ from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError, printable
 
 from . import hf_moe
-from .model_spec import ModelSpec
+from .model_spec import MAX_PARAMS, ModelSpec
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3",
              "gpt2", "gpt_neox", "mpt", "falcon", "opt", "bloom",
              "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 
 
+# No size or count in a model of at most MAX_PARAMS parameters is larger than MAX_PARAMS; a bigger one is a
+# typo, and 10**400 would overflow the float arithmetic downstream.
+_MAX = int(MAX_PARAMS)
 _KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "count": ("a whole number above 0", lambda v: type(v) is int and v > 0),
     "number": ("a number above 0", lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0),
@@ -47,15 +50,21 @@ class _Config:
     """Key access that fails with the key and the file named, and with the value's type checked
     (booleans are not counts: `"num_hidden_layers": true` is an error, not 1 layer)."""
 
-    def __init__(self, data: dict[str, Any], path: str, prefix: str = "", model_type: Any = None):
+    def __init__(self, data: dict[str, Any], path: str, prefix: str = "", model_type: Any = None,
+                 sizes: dict[str, int] | None = None):
         self.data, self.path, self.prefix = data, path, prefix
         self.model_type = data.get("model_type") if model_type is None else model_type
+        self.sizes: dict[str, int] = {} if sizes is None else sizes  # counts read, by key (shared with sub())
 
     def _checked(self, key: str, value: Any, kind: str) -> Any:
         want, ok = _KINDS[kind]
+        if kind in ("count", "index") and ok(value) and value > _MAX:
+            want, ok = f"{want}, at most {MAX_PARAMS:.0e}", lambda v: False
         if not ok(value):
             raise UsageError(f"{self.path}: '{self.prefix}{key}' is {_shown(value)}; it must be {want} "
                              f"(model_type '{printable(self.model_type)}')")
+        if kind == "count":
+            self.sizes[self.prefix + key] = value
         return value
 
     def need(self, *keys: str, kind: str = "count") -> Any:
@@ -71,7 +80,7 @@ class _Config:
 
     def sub(self, key: str) -> "_Config":
         """A nested object (MPT's attn_config), its keys named as attn_config.key."""
-        return _Config(self.get(key, {}, kind="dict"), self.path, f"{self.prefix}{key}.", self.model_type)
+        return _Config(self.get(key, {}, kind="dict"), self.path, f"{self.prefix}{key}.", self.model_type, self.sizes)
 
 
 def _gelu_kind(name: str) -> str:
@@ -176,7 +185,13 @@ def _mpt(c: _Config) -> dict:
         kv = 1
     ffn_cfg = c.sub("ffn_config")
     mlp = "swiglu" if ffn_cfg.get("ffn_type", "mptmlp", "str") == "mptglu" else "gelu"
-    ffn = ffn_cfg.get("ffn_hidden_size", None) or int(c.need("expansion_ratio", kind="number") * d)
+    ffn = ffn_cfg.get("ffn_hidden_size", None)
+    if ffn is None:
+        ratio = c.need("expansion_ratio", kind="number")
+        if not 1 <= ratio * d <= _MAX:  # 1e308 x d is inf: int() of it would overflow
+            raise UsageError(f"{c.path}: 'expansion_ratio' {_shown(ratio)} x 'd_model' {d} is not an MLP width "
+                             f"from 1 to {MAX_PARAMS:.0e} (model_type 'mpt')")
+        ffn = int(ratio * d)
     return dict(family="mpt", vocab_size=c.need("vocab_size"), hidden_size=d, num_layers=c.need("n_layers"),
                 num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, mlp=mlp,
                 norm="layernorm-nobias" if no_bias else "layernorm",
@@ -259,8 +274,27 @@ def from_dict(data: dict[str, Any], path: str = "<config>") -> ModelSpec:
     try:  # the name goes into titles and messages: control characters as \xNN
         return ModelSpec(name=printable(name), source=f"Hugging Face config {path}", **fields)
     except ValidationError as exc:
-        msg = "; ".join(f"{e['loc'][0]}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors())
-        raise UsageError(f"{path}: inconsistent shape: {msg}") from None
+        errors = exc.errors()
+        msg = "; ".join(f"{e['loc'][0]}: {_plain_msg(e['msg'])}" if e["loc"] else _plain_msg(e["msg"])
+                        for e in errors)
+        too_big = any("parameters is more than" in e["msg"] for e in errors)
+        raise UsageError(f"{path}: inconsistent shape: {msg}{_largest(c) if too_big else ''}") from None
+
+
+def _plain_msg(msg: str) -> str:
+    """pydantic's "Value error, ..." without its prefix: the message is ours."""
+    return msg.removeprefix("Value error, ")
+
+
+_NOT_SIZES = ("max_position_embeddings", "n_positions", "max_seq_len", "num_nextn_predict_layers",
+              "first_k_dense_replace", "decoder_sparse_step", "moe_layer_freq")
+
+
+def _largest(c: _Config) -> str:
+    """For a shape too big to model: the largest sizes the file gave (the typo is among them)."""
+    sizes = {k: v for k, v in c.sizes.items() if k.rsplit(".", 1)[-1] not in _NOT_SIZES}
+    top = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+    return ("; largest sizes in the file: " + ", ".join(f"'{k}' {_shown(v)}" for k, v in top)) if top else ""
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
@@ -273,6 +307,8 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{shown}: not valid JSON: {exc}") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        raise UsageError(f"{shown}: not a config.json: {printable(str(exc).split(';')[0])}") from None
     except RecursionError:
         raise UsageError(f"{shown}: not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):

@@ -34,6 +34,14 @@ def _dense_prefix(c: "_Config") -> int:
         raise UsageError(f"{c.path}: '{c.prefix}mlp_only_layers' must be a list of layer numbers (0 or more) "
                          f"(model_type '{printable(c.model_type)}')")
     n = len(set(layers))
+    total = c.need("num_hidden_layers")
+    if n and max(layers) >= total:
+        raise UsageError(f"{c.path}: '{c.prefix}mlp_only_layers' names layer {max(layers)}; "
+                         f"'{c.prefix}num_hidden_layers' is {total}: layers are 0..{total - 1} (model_type "
+                         f"'{printable(c.model_type)}')")
+    if n >= total:
+        raise UsageError(f"{c.path}: '{c.prefix}mlp_only_layers' makes all {total} layers dense: a "
+                         f"mixture-of-experts model needs a MoE layer (model_type '{printable(c.model_type)}')")
     if sorted(set(layers)) != list(range(n)):
         raise UsageError(f"{c.path}: mlp_only_layers {sorted(set(layers))[:8]} puts dense layers between MoE "
                          f"layers; only leading dense layers (0, 1, ...) are modelled (model_type "
@@ -41,14 +49,29 @@ def _dense_prefix(c: "_Config") -> int:
     return n
 
 
+def _routing(c: "_Config", experts_key: str) -> tuple[int, int]:
+    """(routed experts, top-k), top-k checked against the experts under the config's own key names."""
+    experts, k = c.need(experts_key), c.need("num_experts_per_tok")
+    if k > experts:
+        raise UsageError(f"{c.path}: '{c.prefix}num_experts_per_tok' {k} is more than '{c.prefix}{experts_key}' "
+                         f"{experts}: each token goes to 1..{experts} experts (model_type "
+                         f"'{printable(c.model_type)}')")
+    return experts, k
+
+
 def mixtral(c: "_Config", base: dict[str, Any]) -> dict:
-    return {**base, "moe": dict(num_experts=c.need("num_local_experts"), experts_per_token=c.need("num_experts_per_tok"),
-                                expert_ffn_hidden_size=base["ffn_hidden_size"])}
+    experts, k = _routing(c, "num_local_experts")
+    return {**base, "moe": dict(num_experts=experts, experts_per_token=k, expert_ffn_hidden_size=base["ffn_hidden_size"])}
 
 
 def _qwen_moe(c: "_Config", base: dict[str, Any], shared: bool) -> dict:
-    step = c.get("decoder_sparse_step", 1)
-    moe: dict[str, Any] = dict(num_experts=c.need("num_experts"), experts_per_token=c.need("num_experts_per_tok"),
+    step, layers = c.get("decoder_sparse_step", 1), c.need("num_hidden_layers")
+    if step > layers:  # layer i is MoE when (i + 1) % step == 0
+        raise UsageError(f"{c.path}: '{c.prefix}decoder_sparse_step' {step} leaves no MoE layer in "
+                         f"'{c.prefix}num_hidden_layers' {layers}: it can be 1..{layers} (model_type "
+                         f"'{printable(c.model_type)}')")
+    experts, k = _routing(c, "num_experts")
+    moe: dict[str, Any] = dict(num_experts=experts, experts_per_token=k,
                                expert_ffn_hidden_size=c.need("moe_intermediate_size"),
                                layer_freq=step, first_dense_layers=_dense_prefix(c))
     if shared:
@@ -78,9 +101,15 @@ def deepseek(c: "_Config", family: str) -> dict:
                          f"'{printable(c.model_type)}')")
     shared = c.get("n_shared_experts", 0, "index")
     expert = c.need("moe_intermediate_size")
-    moe = dict(num_experts=c.need("n_routed_experts"), experts_per_token=c.need("num_experts_per_tok"),
+    experts, k = _routing(c, "n_routed_experts")
+    dense, layers = c.need("first_k_dense_replace", kind="index"), c.need("num_hidden_layers")
+    if dense >= layers:
+        raise UsageError(f"{c.path}: '{c.prefix}first_k_dense_replace' {dense} leaves no MoE layer in "
+                         f"'{c.prefix}num_hidden_layers' {layers}: it can be 0..{layers - 1} (model_type "
+                         f"'{printable(c.model_type)}')")
+    moe = dict(num_experts=experts, experts_per_token=k,
                expert_ffn_hidden_size=expert, num_shared_experts=shared,
-               first_dense_layers=c.need("first_k_dense_replace", kind="index"),
+               first_dense_layers=dense,
                # DeepSeek-V3's router: weight plus e_score_correction_bias (transformers DeepseekV3TopkRouter)
                router_bias=family == "deepseek_v3",
                mtp_layers=c.get("num_nextn_predict_layers", 0, "index"))

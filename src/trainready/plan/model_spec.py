@@ -147,8 +147,9 @@ class ModelSpec(BaseModel):
             if self.num_moe_layers == 0:
                 raise ValueError(f"layer_freq {self.moe.layer_freq} with first_dense_layers "
                                  f"{self.moe.first_dense_layers} leaves no MoE layer in {self.num_layers} layers")
-        if self.param_count() > MAX_PARAMS:
-            raise ValueError(f"{self.param_count():.3g} parameters is more than the {MAX_PARAMS:.0e} this "
+        if (count := self.param_count()) > MAX_PARAMS:  # a float overflows past 1e308: say "over 1e300" then
+            shown = f"{count:.3g}" if count < 10**300 else "over 1e300"
+            raise ValueError(f"{shown} parameters is more than the {MAX_PARAMS:.0e} this "
                              f"planner models: check the shape's sizes")
         return self
 

@@ -23,6 +23,7 @@ CHOICES: tuple[str, ...] = ("auto", *FRAMEWORKS)
 AUTO_ORDER: tuple[str, ...] = ("deepspeed", "torchtitan", "megatron", "hf-tp")
 _STACK_FRAMEWORK = {"torchtitan": "torchtitan", "torchtitan-compile": "torchtitan", "megatron": "megatron",
                     "deepspeed": "deepspeed"}
+_OWN_STACK = {"torchtitan": "torchtitan", "megatron": "megatron", "deepspeed": "deepspeed", "hf-tp": "hf-trainer"}
 
 __all__ = ["AUTO_ORDER", "CHOICES", "FRAMEWORKS", "Recipe", "framework_for", "framework_reason", "recipe_for"]
 
@@ -40,6 +41,11 @@ def _order(s: Setup) -> tuple[str, ...]:
 def framework_for(s: Setup, name: str = "auto") -> tuple[str | None, str | None]:
     """(the framework that runs `s`, None) or (None, why not): for "auto" the first in order."""
     _check(name)
+    own = _STACK_FRAMEWORK.get(getattr(s, "stack", "") or "")
+    if name != "auto" and own and own != name:  # the row's speed assumes the stack's framework, not this one
+        return None, (f"--stack {s.stack} is {own}'s kernels, reduce dtype and recompute, which the row's speed "
+                      f"assumes; --framework {name} runs its own: use --framework {own} or --stack "
+                      f"{_OWN_STACK[name]}")
     if name != "auto":
         why = _MODULES[name].reason(s)
         return (None, why) if why else (name, None)

@@ -39,7 +39,8 @@ def reason(s: Setup) -> str | None:
     if s.precision not in ("bf16", "fp32"):
         return f"transformers' FSDP mixed precision is bf16 (fp32 reduce), not {s.precision}; use --framework megatron"
     if s.reduce_dtype != "fp32" and s.precision != "fp32":
-        return "transformers' FSDP mixed precision reduces in fp32; plan with --reduce-dtype fp32"
+        return (f"transformers' FSDP mixed precision reduces in fp32, this row in {s.reduce_dtype} (stack "
+                f"{s.stack}): use --stack hf-trainer or --framework deepspeed")
     if checkpointing(s).startswith("selective"):
         return ("transformers' gradient_checkpointing recomputes whole layers; selective: --framework "
                 "torchtitan (op-level) or megatron (attention)")
@@ -51,7 +52,7 @@ def reason(s: Setup) -> str | None:
         if ep(s) % s.tp or (s.dp * s.tp) % ep(s):
             return f"transformers needs ep a multiple of tp dividing dp x tp (ep {ep(s)}, tp {s.tp}, dp {s.dp})"
         if s.strategy == "ddp":
-            return "transformers shards experts over FSDP ranks (fsdp_size x tp / ep); ddp: --framework torchtitan"
+            return "transformers shards experts over FSDP ranks (fsdp_size x tp / ep); ddp: --framework megatron"
         if s.ep_dispatcher != "alltoall" or s.ep_overlap:
             return ("transformers' expert-parallel plan dispatches by a collective all-to-all in the compute "
                     "path: no DeepEP dispatcher, no all-to-all overlap; use --framework megatron")

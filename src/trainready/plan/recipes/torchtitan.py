@@ -41,8 +41,11 @@ def reason(s: Setup) -> str | None:
     if m.norm != "rmsnorm" or m.position != "rope" or m.mlp != "swiglu" or m.qkv_bias:
         what = ("LayerNorm" if m.norm != "rmsnorm" else f"{m.position} positions" if m.position != "rope"
                 else f"a {m.mlp} MLP" if m.mlp != "swiglu" else "QKV biases")
+        # Megatron has neither ALiBi nor GeGLU (megatron.reason); transformers' plans have GeGLU (Gemma)
+        alt = ("deepspeed" if m.position == "alibi" else "deepspeed or hf-tp" if m.mlp == "geglu"
+               else "deepspeed or megatron")
         return (f"torchtitan implements Llama 3/Qwen3/DeepSeek-V3-style blocks (RMSNorm, RoPE, SwiGLU, no "
-                f"biases); {m.name} has {what}: use --framework deepspeed or megatron")
+                f"biases); {m.name} has {what}: use --framework {alt}")
     if s.strategy in ("zero1", "zero2"):
         alt = "deepspeed or megatron" if s.strategy == "zero1" else "deepspeed"
         return (f"torchtitan shards with FSDP2 (ZeRO-3) or replicates (DDP), no {s.strategy}: "
@@ -50,12 +53,16 @@ def reason(s: Setup) -> str | None:
     if s.offload == "optimizer":
         return ("torchtitan's CPU offload (training.enable_cpu_offload) moves parameters, gradients and "
                 "optimizer states; the optimizer alone: --framework deepspeed")
-    if s.precision not in ("bf16", "fp32"):
+    if s.precision not in ("bf16", "fp32"):  # DeepSpeed has fp16 but no fp8 of its own (deepspeed.reason)
         return (f"torchtitan's mixed_precision_param is bfloat16 or float32, not {s.precision} (float8 is a "
-                f"model converter in a Python config); use --framework megatron or deepspeed")
-    if s.reduce_dtype != "fp32":
-        return ("torchtitan reduces gradients in float32 only (training.mixed_precision_reduce); "
-                "plan with --reduce-dtype fp32 or use --framework deepspeed")
+                f"model converter in a Python config); use --framework "
+                f"{'megatron' if s.precision == 'fp8' else 'megatron or deepspeed'}")
+    if s.reduce_dtype != "fp32":  # `plan` has no --reduce-dtype: the stack (or estimate's flag) sets it
+        return (f"torchtitan reduces gradients in float32 only (training.mixed_precision_reduce), this row in "
+                f"{s.reduce_dtype} (stack {s.stack}): use --stack torchtitan or --framework deepspeed")
+    if ep(s) > 1 and s.strategy == "ddp":
+        return ("torchtitan carves expert parallelism out of the FSDP and TP ranks (efsdp = dp_shard x tp / ep, "
+                "ParallelDims.build_mesh); replicated ddp has no dp_shard ranks: --framework megatron")
     if checkpointing(s) == "selective-attn":
         return ("torchtitan's selective checkpointing is op-level (selective-op), not Megatron's attention "
                 "recompute; use --framework megatron or --activation-checkpointing selective-op")
@@ -127,6 +134,29 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
     return a
 
 
+def custom_model_note(m, module: str, config: str) -> str:
+    """What a config_registry function for a model torchtitan does not ship must hold: the shape,
+    experts and latent attention included, after the shipped model family that has those blocks."""
+    template = "deepseek_v3" if m.mla is not None else "qwen3" if (m.qk_norm or m.is_moe) else "llama3"
+    dims = (f"{m.num_layers} layers, dim {m.hidden_size}, {m.num_heads} heads, {m.num_kv_heads} KV heads"
+            + (f", head_dim {m.head_dim}" if m.head_dim and m.mla is None else "")
+            + f", FFN {m.ffn_hidden_size}, vocab {m.vocab_size}" + (", tied embeddings" if m.tied_embeddings else "")
+            + (", RMSNorm on q and k" if m.qk_norm else ", no RMSNorm on q and k" if template == "qwen3" else ""))
+    if m.mla is not None:
+        a = m.mla
+        dims += (f"; latent attention: q_lora_rank {a.q_lora_rank or 0}, kv_lora_rank {a.kv_lora_rank}, "
+                 f"qk_nope_head_dim {a.qk_nope_head_dim}, qk_rope_head_dim {a.qk_rope_head_dim}, "
+                 f"v_head_dim {a.v_head_dim}")
+    if m.moe is not None:
+        e = m.moe
+        dims += (f"; MoE: {e.num_experts} routed experts of FFN {e.expert_ffn_hidden_size}, top-{e.experts_per_token}"
+                 + (f", shared experts of FFN {e.shared_width}" if e.num_shared_experts else "")
+                 + (f", the first {e.first_dense_layers} layers dense" if e.first_dense_layers else "")
+                 + (f", every {e.layer_freq}th layer MoE" if e.layer_freq > 1 else ""))
+    return (f"torchtitan ships no config for {m.name}: write {module}/config_registry.py with "
+            f"`def {config}() -> Trainer.Config` after torchtitan/models/{template}/config_registry.py, with {dims}")
+
+
 def ac_mode(s: Setup) -> str:
     return {"none": "none", "full": "full", "selective-op": "selective"}[checkpointing(s)]
 
@@ -139,11 +169,7 @@ def recipe(s: Setup) -> Recipe:
     notes.insert(0, f"torchtitan {VERSION}: save the config as {ARGS_FILE}; the subcommand "
                     f"activation_checkpoint:... stays last")
     if not shipped:
-        m = s.model
-        notes.append(f"torchtitan ships no config for {m.name}: write {module}/config_registry.py with "
-                     f"`def {config}() -> Trainer.Config` after torchtitan/models/llama3/config_registry.py, "
-                     f"with {m.num_layers} layers, dim {m.hidden_size}, {m.num_heads} heads, {m.num_kv_heads} "
-                     f"KV heads, FFN {m.ffn_hidden_size}, vocab {m.vocab_size}")
+        notes.append(custom_model_note(s.model, module, config))
     if s.strategy == "ddp":
         notes.append("data_parallel_shard_degree 1 with replicate degree = dp: replicated weights (DDP-like, "
                      "torchtitan applies it through fully_shard's HSDP mesh)")

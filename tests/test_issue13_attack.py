@@ -1,0 +1,207 @@
+"""Regressions from a hostile pass over issue 13 (MoE configs, recipes per framework, stacks):
+each test is a repro that failed before its fix (exit 3 instead of 2, a message naming the
+planner's field instead of the config's key, a recipe its framework cannot build)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trainready.errors import UsageError
+from trainready.plan.hf_config import from_dict, load_hf_config
+from trainready.plan.job import JobSpec, load_job, save_job
+from trainready.plan.presets import preset
+from trainready.plan.recipes import framework_for, recipe_for
+from trainready.plan.setup import resolve
+
+# released config.json values (shapes of the presets of the same name)
+MIXTRAL = {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768}
+QWEN2_MOE = {"model_type": "qwen2_moe", "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+             "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632, "num_experts": 60,
+             "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632}
+QWEN3_MOE = {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 48,
+             "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+             "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "num_hidden_layers": 61,
+               "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432,
+               "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+               "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512,
+               "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_nextn_predict_layers": 1}
+
+
+def _error(data: dict, path: str = "m/config.json") -> str:
+    with pytest.raises(UsageError) as e:
+        from_dict(data, path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and "\n" not in msg and "Value error" not in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("config,experts_key", [(MIXTRAL, "num_local_experts"), (QWEN2_MOE, "num_experts"),
+                                                (QWEN3_MOE, "num_experts"), (DEEPSEEK_V3, "n_routed_experts"),
+                                                ({**DEEPSEEK_V3, "model_type": "deepseek_v2"}, "n_routed_experts")])
+def test_top_k_beyond_the_experts_names_both_config_keys(config, experts_key):
+    assert from_dict(config).moe.experts_per_token == config["num_experts_per_tok"]
+    experts = config[experts_key]
+    msg = _error({**config, "num_experts_per_tok": experts + 1})
+    assert f"'num_experts_per_tok' {experts + 1} is more than '{experts_key}' {experts}" in msg
+    assert f"1..{experts}" in msg and "experts_per_token" not in msg  # the config's words, not the planner's
+
+
+def test_layer_layouts_without_a_moe_layer_name_the_config_keys():
+    msg = _error({**DEEPSEEK_V3, "first_k_dense_replace": 61})
+    assert "'first_k_dense_replace' 61 leaves no MoE layer in 'num_hidden_layers' 61: it can be 0..60" in msg
+    msg = _error({**QWEN3_MOE, "decoder_sparse_step": 100})
+    assert "'decoder_sparse_step' 100 leaves no MoE layer in 'num_hidden_layers' 48: it can be 1..48" in msg
+    msg = _error({**QWEN2_MOE, "mlp_only_layers": list(range(48))})
+    assert "'mlp_only_layers' names layer 47; 'num_hidden_layers' is 24" in msg
+    msg = _error({**QWEN2_MOE, "mlp_only_layers": list(range(24))})
+    assert "'mlp_only_layers' makes all 24 layers dense" in msg
+    assert from_dict({**QWEN2_MOE, "mlp_only_layers": [0, 1]}).moe.first_dense_layers == 2
+
+
+def test_a_shape_too_big_to_model_names_the_likely_typo():
+    msg = _error({**MIXTRAL, "num_local_experts": 10**9})
+    assert "parameters is more than the 1e+14" in msg
+    assert "largest sizes in the file: 'num_local_experts' 1000000000" in msg
+
+
+@pytest.mark.parametrize("text,words", [
+    # more digits than Python converts (sys.get_int_max_str_digits): json.loads raised ValueError -> exit 3
+    (json.dumps(MIXTRAL)[:-1] + ', "junk": 1' + "0" * 5000 + "}", ["not a config.json", "4300 digits"]),
+    # 10**400 overflowed the float formatting of the parameter count -> exit 3
+    (json.dumps({**MIXTRAL, "num_local_experts": 10**400}), ["'num_local_experts' is 1000", "at most 1e+14"]),
+    (json.dumps({**MIXTRAL, "hidden_size": 10**400}), ["'hidden_size' is 1000", "at most 1e+14"]),
+    (json.dumps({**DEEPSEEK_V3, "num_nextn_predict_layers": 10**400}), ["'num_nextn_predict_layers'"]),
+    # MPT: expansion_ratio x d_model is the MLP width; 1e308 x 4096 is inf (int() overflowed)
+    (json.dumps({"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32, "vocab_size": 50432,
+                 "max_seq_len": 2048, "expansion_ratio": 1e308}), ["'expansion_ratio' 1e+308 x 'd_model' 4096"]),
+])
+def test_absurd_numbers_in_config_json_are_usage_errors(tmp_path, text, words):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(UsageError) as e:
+        load_hf_config(path)
+    assert str(e.value).startswith(f"{path}: ") and all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_job_file_model_spec_with_an_astronomic_size_is_a_usage_error(tmp_path):
+    job = tmp_path / "job.toml"
+    save_job(JobSpec(model_spec=preset("mixtral-8x7b"), gpu="h100-80gb"), job)
+    job.write_text(job.read_text().replace("hidden_size = 4096", "hidden_size = 1" + "0" * 400))
+    with pytest.raises(UsageError, match="over 1e300 parameters is more than"):
+        load_job(job)
+
+
+# --- recipes ---------------------------------------------------------------------------------------
+
+def test_torchtitan_refuses_expert_parallelism_over_replicated_ranks(catalog):
+    ddp = resolve(JobSpec(model="qwen3-30b-a3b", instance="p5.48xlarge", strategy="ddp", ep=8), catalog)
+    fw, why = framework_for(ddp, "torchtitan")
+    assert fw is None and "efsdp = dp_shard x tp / ep" in why and "--framework megatron" in why
+    assert framework_for(ddp, "megatron")[0] == "megatron"  # where the reason sends the user
+    fsdp = resolve(JobSpec(model="qwen3-30b-a3b", instance="p5.48xlarge", strategy="zero3", ep=8), catalog)
+    assert framework_for(fsdp, "torchtitan")[0] == "torchtitan"
+
+
+_MESH = textwrap.dedent("""
+    import sys
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    rep, shard, tp, pp, ep = map(int, sys.argv[1:6])
+    world = rep * shard * tp * pp
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    ParallelDims(dp_replicate=rep, dp_shard=shard, cp=1, tp=tp, pp=pp, ep=ep, world_size=world).build_mesh()
+""")
+
+
+@pytest.mark.parametrize("strategy,tp,ep", [("zero3", 1, 8), ("zero3", 2, 4), ("ddp", 1, 2)])
+def test_torchtitan_builds_the_device_mesh_of_each_ep_recipe_it_accepts(catalog, strategy, tp, ep):
+    if importlib.util.find_spec("torchtitan") is None:
+        pytest.skip("torchtitan is not installed: `make test` installs it")
+    s = resolve(JobSpec(model="qwen3-30b-a3b", instance="p5.48xlarge", strategy=strategy, tp=tp, ep=ep), catalog)
+    args = dict(line.split(" ", 1) for line in recipe_for(s, "torchtitan").config.splitlines() if " " in line) \
+        if framework_for(s, "torchtitan")[0] else None
+    if strategy == "ddp":  # refused: torchtitan 0.3's mesh has no room for it (efsdp = 1 x 1 // 2 = 0)
+        assert args is None
+        rep, shard, tp_, pp, ep_ = s.dp, 1, s.tp, s.pp, s.ep
+    else:
+        p = "--parallelism."
+        rep, shard, tp_, pp, ep_ = (int(args[p + k]) for k in ("data_parallel_replicate_degree",
+                                                               "data_parallel_shard_degree", "tensor_parallel_degree",
+                                                               "pipeline_parallel_degree", "expert_parallel_degree"))
+    proc = subprocess.run([sys.executable, "-c", _MESH, *map(str, (rep, shard, tp_, pp, ep_))],
+                          capture_output=True, text=True, timeout=300)
+    assert (proc.returncode == 0) == (strategy != "ddp"), proc.stderr[-2000:]
+
+
+def test_torchtitan_note_for_an_unshipped_model_gives_its_experts_and_latent_attention(catalog):
+    s = resolve(JobSpec(model="mixtral-8x7b", instance="p5.48xlarge", ep=8), catalog)
+    note = next(n for n in recipe_for(s, "torchtitan").notes if "ships no config" in n)
+    assert "after torchtitan/models/qwen3/" in note and "8 routed experts of FFN 14336, top-2" in note
+    assert "no RMSNorm on q and k" in note  # qwen3's blocks have it; Mixtral's do not
+    lite = {**DEEPSEEK_V3, "model_type": "deepseek_v2", "num_hidden_layers": 4, "first_k_dense_replace": 1,
+            "n_routed_experts": 16, "_name_or_path": "tiny-v2"}
+    s = resolve(JobSpec(model_spec=from_dict(lite), instance="p5.48xlarge", ep=8), catalog)
+    note = next(n for n in recipe_for(s, "torchtitan").notes if "ships no config" in n)
+    assert "after torchtitan/models/deepseek_v3/" in note and "kv_lora_rank 512" in note
+    assert "16 routed experts of FFN 2048, top-8, shared experts of FFN 2048, the first 1 layers dense" in note
+
+
+@pytest.mark.parametrize("stack,framework", [("megatron", "deepspeed"), ("megatron", "torchtitan"),
+                                             ("torchtitan", "deepspeed"), ("deepspeed", "hf-tp")])
+def test_an_explicit_framework_does_not_run_another_frameworks_stack(catalog, stack, framework):
+    # --stack megatron --framework deepspeed ranked DeepSpeed rows at Megatron's fused-kernel speed
+    s = resolve(JobSpec(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1", stack=stack), catalog)
+    fw, why = framework_for(s, framework)
+    assert fw is None and why.startswith(f"--stack {stack} is ") and f"--framework {framework} runs its own" in why
+    assert framework_for(s, "auto")[0] in (stack, None)  # auto: that stack's framework alone (as before)
+
+
+def test_reasons_give_advice_plan_can_follow(catalog):
+    # `plan` has no --reduce-dtype (the stack sets it); DeepSpeed has no fp8 of its own
+    s = resolve(JobSpec(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero3", stack="llm-foundry-2023"),
+                catalog)
+    for fw in ("torchtitan", "hf-tp"):
+        why = framework_for(s, fw)[1]
+        assert "--reduce-dtype" not in why and "(stack llm-foundry-2023)" in why, why
+    s = resolve(JobSpec(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero3", precision="fp8"), catalog)
+    assert framework_for(s, "torchtitan")[1].endswith("use --framework megatron")
+    assert framework_for(s, "deepspeed")[0] is None
+    s = resolve(JobSpec(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1", precision="fp8"), catalog)
+    assert framework_for(s, "megatron")[0] == "megatron"  # where the advice sends the user
+    g = resolve(JobSpec(model="gemma-2-9b", instance="p5.48xlarge", strategy="zero3"), catalog)
+    assert framework_for(g, "torchtitan")[1].endswith("use --framework deepspeed or hf-tp")  # Megatron: no GeGLU
+
+
+# --- found here, in files other helpers own (xfail until they fix them) ----------------------------
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.xfail(strict=True, reason="cli/plan_cmd.py: plan --save does not write the best row's ep")
+def test_plan_save_keeps_the_rows_expert_parallelism(tmp_path):
+    job = tmp_path / "x.toml"
+    out = _cli("plan", "--model", "mixtral-8x7b", "--tokens", "1e9", "--instances", "p5.48xlarge", "--top", "1",
+               "--save", job, "--json")
+    row = json.loads(out.stdout)["rows"][0]["estimate"]["setup"]
+    assert row["ep"] > 1  # the best row of this plan uses expert parallelism
+    assert load_job(job).ep == row["ep"]
+
+
+@pytest.mark.xfail(strict=True, reason="catalog/loader.py read_toml: a >4300-digit integer raises ValueError (exit 3)")
+def test_job_file_with_a_five_thousand_digit_integer_is_a_usage_error(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('schema_version = 1\nmodel = "llama-2-7b"\ngpu = "h100-80gb"\ngpus = 1' + "0" * 5000 + "\n")
+    with pytest.raises(UsageError):
+        load_job(job)
