@@ -111,7 +111,7 @@ def _key_figures(s: Any, goodput: Any, pred: dict[str, Any] | None) -> list[tupl
         ("step time (median)", _num(s.step_s_median, ".3f", " s")),
         ("loss", f"{_num(s.loss_first, '.4f')} -> {_num(s.loss_last, '.4f')}"),
         ("checkpoints", f"{s.checkpoints_saved} saved, newest {_num(s.last_checkpoint, 'd')}, "
-                        f"archived {_num(s.last_archived, 'd')}"),
+                        + (f"archived up to {_num(s.last_archived, 'd')}" if s.archive else "no archive")),
     ]
     c = s.cost
     if c.usd_per_hour is not None:
