@@ -116,6 +116,8 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
 
 
 def report(run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory (--run-dir of trainready run).", show_default=False)],
+           html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write the report as one self-contained HTML page with charts (opens offline; needs trainready[report]).")] = None,
+           live: Annotated[bool, typer.Option("--live", help="With --html: rewrite the page every 15 s while the run is going (the page reloads itself); ends when the run does.")] = False,
            json_out: o.Json = False) -> None:
     from trainready.run.summary import summarize
 
