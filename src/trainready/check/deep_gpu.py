@@ -127,8 +127,8 @@ def _call(dist, kind: str, inp, out, group=None) -> None:
         dist.all_reduce(out, group=group)
     elif kind == "all_gather":  # all_gather_single: torch >= 2.13's name for all_gather_into_tensor
         (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp, group=group)
-    elif kind == "reduce_scatter":
-        dist.reduce_scatter_tensor(out, inp, group=group)
+    elif kind == "reduce_scatter":  # reduce_scatter_single: torch >= 2.13's name for reduce_scatter_tensor
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, group=group)
     else:
         dist.all_to_all_single(out, inp, group=group)
 
