@@ -205,3 +205,61 @@ def test_job_file_with_a_five_thousand_digit_integer_is_a_usage_error(tmp_path):
     job.write_text('schema_version = 1\nmodel = "llama-2-7b"\ngpu = "h100-80gb"\ngpus = 1' + "0" * 5000 + "\n")
     with pytest.raises(UsageError):
         load_job(job)
+
+
+# --- config.json keys left out: what transformers builds ------------------------------------------
+
+TINY = {  # small shapes of each parser's model_type, as transformers' config classes read them
+    "mixtral": dict(model_type="mixtral", vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=16,
+                    intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(model_type="qwen2_moe", vocab_size=512, hidden_size=64, num_hidden_layers=4,
+                      num_attention_heads=16, intermediate_size=96, num_experts=6, num_experts_per_tok=2,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=48, decoder_sparse_step=2,
+                      mlp_only_layers=[0]),
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=8,
+                      head_dim=16, intermediate_size=96, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32),
+    "deepseek_v3": dict(model_type="deepseek_v3", vocab_size=512, hidden_size=64, num_hidden_layers=3,
+                        num_attention_heads=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+                        num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=16, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1),
+    "deepseek_v2": dict(model_type="deepseek_v2", vocab_size=512, hidden_size=64, num_hidden_layers=3,
+                        num_attention_heads=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+                        num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=16, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1),
+    "qwen3": dict(model_type="qwen3", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=32,
+                  intermediate_size=96),
+    "qwen2": dict(model_type="qwen2", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=32,
+                  intermediate_size=96),
+    "mistral": dict(model_type="mistral", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=16,
+                    intermediate_size=96),
+}
+# keys whose absence transformers fills with a class default (num_key_value_heads: 8 for Mixtral, 32 for
+# Qwen2/Qwen3...; n_shared_experts 1 or 2; q_lora_rank 1536) where the parser used to assume another value
+LEFT_OUT = [(t, None) for t in TINY] + [(t, "num_key_value_heads") for t in TINY] + [
+    ("deepseek_v3", "n_shared_experts"), ("deepseek_v2", "n_shared_experts"), ("deepseek_v3", "q_lora_rank"),
+    ("deepseek_v2", "q_lora_rank")]
+
+
+@pytest.mark.parametrize("model_type,absent", LEFT_OUT)
+def test_parameter_count_equals_what_transformers_builds_from_the_same_config(model_type, absent):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    data = {**TINY[model_type], **({"num_key_value_heads": 4} if absent != "num_key_value_heads" else {})}
+    if model_type.startswith("deepseek"):
+        data.pop("num_key_value_heads", None)  # MLA: every head has its keys and values
+        if absent != "q_lora_rank":
+            data["q_lora_rank"] = 24
+        if absent != "n_shared_experts":
+            data["n_shared_experts"] = 3
+    data.pop(absent, None)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**data))
+    theirs = sum(p.numel() for p in model.parameters())
+    theirs += sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    assert from_dict(data).param_count() == theirs
+
+
+def test_a_left_out_kv_head_count_that_cannot_divide_the_heads_names_the_key():
+    data = {**TINY["qwen2"], "num_attention_heads": 28, "hidden_size": 56}
+    msg = _error(data)
+    assert "missing key 'num_key_value_heads': transformers builds 32 KV heads" in msg and "28" in msg

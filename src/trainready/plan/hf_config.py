@@ -92,12 +92,24 @@ def _gelu_kind(name: str) -> str:
     return "gelu"  # gelu, gelu_pytorch_tanh, quick_gelu...: one kernel
 
 
+# KV heads transformers 5.23 builds when config.json leaves num_key_value_heads out (the config classes'
+# field defaults: configuration_qwen2.py, qwen3, mistral, mixtral, qwen2_moe, qwen3_moe); an explicit null,
+# and a llama config without it, mean num_attention_heads (their __post_init__).
+ABSENT_KV_HEADS = {"qwen2": 32, "qwen3": 32, "mistral": 8, "mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4}
+
+
 def _llama_like(c: _Config, family: str) -> dict:
     heads = c.need("num_attention_heads")
+    absent = "num_key_value_heads" not in c.data
+    if absent and heads % ABSENT_KV_HEADS.get(family, heads):
+        raise UsageError(f"{c.path}: missing key '{c.prefix}num_key_value_heads': transformers builds "
+                         f"{ABSENT_KV_HEADS[family]} KV heads without it (model_type '{printable(c.model_type)}'), "
+                         f"which do not divide 'num_attention_heads' {heads}")
     spec = dict(
         family=family, vocab_size=c.need("vocab_size"), hidden_size=c.need("hidden_size"),
         num_layers=c.need("num_hidden_layers"), num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads", heads), ffn_hidden_size=c.need("intermediate_size"),
+        num_kv_heads=ABSENT_KV_HEADS.get(family, heads) if absent else c.get("num_key_value_heads", heads),
+        ffn_hidden_size=c.need("intermediate_size"),
         head_dim=c.get("head_dim", None), tied_embeddings=c.get("tie_word_embeddings", False, "bool"),
         max_seq_len=c.get("max_position_embeddings", None),
     )

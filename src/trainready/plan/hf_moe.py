@@ -59,6 +59,13 @@ def _routing(c: "_Config", experts_key: str) -> tuple[int, int]:
     return experts, k
 
 
+# What transformers 5.23 builds when config.json leaves a key out (the field defaults of
+# configuration_deepseek_v2.py and configuration_deepseek_v3.py; KV heads: hf_config.ABSENT_KV_HEADS). An
+# explicit null differs: a null q_lora_rank is a full-rank q_proj (DeepSeek-V2-Lite).
+_ABSENT_SHARED_EXPERTS = {"deepseek_v2": 2, "deepseek_v3": 1}
+_ABSENT_Q_LORA_RANK = 1536
+
+
 def mixtral(c: "_Config", base: dict[str, Any]) -> dict:
     experts, k = _routing(c, "num_local_experts")
     return {**base, "moe": dict(num_experts=experts, experts_per_token=k, expert_ffn_hidden_size=base["ffn_hidden_size"])}
@@ -99,7 +106,7 @@ def deepseek(c: "_Config", family: str) -> dict:
     if c.get("mlp_bias", False, "bool"):
         raise UsageError(f"{c.path}: mlp_bias true is not modelled for DeepSeek MoE layers (model_type "
                          f"'{printable(c.model_type)}')")
-    shared = c.get("n_shared_experts", 0, "index")
+    shared = c.get("n_shared_experts", _ABSENT_SHARED_EXPERTS[family], "index")
     expert = c.need("moe_intermediate_size")
     experts, k = _routing(c, "n_routed_experts")
     dense, layers = c.need("first_k_dense_replace", kind="index"), c.need("num_hidden_layers")
@@ -113,7 +120,8 @@ def deepseek(c: "_Config", family: str) -> dict:
                # DeepSeek-V3's router: weight plus e_score_correction_bias (transformers DeepseekV3TopkRouter)
                router_bias=family == "deepseek_v3",
                mtp_layers=c.get("num_nextn_predict_layers", 0, "index"))
-    mla = dict(q_lora_rank=c.get("q_lora_rank", None), kv_lora_rank=c.need("kv_lora_rank"),
+    q_rank = c.get("q_lora_rank", None) if "q_lora_rank" in c.data else _ABSENT_Q_LORA_RANK
+    mla = dict(q_lora_rank=q_rank, kv_lora_rank=c.need("kv_lora_rank"),
                qk_nope_head_dim=c.need("qk_nope_head_dim"), qk_rope_head_dim=c.need("qk_rope_head_dim"),
                v_head_dim=c.need("v_head_dim"))
     return dict(family=family, vocab_size=c.need("vocab_size"), hidden_size=c.need("hidden_size"),
