@@ -263,3 +263,14 @@ def test_a_left_out_kv_head_count_that_cannot_divide_the_heads_names_the_key():
     data = {**TINY["qwen2"], "num_attention_heads": 28, "hidden_size": 56}
     msg = _error(data)
     assert "missing key 'num_key_value_heads': transformers builds 32 KV heads" in msg and "28" in msg
+
+
+def test_megatron_does_not_claim_parallel_attention_blocks(catalog):
+    # tiiuae/falcon-7b config.json: parallel_attn (default true), multi-query; Megatron-LM has no such block
+    falcon = {"model_type": "falcon", "vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32,
+              "num_attention_heads": 71, "multi_query": True, "parallel_attn": True, "bias": False}
+    s = resolve(JobSpec(model_spec=from_dict(falcon, "falcon/config.json"), instance="p5.48xlarge",
+                        strategy="zero1"), catalog)
+    fw, why = framework_for(s, "megatron")
+    assert fw is None and "in parallel" in why and why.endswith("use --framework deepspeed")
+    assert framework_for(s, "deepspeed")[0] == "deepspeed"

@@ -67,6 +67,9 @@ def reason(s: Setup) -> str | None:
                 "use --framework torchtitan or --activation-checkpointing selective-attn")
     if m.position == "alibi":
         return f"Megatron-LM has no ALiBi positions ({m.name}); use --framework deepspeed"
+    if m.family in ("falcon", "gpt_neox"):  # HF parallel_attn / use_parallel_residual (both default true)
+        return (f"Megatron-LM's GPT blocks run attention then MLP; {m.name} ({m.family}) runs them in parallel "
+                f"from one input: use --framework deepspeed")
     if m.mlp == "geglu":
         return f"Megatron-LM has no tanh-GeGLU flag ({m.name}: Gemma); use --framework deepspeed or hf-tp"
     if ep(s) > 1 and s.fp8_dispatch:
