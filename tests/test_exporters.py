@@ -237,7 +237,7 @@ def test_sink_skips_recomputed_steps_drops_a_failing_backend_and_never_blocks(tm
     Stuck.release.set()
     assert [s for s, _ in Recorder.seen] == [0, 1, 1, 2, 3, 4, *range(5, 2005)]
     assert Recorder.seen[2] == (1, ("ckpt/stall_s",))
-    assert sum("--log-to raising failed after step" in w and "library error" in w for w in warnings) == 1
+    assert sum("--log-to raising failed after step" in w and "library error" in w for w in warnings) == 1, warnings
     assert any("--log-to stuck did not finish writing within 2 s" in w for w in warnings)
     state = json.loads((tmp_path / "exporters.json").read_text())
     assert state["recorder"] == {"opened": 1, "last_step": 2004, "last_ckpt": 1}

@@ -342,7 +342,7 @@ class _Lane(threading.Thread):
             wall = float(r.get("t") or time.time())
             self._open()
             if kind == "start":
-                self.exporter.config(run_config(r), (self.last_step or -1) + 1, wall)
+                self.exporter.config(run_config(r), 0 if self.last_step is None else self.last_step + 1, wall)
             elif kind == "step" and isinstance(r.get("step"), int):
                 if self.last_step is not None and r["step"] <= self.last_step:
                     continue  # recomputed after a restore: this step is in the backend already
@@ -386,6 +386,7 @@ class ExportSink:
         self._lock = threading.Lock()
         self.lanes = [_Lane(self, backends[n](), self.state.setdefault(n, {})) for n in names]
         self.started = False  # at the first records: the launcher has the run directory's lock by then
+        self.closed = False
 
     def describe(self) -> str:
         """Where each backend writes, said at launch."""
@@ -403,8 +404,11 @@ class ExportSink:
             lane.offer(records)
 
     def save_state(self) -> None:
-        with self._lock:
-            replace_durable(self.path, json.dumps({"schema_version": 1, **self.state}, indent=2, default=str).encode())
+        with self._lock:  # each lane updates only its own dict; dict() copies one in a single step
+            if self.closed:  # a lane left behind by close() no longer speaks for the run directory
+                return
+            snapshot = {k: dict(v) if isinstance(v, dict) else v for k, v in list(self.state.items())}
+            replace_durable(self.path, json.dumps({**snapshot, "schema_version": 1}, indent=2, default=str).encode())
 
     def close(self, outcome: str, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """`outcome`: finished | stopped (signal, budget, max steps) | failed. Waits for the lanes to
@@ -425,6 +429,8 @@ class ExportSink:
             if not lane.done.wait(max(0.0, deadline - time.monotonic())):
                 self.warn(f"--log-to {lane.exporter.name} did not finish writing within {timeout_s:.0f} s: it may miss "
                           "the last steps; the next launch writes them from telemetry.jsonl")
+        with self._lock:
+            self.closed = True
 
 
 def outcome_of(reason: str) -> str:
