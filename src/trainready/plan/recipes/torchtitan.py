@@ -63,10 +63,6 @@ def reason(s: Setup) -> str | None:
     if ep(s) > 1 and s.strategy == "ddp":
         return ("torchtitan carves expert parallelism out of the FSDP and TP ranks (efsdp = dp_shard x tp / ep, "
                 "ParallelDims.build_mesh); replicated ddp has no dp_shard ranks: --framework megatron")
-    if ep(s) > 1 and s.tp > 1:  # configs.py expert_parallel_degree: "EP borrows ranks from FSDP and TP"
-        return (f"torchtitan 0.3 has no expert tensor parallelism: EP borrows the TP ranks, so each expert stays "
-                f"whole where this row splits it tp {s.tp} ways (Megatron-Core's expert TP = TP): --framework "
-                f"megatron")
     if checkpointing(s) == "selective-attn":
         return ("torchtitan's selective checkpointing is op-level (selective-op), not Megatron's attention "
                 "recompute; use --framework megatron or --activation-checkpointing selective-op")
