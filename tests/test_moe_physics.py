@@ -119,6 +119,19 @@ def test_load_imbalance_and_grouped_gemms_cost_time(catalog, monkeypatch):
     assert slow.hardware_flops_per_token == balanced.hardware_flops_per_token
 
 
+
+def test_grouped_gemm_ramp_follows_the_precision(catalog, monkeypatch):
+    """BF16 grouped GEMMs ramp with torch._grouped_mm's figure, FP8 ones with DeepGEMM's: each
+    constant moves only its own precision."""
+    bf16 = setup(catalog, ep=8, micro_batch=8, kernels="fused")
+    fp8 = setup(catalog, ep=8, micro_batch=8, kernels="fused", precision="fp8")
+    assert moe.grouped_gemm_m0(bf16) == eff.GROUPED_GEMM_M0 != moe.grouped_gemm_m0(fp8) == eff.FP8_GROUPED_GEMM_M0
+    before = estimate_step(bf16).compute_s, estimate_step(fp8).compute_s
+    monkeypatch.setattr(eff, "FP8_GROUPED_GEMM_M0", 0.0)
+    assert estimate_step(bf16).compute_s == before[0]
+    assert estimate_step(fp8).compute_s < before[1]
+
+
 def test_mixtral_ep8_inside_a_node_beats_ep1(catalog):
     kw = dict(instance="p5.48xlarge", gpus=16, strategy="zero1", micro_batch=1, global_batch=256, seq_len=4096,
               activation_checkpointing="full")

@@ -218,8 +218,17 @@ NCCL_BUFFERS_GIB = 0.5
 # per group reach 0.95/0.80/0.72 (N 4096, K 7168) and 0.84/0.84/0.74 (N 7168, K 2048) of the
 # large-row figures, which rows / (rows + 100) follows (per-point fits 58..189, median 102).
 # Applied to the forward and input-gradient GEMMs; the weight gradient reduces over the rows,
-# where the ARCH K ramp already applies.
-GROUPED_GEMM_M0 = 100.0
+# where the ARCH K ramp already applies. That fit is FP8 (DeepGEMM): FP8_GROUPED_GEMM_M0.
+# BF16/FP16 grouped GEMMs (torch._grouped_mm's CUTLASS kernel, what torchtitan runs) ramp slower.
+# torchao PR #2490 (pytorch/ao, bench_grouped_mm.py, H100, bf16, Llama-4 17Bx16E shapes, 16 uneven
+# groups over M = 8192 rows, 512 mean): 1.31 ms for K 5120 / N 8192 and 1.26 ms for K 8192 / N 5120,
+# 525 and 545 TFLOP/s (the printed "pct_peak" 8.5 counts the FLOPs E times over). Against the
+# hopper dense factors (0.726, 0.735 of 989 at those K) that is a ramp of 0.730 and 0.750; with
+# rows / (rows + m0) the time goes as rows + m0 per group, so any split of the 8192 rows gives
+# m0 = 189 and 170: 180 taken. At large rows the same kernel matches a dense GEMM: pytorch PR
+# #156203, H200, 16 groups x 128000 rows, N = K = 7168, 298.7 ms = 705 TFLOP/s (0.71; dense 0.73).
+GROUPED_GEMM_M0 = 180.0
+FP8_GROUPED_GEMM_M0 = 100.0
 # Dropless routing leaves the busiest expert-parallel rank more tokens than the mean, and that
 # rank sets the pace of the experts' GEMMs and of the all-to-alls. ASSUMED 1.15 (1.1-1.2 for a
 # trained router with auxiliary-loss or loss-free balancing): Wang et al. 2024 (arXiv 2408.15664)

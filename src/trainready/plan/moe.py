@@ -195,9 +195,15 @@ class _Gemm:
     k: float  # forward reduction dim
     n: float  # output features: the input gradient's reduction dim
     rows: float  # rows per GEMM problem: the weight gradient's reduction dim
-    ramp: float = 1.0  # grouped GEMMs: rows / (rows + GROUPED_GEMM_M0) on forward and input gradient
+    ramp: float = 1.0  # grouped GEMMs: rows / (rows + grouped_gemm_m0) on forward and input gradient
     op_recompute: bool = False  # recomputed under torchtitan's op policy whatever the mm count (router, routed)
     fp8: bool = True  # runs in FP8 under --precision fp8 (the router stays in its own dtype: Megatron's fp32)
+
+
+def grouped_gemm_m0(s: Setup) -> float:
+    """Rows per expert at which a grouped GEMM reaches half its large-row rate: FP8's (DeepGEMM) under
+    --precision fp8, BF16's (torch._grouped_mm) otherwise (efficiency.GROUPED_GEMM_M0)."""
+    return eff.FP8_GROUPED_GEMM_M0 if s.precision == "fp8" else eff.GROUPED_GEMM_M0
 
 
 def _ffn(d: int, f: int, t: int, gated: bool, tokens: float) -> list[_Gemm]:
@@ -218,7 +224,7 @@ def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
         gemms += _ffn(d, moe.shared_width, t, m.gated_mlp, tokens)
     busy, mean = tokens * busy_rows(s), tokens * mean_rows(s)
     per_expert = mean * s.ep / moe.num_experts  # rows each local expert receives
-    ramp = per_expert / (per_expert + eff.GROUPED_GEMM_M0)
+    ramp = per_expert / (per_expert + grouped_gemm_m0(s))
     fe, up = moe.expert_ffn_hidden_size, (2 if m.gated_mlp else 1) * moe.expert_ffn_hidden_size
     gemms += [_Gemm(2 * busy * d * up / t, 2 * mean * d * up / t, d, up / t, per_expert, ramp, True),
               _Gemm(2 * busy * fe / t * d, 2 * mean * fe / t * d, fe / t, d, per_expert, ramp, True)]
@@ -447,5 +453,5 @@ def assumptions(s: Setup) -> list[str]:
                  else ", not overlapped with compute")
     return [f"MoE: {moe.experts_per_token} of {moe.num_experts} experts per token, {routing}; experts split "
             f"ep {s.ep} x tp {s.tp} (expert TP = TP, Megatron-Core's default); grouped-GEMM efficiency "
-            f"rows/(rows+{eff.GROUPED_GEMM_M0:g}) per expert; {dispatch} (stack {s.stack}); "
+            f"rows/(rows+{grouped_gemm_m0(s):g}) per expert; {dispatch} (stack {s.stack}); "
             f"LoRA adapts attention and shared experts only"]
