@@ -182,24 +182,30 @@ def test_reasons_give_advice_plan_can_follow(catalog):
     assert framework_for(g, "torchtitan")[1].endswith("use --framework deepspeed or hf-tp")  # Megatron: no GeGLU
 
 
-# --- found here, in files other helpers own (xfail until they fix them) ----------------------------
+# --- found here, fixed in files other helpers owned --------------------------------------------------
 
 def _cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
 
 
-@pytest.mark.xfail(strict=True, reason="cli/plan_cmd.py: plan --save does not write the best row's ep")
+def rows_tps(out) -> float:
+    return json.loads(out.stdout)["rows"][0]["estimate"]["throughput"]["tokens_per_s"]
+
+
 def test_plan_save_keeps_the_rows_expert_parallelism(tmp_path):
     job = tmp_path / "x.toml"
     out = _cli("plan", "--model", "mixtral-8x7b", "--tokens", "1e9", "--instances", "p5.48xlarge", "--top", "1",
-               "--save", job, "--json")
+               "--framework", "megatron", "--save", job, "--json")
     row = json.loads(out.stdout)["rows"][0]["estimate"]["setup"]
-    assert row["ep"] > 1  # the best row of this plan uses expert parallelism
-    assert load_job(job).ep == row["ep"]
+    assert row["ep"] > 1  # Megatron's best row of this plan uses expert parallelism
+    saved = load_job(job)
+    assert (saved.ep, saved.tp, saved.pp) == (row["ep"], row["tp"], row["pp"])
+    again = json.loads(_cli("estimate", "--job", job, "--json").stdout)
+    assert again["setup"]["ep"] == row["ep"]
+    assert abs(again["throughput"]["tokens_per_s"] / rows_tps(out) - 1) < 1e-6
 
 
-@pytest.mark.xfail(strict=True, reason="catalog/loader.py read_toml: a >4300-digit integer raises ValueError (exit 3)")
 def test_job_file_with_a_five_thousand_digit_integer_is_a_usage_error(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('schema_version = 1\nmodel = "llama-2-7b"\ngpu = "h100-80gb"\ngpus = 1' + "0" * 5000 + "\n")
@@ -274,3 +280,30 @@ def test_megatron_does_not_claim_parallel_attention_blocks(catalog):
     fw, why = framework_for(s, "megatron")
     assert fw is None and "in parallel" in why and why.endswith("use --framework deepspeed")
     assert framework_for(s, "deepspeed")[0] == "deepspeed"
+
+
+# --- coordinator's fixes of the remaining findings ------------------------------------------------
+
+def test_a_framework_that_can_never_run_the_job_is_a_usage_error():
+    out = _cli("plan", "--model", "llama-2-7b", "--framework", "megatron", "--method", "lora", "--tokens", "1e9")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--framework megatron cannot run this job" in out.stderr and "lora" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_choice_errors_carry_no_pydantic_prefix():
+    out = _cli("plan", "--model", "llama-2-7b", "--framework", "AUTO")
+    assert out.returncode == 2 and "Value error" not in out.stderr and "'AUTO'" in out.stderr
+
+
+def test_rows_on_another_frameworks_kernels_say_so_under_the_default_stack():
+    out = _cli("plan", "--model", "mixtral-8x7b", "--tokens", "1e10", "--instances", "p5.48xlarge", "--json")
+    res = json.loads(out.stdout)
+    frameworks = {r["framework"] for r in res["rows"]}
+    said = any("--stack megatron" in n or "--stack torchtitan" in n for n in res["notes"])
+    assert said == bool(frameworks & {"megatron", "torchtitan"})
+
+
+def test_max_nodes_beyond_64_is_searched():
+    from trainready.plan.search import NODE_COUNTS
+    assert max(NODE_COUNTS) >= 1024  # --max-nodes accepts up to 1024

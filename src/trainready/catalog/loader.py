@@ -107,6 +107,8 @@ def read_toml(text: str, label: str) -> dict[str, Any]:
         raise UsageError(f"{label}: not valid TOML: {exc}") from None
     except RecursionError:
         raise UsageError(f"{label}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (Python's int limit)
+        raise UsageError(f"{label}: not valid TOML: {exc}") from None
 
 
 def _locate(text: str, loc: tuple[Any, ...]) -> int | None:

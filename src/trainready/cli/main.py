@@ -135,7 +135,7 @@ def _die_of_sigpipe() -> None:
 
 def _usage_error(exc: click_errors.UsageError, as_json: bool) -> int:
     """Click's parse errors, in our format: one line naming the bad value, then where help is."""
-    message = exc.format_message()
+    message = exc.format_message().replace("Value error, ", "")  # pydantic's prefix on our own message
     if exc.ctx is not None:
         message += f" (try '{exc.ctx.command_path} -h' for help)"
     error(message, as_json=as_json, exit_code=2)

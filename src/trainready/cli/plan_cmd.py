@@ -111,7 +111,8 @@ def plan(
             "gpus_per_node": best.gpus_per_node, "strategy": best.strategy, "tp": best.tp, "pp": best.pp,
             "micro_batch": best.micro_batch, "global_batch": best.global_batch, "seq_len": best.seq_len,
             "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
-            "offload": best.offload})
+            "offload": best.offload, "ep": best.ep,
+            "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None})
         save_job(chosen, save)
     if html is not None:
         from .render_html import plan_html

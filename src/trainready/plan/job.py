@@ -125,5 +125,5 @@ def load_job(path: str | Path) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        msgs = [f"{p}: field '{'.'.join(str(x) for x in e['loc'])}': {e['msg']}" for e in exc.errors()]
+        msgs = [f"{p}: field '{'.'.join(str(x) for x in e['loc'])}': {str(e['msg']).removeprefix('Value error, ')}" for e in exc.errors()]
         raise UsageError("\n".join(msgs)) from None

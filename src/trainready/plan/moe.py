@@ -452,6 +452,6 @@ def assumptions(s: Setup) -> list[str]:
     dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
                  else ", not overlapped with compute")
     return [f"MoE: {moe.experts_per_token} of {moe.num_experts} experts per token, {routing}; experts split "
-            f"ep {s.ep} x tp {s.tp} (expert TP = TP, Megatron-Core's default); grouped-GEMM efficiency "
-            f"rows/(rows+{grouped_gemm_m0(s):g}) per expert; {dispatch} (stack {s.stack}); "
-            f"LoRA adapts attention and shared experts only"]
+            f"ep {s.ep} x tp {s.tp}" + (" (expert TP = TP, Megatron-Core's default)" if s.tp > 1 else "")
+            + f"; grouped-GEMM efficiency rows/(rows+{grouped_gemm_m0(s):g}) per expert; {dispatch} "
+            f"(stack {s.stack})" + ("; LoRA adapts attention and shared experts only" if s.method != "full" else "")]

@@ -26,7 +26,7 @@ from .setup import Setup, default_precision, default_seq_len, job_stack, moe_com
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
-NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # up to --max-nodes (default 16)
 STRATEGIES: tuple[tuple[str, str], ...] = (
     ("ddp", "none"), ("zero1", "none"), ("zero2", "none"), ("zero3", "none"),
     ("zero2", "optimizer"), ("zero3", "optimizer"), ("zero3", "optimizer+params"))
@@ -462,6 +462,17 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult) -> 
     return f"+{rel:.0f}% time vs #1; " + facts
 
 
+def _refuse_static_conflict(req: PlanRequest, rows: list, excluded: list[Exclusion]) -> None:
+    """--framework X with a job X can never run (e.g. megatron with LoRA) is a usage error, not
+    "nothing fits": every instance was refused for one and the same reason."""
+    if rows or req.framework == "auto" or not excluded:
+        return
+    prefix = f"--framework {req.framework} runs none of its configurations: "
+    whys = {e.reason[len(prefix):] if e.reason.startswith(prefix) else None for e in excluded}
+    if len(whys) == 1 and None not in whys:
+        raise UsageError(f"--framework {req.framework} cannot run this job: {whys.pop()}")
+
+
 def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     if req.job.region is not None:  # a typo is an error, not "nothing fits" for want of prices
         req = req.model_copy(update={"job": req.job.model_copy(update={"region": catalog.region(req.job.region)})})
@@ -517,9 +528,14 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         _, usd, hours = _score(req, c.setup, c.mem, c.step.tokens_per_s)
         others.append(Alternative(instance=name, nodes=c.setup.nodes, total_usd=usd if job.tokens else None,
                                   train_hours=hours if job.tokens else None, tokens_per_s=c.step.tokens_per_s))
+    _refuse_static_conflict(req, rows, excluded)
     notes = [f"global batch {gb} sequences of {seq_len} tokens ({count_text(gb * seq_len)} tokens per step)"
              + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)"),
              stack.describe(named=job.stack is not None)]
+    own_stack = sorted({r.framework for r in rows if r.framework in ("megatron", "torchtitan")})
+    if job.stack is None and own_stack:  # the row's figures assume the default stack, not that framework's
+        notes.append(f"rows launched with {' and '.join(own_stack)} are estimated with the default stack's "
+                     f"kernels and recompute; for {own_stack[0]}'s own, plan again with --stack {own_stack[0]}")
     if not job.tokens:
         notes.append("no --tokens: costs are per 1B tokens")
     assumed = sorted({c.setup.gpu.name for c in ranked if is_assumed(c.setup)})
