@@ -16,6 +16,8 @@ def _writable(path: Path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"--html {printable(path)}: is a directory; give a file name, e.g. {printable(path / 'report.html')}")
+    if path.exists() and not path.is_file():  # a device, a FIFO: the atomic replace would put a file in its place
+        raise UsageError(f"--html {printable(path)}: not a regular file; give a file name, e.g. report.html")
     if not path.parent.is_dir():
         raise UsageError(f"--html {printable(path)}: the directory {printable(path.parent)} does not exist")
     return path

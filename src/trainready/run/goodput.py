@@ -119,6 +119,13 @@ def _screen_one(r: dict[str, Any], skipped: Counter) -> dict[str, Any]:
         if not isinstance(r.get("metrics", {}), dict):
             skipped["step field: metrics not an object"] += 1
             out["metrics"] = {}
+        nonfinite = (out.get("metrics") or {}).get("nonfinite", [])
+        if not isinstance(nonfinite, list) or not all(isinstance(n, str) for n in nonfinite):
+            skipped["step field: metrics.nonfinite not a list of names"] += 1
+            out["metrics"] = {**out["metrics"], "nonfinite": []}
+        if not isinstance(r.get("timing", ""), (str, type(None))):
+            skipped["step field: timing not a string"] += 1
+            out["timing"] = "unknown"  # not "host", which a record without the field means (older versions)
         if not isinstance(r.get("ckpt", {}), dict):
             skipped["step field: ckpt not an object"] += 1
             out["ckpt"] = {}

@@ -9,13 +9,14 @@ Time shares are of the wall time between step ends, so they add up to 1 with `ot
 from __future__ import annotations
 
 import json
+import stat
 import statistics
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 from trainready.io import redact, redact_argv
 from trainready.plan.divergence import PlanCheck
 
@@ -91,14 +92,31 @@ class RunSummary(BaseModel):
                                                        "prediction for the run's job spec, part by part")
 
 
-def load_run_info(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "run.json"
+def _regular(path: Path) -> Path:
+    """`path` when it is a regular file or absent; a directory, a device (/dev/zero never ends), a FIFO or a
+    symlink loop in its place is a UsageError, not a hang or a traceback."""
     try:
-        return json.loads(path.read_text())
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise UsageError(f"{printable(path)}: unreadable ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{printable(path)}: not a regular file")
+    return path
+
+
+def load_run_info(run_dir: Path) -> dict[str, Any]:
+    path = _regular(run_dir / "run.json")
+    try:
+        info = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(info, dict):
+        raise UsageError(f"{path}: unreadable (a JSON {type(info).__name__}, not an object)")
+    return info
 
 
 def _lead_node_dir(run_dir: Path) -> Path:
@@ -122,7 +140,10 @@ def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None) ->
     run_dir = _lead_node_dir(run_dir)
     info = load_run_info(run_dir)
     unreadable: dict[str, int] = {}
-    raw, _ = read_records(run_dir / FILE, skipped=unreadable)
+    try:
+        raw, _ = read_records(_regular(run_dir / FILE), skipped=unreadable)
+    except OSError as exc:  # permission denied, an I/O error
+        raise UsageError(f"{printable(run_dir / FILE)}: unreadable ({exc.strerror})") from None
     if not info and not raw:
         raise UsageError(f"{run_dir} is not a trainready run directory (no run.json, no {FILE})")
     records, _skipped = screen(raw)  # malformed records (wrong types, negative or huge times) left out, counted
@@ -134,7 +155,7 @@ def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None) ->
     starts = [r for r in records if r["type"] == "start"]
     stop = next((r for r in reversed(records) if r["type"] == "stop"), None)
     launches = info.get("launches", [])
-    last_launch = launches[-1] if launches else {}
+    last_launch = _launch_fields(launches[-1]) if launches else {}
     steady = _steady(steps, records)
     saved, archived = _checkpoints(records)
     status = _status(last_launch, records)
@@ -175,6 +196,20 @@ def _goodput(launches: list[Any], records: list[dict[str, Any]], status: str, co
     return report if report.billed_s > 0 or report.steps_kept else None
 
 
+def _launch_fields(launch: dict[str, Any]) -> dict[str, Any]:
+    """A run.json launch with the fields the status reads of the wrong type made unknown (None): an exit
+    code that is not an integer (a bool, a string, a float), a reason or message that is not text, a pid
+    that is not a positive integer (a string such as "self" would name this process)."""
+    def typed(key: str, kind: type) -> Any:
+        value = launch.get(key)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    pid = typed("pid", int)
+    return {**launch, "exit_code": typed("exit_code", int), "reason": typed("reason", str),
+            "message": typed("message", str), "pid": pid if pid and pid > 0 else None,
+            "pid_start_ticks": typed("pid_start_ticks", int)}
+
+
 def _redacted(text: str | None) -> str | None:
     return None if text is None else redact(text)
 
@@ -194,7 +229,9 @@ def _launcher_alive(launch: dict[str, Any]) -> bool:
     from .watchdog import process_start_ticks
 
     pid = launch.get("pid")
-    return bool(pid) and process_start_ticks(pid) == launch.get("pid_start_ticks", process_start_ticks(pid))
+    now = process_start_ticks(pid) if pid else None  # None: no such process
+    ticks = launch.get("pid_start_ticks")
+    return now is not None and (ticks is None or now == ticks)
 
 
 def _status(launch: dict[str, Any], records: list[dict[str, Any]]) -> str:

@@ -1,0 +1,92 @@
+"""Hostile run directories and files for `report` (issue 15) and `check --bundle` (issue 16): wrong types
+become unknown, odd files a clear UsageError, never an internal error or a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from synthetic_run import make_run_dir
+
+from trainready.errors import UsageError
+from trainready.run.summary import summarize
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return make_run_dir(tmp_path_factory.mktemp("run") / "r", steps=30, ranks=2, ckpt_every=10)
+
+
+def _copy(base: Path, dst: Path, *, step=None, launch=None, info=None) -> Path:
+    dst.mkdir()
+    records = [json.loads(line) for line in (base / "telemetry.jsonl").read_text().splitlines()]
+    for r in records:
+        if r["type"] == "step" and step:
+            r.update(step)
+    run = json.loads((base / "run.json").read_text())
+    for la in run["launches"]:
+        la.update(launch or {})
+    (dst / "run.json").write_text(json.dumps(run if info is None else info))
+    (dst / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return dst
+
+
+@pytest.mark.parametrize("timing", [True, ["cuda-events"], {"a": 1}, 3])
+def test_a_timing_that_is_not_text_is_unknown(base, tmp_path, timing):
+    shares = summarize(_copy(base, tmp_path / "r", step={"timing": timing})).shares
+    assert shares is not None and shares.timing == "unknown"
+
+
+@pytest.mark.parametrize("code", ["1", "abc", 1.5, True, [1]])
+def test_an_exit_code_that_is_not_an_integer_is_unknown(base, tmp_path, code):
+    assert summarize(_copy(base, tmp_path / "r", launch={"exit_code": code})).exit_code is None
+
+
+@pytest.mark.parametrize("field", ["reason", "message"])
+def test_a_reason_or_message_that_is_not_text_is_unknown(base, tmp_path, field):
+    s = summarize(_copy(base, tmp_path / "r", launch={field: ["finished"]}))
+    assert s.status in ("finished", "failed", "unknown") and (field != "message" or s.message is None)
+
+
+def test_a_nonfinite_list_that_is_not_a_list_is_left_out(base, tmp_path):
+    assert summarize(_copy(base, tmp_path / "r", step={"metrics": {"loss": 1.0, "nonfinite": 5}})).nonfinite_losses == 0
+
+
+def test_a_pid_that_names_this_process_is_not_a_running_launch(base, tmp_path):
+    s = summarize(_copy(base, tmp_path / "r", launch={"pid": "self", "end_unix": None, "exit_code": None}))
+    assert s.status == "unknown"
+
+
+@pytest.mark.parametrize("info", [[1, 2], "x", 3])
+def test_run_json_that_is_not_an_object_is_a_usage_error(base, tmp_path, info):
+    with pytest.raises(UsageError, match="not an object"):
+        summarize(_copy(base, tmp_path / "r", info=info))
+
+
+@pytest.mark.parametrize("target", ["dir", "fifo", "loop"])
+def test_telemetry_that_is_not_a_regular_file_is_a_usage_error(base, tmp_path, target):
+    run = _copy(base, tmp_path / "r")
+    tel = run / "telemetry.jsonl"
+    tel.unlink()
+    if target == "dir":
+        tel.mkdir()
+    elif target == "fifo":
+        os.mkfifo(tel)  # reading it would block forever, as a symlink to /dev/zero never ends
+    else:
+        tel.symlink_to(run / "loop")
+        (run / "loop").symlink_to(tel)
+    with pytest.raises(UsageError, match="not a regular file|unreadable"):
+        summarize(run)
+
+
+def test_html_to_a_device_or_fifo_is_refused_not_replaced(tmp_path):
+    from trainready.cli.render_html import _writable
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        _writable(fifo)
+    assert not fifo.is_file()
+    assert _writable(tmp_path / "ok.html") == tmp_path / "ok.html"
