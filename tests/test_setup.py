@@ -17,7 +17,7 @@ def job(**kw):
 @pytest.mark.parametrize("kw,words", [
     (dict(tp=3), "divide the number of attention heads"),
     (dict(instance="p5.48xlarge", model="llama-2-70b", tp=16, gpus=16), "must stay inside a node"),
-    (dict(pp=3), "must divide the number of layers"),
+    (dict(pp=41), "is more than the 40 layers"),
     (dict(gpus=12), "not a whole number of nodes"),
     (dict(gpus_per_node=16), "more than p4d.24xlarge has"),
     (dict(micro_batch=3, global_batch=100), "not divisible by micro-batch 3 x data-parallel size 8"),
