@@ -55,7 +55,18 @@ def known_regions(catalog: Catalog) -> list[str]:
 def parse_regions(value: str | None, catalog: Catalog, default: str | None) -> list[str] | None:
     """The regions asked for, each checked (exit 2 with the nearest names); None for `all`."""
     if value is None:
-        return [default or _session_region() or "us-east-1"]
+        if default:
+            return [default]
+        name = _session_region()
+        if name is None:
+            return ["us-east-1"]
+        known = known_regions(catalog)
+        if name.lower() not in known:  # AWS_DEFAULT_REGION / AWS_REGION / the profile's region: checked as --region is
+            near = closest(name, known)
+            hint = f" Did you mean: {', '.join(near)}?" if near else ""
+            raise UsageError(f"unknown region '{printable(name)}' (AWS_REGION, AWS_DEFAULT_REGION or the profile's "
+                             f"region).{hint} Give --region, or fix that setting")
+        return [name.lower()]
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
         raise UsageError("--region is empty: give region names (us-east-1,us-west-2) or all")

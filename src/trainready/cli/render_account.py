@@ -137,7 +137,9 @@ def render_live(con: Console, r: PlanResult) -> None:
                          f"in {b.availability_zone or '?'} for {fee}")
         if x.transfer_usd:
             facts.append(f"data gravity +{usd_text(x.transfer_usd)}, +{hours_text(x.transfer_hours or 0)}")
-        for text in ([("; ".join(facts))] if facts else []) + x.reasons:
+        # offline, every AWS row's reason is the plan's one line above: not repeated per row
+        said = [] if live.live else [t for t in x.reasons if t.startswith("not checked live: ")]
+        for text in ([("; ".join(facts))] if facts else []) + [t for t in x.reasons if t not in said]:
             con.print(styled(f"     {text}", "dim"))
     for note in live.notes:
         con.print(styled(note, "dim"))

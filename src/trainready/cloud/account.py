@@ -95,7 +95,7 @@ def region_report(provider: AwsProvider, region: str, ask: Ask, scores: Future |
     offerings, type_fact = _offerings(provider, region, ask)
     vcpus = (type_fact.vcpus if type_fact else None) or ask.instance.vcpus
     quotas = [_quota(provider, region, ask, vcpus)]
-    offered = bool(offerings.azs)
+    offered = offerings.status != "fail"  # unknown (the offerings call failed): the dry run still tells
     run = _dry_run(provider, region, ask, type_fact, offered)
     spot = _spot(provider, region, ask, scores)
     blocks, reservations, capacity = _capacity(provider, region, ask, offered)

@@ -79,6 +79,11 @@ def client_config(session: Any) -> Any:
 
     core = getattr(session, "_session", session)  # boto3's Session wraps botocore's, which reads the config
     mode = core.get_config_variable("retry_mode")  # AWS_RETRY_MODE / config file; botocore's default: legacy
+    try:  # botocore reads it with int() when it makes a client: 'abc' would be a ValueError deep inside
+        core.get_config_variable("max_attempts")
+    except ValueError:
+        raise NoAccess("AWS_MAX_ATTEMPTS (or max_attempts in the AWS config file) is not a whole number: "
+                       "give e.g. 3, or unset it") from None
     return Config(retries={"mode": mode if mode in ("standard", "adaptive") else "standard"},
                   connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S, user_agent_extra="trainready")
 
@@ -219,6 +224,7 @@ class AwsProvider:
             self.session = session or boto3.session.Session()
         except BotoCoreError as exc:  # AWS_PROFILE names a profile that is not there, a broken config file
             raise NoAccess(f"AWS configuration: {printable(' '.join(str(exc).split()))}: {HOW_TO_LOG_IN}") from None
+        client_config(self.session)  # a broken AWS_MAX_ATTEMPTS: exit 2 (account) or catalog prices (plan --live)
         self.cache = cache
         self.account: str | None = None
         self.arn: str | None = None

@@ -79,7 +79,8 @@ def annotate(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: A
 
 
 def _offline(result: PlanResult, catalog: Catalog, req: LiveRequest, why: str) -> PlanResult:
-    rows = [row.model_copy(update={"live": _catalog_row(row, catalog, req, [f"not checked live: {why}"])})
+    rows = [row.model_copy(update={"live": _catalog_row(row, catalog, req, [_not_aws(catalog, row)
+                                                                            or f"not checked live: {why}"])})
             for row in result.rows]
     line = f"plan --live: catalog prices, nothing checked live ({why})"
     live = LivePlan(provider="aws", live=False, reason=line, regions=list(req.regions or ()), checked_at=None,
@@ -120,9 +121,8 @@ def _live(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: AwsP
         for row in result.rows:
             s = row.estimate.setup
             if catalog.instance(s.instance).cloud != "aws":
-                cloud = OFFLINE.get(catalog.instance(s.instance).cloud, "this cloud")
-                rows.append(row.model_copy(update={"live": _catalog_row(row, catalog, req, [
-                    f"{cloud} has no live provider yet: catalog price, launch not checked"])}))
+                rows.append(row.model_copy(update={"live": _catalog_row(row, catalog, req,
+                                                                        [_not_aws(catalog, row) or ""])}))
                 continue
             reports = {r: f.result() for r, f in tasks[(s.instance, s.nodes)].items()}
             live, blocked = _aws_row(row, catalog, req, reports, prices, data)
@@ -147,6 +147,14 @@ def _live(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: AwsP
                     seconds=time.monotonic() - started, data=data, notes=notes)
     return result.model_copy(update={"rows": rows, "excluded": excluded, "live": live,
                                      "notes": [*result.notes, line]})
+
+
+def _not_aws(catalog: Catalog, row: PlanRow) -> str | None:
+    """The reason a GCP, Azure or Lambda row is never checked live (whatever the AWS account says), or None."""
+    cloud = catalog.instance(row.estimate.setup.instance).cloud
+    if cloud == "aws":
+        return None
+    return f"{OFFLINE.get(cloud, 'this cloud')} has no live provider yet: catalog price, launch not checked"
 
 
 def _aws_row(row: PlanRow, catalog: Catalog, req: LiveRequest, reports: dict[str, RegionReport],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Status = Literal["ok", "warn", "fail", "unknown"]
 ACCOUNT_SCHEMA_VERSION = 1
@@ -75,6 +75,9 @@ class SpotInfo(BaseModel):
 
 
 class CapacityBlock(BaseModel):
+    # also the cached answer (cloud/cache.py): every field, none extra, finite numbers, as the _Fact models
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
     start: str
     end: str
     instance_count: int
@@ -85,6 +88,9 @@ class CapacityBlock(BaseModel):
 
 
 class Reservation(BaseModel):
+    # also the cached answer (cloud/cache.py): every field, none extra, finite numbers, as the _Fact models
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
     id: str
     availability_zone: str | None
     total: int

@@ -11,6 +11,9 @@ from .configure import RunOptions, default_run_dir
 from .emit import EMIT_KINDS, build_spec, emit
 
 CLUSTER_KINDS = ("k8s", "jobset", "pcluster")
+# which kinds take each cluster option (docs/emit.md's table): named in the message for a kind that does not
+TAKEN_BY = {"image": "k8s, jobset", "service_account": "k8s, jobset", "aws_secret": "k8s, jobset",
+            "shared_fs": "pcluster", "capacity_reservation": "pcluster", "queue": "k8s, jobset, pcluster and slurm"}
 
 
 def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
@@ -24,7 +27,7 @@ def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
     for key, value in cluster.items():
         if value is not None and key not in allowed:
             raise UsageError(f"--{key.replace('_', '-')} does not apply to --emit {kind} (it is for "
-                             f"{', '.join(CLUSTER_KINDS)}{' and slurm' if key == 'queue' else ''})")
+                             f"{TAKEN_BY.get(key, ', '.join(CLUSTER_KINDS))})")
     if not opts.command:  # the script lives on the cluster: only its presence is checked here
         raise UsageError("no training command: put it after `--`, e.g. trainready run --emit slurm -- python train.py")
     host, port = None, 29500

@@ -1,0 +1,147 @@
+"""Hostile-user findings against `trainready account`, `plan --live` (issue 14) and `run --emit k8s|jobset|pcluster`
+(issue 17), one regression test each. Nothing here leaves the machine: the AWS endpoint is 127.0.0.1:9 (nothing
+listens) or a fake provider object, and `net` refuses anything else."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from cloud_stubs import aws_env, invoke, no_internet
+
+from trainready.catalog import load_catalog
+from trainready.cloud.account import Ask, region_report
+from trainready.cloud.aws import Blocks, CallFailed, Reservations, TypeFact
+from trainready.cloud.cache import Cache
+
+DEAD = "http://127.0.0.1:9"  # the discard port: connection refused at once
+
+
+@pytest.fixture
+def net(monkeypatch):
+    with no_internet(monkeypatch) as tried:
+        yield tried
+    assert tried == [], f"a test tried to leave 127.0.0.1: {tried}"
+
+
+@pytest.fixture
+def dead_env(monkeypatch, tmp_path, net):
+    aws_env(monkeypatch, tmp_path, DEAD, attempts=1)
+
+
+def test_bad_aws_max_attempts_is_exit_2_for_account_and_catalog_prices_for_plan_live(dead_env, monkeypatch):
+    """AWS_MAX_ATTEMPTS=abc made botocore's int() fail deep inside client creation: exit 3 with a ValueError."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "abc")
+    code, out, err = invoke("account", "--instance", "p5.48xlarge")
+    assert code == 2 and "AWS_MAX_ATTEMPTS" in err and "internal error" not in err, err
+    code, out, err = invoke("plan", "--model", "llama-2-7b", "--tokens", "1e9", "--live", "--json")
+    assert code == 0, err
+    live = json.loads(out)["live"]
+    assert live["live"] is False and "AWS_MAX_ATTEMPTS" in live["reason"]
+
+
+def test_unknown_default_region_is_exit_2_like_an_unknown_region_option(dead_env, monkeypatch):
+    """AWS_DEFAULT_REGION=Mars-1 went unchecked: every region line came back unknown and the verdict was exit 0."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "Mars-1")
+    code, out, err = invoke("account", "--instance", "p4d.24xlarge")
+    assert code == 2 and "unknown region 'Mars-1'" in err and "AWS_DEFAULT_REGION" in err, err
+    assert "\n" not in err.strip()
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "US-WEST-2")  # a valid name in capitals still goes through
+    code, out, err = invoke("account", "--instance", "p4d.24xlarge")
+    assert "unknown region" not in err and "cannot ask AWS who you are" in err
+
+
+class _Provider:
+    """Offerings and instance types unanswered (a denied or failing call), the dry run allowed."""
+
+    def __init__(self):
+        self.calls: dict = {}
+        self.dry_runs = 0
+
+    def _fail(self, *a, **k):
+        raise CallFailed("ec2:DescribeInstanceTypeOfferings", "error", "the service failed (HTTP 500)")
+
+    instance_type = offerings = quota = spot_history = reservations = _fail
+
+    def ami(self, region, arch):
+        from trainready.cloud.aws import Text
+
+        return Text(value="ami-0123456789abcdef0"), None
+
+    def dry_run(self, region, itype, nodes, spot, ami):
+        self.dry_runs += 1
+        return "allowed", ""
+
+    def capacity_blocks(self, *a):
+        return Blocks(blocks=[]), None
+
+
+def test_offerings_unknown_is_not_reported_as_not_offered():
+    """An offerings call that failed made RunInstances 'not tried: the type is not offered here' and the capacity
+    line 'the type is not offered here', though nothing said so."""
+    p = _Provider()
+    ask = Ask(instance=load_catalog().instance("p5.48xlarge"), nodes=2, spot=False, hours=24, regions=("us-east-1",))
+    rep = region_report(p, "us-east-1", ask)  # type: ignore[arg-type]
+    assert rep.offerings.status == "unknown"
+    run = next(x for x in rep.permissions if x.action == "ec2:RunInstances")
+    assert p.dry_runs == 1 and run.status == "ok", run
+    assert "not offered" not in rep.capacity.reason and "not offered" not in run.reason
+
+
+BLOCK = {"start": "2026-12-02T11:30:00Z", "end": "2026-12-03T11:30:00Z", "instance_count": 2,
+         "upfront_fee_usd": 2000.0, "availability_zone": "us-east-1a", "duration_hours": 24,
+         "usd_per_instance_hour": 41.7}
+
+
+@pytest.mark.parametrize("bad", [{"upfront_fee_usd": math.inf}, {"usd_per_instance_hour": math.nan},
+                                 {"instance_count": "2"}, {"extra": 1}])
+def test_cached_capacity_blocks_are_as_strict_as_every_other_cached_answer(tmp_path, bad):
+    """The cache promises 'every field, no extra ones, finite numbers', but the nested CapacityBlock took 1e999
+    (account --json then wrote Infinity, which is not JSON), strings for numbers and extra fields."""
+    cache = Cache(tmp_path, max_age_s=3600)
+    cache.put("k", Blocks.model_validate({"blocks": [BLOCK]}))
+    path = cache.path("k")
+    doc = json.loads(path.read_text())
+    doc["value"]["blocks"][0].update(bad)
+    path.write_text(json.dumps(doc))  # json writes inf as Infinity; the reader refuses that constant too
+    assert cache.get("k", Blocks) is None
+    assert len(cache.notes) == 1 and "ignored cache file" in cache.notes[0]
+    res = {"id": "cr-0123456789abcdef0", "availability_zone": "us-east-1a", "total": 2, "available": 1,
+           "state": "active", "end": None}
+    assert Reservations.model_validate({"items": [res]})
+    with pytest.raises(ValueError):
+        Reservations.model_validate({"items": [{**res, "total": "2"}]})
+    assert TypeFact(exists=True)  # the _Fact models were strict already
+
+
+def test_plan_live_offline_keeps_non_aws_rows_offline_and_says_why_once(dead_env):
+    """Without credentials every row said 'not checked live: cannot ask AWS who you are ...', Lambda and GCP rows
+    too (the docs: 'no live provider yet'), and the text repeated that reason under every row."""
+    code, out, err = invoke("plan", "--model", "llama-2-13b", "--tokens", "2e10", "--live", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    catalog = load_catalog()
+    clouds = {name: catalog.instance(name).cloud for name in catalog.instances}
+    seen = set()
+    for row in doc["rows"]:
+        cloud = clouds[row["estimate"]["setup"]["instance"]]
+        seen.add(cloud)
+        (reason,) = row["live"]["reasons"]
+        if cloud == "aws":
+            assert reason.startswith("not checked live: ")
+        else:
+            assert "no live provider yet" in reason, reason
+    assert "aws" in seen and len(seen) > 1
+    code, out, err = invoke("plan", "--model", "llama-2-13b", "--tokens", "2e10", "--live")
+    live = out[out.index("Live ("):]
+    assert live.count("cannot ask AWS who you are") == 1, live
+
+
+@pytest.mark.parametrize("option, value, kinds", [("--image", "x", "k8s, jobset"),
+                                                   ("--shared-fs", "new", "pcluster"),
+                                                   ("--service-account", "sa", "k8s, jobset")])
+def test_emit_option_for_another_kind_names_the_kinds_that_take_it(option, value, kinds):
+    """`--emit slurm --image x` said '(it is for k8s, jobset, pcluster)', but pcluster refuses --image."""
+    code, out, err = invoke("run", "--emit", "slurm", option, value, "--", "python", "train.py")
+    assert code == 2 and f"(it is for {kinds})" in err, err
