@@ -145,3 +145,37 @@ def test_emit_option_for_another_kind_names_the_kinds_that_take_it(option, value
     """`--emit slurm --image x` said '(it is for k8s, jobset, pcluster)', but pcluster refuses --image."""
     code, out, err = invoke("run", "--emit", "slurm", option, value, "--", "python", "train.py")
     assert code == 2 and f"(it is for {kinds})" in err, err
+
+
+def test_email_with_a_trailing_newline_is_refused(dead_env):
+    """`$` in the e-mail pattern matched before a final newline: 'ops@example.com\\n' went to AWS Budgets."""
+    code, out, err = invoke("account", "--instance", "p5.48xlarge", "--create-budget", "100", "--email",
+                            "ops@example.com\n")
+    assert code == 2 and "is not an e-mail address" in err, err
+
+
+@pytest.mark.parametrize("points", [[{"Timestamp": "now", "Maximum": 96.0}], [{"Maximum": 96.0}]])
+def test_usage_datapoints_that_are_no_answer_are_left_out(dead_env, points):
+    """A CloudWatch datapoint with an infinite value (pydantic refused UsageFact: exit 3) or without a Timestamp
+    (KeyError: exit 3) from an endpoint that is not AWS."""
+    import datetime as dt
+
+    from trainready.cloud.aws import AwsProvider, QuotaFact
+
+    now = dt.datetime.now(dt.timezone.utc)
+    for p in points:
+        if p.get("Timestamp") == "now":
+            p["Timestamp"] = now
+    later = now + dt.timedelta(minutes=5)  # the newest datapoint is the one read: make it the bad one
+    points = [*points, {"Timestamp": later, "Maximum": math.inf}, {"Timestamp": later, "Maximum": math.nan}]
+
+    class Client:
+        def get_metric_statistics(self, **kw):
+            return {"Datapoints": points}
+
+    provider = AwsProvider(Cache(max_age_s=0))
+    provider.client = lambda service, region: Client()  # type: ignore[method-assign]
+    q = QuotaFact(code="L-417A185B", name="Running On-Demand P instances", value=384.0,
+                  usage_dimensions={"Class": "P/OnDemand"}, usage_statistic="Maximum")
+    fact, _ = provider.quota_usage("us-east-1", q)
+    assert fact.used == (96.0 if "Timestamp" in points[0] else 0.0)

@@ -25,7 +25,7 @@ Exit codes: 0 the job can launch in at least one region asked, 1 something block
 A = "Account"
 W = "Job"
 MAX_AGE_DEFAULT = "1h"
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")  # fullmatch: a trailing newline is not an address
 
 
 def parse_duration(text: str, option: str = "--max-age") -> float:
@@ -158,7 +158,7 @@ def account(
     inst = aws_instance(catalog, instance)
     if (create_budget is None) != (email is None):
         raise UsageError("--create-budget USD and --email ADDR go together: the budget's alerts need an address")
-    if email is not None and not _EMAIL.match(email):
+    if email is not None and not _EMAIL.fullmatch(email):
         raise UsageError(f"--email '{printable(email)}' is not an e-mail address")
     if archive is not None:
         from trainready.io.urls import validate_bucket

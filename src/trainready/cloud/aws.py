@@ -391,10 +391,13 @@ class AwsProvider:
                                 Namespace="AWS/Usage", MetricName="ResourceCount",
                                 Dimensions=[{"Name": k, "Value": v} for k, v in sorted(quota.usage_dimensions.items())],
                                 StartTime=now - dt.timedelta(hours=1), EndTime=now, Period=300, Statistics=[stat])
-            points = [p for p in answer.get("Datapoints", []) if isinstance(p.get(stat), (int, float))]
+            # a datapoint without a time or with a value that is not a finite number is no answer (an endpoint
+            # that is not AWS): left out, as UsageFact would refuse it past classify()
+            points = [p for p in answer.get("Datapoints", []) if _float(p.get(stat)) is not None
+                      and isinstance(p.get("Timestamp"), dt.datetime)]
             if not points:  # AWS/Usage publishes while something of the class runs: none this hour counts as 0
                 return UsageFact(used=0.0, datapoints=0)
-            return UsageFact(used=float(max(points, key=lambda p: p["Timestamp"])[stat]), datapoints=len(points))
+            return UsageFact(used=_float(max(points, key=lambda p: p["Timestamp"])[stat]), datapoints=len(points))
         return self._cached(region, ["usage", quota.code], UsageFact, ask, "cloudwatch:GetMetricStatistics")
 
     def request_quota(self, region: str, code: str, value: int) -> tuple[str | None, str | None]:
