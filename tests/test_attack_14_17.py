@@ -179,3 +179,17 @@ def test_usage_datapoints_that_are_no_answer_are_left_out(dead_env, points):
                   usage_dimensions={"Class": "P/OnDemand"}, usage_statistic="Maximum")
     fact, _ = provider.quota_usage("us-east-1", q)
     assert fact.used == (96.0 if "Timestamp" in points[0] else 0.0)
+
+
+@pytest.mark.parametrize("kind", ["k8s", "jobset"])
+@pytest.mark.parametrize("hot", ["/dev/shm", "/dev/shm/", "/dev/shm/ckpt", "/", "/mnt/../dev/shm"])
+def test_hot_tier_cannot_share_the_shm_mount_or_be_root(kind, hot):
+    """`--hot /dev/shm` emitted two volumeMounts at /dev/shm (the API server refuses: mountPath must be unique),
+    and `--hot /` mounted the hot tier over the image's root; the schemas the tests validate with accept both."""
+    from trainready.errors import UsageError
+    from trainready.run.emit import EmitSpec, emit
+
+    with pytest.raises(UsageError, match="directory of its own"):
+        emit(kind, EmitSpec(command=["python", "train.py"], nnodes=2, instance="p5.48xlarge", job_name="run1", hot=hot))
+    assert "/mnt/ckpt" in emit(kind, EmitSpec(command=["python", "train.py"], nnodes=2, instance="p5.48xlarge",
+                                               job_name="run1", hot="/mnt/ckpt"))

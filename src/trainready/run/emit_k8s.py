@@ -7,6 +7,7 @@ No PyTorchJob: Trainer v2's TrainJob replaced it (Training Operator v1 is deprec
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 
 from trainready.errors import UsageError
@@ -95,6 +96,11 @@ def _check(kind: str, spec: EmitSpec) -> Node:
     if spec.hot is not None and not spec.hot.startswith("/"):
         raise UsageError(f"--hot {show(spec.hot)!r}: in a pod the hot tier is a volume mount, an absolute path "
                          f"(e.g. {HOT_DEFAULT})")
+    if spec.hot is not None:  # the API server refuses two mounts at one path; '/' would hide the image
+        norm = posixpath.normpath(spec.hot)
+        if norm in ("/", "//") or norm == "/dev/shm" or norm.startswith("/dev/shm/"):
+            raise UsageError(f"--hot {show(spec.hot)!r}: the hot tier needs a directory of its own on the node's "
+                             f"disk, not / or /dev/shm (the pod's shared memory mount), e.g. {HOT_DEFAULT}")
     if kind == "k8s":
         for var in PET_VARS:
             if var in spec.env:
