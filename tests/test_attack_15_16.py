@@ -90,3 +90,39 @@ def test_html_to_a_device_or_fifo_is_refused_not_replaced(tmp_path):
         _writable(fifo)
     assert not fifo.is_file()
     assert _writable(tmp_path / "ok.html") == tmp_path / "ok.html"
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff\xfe garbage \x1b[31m\n", "\u202e\U0001f600 nvme?\n".encode()])
+def test_unreadable_nvme_devices_is_unknown_not_zero_controllers(tmp_path, content):
+    from check_bundles import make_bundle
+
+    from trainready.check import checks_host  # noqa: F401  (register the check)
+    from trainready.check.analyze import analyze
+    from trainready.check.bundle import Bundle
+
+    directory = make_bundle("p5", tmp_path, replace={"nvme-devices.txt": content})
+    found = {f.id: f for f in analyze(Bundle.load(directory)).checks}["storage.nvme-count"]
+    assert found.status == "skip" and "unreadable" in found.reason
+    empty = make_bundle("p5", tmp_path, replace={"nvme-devices.txt": ""})  # the probe's output with no NVMe at all
+    assert {f.id: f for f in analyze(Bundle.load(empty)).checks}["storage.nvme-count"].status == "fail"
+
+
+def test_calibration_save_target_that_is_a_directory_or_fifo_is_a_usage_error(tmp_path):
+    from trainready.cli.calibrate import _check_target
+
+    os.mkfifo(tmp_path / "pipe")
+    for target, words in ((tmp_path, "is a directory"), (tmp_path / "pipe", "not a regular file"),
+                          (tmp_path / "nope" / "x.json", "does not exist")):
+        with pytest.raises(UsageError, match=words):
+            _check_target(target)
+    _check_target(tmp_path / "mine.json")
+
+
+def test_a_refused_deep_json_says_why_not_that_it_is_missing(tmp_path):
+    from trainready.catalog import load_catalog
+    from trainready.cli.calibrate import bundle_measurements
+
+    (tmp_path / "instance-type.txt").write_text("p5en.48xlarge\n")
+    (tmp_path / "deep.json").symlink_to(tmp_path / "instance-type.txt")
+    with pytest.raises(UsageError, match="not read: a symlink"):
+        bundle_measurements(tmp_path, load_catalog())

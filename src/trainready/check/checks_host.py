@@ -150,6 +150,8 @@ def nvme_count(ctx: Context) -> Finding:
         finding = missing("storage.nvme-count", "storage", ctx, "nvme-devices.txt")
         finding.reason += " (storage.hot-tier counts them from lsblk)"
         return finding
+    if not devices.controllers and devices.problems:  # garbage is unknown, not "0 controllers" (an empty file is)
+        return skip("storage.nvme-count", "storage", f"nvme-devices.txt unreadable: {devices.problems[0]}")
     want = ctx.instance.nvme_count if ctx.instance else None
     local = devices.instance_store or sorted(set(devices.controllers) - set(devices.ebs))
     finding = Finding(id="storage.nvme-count", area="storage", status="pass",

@@ -90,12 +90,26 @@ def _number(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 else None
 
 
+def _check_target(target: Path) -> None:
+    """`--calibration FILE` with --calibrate is where the fit is saved: a directory or a device there (the
+    atomic replace would put a file in place of /dev/null, as root) or a missing directory is a UsageError."""
+    if target.is_dir():
+        raise UsageError(f"--calibration {printable(target)}: is a directory; give a file name, e.g. "
+                         f"{printable(target / 'my-gpu.json')}, or a name such as h200-hf-trainer")
+    if target.exists() and not target.is_file():
+        raise UsageError(f"--calibration {printable(target)}: not a regular file; give a file name such as my-gpu.json")
+    if not target.parent.is_dir():
+        raise UsageError(f"--calibration {printable(target)}: the directory {printable(target.parent)} does not exist")
+
+
 def bundle_measurements(path: Path, catalog: Catalog) -> tuple[list[cal.Measurement], list[str], str | None]:
     """GEMM TFLOP/s, HBM copy GB/s and all-reduce busbw from a bundle's deep.json; (measurements, notes, instance)."""
     from trainready.check.bundle import Bundle
 
     bundle = Bundle.load(path)
     text = bundle.text("deep.json")
+    if text is None and "deep.json" in bundle.refused:  # a symlink, a FIFO, over its size cap
+        raise UsageError(f"bundle {printable(path)}: {printable(bundle.why_missing('deep.json'))}")
     if text is None:
         raise UsageError(f"bundle {printable(path)} has no deep.json: collect it with "
                          f"`trainready check --deep --out DIR`")
@@ -198,6 +212,7 @@ def calibrate(paths: list[Path], ref: str | None, catalog: Catalog,
     gpu = gpus.pop()
     target = Path(ref) if ref is not None and cf.is_path(ref) else None
     if target is not None:
+        _check_target(target)
         name = target.stem if re.fullmatch(cf.NAME_PATTERN, target.stem) else cf.default_name(gpu, run_stack)
     else:
         name = cf.valid_name(ref) if ref else cf.default_name(gpu, run_stack)
