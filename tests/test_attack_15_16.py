@@ -126,3 +126,34 @@ def test_a_refused_deep_json_says_why_not_that_it_is_missing(tmp_path):
     (tmp_path / "deep.json").symlink_to(tmp_path / "instance-type.txt")
     with pytest.raises(UsageError, match="not read: a symlink"):
         bundle_measurements(tmp_path, load_catalog())
+
+
+def _with_records(base: Path, dst: Path, extra: list[dict], start: dict | None = None) -> Path:
+    run = _copy(base, dst)
+    records = [json.loads(line) for line in (run / "telemetry.jsonl").read_text().splitlines()]
+    records = [{**r, **(start or {})} if r["type"] == "start" else r for r in records]
+    t = records[-1]["t"]
+    (run / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records + [{**e, "t": t} for e in extra]))
+    return run
+
+
+def test_a_budget_or_stop_cost_that_is_not_a_number_is_unknown(base, tmp_path):
+    s = summarize(_with_records(base, tmp_path / "r", [{"type": "stop", "cost_usd": "x"}], start={"budget_usd": "x"}))
+    assert s.cost.budget_usd is None and s.cost.spent_usd is not None
+
+
+@pytest.mark.parametrize("where", ["loss", "interval_s", "tokens", "t", "start_unix"])
+def test_an_integer_past_a_floats_range_is_unknown_not_an_overflow(base, tmp_path, where):
+    from trainready.report.run_page import write_run_page
+
+    big = 10**400
+    if where == "loss":
+        run = _copy(base, tmp_path / "r", step={"metrics": {"loss": big}})
+    elif where == "start_unix":
+        run = _copy(base, tmp_path / "r", launch={"start_unix": big})
+    else:
+        run = _copy(base, tmp_path / "r", step={where: big})
+    s = summarize(run)
+    assert s.loss_last is None if where == "loss" else True
+    write_run_page(run, tmp_path / "page.html")
+    assert (tmp_path / "page.html").stat().st_size > 0

@@ -69,7 +69,12 @@ def style_axes(ax, *, xlabel: str, ylabel: str) -> None:
 
 
 def finite(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value) if math.isfinite(value) else None
+    except OverflowError:  # an integer past a float's range (10**400 in a hostile telemetry file)
+        return None
 
 
 def column(records: Sequence[dict], key: str):

@@ -69,6 +69,8 @@ def _num(value: Any, what: str, lo: float = 0.0, hi: float = MAX_S, optional: bo
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _Bad(f"{what} not a number")
+    if isinstance(value, int) and not -hi <= value <= hi:  # 10**400: math.isfinite would raise OverflowError
+        raise _Bad(f"{what} too large" if value > 0 else f"{what} negative")
     if not math.isfinite(value):
         raise _Bad(f"{what} not finite")
     if value < lo:
@@ -149,7 +151,18 @@ def _screen_one(r: dict[str, Any], skipped: Counter) -> dict[str, Any]:
         out["nnodes"] = _int(r.get("nnodes"), "nnodes", lo=1, hi=MAX_WORLD)
         out["usd_per_hour"] = _num(r.get("usd_per_hour"), "usd_per_hour", hi=1e7)
         out["total_steps"] = _int(r.get("total_steps"), "total_steps")
+        try:
+            out["budget_usd"] = _num(r.get("budget_usd"), "budget_usd", hi=1e12)
+        except _Bad as exc:
+            skipped[f"start field: {exc}"] += 1
+            out["budget_usd"] = None
     elif kind in ("end", "stop"):
+        if kind == "stop" and "cost_usd" in r:
+            try:
+                out["cost_usd"] = _num(r.get("cost_usd"), "stop cost_usd", hi=1e12)
+            except _Bad as exc:
+                skipped[f"stop field: {exc}"] += 1
+                out["cost_usd"] = None
         for key in ("last_saved", "checkpoint", "last_step", "step", "archived"):
             if key in r:
                 out[key] = _int(r.get(key), f"{kind} {key}", lo=-1)

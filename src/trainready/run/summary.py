@@ -299,7 +299,12 @@ def _shares(steps: list[dict[str, Any]]) -> TimeShares | None:
 
 def _loss(record: dict[str, Any]) -> float | None:
     value = (record.get("metrics") or {}).get("loss")
-    return value if isinstance(value, (int, float)) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)  # an integer past a float's range (10**400) is not a loss: unknown
+    except OverflowError:
+        return None
 
 
 def billed_seconds(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float:
