@@ -40,7 +40,8 @@ class TimeShares(BaseModel):
     comm: float | None
     other: float
     unattributed: float | None = Field(None, description="compute plus the unmeasured parts (None: all measured)")
-    timing: str | None = Field(None, description="how the split was timed: host, cuda-events, or both (host+cuda-events)")
+    timing: str | None = Field(None, description="how the split was timed: host, cuda-events, or both "
+                                                "(host+cuda-events); unknown: a record's timing field was malformed")
 
 
 class CostSummary(BaseModel):
