@@ -328,11 +328,12 @@ def test_planner_rows_are_runnable_by_the_framework_asked(catalog, framework, mo
     check(s, r.recipe, monkeypatch)
 
 
-def test_a_framework_that_runs_nothing_says_so_per_instance(catalog):
-    r = plan(PlanRequest(job=JobSpec(model="llama-2-7b", tokens=1e9, method="lora"), instances=["p4d.24xlarge"],
+def test_a_framework_that_runs_nothing_is_a_usage_error_naming_why(catalog):
+    # every instance refused for one and the same reason: the job is one the framework never runs
+    with pytest.raises(UsageError) as exc:
+        plan(PlanRequest(job=JobSpec(model="llama-2-7b", tokens=1e9, method="lora"), instances=["p4d.24xlarge"],
                          framework="megatron"), catalog)
-    assert not r.rows and "--framework megatron runs none" in r.excluded[0].reason
-    assert "no lora" in r.excluded[0].reason
+    assert "--framework megatron cannot run this job" in str(exc.value) and "no lora" in str(exc.value)
 
 
 def test_framework_tables_match_the_installed_packages():
