@@ -79,11 +79,9 @@ def stage_mix(m: ModelSpec, pp: int, v: int = 1) -> list[tuple[int, int]]:
 
 
 def _stage_mix(m: ModelSpec, pp: int, v: int) -> list[tuple[int, int]]:
-    # layer i is MoE when i >= first and (i + 1) % freq == 0 (ModelSpec.is_moe_layer)
-    first, freq = m.moe.first_dense_layers, m.moe.layer_freq
     mix = []
     for layers in pipeline_ranks(m.num_layers, pp, v):
-        n_moe = sum(1 for i in layers if i >= first and (i + 1) % freq == 0)
+        n_moe = sum(1 for i in layers if m.is_moe_layer(i))
         mix.append((len(layers) - n_moe, n_moe))
     return mix
 
