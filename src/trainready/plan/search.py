@@ -462,15 +462,21 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult) -> 
     return f"+{rel:.0f}% time vs #1; " + facts
 
 
-def _refuse_static_conflict(req: PlanRequest, rows: list, excluded: list[Exclusion]) -> None:
+def _framework_only(log: _InstanceLog) -> str | None:
+    """The framework's reason when it alone excluded the instance (no configuration formed but for it)."""
+    if log.price or log.fitted or log.smallest_peak_gib != float("inf"):
+        return None
+    return log.framework or None
+
+
+def _refuse_static_conflict(req: PlanRequest, rows: list, whys: list[str | None]) -> None:
     """--framework X with a job X can never run (e.g. megatron with LoRA) is a usage error, not
-    "nothing fits": every instance was refused for one and the same reason."""
-    if rows or req.framework == "auto" or not excluded:
+    "nothing fits": every instance was excluded by the framework alone, for one and the same reason."""
+    if rows or req.framework == "auto" or not whys:
         return
-    prefix = f"--framework {req.framework} runs none of its configurations: "
-    whys = {e.reason[len(prefix):] if e.reason.startswith(prefix) else None for e in excluded}
-    if len(whys) == 1 and None not in whys:
-        raise UsageError(f"--framework {req.framework} cannot run this job: {whys.pop()}")
+    distinct = set(whys)
+    if len(distinct) == 1 and None not in distinct:
+        raise UsageError(f"--framework {req.framework} cannot run this job: {distinct.pop()}")
 
 
 def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
@@ -495,6 +501,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                              f"Valid: {', '.join(sorted(known))}")
     candidates: list[_Best] = []
     excluded: list[Exclusion] = []
+    framework_whys: list[str | None] = []  # per excluded instance: the framework's reason if it alone excluded it
     searched = 0
     for inst in sorted(catalog.instances.values(), key=lambda i: i.name):
         if wanted is not None and inst.name not in wanted:
@@ -505,11 +512,13 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         if req.min_gpu_mem_gib and gpu.memory_gib < req.min_gpu_mem_gib:
             reason = f"{gpu.memory_gib:g} GiB per GPU < --min-gpu-mem {req.min_gpu_mem_gib:g}"
             excluded.append(Exclusion(instance=inst.name, reason=reason))
+            framework_whys.append(None)
             continue
         found, log, n = _evaluate_instance(req, catalog, inst, model, seq_len, gb)
         searched += n
         if not found:
             excluded.append(Exclusion(instance=inst.name, reason=_exclusion_reason(req, inst, log, model, catalog)))
+            framework_whys.append(_framework_only(log))
         candidates.extend(found)
     # best configuration per (instance, nodes), then the top rows overall
     ranked = sorted(_best_per_nodes(candidates).values(), key=lambda c: (c.score, -c.step.tokens_per_s))
@@ -528,7 +537,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         _, usd, hours = _score(req, c.setup, c.mem, c.step.tokens_per_s)
         others.append(Alternative(instance=name, nodes=c.setup.nodes, total_usd=usd if job.tokens else None,
                                   train_hours=hours if job.tokens else None, tokens_per_s=c.step.tokens_per_s))
-    _refuse_static_conflict(req, rows, excluded)
+    _refuse_static_conflict(req, rows, framework_whys)
     notes = [f"global batch {gb} sequences of {seq_len} tokens ({count_text(gb * seq_len)} tokens per step)"
              + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)"),
              stack.describe(named=job.stack is not None)]
