@@ -89,14 +89,8 @@ def _layer_pattern(s: Setup) -> str | None:
     moe = s.model.moe
     if moe.first_dense_layers == 0 and moe.layer_freq == 1:
         return None
-    flags = "".join("1" if s.model.is_moe_layer(i) else "0" for i in range(s.model.num_layers))
-    runs, i = [], 0
-    while i < len(flags):
-        j = i
-        while j < len(flags) and flags[j] == flags[i]:
-            j += 1
-        runs.append(f"[{flags[i]}]*{j - i}")
-        i = j
+    flags = ("1" if s.model.is_moe_layer(i) else "0" for i in range(s.model.num_layers))
+    runs = [f"[{flag}]*{len(list(run))}" for flag, run in groupby(flags)]
     return "(" + "+".join(runs) + ")"  # no quotes: $(cat FILE) would pass them on literally
 
 
