@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .svg import MAX_POINTS, PART_COLOURS, column, finite, matplotlib_figure, reduce_series, reduce_stack, style_axes, to_svg
+from trainready.run.records import finite
+
+from .svg import MAX_POINTS, PART_COLOURS, column, matplotlib_figure, reduce_series, reduce_stack, style_axes, to_svg
 
 WIDTH = 11.5  # inches at 100 dpi: fits a 1200-pixel page
 Result = tuple[str | None, Any]

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from trainready.io import redact
+from trainready.run.records import finite
 
 from .page import Page
-from .svg import finite, require_matplotlib
+from .svg import require_matplotlib
 
 REFRESH_S = 15  # --live: the page reloads itself this often while the run is going
 

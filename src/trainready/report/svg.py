@@ -68,15 +68,6 @@ def style_axes(ax, *, xlabel: str, ylabel: str) -> None:
         ax.spines[side].set_visible(False)
 
 
-def finite(value: object) -> float | None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None
-    try:
-        return float(value) if math.isfinite(value) else None
-    except OverflowError:  # an integer past a float's range (10**400 in a hostile telemetry file)
-        return None
-
-
 def column(records: Sequence[dict], key: str):
     """records[i][key] as a float array: NaN where it is missing, not a number (a bool, a string) or not finite."""
     import numpy as np

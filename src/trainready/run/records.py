@@ -4,11 +4,23 @@ files against these models, so a field added in code and not here fails the suit
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 Number = float | int
+
+
+def finite(value: object) -> float | None:
+    """A number field of a record read back from a file, as a float; None (unknown) when it is not a
+    number (a bool, a string), not finite (a NaN literal) or an integer past a float's range (10**400)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value) if math.isfinite(value) else None
+    except OverflowError:
+        return None
 
 
 class _Record(BaseModel):

@@ -22,6 +22,7 @@ from trainready.plan.divergence import PlanCheck
 
 from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
+from .records import finite
 from .settings import node_run_dirs
 from .telemetry import FILE, read_records
 
@@ -299,13 +300,7 @@ def _shares(steps: list[dict[str, Any]]) -> TimeShares | None:
 
 
 def _loss(record: dict[str, Any]) -> float | None:
-    value = (record.get("metrics") or {}).get("loss")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        return float(value)  # an integer past a float's range (10**400) is not a loss: unknown
-    except OverflowError:
-        return None
+    return finite((record.get("metrics") or {}).get("loss"))
 
 
 def billed_seconds(launches: list[dict[str, Any]], records: list[dict[str, Any]]) -> float:
