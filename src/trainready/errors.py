@@ -26,6 +26,11 @@ def printable(text: object) -> str:
     return _CONTROL.sub(lambda m: _escape(m.group()), str(text))
 
 
+def pydantic_message(msg: object) -> str:
+    """A pydantic error's message without pydantic's "Value error, " prefix: the text is ours."""
+    return str(msg).removeprefix("Value error, ")
+
+
 class TrainreadyError(Exception):
     """Base class: a message meant for the user, and the exit code it maps to."""
 

@@ -24,6 +24,7 @@ from typing import IO, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainready.errors import pydantic_message
 from trainready.io import confine
 
 INDEX = "index.json"
@@ -144,7 +145,7 @@ class DataIndex(BaseModel):
 def index_problem(exc: ValidationError) -> str:
     """The first thing wrong with an index, in one line: the field's path, its value, why."""
     first = exc.errors()[0]
-    loc, value, why = first["loc"], first.get("input"), str(first["msg"]).removeprefix("Value error, ")
+    loc, value, why = first["loc"], first.get("input"), pydantic_message(first["msg"])
     cause = first.get("ctx", {}).get("error")
     if first["type"] == "string_pattern_mismatch" and first["ctx"].get("pattern") == SHA256:
         why = "must be a sha256: 64 lowercase hex digits"

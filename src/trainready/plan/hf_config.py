@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainready.catalog.textfile import read_user_text
-from trainready.errors import UsageError, printable
+from trainready.errors import UsageError, printable, pydantic_message
 
 from . import hf_moe
 from .model_spec import MAX_PARAMS, ModelSpec
@@ -287,15 +287,10 @@ def from_dict(data: dict[str, Any], path: str = "<config>") -> ModelSpec:
         return ModelSpec(name=printable(name), source=f"Hugging Face config {path}", **fields)
     except ValidationError as exc:
         errors = exc.errors()
-        msg = "; ".join(f"{e['loc'][0]}: {_plain_msg(e['msg'])}" if e["loc"] else _plain_msg(e["msg"])
+        msg = "; ".join(f"{e['loc'][0]}: {pydantic_message(e['msg'])}" if e["loc"] else pydantic_message(e["msg"])
                         for e in errors)
         too_big = any("parameters is more than" in e["msg"] for e in errors)
         raise UsageError(f"{path}: inconsistent shape: {msg}{_largest(c) if too_big else ''}") from None
-
-
-def _plain_msg(msg: str) -> str:
-    """pydantic's "Value error, ..." without its prefix: the message is ours."""
-    return msg.removeprefix("Value error, ")
 
 
 _NOT_SIZES = ("max_position_embeddings", "n_positions", "max_seq_len", "num_nextn_predict_layers",

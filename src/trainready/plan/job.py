@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainready.catalog.loader import read_toml
 from trainready.catalog.textfile import read_user_text
-from trainready.errors import UsageError, printable
+from trainready.errors import UsageError, printable, pydantic_message
 
 from .model_spec import ModelSpec
 
@@ -125,5 +125,5 @@ def load_job(path: str | Path) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        msgs = [f"{p}: field '{'.'.join(str(x) for x in e['loc'])}': {str(e['msg']).removeprefix('Value error, ')}" for e in exc.errors()]
+        msgs = [f"{p}: field '{'.'.join(str(x) for x in e['loc'])}': {pydantic_message(e['msg'])}" for e in exc.errors()]
         raise UsageError("\n".join(msgs)) from None
