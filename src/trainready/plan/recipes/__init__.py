@@ -34,14 +34,14 @@ def _check(name: str) -> None:
 
 
 def _order(s: Setup) -> tuple[str, ...]:
-    own = _STACK_FRAMEWORK.get(getattr(s, "stack", "") or "")
+    own = _STACK_FRAMEWORK.get(s.stack)
     return (own,) if own else AUTO_ORDER
 
 
 def framework_for(s: Setup, name: str = "auto") -> tuple[str | None, str | None]:
     """(the framework that runs `s`, None) or (None, why not): for "auto" the first in order."""
     _check(name)
-    own = _STACK_FRAMEWORK.get(getattr(s, "stack", "") or "")
+    own = _STACK_FRAMEWORK.get(s.stack)
     if name != "auto" and own and own != name:  # the row's speed assumes the stack's framework, not this one
         return None, (f"--stack {s.stack} is {own}'s kernels, reduce dtype and recompute, which the row's speed "
                       f"assumes; --framework {name} runs its own: use --framework {own} or --stack "

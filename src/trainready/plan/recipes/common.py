@@ -1,5 +1,5 @@
 """What every framework's recipe shares: the Recipe model, the launch lines, the environment,
-and small readings of a Setup (checkpointing kind, expert parallelism)."""
+and a reading of a Setup (its checkpointing kind)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,6 @@ def checkpointing(s: Setup) -> str:
     """none | selective-op | selective-attn | full ("selective" from before stacks existed meant
     Megatron's attention recompute)."""
     return "selective-attn" if s.checkpointing == "selective" else s.checkpointing
-
-
-def ep(s: Setup) -> int:
-    return getattr(s, "ep", 1)
 
 
 def torchrun(s: Setup, program: str) -> list[str]:

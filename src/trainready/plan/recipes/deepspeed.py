@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from ..setup import Setup
-from .common import Recipe, batch_note, checkpointing, environment, ep, torchrun
+from .common import Recipe, batch_note, checkpointing, environment, torchrun
 
 NAME = "deepspeed"
 VERSION = "0.19.8"
@@ -40,7 +40,7 @@ def reason(s: Setup) -> str | None:
                 "virtual stages; use --framework megatron or torchtitan")
     if s.tp > 1 and s.method != "full":
         return f"PEFT {s.method} on AutoTP-sharded layers is not documented; use a tp 1 row"
-    if ep(s) > 1:
+    if s.ep > 1:
         if s.model.family not in AUTOEP_FAMILIES:
             return (f"DeepSpeed AutoEP knows {', '.join(AUTOEP_FAMILIES)} models, not {s.model.family}; "
                     f"use --framework torchtitan or megatron")
@@ -71,8 +71,8 @@ def config(s: Setup) -> dict:
     cfg["gradient_clipping"] = 1.0
     if s.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": s.tp}
-    if ep(s) > 1:
-        cfg["expert_parallel"] = {"enabled": True, "autoep_size": ep(s)}
+    if s.ep > 1:
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": s.ep}
     if s.pp > 1:
         cfg["pipeline"] = {"stages": s.pp}
     return cfg
@@ -90,8 +90,8 @@ def recipe(s: Setup) -> Recipe:
     if s.tp > 1:
         notes.append(f"AutoTP training (tensor_parallel.autotp_size {s.tp}): Hugging Face transformers "
                      f"models; all ranks of a TP group must read the same batch (deepspeed/runtime/engine.py)")
-    if ep(s) > 1:
-        notes.append(f"AutoEP (expert_parallel.autoep_size {ep(s)}) replaces the HF MoE layers at initialize")
+    if s.ep > 1:
+        notes.append(f"AutoEP (expert_parallel.autoep_size {s.ep}) replaces the HF MoE layers at initialize")
     if s.pp > 1:
         notes.append(f"pipeline {s.pp}: train.py builds the model as deepspeed.pipe.PipelineModule("
                      f"layers=[LayerSpec...], num_stages={s.pp}) and calls engine.train_batch(); ZeRO <= 1")

@@ -12,7 +12,7 @@ precision is bf16 parameters with fp32 reduction; fsdp_cpu_offload is FSDP2's CP
 from __future__ import annotations
 
 from ..setup import Setup
-from .common import Recipe, batch_note, checkpointing, environment, ep, torchrun
+from .common import Recipe, batch_note, checkpointing, environment, torchrun
 
 NAME = "hf-tp"
 VERSION = "5.23.0"
@@ -46,11 +46,11 @@ def reason(s: Setup) -> str | None:
                 "torchtitan (op-level) or megatron (attention)")
     if s.tp > 1 and fam not in TP_FAMILIES:
         return f"transformers ships no tensor-parallel plan for {fam} models; use --framework deepspeed (AutoTP)"
-    if ep(s) > 1:
+    if s.ep > 1:
         if fam not in EP_FAMILIES:
             return f"transformers ships no expert-parallel plan for {fam} models; use --framework torchtitan"
-        if ep(s) % s.tp or (s.dp * s.tp) % ep(s):
-            return f"transformers needs ep a multiple of tp dividing dp x tp (ep {ep(s)}, tp {s.tp}, dp {s.dp})"
+        if s.ep % s.tp or (s.dp * s.tp) % s.ep:
+            return f"transformers needs ep a multiple of tp dividing dp x tp (ep {s.ep}, tp {s.tp}, dp {s.dp})"
         if s.strategy == "ddp":
             return "transformers shards experts over FSDP ranks (fsdp_size x tp / ep); ddp: --framework megatron"
         if s.ep_dispatcher != "alltoall" or s.ep_overlap:
@@ -62,8 +62,8 @@ def reason(s: Setup) -> str | None:
 def distributed_kwargs(s: Setup) -> dict:
     fsdp, replicate = (1, s.dp) if s.strategy == "ddp" else (s.dp, 1)
     kw: dict = {"tp_size": s.tp, "fsdp_size": fsdp, "dp_replicate_size": replicate}
-    if ep(s) > 1:
-        kw["ep_size"] = ep(s)
+    if s.ep > 1:
+        kw["ep_size"] = s.ep
     kw["fsdp_cpu_offload"] = s.offload == "optimizer+params"
     kw["fsdp_mixed_precision"] = s.precision == "bf16" and s.optimizer_dtype == "fp32"
     return kw

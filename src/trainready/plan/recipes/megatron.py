@@ -13,7 +13,7 @@ from __future__ import annotations
 from itertools import groupby
 
 from ..setup import Setup, pipeline_split
-from .common import Recipe, args_lines, batch_note, checkpointing, environment, ep, torchrun
+from .common import Recipe, args_lines, batch_note, checkpointing, environment, torchrun
 
 NAME = "megatron"
 CORE_VERSION = "0.16.1"
@@ -72,10 +72,10 @@ def reason(s: Setup) -> str | None:
                 f"from one input: use --framework deepspeed")
     if m.mlp == "geglu":
         return f"Megatron-LM has no tanh-GeGLU flag ({m.name}: Gemma); use --framework deepspeed or hf-tp"
-    if ep(s) > 1 and s.fp8_dispatch:
+    if s.ep > 1 and s.fp8_dispatch:
         return ("Megatron-Core's flex dispatcher sends activations as they are (bf16 under FP8 compute; HybridEP "
                 "'does not support fp8 dispatch now', moe/fused_a2a.py): plan without fp8_dispatch")
-    if ep(s) > 1 and s.ep_overlap:  # TransformerConfig.__post_init__'s rules for overlap_moe_expert_parallel_comm
+    if s.ep > 1 and s.ep_overlap:  # TransformerConfig.__post_init__'s rules for overlap_moe_expert_parallel_comm
         if s.pp > 1 and s.pp_virtual == 1:
             return ("Megatron's --overlap-moe-expert-parallel-comm needs virtual pipeline stages when pp > 1 "
                     "(transformer_config.py): add --pp-virtual")
@@ -122,7 +122,7 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
         if m.mla.q_lora_rank:
             a.append(("--q-lora-rank", m.mla.q_lora_rank))
     if m.moe is not None:
-        deepep = ep(s) > 1 and s.ep_dispatcher == "deepep"  # DeepEP through the flex dispatcher (moe/fused_a2a.py)
+        deepep = s.ep > 1 and s.ep_dispatcher == "deepep"  # DeepEP through the flex dispatcher (moe/fused_a2a.py)
         a += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.experts_per_token),
               ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", True),
               ("--moe-token-dispatcher-type", "flex" if deepep else "alltoall"), ("--moe-router-dtype", "fp32")]
@@ -163,8 +163,8 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
     elif v > 1:  # interleaved 1F1B (validate_args sets virtual_pipeline_model_parallel_size from it)
         a.append(("--num-virtual-stages-per-pipeline-rank", v))
     if s.model.is_moe:
-        a.append(("--expert-model-parallel-size", ep(s)))
-        if ep(s) > 1 and s.ep_overlap:  # dispatch/combine beside another micro-batch's compute
+        a.append(("--expert-model-parallel-size", s.ep))
+        if s.ep > 1 and s.ep_overlap:  # dispatch/combine beside another micro-batch's compute
             a.append(("--overlap-moe-expert-parallel-comm", True))
     if s.tp > 1:
         a.append(("--sequence-parallel", True))
@@ -203,7 +203,7 @@ def recipe(s: Setup) -> Recipe:
     env, notes = environment(s)
     # Megatron-LM's examples: 1 overlaps TP comm with compute; EP A2A overlap wants more queues (arguments.py
     # warns against combining it with TP on Hopper and suggests 32 when it is prioritized)
-    overlap = ep(s) > 1 and s.ep_overlap and s.tp == 1
+    overlap = s.ep > 1 and s.ep_overlap and s.tp == 1
     env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32" if overlap else "1"
     notes.insert(0, f"Megatron-LM pretrain_gpt.py on Megatron-Core {CORE_VERSION} with Transformer Engine: save "
                     f"the config as {ARGS_FILE}; add --data-path, --tokenizer-type/--tokenizer-model, "
@@ -215,7 +215,7 @@ def recipe(s: Setup) -> Recipe:
                      f"step through the interleaved 1F1B schedule (bubble (pp-1)/v of the 1F1B one)")
     elif s.pp > 1:
         notes.append(f"pipeline {s.pp}: {s.grad_accum} micro-batches per step through the 1F1B schedule")
-    if s.model.is_moe and ep(s) > 1 and s.ep_dispatcher == "deepep":
+    if s.model.is_moe and s.ep > 1 and s.ep_dispatcher == "deepep":
         notes.append("--moe-token-dispatcher-type flex needs DeepEP installed (github.com/deepseek-ai/DeepEP); "
                      "--moe-flex-dispatcher-backend hybridep selects NVIDIA's HybridEP instead")
     notes.append(batch_note(s))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from ..setup import Setup
-from .common import Recipe, args_lines, batch_note, checkpointing, environment, ep, torchrun
+from .common import Recipe, args_lines, batch_note, checkpointing, environment, torchrun
 
 NAME = "torchtitan"
 VERSION = "0.3.0"
@@ -60,7 +60,7 @@ def reason(s: Setup) -> str | None:
     if s.reduce_dtype != "fp32":  # `plan` has no --reduce-dtype: the stack (or estimate's flag) sets it
         return (f"torchtitan reduces gradients in float32 only (training.mixed_precision_reduce), this row in "
                 f"{s.reduce_dtype} (stack {s.stack}): use --stack torchtitan or --framework deepspeed")
-    if ep(s) > 1 and s.strategy == "ddp":
+    if s.ep > 1 and s.strategy == "ddp":
         return ("torchtitan carves expert parallelism out of the FSDP and TP ranks (efsdp = dp_shard x tp / ep, "
                 "ParallelDims.build_mesh); replicated ddp has no dp_shard ranks: --framework megatron")
     if checkpointing(s) == "selective-attn":
@@ -71,10 +71,10 @@ def reason(s: Setup) -> str | None:
         return (f"torchtitan makes ceil({m.num_layers} / pipeline_parallel_layers_per_stage) stages: no whole "
                 f"number of layers per stage gives {n} (pp {s.pp} x {s.pp_virtual} virtual); use --framework "
                 f"megatron (--pipeline-model-parallel-layout) or another --pp-virtual")
-    if ep(s) > 1 and s.ep_dispatcher == "deepep":
+    if s.ep > 1 and s.ep_dispatcher == "deepep":
         return ("torchtitan 0.3 picks DeepEP/HybridEP in the model's Python config (model_registry(..., "
                 "moe_comm_backend='deepep')), not on its command line; use --framework megatron")
-    if ep(s) > 1 and s.ep_overlap:
+    if s.ep > 1 and s.ep_overlap:
         return ("torchtitan 0.3 has no all-to-all overlap on its command line for the 1F1B schedules; use "
                 "--framework megatron (--overlap-moe-expert-parallel-comm)")
     return None
@@ -118,7 +118,7 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
         if s.pp_virtual > 1:  # pp x v stages, stage i on rank i % pp (stage_ids_this_rank, "loop" style)
             a.append(("--parallelism.pipeline_parallel_layers_per_stage", layers_per_stage(s)))
     if s.model.is_moe:
-        a.append(("--parallelism.expert_parallel_degree", ep(s)))
+        a.append(("--parallelism.expert_parallel_degree", s.ep))
     local = s.micro_batch * s.grad_accum if s.pp > 1 else s.micro_batch
     a += [("--training.local_batch_size", local), ("--training.global_batch_size", s.global_batch),
           ("--training.seq_len", s.seq_len),
@@ -128,7 +128,7 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
         a.append(("--training.dtype", "bfloat16"))  # pure bf16: no fp32 master weights
     if s.offload == "optimizer+params":
         a.append(("--training.enable_cpu_offload", True))
-    if s.pp > 1 or ep(s) > 1:  # Trainer.Config refuses CUDA graphs (on by default) with PP and with the
+    if s.pp > 1 or s.ep > 1:  # Trainer.Config refuses CUDA graphs (on by default) with PP and with the
         a.append(("--training.disable_cuda_graphs", True))  # default EP token dispatcher (trainer.py)
     a += [("--checkpoint.enable", True), ("--checkpoint.folder", "checkpoint")]
     return a
