@@ -13,7 +13,7 @@ import re
 from trainready.errors import UsageError
 
 from .emit import EmitSpec
-from .emit_node import Node, node_of, nproc, only_for, show
+from .emit_node import Node, node_of, nproc, only_for, show, suggest_name
 from .settings import RunSettings
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"  # Kubeflow Trainer v2.3.0 CRDs (tests/fixtures/crds/README.md)
@@ -83,16 +83,16 @@ def _check(kind: str, spec: EmitSpec) -> Node:
     if not _RFC1035.fullmatch(name) or len(longest_pod) > 63:
         raise UsageError(f"job name {show(name)!r}: Kubernetes needs a lowercase name (RFC 1035: letters, digits, "
                          f"'-', starting with a letter) short enough for pod names like {longest_pod!r} (63 "
-                         f"characters at most), e.g. {_suggest(name, 63 - len(longest_pod) + len(name))!r}")
+                         f"characters at most), e.g. {suggest_name(name, 63 - len(longest_pod) + len(name))!r}")
     if spec.queue is not None and not (len(spec.queue) <= 63 and _DNS1123_SUBDOMAIN.fullmatch(spec.queue)):
         # Kueue checks the queue-name label as a DNS-1123 subdomain, and a label value holds 63 characters at most
         raise UsageError(f"--queue {show(spec.queue)!r}: a Kueue LocalQueue name is lowercase letters, digits, '-' "
                          f"and '.', starting and ending with a letter or digit, 63 characters at most, e.g. "
-                         f"{_suggest(spec.queue, 63)!r}")
+                         f"{suggest_name(spec.queue, 63)!r}")
     for flag, value in (("--service-account", spec.service_account), ("--aws-secret", spec.aws_secret)):
         if value is not None and not (len(value) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(value)):
             raise UsageError(f"{flag} {show(value)!r}: a Kubernetes object name is lowercase letters, digits, '-' and "
-                             f"'.', starting and ending with a letter or digit, e.g. {_suggest(value, 253)!r}")
+                             f"'.', starting and ending with a letter or digit, e.g. {suggest_name(value, 253)!r}")
     if spec.hot is not None and not spec.hot.startswith("/"):
         raise UsageError(f"--hot {show(spec.hot)!r}: in a pod the hot tier is a volume mount, an absolute path "
                          f"(e.g. {HOT_DEFAULT})")
@@ -106,13 +106,6 @@ def _check(kind: str, spec: EmitSpec) -> Node:
             if var in spec.env:
                 raise UsageError(f"environment variable {var} is the Trainer's own (it sets {', '.join(PET_VARS)})")
     return node
-
-
-def _suggest(text: str, limit: int) -> str:
-    """A nearby valid lowercase name: other characters become '-', trimmed to `limit`."""
-    out = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    out = out.lstrip("0123456789-") or "job"
-    return out[:max(limit, 1)].rstrip("-") or "job"
 
 
 # ---------------------------------------------------------------- the pod

@@ -5,6 +5,7 @@ Pure functions over an EmitSpec; emit_k8s.py and emit_pcluster.py render the res
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from trainready.errors import UsageError, closest, printable
@@ -73,3 +74,11 @@ def only_for(spec: EmitSpec, kind: str, fields: dict[str, str]) -> None:
 
 def show(value: str) -> str:
     return printable(value)
+
+
+def suggest_name(text: str, limit: int, fallback: str = "job") -> str:
+    """A nearby valid lowercase name (a letter, then letters, digits and '-'): other characters become '-',
+    trimmed to `limit`."""
+    out = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    out = out.lstrip("0123456789-") or fallback
+    return out[:max(limit, 1)].rstrip("-") or fallback

@@ -10,7 +10,7 @@ import re
 from trainready.errors import UsageError
 
 from .emit import EmitSpec
-from .emit_node import Node, node_of, only_for, show
+from .emit_node import Node, node_of, only_for, show, suggest_name
 
 # Queue and compute-resource names: aws-parallelcluster 3.16.1, pcluster/validators/cluster_validators.py
 # (NAME_REGEX, NAME_MAX_LENGTH, and "default" is forbidden).
@@ -48,7 +48,7 @@ def _check(spec: EmitSpec) -> Node:
         raise UsageError(f"--emit pcluster: {node.instance} is a {node.cloud} instance; ParallelCluster runs on AWS")
     queue = spec.queue or QUEUE_DEFAULT
     if not _PC_NAME.fullmatch(queue) or len(queue) > PC_NAME_MAX or queue == "default":
-        near = re.sub(r"[^a-z0-9-]+", "-", queue.lower()).strip("-").lstrip("0123456789-")[:PC_NAME_MAX] or "train"
+        near = suggest_name(queue, PC_NAME_MAX, fallback=QUEUE_DEFAULT)
         raise UsageError(f"--queue {show(queue)!r}: a ParallelCluster queue name is lowercase letters, digits and "
                          f"'-', starting with a letter, {PC_NAME_MAX} characters at most, not 'default', e.g. "
                          f"{'train' if near == 'default' else near!r}")
