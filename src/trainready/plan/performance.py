@@ -50,11 +50,9 @@ def _gemms(s: Setup) -> list[tuple[int, int, int]]:
     """(K, N, count) of one block's forward matmuls per token (M = tokens), TP-split. MoE
     models: attention only (their MLPs differ by layer: moe.stage_time); MLA: its projections."""
     m, t = s.model, s.tp
-    d, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
+    d, f = m.hidden_size, m.ffn_hidden_size
     up = 2 * f if m.gated_mlp else f
-    if m.is_moe or m.mla is not None:
-        return moe.attention_gemms(s) + ([] if m.is_moe else [(d, up // t, 1), (f // t, d, 1)])
-    return [(d, (q + 2 * kv) // t, 1), (q // t, d, 1), (d, up // t, 1), (f // t, d, 1)]
+    return moe.attention_gemms(s) + ([] if m.is_moe else [(d, up // t, 1), (f // t, d, 1)])
 
 
 def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> float:
