@@ -30,6 +30,7 @@ from .activations import (
     loss_bytes_per_token,
     op_sac_bytes_per_token,
 )
+from .model_spec import ModelSpec
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
 
 GiB = 1024**3
@@ -149,13 +150,15 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     a = 4 if s.precision == "fp32" else 2
     r = _residual_bytes(s)
     tokens = s.micro_batch * s.seq_len
-    per_layer = layer_bytes_per_token(m, kernels=s.kernels, residual_bytes=r, act_bytes=a,
-                                      method=s.method, seq_len=s.seq_len) / s.tp
-    layer = per_layer * tokens
+
+    def per_token(shape: ModelSpec) -> float:
+        return layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method,
+                                     seq_len=s.seq_len)
+
+    layer = per_token(m) / s.tp * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
     if m.is_moe:  # MoE layers save routed tokens' activations (plan/moe.py)
-        moe_layer = tokens * moe.moe_layer_bytes_per_token(s, lambda shape: layer_bytes_per_token(
-            shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len), a) / s.tp
+        moe_layer = tokens * moe.moe_layer_bytes_per_token(s, per_token, a) / s.tp
         stage = moe.worst_stage(m, s.pp, layer, moe_layer, s.pp_virtual)
         layer = max(layer, moe_layer)
     # 1F1B: the first stage holds pp micro-batches; interleaved, pp (1 + (pp - 1)/(pp v)) (setup.py)
