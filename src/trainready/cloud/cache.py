@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from trainready.errors import printable
+from trainready.io.files import read_regular
 
 VERSION = 1
 MAX_BYTES = 4 * 1024 * 1024  # a week of spot history for one type is ~100 KB; 40x that is not an answer we wrote
@@ -83,25 +84,13 @@ class Cache:
 
     def _read(self, path: Path, key: str, model: type[M]) -> tuple[M, float] | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            data = read_regular(path, MAX_BYTES)  # no symlink followed, no FIFO blocked on, at most MAX_BYTES
         except FileNotFoundError:
             return None
-        except OSError as exc:  # ELOOP: a symlink in our place
-            why = "a symlink, not a file we wrote" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
-            raise _Ignored(why) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise _Ignored("not a regular file")
-            if st.st_size > MAX_BYTES:
-                raise _Ignored(f"{st.st_size:,} bytes, more than the {MAX_BYTES // 2**20} MiB an answer may have")
-            data = os.read(fd, MAX_BYTES + 1)
         except OSError as exc:
-            raise _Ignored(exc.strerror or str(exc)) from None
-        finally:
-            os.close(fd)
-        if len(data) > MAX_BYTES:
-            raise _Ignored("grew past the size limit while being read")
+            why = {errno.ELOOP: "a symlink, not a file we wrote", errno.EINVAL: "not a regular file",
+                   errno.EFBIG: f"more than the {MAX_BYTES // 2**20} MiB an answer may have"}.get(exc.errno)
+            raise _Ignored(why or exc.strerror or str(exc)) from None
         try:
             doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
