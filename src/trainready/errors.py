@@ -68,6 +68,12 @@ def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     return seen
 
 
+def did_you_mean(near: Iterable[str]) -> str:
+    """" Did you mean: a, b?" to put in a message (names as printable text), or "" when none is near."""
+    near = list(near)
+    return f" Did you mean: {', '.join(map(printable, near))}?" if near else ""
+
+
 class UnknownNameError(UsageError):
     """An unknown model, GPU or instance name, with the nearest valid ones."""
 

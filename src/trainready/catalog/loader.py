@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainready.errors import UnknownNameError, UsageError, closest, normalize_name, printable
+from trainready.errors import UnknownNameError, UsageError, closest, did_you_mean, normalize_name, printable
 
 from .prices import flag_suspect_prices
 from .schema import Gpu, Instance
@@ -72,8 +72,7 @@ class Catalog:
         region = known.get(normalize_name(name))
         if inst is None or not need_price:
             if region is None:
-                near = closest(name, self.regions)
-                hint = f" Did you mean: {', '.join(near)}?" if near else ""
+                hint = did_you_mean(closest(name, self.regions))
                 priced = sorted({r for i in self.instances.values() for r in priced_regions(i)})
                 raise UsageError(f"unknown region '{printable(name)}'.{hint} The catalog has prices in: "
                                  f"{', '.join(priced) or 'no region'} (`trainready catalog instances --json` "
@@ -86,8 +85,7 @@ class Catalog:
             raise UsageError(f"{inst.name} has no price in the catalog, in any region: give --usd-per-hour "
                              f"(or leave out --region)")
         if region is None:
-            near = closest(name, priced) or closest(name, self.regions)
-            hint = f" Did you mean: {', '.join(near)}?" if near else ""
+            hint = did_you_mean(closest(name, priced) or closest(name, self.regions))
             raise UsageError(f"unknown region '{printable(name)}'.{hint} {inst.name} has a price in: "
                              f"{', '.join(priced)}.")
         raise UsageError(f"{inst.name} has no price in {region} in the catalog; it has one in: "

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from trainready.catalog import Catalog, Instance, load_catalog
-from trainready.errors import UsageError, closest, printable
+from trainready.errors import UsageError, closest, did_you_mean, printable
 
 from . import options as o
 from .console import emit_json, out
@@ -62,8 +62,7 @@ def parse_regions(value: str | None, catalog: Catalog, default: str | None) -> l
             return ["us-east-1"]
         known = known_regions(catalog)
         if name.lower() not in known:  # AWS_DEFAULT_REGION / AWS_REGION / the profile's region: checked as --region is
-            near = closest(name, known)
-            hint = f" Did you mean: {', '.join(near)}?" if near else ""
+            hint = did_you_mean(closest(name, known))
             raise UsageError(f"unknown region '{printable(name)}' (AWS_REGION, AWS_DEFAULT_REGION or the profile's "
                              f"region).{hint} Give --region, or fix that setting")
         return [name.lower()]
@@ -77,8 +76,7 @@ def parse_regions(value: str | None, catalog: Catalog, default: str | None) -> l
     for name in names:
         key = name.lower()
         if key not in known:
-            near = closest(name, known)
-            hint = f" Did you mean: {', '.join(near)}?" if near else ""
+            hint = did_you_mean(closest(name, known))
             raise UsageError(f"unknown region '{printable(name)}'.{hint} (`--regions all` asks the account for "
                              f"its regions)")
         if key not in out_:
