@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from .system import _MISSING, Text, _float, _Frozen, _guard, _int, _lines, _Parsed, _Problems, _text, quote
+from .system import Text, _command_missing, _float, _Frozen, _guard, _int, _lines, _Parsed, _Problems, _text, quote
 
 _MAX_EVENTS = 200  # a log that floods one error is summarized, not copied whole
 
@@ -236,10 +236,6 @@ def _parse_fm_status(text: str) -> FabricManager:
     if _command_missing(lines, "systemctl"):
         notes.append("systemctl not available (no systemd, e.g. in a container)")
     return FabricManager(installed=installed, active=active, detail=detail, errors=errors, notes=notes)
-
-
-def _command_missing(lines: list[str], command: str) -> bool:
-    return any(command in line and _MISSING.search(line) for line in lines[:20] if len(line) < 300)
 
 
 def parse_fabricmanager_status(text: Text) -> FabricManager:
