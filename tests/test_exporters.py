@@ -249,3 +249,28 @@ def test_sink_skips_recomputed_steps_drops_a_failing_backend_and_never_blocks(tm
     sink.close("finished")
     assert [s for s, _ in Recorder.seen] == [2005]
     assert json.loads((tmp_path / "exporters.json").read_text())["recorder"]["opened"] == 2
+
+
+def test_a_broken_or_planted_state_file_is_read_as_unknown_never_trusted(tmp_path):
+    import os
+
+    from trainready.run.exporters import _load_state
+
+    path = tmp_path / "exporters.json"
+    os.mkfifo(path)  # a FIFO in its place must not hang the launcher
+    assert _load_state(path) == {}
+    path.unlink()
+    path.write_text(json.dumps({"schema_version": 1, "wandb": {"run_id": "../../etc", "last_step": "9", "x": [1]},
+                                "mlflow": {"run_id": "0123abcd" * 4, "experiment_id": "1", "last_step": 7,
+                                           "last_ckpt": -3, "opened": 2},
+                                "tensorboard": "not a dict"}))
+    assert _load_state(path) == {"wandb": {}, "mlflow": {"run_id": "0123abcd" * 4, "experiment_id": "1",
+                                                         "last_step": 7, "opened": 2}}
+    path.write_text("[1, 2]")
+    assert _load_state(path) == {}
+    path.write_bytes(b"{" + b" " * (2 << 20) + b"}")  # past the size cap
+    assert _load_state(path) == {}
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"mlflow": {"last_step": 1}}))
+    assert _load_state(path) == {}  # a symlink is not followed

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainready.errors import UsageError, closest, printable
-from trainready.io import make_dir, replace_durable
+from trainready.io import make_dir, read_regular, replace_durable
 
 from .telemetry import FILE, read_records
 
@@ -257,12 +257,41 @@ def parse_log_to(text: str | None, backends: dict[str, type[Exporter]] | None = 
     return names
 
 
+STATE_LIMIT = 1 << 20
+"""exporters.json holds a few ids and step numbers per backend: anything larger is not ours."""
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # MLflow: 32 hex digits; W&B: 8 of [a-z0-9]; never a path
+_CHECKED = ("last_step", "last_ckpt", "run_id", "experiment_id")
+
+
+def _step(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _load_state(path: Path) -> dict[str, Any]:
+    """exporters.json as far as it can be trusted: read without following a symlink or blocking on a
+    FIFO, size-capped; per backend, step numbers only as non-negative ints, ids only as short plain tokens
+    (a W&B id names a directory), other fields only as scalars. Anything else is unknown: dropped, so a backend
+    starts a new run or rewrites steps rather than trusting a broken or planted file."""
     try:
-        state = json.loads(path.read_text())
-        return state if isinstance(state, dict) else {}
+        state = json.loads(read_regular(path, STATE_LIMIT))
     except (OSError, ValueError):
         return {}
+    if not isinstance(state, dict):
+        return {}
+    clean: dict[str, Any] = {}
+    for name, lane in state.items():
+        if name == "schema_version" or not isinstance(lane, dict):
+            continue
+        # a backend's own fields (its exporter checks them) pass if plain scalars; ours are checked here
+        kept: dict[str, Any] = {k: v for k, v in lane.items() if k not in _CHECKED and isinstance(v, (int, float, str))}
+        for k in ("last_step", "last_ckpt"):
+            if (step := _step(lane.get(k))) is not None:
+                kept[k] = step
+        for k in ("run_id", "experiment_id"):
+            if isinstance(lane.get(k), str) and _RUN_ID.fullmatch(lane[k]):
+                kept[k] = lane[k]
+        clean[name] = kept
+    return clean
 
 
 class _Lane(threading.Thread):
