@@ -447,3 +447,12 @@ def test_regions_all_are_the_accounts_enabled_regions(env, monkeypatch):
     world.install(monkeypatch)
     doc = run_json("--instance", "p4d.24xlarge", "--regions", "all", expect=0)
     assert [r["region"] for r in doc["regions"]] == ["us-east-1", "us-west-2"]
+
+
+def test_region_spelled_as_plan_accepts_it():
+    """`plan --region us_east_1` works (case and separators ignored): account takes the same spellings."""
+    from trainready.catalog import load_catalog
+    from trainready.cli.account_cmd import parse_regions
+
+    catalog = load_catalog()
+    assert parse_regions("US_East_1, us-west-2,us-east-1", catalog, None) == ["us-east-1", "us-west-2"]

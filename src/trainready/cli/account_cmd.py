@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from trainready.catalog import Catalog, Instance, load_catalog
-from trainready.errors import UsageError, closest, did_you_mean, printable
+from trainready.errors import UsageError, closest, did_you_mean, normalize_name, printable
 
 from . import options as o
 from .console import emit_json, out
@@ -61,11 +61,12 @@ def parse_regions(value: str | None, catalog: Catalog, default: str | None) -> l
         if name is None:
             return ["us-east-1"]
         known = known_regions(catalog)
-        if name.lower() not in known:  # AWS_DEFAULT_REGION / AWS_REGION / the profile's region: checked as --region is
+        key = _canonical(name, known)
+        if key is None:  # AWS_DEFAULT_REGION / AWS_REGION / the profile's region: checked as --region is
             hint = did_you_mean(closest(name, known))
             raise UsageError(f"unknown region '{printable(name)}' (AWS_REGION, AWS_DEFAULT_REGION or the profile's "
                              f"region).{hint} Give --region, or fix that setting")
-        return [name.lower()]
+        return [key]
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
         raise UsageError("--region is empty: give region names (us-east-1,us-west-2) or all")
@@ -74,14 +75,19 @@ def parse_regions(value: str | None, catalog: Catalog, default: str | None) -> l
     known = known_regions(catalog)
     out_: list[str] = []
     for name in names:
-        key = name.lower()
-        if key not in known:
+        key = _canonical(name, known)
+        if key is None:
             hint = did_you_mean(closest(name, known))
             raise UsageError(f"unknown region '{printable(name)}'.{hint} (`--regions all` asks the account for "
                              f"its regions)")
         if key not in out_:
             out_.append(key)
     return out_
+
+
+def _canonical(name: str, known: list[str]) -> str | None:
+    """`name` as AWS spells it, case and separators ignored as `plan --region` ignores them (us_east_1)."""
+    return {normalize_name(r): r for r in known}.get(normalize_name(name))
 
 
 def _session_region() -> str | None:
