@@ -243,3 +243,19 @@ def test_spot_worst_case_is_above_expected(server, monkeypatch, tmp_path, net):
         x = row["live"]
         if x["total_usd"]:
             assert x["worst_case_usd"] > x["total_usd"] and x["worst_case_hours"] > row["estimate"]["cost"]["spot_hours"]
+
+
+def test_rank_by_time_counts_a_spot_rows_interruptions():
+    """A spot row is ranked by the hours its cost counts (interruptions included), not the on-demand hours."""
+    from types import SimpleNamespace as NS
+
+    from trainready.cloud.live import _hours_of
+
+    row = NS(estimate=NS(cost=NS(spot_hours=12.0), time=NS(train_hours=10.0, compute_hours=9.5, overhead_fraction=0.05),
+                         throughput=NS(tokens_per_s=1e5)), live=NS(transfer_hours=0.5))
+    assert _hours_of(row, spot=True) == 12.5
+    assert _hours_of(row, spot=False) == 10.5
+    no_tokens = NS(estimate=NS(cost=NS(spot_hours=None), time=NS(train_hours=None, compute_hours=None,
+                                                                 overhead_fraction=0.1),
+                               throughput=NS(tokens_per_s=1e6)), live=None)
+    assert _hours_of(no_tokens, spot=False) == pytest.approx(1e9 / 1e6 / 3600 * 1.1)  # per 1B tokens

@@ -131,7 +131,7 @@ def _live(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: AwsP
                                           reason=f"{s.nodes} node(s) cannot launch now: {blocked}"))
             else:
                 rows.append(row.model_copy(update={"live": live}))
-    rows = _rerank(rows, result.ranked_by, bool(result.tokens))
+    rows = _rerank(rows, result.ranked_by, req.spot)
     checked = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     priced = sum(1 for r in rows if r.live and r.live.price_source == "live")
     count = {k: sum(1 for r in rows if r.live and r.live.attainable is k) for k in (True, None, False)}
@@ -350,12 +350,12 @@ def _block(rep: RegionReport | None) -> CapacityBlockOffer | None:
                               upfront_fee_usd=b.upfront_fee_usd, availability_zone=b.availability_zone)
 
 
-def _rerank(rows: list[PlanRow], by: str, tokens: bool) -> list[PlanRow]:
+def _rerank(rows: list[PlanRow], by: str, spot: bool) -> list[PlanRow]:
     def key(r: PlanRow) -> tuple[int, float, float]:
         x = r.live
         launch = {True: 0, None: 1, False: 2}[x.attainable if x else None]  # what launches now comes first
         if by == "time":
-            h = _hours_of(r)
+            h = _hours_of(r, spot)
             return (launch, h if h is not None else float("inf"), 0.0)
         cost = x.total_usd if x and x.total_usd is not None else float("inf")
         return (launch, cost, -r.estimate.throughput.tokens_per_s)
@@ -376,12 +376,13 @@ def _rerank(rows: list[PlanRow], by: str, tokens: bool) -> list[PlanRow]:
     return out
 
 
-def _hours_of(r: PlanRow) -> float | None:
-    x = r.live
-    base = r.estimate.time.train_hours
+def _hours_of(r: PlanRow, spot: bool) -> float | None:
+    """Wall-clock hours to rank by time: the same hours the row's cost counts (a spot row's include its
+    interruptions), plus moving the data to the row's region."""
+    base = _hours(r, spot)
     if base is None:
         return None
-    return base + (x.transfer_hours or 0.0 if x else 0.0)
+    return base + (r.live.transfer_hours or 0.0 if r.live else 0.0)
 
 
 def _data(provider: AwsProvider, url: str, notes: list[str]) -> DataLocation:
