@@ -223,3 +223,20 @@ def test_a_local_index_json_that_is_a_fifo_is_not_read(tmp_path):
     _, by_id = report("--bundle", BUNDLES / "p4d", "--dataset", data, code=0)
     assert by_id["data.layout"]["status"] == "pass"
     assert by_id["data.layout"]["observed"].endswith("; index.json not read: not a plain file")
+
+
+def test_the_manifests_words_are_shown_as_text_never_as_terminal_escapes(tmp_path):
+    """hostname, command and error come from the bundle's writer: a finding quotes them with control
+    characters escaped (\\x1b, line breaks), so a planted manifest cannot rewrite the terminal."""
+    def plant(text):
+        doc = json.loads(text)
+        doc["hostname"] = "node\x1b[2J"
+        for probe in doc["probes"]:
+            if probe["file"] == "fi_info-p-efa.txt":
+                probe.update(exit_code=1, command="fi_info\x1b]0;owned\x07 -p efa", error="boom\nfake: ok")
+        return json.dumps(doc)
+
+    directory = make_bundle("p4d", tmp_path, drop=["fi_info-p-efa.txt"], replace={"manifest.json": plant})
+    why = Bundle.load(directory).why_missing("fi_info-p-efa.txt")
+    assert "\x1b" not in why and "\n" not in why and "\x07" not in why, why
+    assert "node\\x1b[2J" in why and "boom\\x0afake: ok" in why, why

@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from trainready import __version__
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 from trainready.io import create_exclusive, make_dir, redact, replace_durable
 from trainready.io.files import read_regular
 
@@ -218,7 +218,7 @@ class Bundle:
             try:
                 manifest = BundleManifest.model_validate(json.loads(raw))
             except Exception as exc:  # a foreign or damaged manifest: what it says cannot be trusted
-                raise UsageError(f"{path} is not a trainready bundle manifest: {str(exc).splitlines()[0]}") from None
+                raise UsageError(f"{path} is not a trainready bundle manifest: {printable(str(exc).splitlines()[0])}") from None
         files: dict[str, str] = {}
         refused: dict[str, str] = {}
         for name in FILES:
@@ -261,7 +261,7 @@ class Bundle:
         if self.source == "live":
             return "this machine"
         host = self.manifest.hostname if self.manifest is not None else ""
-        return f"the bundle's machine {host}" if host else "the bundle's machine"
+        return f"the bundle's machine {printable(host)}" if host else "the bundle's machine"
 
     def instance_type(self) -> tuple[str | None, str]:
         """The instance type named by instance-type.txt, or None and why not ('' when absent). A
@@ -288,9 +288,11 @@ class Bundle:
             return f"{name} in the bundle not read: {self.refused[name]}"
         record = self.record(name)
         if record is not None and record.exit_code is None:
-            return f"{record.command.split()[0]} not available on {self.machine} ({record.error or 'not found'})"
+            # the manifest's words: shown as text, never as terminal escapes or line breaks
+            name_ = printable(record.command.split()[0] if record.command.split() else record.command)
+            return f"{name_} not available on {self.machine} ({printable(record.error or 'not found')})"
         if record is not None and record.error:
-            return f"`{record.command}` failed on {self.machine}: {record.error}"
+            return f"`{printable(record.command)}` failed on {self.machine}: {printable(record.error)}"
         return f"{name} not in the bundle (probe did not run)"
 
 
