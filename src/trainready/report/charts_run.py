@@ -10,7 +10,7 @@ import numpy as np
 
 from trainready.run.records import finite
 
-from .svg import MAX_POINTS, PART_COLOURS, column, matplotlib_figure, reduce_series, reduce_stack, style_axes, to_svg
+from .svg import MAX_POINTS, PART_COLOURS, column, matplotlib_figure, numbers, reduce_series, reduce_stack, style_axes, to_svg
 
 WIDTH = 11.5  # inches at 100 dpi: fits a 1200-pixel page
 Result = tuple[str | None, Any]
@@ -24,28 +24,28 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
-def _last_per_step(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def last_per_step(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per step number, the newest (a step recomputed after a crash replaces the lost run of it)."""
     by_step = {r["step"]: r for r in steps if isinstance(r.get("step"), int)}
     return [by_step[k] for k in sorted(by_step)]
 
 
-def loss(steps: list[dict[str, Any]]) -> Result:
-    kept = _last_per_step(steps)
-    xs = [r["step"] for r in kept]
-    ys = [finite((r.get("metrics") or {}).get("loss")) for r in kept]
-    x, mean, lo, hi = reduce_series(xs, ys)
+def loss(kept: list[dict[str, Any]]) -> Result:
+    """`kept`: last_per_step's records."""
+    metrics = [r.get("metrics") or {} for r in kept]
+    ys = numbers([m.get("loss") for m in metrics])
+    x, mean, lo, hi = reduce_series([r["step"] for r in kept], ys)
     if not x:
         return None, "no loss logged: call t.log(loss=loss) inside `with sess.step()`"
     fig = matplotlib_figure(WIDTH, 3.2)
     ax = fig.add_subplot()
     notes = []
-    if len(x) < sum(y is not None for y in ys):
+    if len(x) < np.count_nonzero(~np.isnan(ys)):
         ax.fill_between(x, lo, hi, color="#1f77b4", alpha=0.18, linewidth=0, gid="mark-loss-range")
-        notes.append(f"{len(xs):,} steps in {len(x):,} bins: line = mean, band = min..max of each bin")
+        notes.append(f"{len(kept):,} steps in {len(x):,} bins: line = mean, band = min..max of each bin")
     ax.plot(x, mean, color="#1f77b4", linewidth=1.2, gid="mark-loss")
     style_axes(ax, xlabel="step", ylabel="loss")
-    skipped = sum(1 for r in kept if "loss" in ((r.get("metrics") or {}).get("nonfinite") or []))
+    skipped = sum(1 for m in metrics if "loss" in (m.get("nonfinite") or []))
     if skipped:
         notes.append(f"{skipped} non-finite loss value(s) left out")
     return to_svg(fig, "loss"), notes
@@ -117,11 +117,12 @@ def throughput(steps: list[dict[str, Any]], records: list[dict[str, Any]], pred:
 PARTS = ("compute", "data", "comm", "optimizer", "unattributed")
 
 
-def breakdown(steps: list[dict[str, Any]]) -> Result:
-    """Seconds per step by part. A record's split describes `split_step` (the previous step with CUDA
-    events, read a step later), so parts are matched to that step's interval; `other` is the rest."""
-    kept = _last_per_step(steps)
-    interval = {r["step"]: finite(r.get("interval_s")) for r in kept}
+def breakdown(kept: list[dict[str, Any]]) -> Result:
+    """Seconds per step by part (`kept`: last_per_step's records). A record's split describes `split_step`
+    (the previous step with CUDA events, read a step later), so parts are matched to that step's
+    interval; `other` is the rest."""
+    interval = {r["step"]: None if math.isnan(v) else v
+                for r, v in zip(kept, column(kept, "interval_s").tolist(), strict=True)}
     split: dict[int, dict[str, Any]] = {}
     for r in kept:
         at = r.get("split_step", r["step"])  # absent: written before the split was lagged, this step's own

@@ -25,7 +25,14 @@ REFRESH_S = 15  # --live: the page reloads itself this often while the run is go
 
 def run_page(run_dir: Path, *, live: bool = False) -> tuple[str, Any]:
     """The page's HTML and the RunSummary it was made from (its status decides whether --live goes on)."""
-    require_matplotlib()
+    from trainready.run.summary import gc_paused
+
+    with gc_paused():  # matplotlib's import, the records, the artists: no collector pass until the page is out
+        require_matplotlib()
+        return _run_page(run_dir, live)
+
+
+def _run_page(run_dir: Path, live: bool) -> tuple[str, Any]:
     from trainready.run.goodput import valid_launches
     from trainready.run.summary import load_run_info, summarize
 
@@ -41,9 +48,10 @@ def run_page(run_dir: Path, *, live: bool = False) -> tuple[str, Any]:
     page = Page(title=f"trainready run report: {summary.run_dir}", subtitle=_subtitle(summary, live))
     page.key_values(_key_figures(summary, goodput, prediction))
     steps = [r for r in records if r.get("type") == "step"]
-    _section(page, "loss", "Loss over steps", lambda: charts.loss(steps))
+    kept = charts.last_per_step(steps)
+    _section(page, "loss", "Loss over steps", lambda: charts.loss(kept))
     _section(page, "throughput", "Tokens/s and MFU over time", lambda: charts.throughput(steps, records, prediction))
-    _section(page, "breakdown", "Step time breakdown", lambda: charts.breakdown(steps))
+    _section(page, "breakdown", "Step time breakdown", lambda: charts.breakdown(kept))
     _section(page, "ranks", "Per-rank step time", lambda: charts.rank_heatmap(goodput))
     if goodput is not None and getattr(goodput, "ranks", None):
         page.table(["rank", "steps", "min s", "median s", "max s", "straggler score"],

@@ -9,16 +9,19 @@ with `mark-`: the tests look for those in the page Chromium rendered.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from collections.abc import Sequence
 
 from trainready.errors import UsageError
+from trainready.run.records import finite
 
 INSTALL = "pip install 'trainready[report]'"
 # Colours: matplotlib's default cycle (tab10), named here so every chart uses the same one per part.
 PART_COLOURS = {"compute": "#1f77b4", "data": "#ff7f0e", "comm": "#2ca02c", "optimizer": "#9467bd",
                 "unattributed": "#8c564b", "other": "#c7c7c7"}
+_PLAIN = {float, int, type(None)}  # exact types: a bool or a string is not a number here
 MAX_POINTS = 1000  # a 1280-pixel chart cannot show more; longer series are reduced to bins
 
 
@@ -70,11 +73,22 @@ def style_axes(ax, *, xlabel: str, ylabel: str) -> None:
 
 def column(records: Sequence[dict], key: str):
     """records[i][key] as a float array: NaN where it is missing, not a number (a bool, a string) or not finite."""
+    return numbers([r.get(key) for r in records])
+
+
+def numbers(values: Sequence[object]):
+    """A float array: NaN where a value is missing, not a number (a bool, a string), not finite or an
+    integer past a float's range (10**400)."""
     import numpy as np
 
-    values = np.array([v if type(v) in (int, float) else np.nan for v in (r.get(key) for r in records)], dtype=float)
-    values[~np.isfinite(values)] = np.nan
-    return values
+    array = None
+    if set(map(type, values)) <= _PLAIN:  # the common case, converted in C (None -> NaN)
+        with contextlib.suppress(OverflowError):
+            array = np.array(values, dtype=float)
+    if array is None:
+        array = np.array([np.nan if (f := finite(v)) is None else f for v in values], dtype=float)
+    array[~np.isfinite(array)] = np.nan
+    return array
 
 
 def reduce_series(xs: Sequence[float], ys: Sequence[float | None], max_points: int = MAX_POINTS

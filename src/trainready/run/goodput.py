@@ -22,9 +22,11 @@ step by `split_step`.
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from .goodput_model import BadputCause, GoodputReport, LaunchGoodput, RankStats, RankWindow
@@ -405,9 +407,29 @@ def _final_lineage(launches: list[_Launch], kept: dict[int, _Exec], running: boo
 # ---- ranks ----------------------------------------------------------------------------------------
 
 
-def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple[list[RankStats], list[int],
-                                                                                 list[RankWindow]]:
-    samples: list[tuple[int, list[float | None], list[float | None]]] = []
+def _rank_samples(execs: list[_Exec], world: int | None, skipped: Counter
+                  ) -> list[tuple[int, list[float | None], list[float | None]]]:
+    """(step, every rank's step time, every rank's exposed comm) of the executions whose split has them;
+    a list of the wrong length or with a value that is not a time is skipped, counted."""
+    candidates: list[tuple[int, list[Any], list[Any]]] = []
+    wrong_length = 0
+    for ex in execs:
+        split = ex.split
+        steps = split.get("rank_step_s") if split else None
+        if steps is None:
+            continue
+        n = ex.world or world
+        if not isinstance(steps, list) or n is None or len(steps) != n:
+            wrong_length += 1
+            continue
+        comms = split.get("rank_comm_s")
+        candidates.append((ex.step, steps, comms if isinstance(comms, list) and len(comms) == n else [None] * n))
+    flat = list(chain.from_iterable(chain.from_iterable((s, c) for _, s, c in candidates)))
+    if _plain_times(flat):  # the common case, checked in bulk: every value None or a time
+        if wrong_length:
+            skipped["rank_step_s: length is not the world size"] += wrong_length
+        return candidates
+    samples = []  # value by value, counted in record order
     for ex in execs:
         split = ex.split or {}
         steps, comms = split.get("rank_step_s"), split.get("rank_comm_s")
@@ -425,25 +447,46 @@ def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple
             skipped[f"rank_step_s: {exc}"] += 1
             continue
         samples.append((ex.step, s, c))
+    return samples
+
+
+def _plain_times(values: list[Any]) -> bool:
+    """Every value None or an int/float (not a bool) in 0..MAX_S: _numbers' fast case for all at once, in C
+    (a NaN or an infinity makes the sum not finite)."""
+    if not set(map(type, values)) <= {float, int, type(None)}:
+        return False
+    known = [v for v in values if v is not None] if None in values else values
+    return not known or (0 <= min(known) and max(known) <= MAX_S and math.isfinite(sum(known)))
+
+
+def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple[list[RankStats], list[int],
+                                                                                 list[RankWindow]]:
+    samples = _rank_samples(execs, world, skipped)
     if not samples:
         return [], [], []
     n = max(len(s) for _, s, _ in samples)
-    work_known = all(st is None or cm is not None for _, s, c in samples for st, cm in zip(s, c, strict=True))
-    per_step: dict[int, list[float]] = {r: [] for r in range(n)}
-    per_work: dict[int, list[float]] = {r: [] for r in range(n)}
+    # One column per rank (a launch with fewer ranks: None for the others); the work is step time less
+    # exposed comm, known when every step time has its comm.
+    step_cols = list(zip(*(s if len(s) == n else s + [None] * (n - len(s)) for _, s, _ in samples), strict=True))
+    comm_cols = list(zip(*(c if len(c) == n else c + [None] * (n - len(c)) for _, _, c in samples), strict=True))
+    work_known = all(None not in cc or all(st is None or cm is not None for st, cm in zip(sc, cc, strict=True))
+                     for sc, cc in zip(step_cols, comm_cols, strict=True))
+    basis_cols = [tuple(map(operator.sub, sc, cc)) if None not in sc else
+                  tuple(None if st is None else st - cm for st, cm in zip(sc, cc, strict=True))
+                  for sc, cc in zip(step_cols, comm_cols, strict=True)] if work_known else step_cols
     slowest: Counter = Counter()
-    for _, s, c in samples:
-        basis = [None if st is None else (st - cm if work_known and cm is not None else st) for st, cm in zip(s, c, strict=True)]
-        for r, (st, w) in enumerate(zip(s, basis, strict=True)):
-            if st is not None:
-                per_step[r].append(st)
-            if w is not None and work_known:
-                per_work[r].append(w)
-        known = [(w, r) for r, w in enumerate(basis) if w is not None]
-        if len(known) > 1:
-            slowest[max(known)[1]] += 1
+    for row in zip(*basis_cols, strict=True):
+        if None not in row:
+            if n > 1:
+                slowest[n - 1 - row[::-1].index(max(row))] += 1  # a tie: the highest rank, as max((w, r)) picks
+        else:
+            known = [(w, r) for r, w in enumerate(row) if w is not None]
+            if len(known) > 1:
+                slowest[max(known)[1]] += 1
+    per_step = [_known(col) for col in step_cols]
+    per_work = [_known(col) for col in basis_cols] if work_known else [[] for _ in range(n)]
     basis_of = per_work if work_known else per_step
-    medians = {r: statistics.median(v) for r, v in basis_of.items() if v}
+    medians = {r: statistics.median(v) for r, v in enumerate(basis_of) if v}
     typical = statistics.median(medians.values()) if medians else None
     stats = []
     for r in range(n):
@@ -457,7 +500,8 @@ def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple
                                slowest_steps=slowest[r]))
     ranked = sorted((s for s in stats if s.straggler_score is not None and s.straggler_score >= SLOW_SCORE),
                     key=lambda s: -s.straggler_score)
-    return stats, [s.rank for s in ranked[:3]], _windows(samples, n, work_known)
+    return stats, [s.rank for s in ranked[:3]], _windows([step for step, _, _ in samples], step_cols,
+                                                         basis_cols if work_known else None)
 
 
 def _numbers(values: list[Any], what: str) -> list[float | None]:
@@ -466,23 +510,25 @@ def _numbers(values: list[Any], what: str) -> list[float | None]:
     return [_num(v, what) for v in values]
 
 
-def _windows(samples: list[tuple[int, list[float | None], list[float | None]]], n: int,
-             work_known: bool) -> list[RankWindow]:
-    size = max(1, math.ceil(len(samples) / WINDOWS))
-    out = []
-    for i in range(0, len(samples), size):
-        chunk = samples[i:i + size]
+def _known(values: tuple[float | None, ...]) -> list[float]:
+    return list(values) if None not in values else [v for v in values if v is not None]
 
-        def med(values: list[float | None]) -> float | None:
-            known = [v for v in values if v is not None]
-            return _r(statistics.median(known)) if known else None
 
-        out.append(RankWindow(
-            first_step=chunk[0][0], last_step=chunk[-1][0],
-            step_s=[med([s[r] if r < len(s) else None for _, s, _ in chunk]) for r in range(n)],
-            work_s=[med([s[r] - c[r] if r < len(s) and s[r] is not None and c[r] is not None else None
-                         for _, s, c in chunk]) if work_known else None for r in range(n)]))
-    return out
+def _windows(steps: list[int], step_cols: list[tuple[float | None, ...]],
+             work_cols: list[tuple[float | None, ...]] | None) -> list[RankWindow]:
+    """Per-rank medians over at most WINDOWS runs of consecutive samples; `work_cols`: None when the
+    work (step time less exposed comm) is not known for every sample."""
+
+    def med(values: tuple[float | None, ...]) -> float | None:
+        known = _known(values)
+        return _r(statistics.median(known)) if known else None
+
+    size = max(1, math.ceil(len(steps) / WINDOWS))
+    n = len(step_cols)
+    return [RankWindow(first_step=steps[i], last_step=steps[min(i + size, len(steps)) - 1],
+                       step_s=[med(col[i:i + size]) for col in step_cols],
+                       work_s=[med(col[i:i + size]) for col in work_cols] if work_cols is not None else [None] * n)
+            for i in range(0, len(steps), size)]
 
 
 # ---- the report -----------------------------------------------------------------------------------
