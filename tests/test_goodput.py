@@ -380,3 +380,66 @@ def test_a_session_with_lagged_marks_writes_each_split_under_the_step_it_describ
     assert g.timing_sources == {"cuda-events": 4} and g.steps_kept == 4
     data = next(c for c in g.causes if c.cause == "data_wait")
     assert data.unmeasured_steps == 1 and data.seconds >= 3 * 0.015  # the last step's split was never read
+
+
+def test_rank_times_checked_in_bulk_or_one_by_one_give_the_same_view():
+    """The per-rank view checks every rank time at once and falls back to record by record when one is not a
+    time: a bad value drops its record (counted), unknown (None) times stay unknown, a launch with fewer ranks
+    fills the others with unknown, and the scores are those of the plain records."""
+    launches, records = crash_then_resume()
+    clean = compute_goodput(launches, records)
+    holes = [dict(r, rank_step_s=[None, 4.5], rank_comm_s=[None, 0.0]) if r.get("step") == 7 else r for r in records]
+    g = compute_goodput(launches, holes)
+    assert g.ranks[0].samples == clean.ranks[0].samples - 2 and g.ranks[1].samples == clean.ranks[1].samples  # ran twice
+    assert [r.straggler_score for r in g.ranks] == [r.straggler_score for r in clean.ranks] and g.skipped == {}
+    for bad in ("4.5", True, -1.0, float("nan"), 10**400):
+        hostile = [dict(r, rank_step_s=[bad, 4.5]) if r.get("step") == 7 else r for r in records]
+        g = compute_goodput(launches, hostile)
+        assert g.skipped == {"rank_step_s: rank step " + ("not a number" if bad in ("4.5", True) else
+                                                          "negative" if bad == -1.0 else
+                                                          "not finite" if bad != bad else "too large"): 2}, bad
+        assert g.ranks[1].samples == clean.ranks[1].samples - 2 and g.slowest_ranks == [1]
+    third = {"step": dict(rank_step_s=[4.5, 4.5, 4.0], rank_comm_s=[1.0, 0.0, 1.5]), "start": dict(world_size=3)}
+    wider = [dict(r, **third.get(r["type"], {})) if r["t"] > 1100 else r for r in records]  # launch 1: 3 ranks
+    g = compute_goodput(launches, wider)
+    assert [r.samples for r in g.ranks] == [20, 20, 10] and g.skipped == {}
+    assert g.rank_windows[0].step_s == [4.5, 4.5, None] and g.rank_windows[-1].step_s == [4.5, 4.5, 4.0]
+
+
+def test_the_fast_telemetry_reader_reads_what_json_reads(tmp_path, monkeypatch):
+    """orjson (the report extra) parses telemetry.jsonl; whatever it refuses, and any integer of 19+ digits
+    (it would make a float of one past 64 bits), goes to json: the same records and counts either way."""
+    pytest.importorskip("orjson", reason="orjson (the report extra) is not installed: nothing to compare")
+    import trainready.run.telemetry as telemetry
+
+    lines = [b'{"type":"step","step":123456789012345678901234,"t":1.5}', b'{"type":"x","v":-9223372036854775809}',
+             b'{"type":"x","v":18446744073709551616,"w":9223372036854775807}', b'{"type":"x","v":NaN,"w":-Infinity}',
+             b'{"type":"x","v":1e400,"w":5e-324,"z":-0.0}', b'{"type":"x","s":"\\ud800"}', b'\xef\xbb\xbf{"type":"bom"}',
+             b'{"type":"x","s":"\xff"}', b'{"type":"x","s":"\t"}', b'[' * 5000 + b']' * 5000, b'{"type":"x","a":1,"a":2}',
+             b'{"type":', b'[1, 2]', b'{"no type":1}', b'{"type":"step","t":1767225627.736,"step_s":1.3562029513863865}']
+    path = tmp_path / "telemetry.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    fast_skipped: dict[str, int] = {}
+    fast = telemetry.read_records(path, skipped=fast_skipped)
+    monkeypatch.setattr(telemetry, "orjson", None)
+    plain_skipped: dict[str, int] = {}
+    plain = telemetry.read_records(path, skipped=plain_skipped)
+    assert repr(fast) == repr(plain) and fast_skipped == plain_skipped == {"unreadable line": 6}
+    assert fast[0][0]["step"] == 123456789012345678901234 and type(fast[0][2]["v"]) is int
+
+
+def test_reading_a_run_pauses_the_cycle_collector_and_gives_it_back():
+    import gc
+
+    from trainready.run.summary import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # nested: the outer pause holds
+    assert gc.isenabled()
+    with pytest.raises(ValueError), gc_paused():
+        raise ValueError
+    assert gc.isenabled()

@@ -93,10 +93,37 @@ def median_step_s(records: list[dict[str, Any]]) -> float | None:
     return statistics.median(steps) if steps else None
 
 
+# orjson, where installed (the report extra), parses the same lines 3x faster: 7.3 MB of a 10,000-step run in
+# 0.07 s against 0.22 s (bench/report_html.py). Whatever it refuses (NaN, Infinity, a lone surrogate) goes to
+# json, and so does a line with an integer of 19+ digits (it would make a float of one past 64 bits): the same
+# records either way.
+try:
+    import orjson
+except ImportError:  # pragma: no cover - depends on the installed extras
+    orjson = None
+_DIGITS = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))  # every digit "0", the rest " "
+
+
+def _long_int(data: bytes) -> bool:
+    """A run of 19+ digits in `data` (a translate and a substring search: a regex takes 10x longer on 7 MB)."""
+    return b"0" * 19 in data.translate(_DIGITS)
+
+
+def _loads(line: bytes, fast: bool) -> Any:
+    if fast:
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(line)
+
+
 def _parse_lines(data: bytes, skipped: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
+    fast = orjson is not None
+    check = fast and _long_int(data)
     for line in data.splitlines():
         try:
-            record = json.loads(line)
+            record = _loads(line, fast and not (check and _long_int(line)))
         except (ValueError, UnicodeDecodeError, RecursionError):
             record = None  # torn by a crash: skip, never fail the reader
         if isinstance(record, dict) and "type" in record:
