@@ -176,7 +176,9 @@ def rank_heatmap(goodput: Any) -> Result:
     edges = [windows[0].first_step] + [w.last_step + 1 for w in windows]
     fig = matplotlib_figure(WIDTH, min(6.0, 1.4 + 0.22 * ranks), right=0.1)
     ax = fig.add_subplot()
-    mesh = ax.pcolormesh(edges, np.arange(ranks + 1) - 0.5, np.ma.masked_invalid(grid), cmap="viridis", shading="flat")
+    # One image of ranks x windows cells (pcolorfast: a PNG inside the SVG), not a path per cell: 5x smaller,
+    # faster, and no antialiasing seams between the cells. Unknown cells stay transparent.
+    mesh = ax.pcolorfast(edges, np.arange(ranks + 1) - 0.5, np.ma.masked_invalid(grid), cmap="viridis")
     mesh.set_gid("mark-rank-heat")
     fig.colorbar(mesh, ax=ax, label="median step s", pad=0.01)
     ax.set_xlabel("step")

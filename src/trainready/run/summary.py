@@ -292,6 +292,7 @@ def _median(steps: list[dict[str, Any]], key: str) -> float | None:
 
 
 SPLIT_PARTS = ("data", "comm", "optimizer")
+_NUMBER_TYPES = {int, float}  # what isinstance(v, (int, float)) accepts, bar subclasses (bool): checked one by one
 
 
 def has_split(record: dict[str, Any]) -> bool:
@@ -299,21 +300,24 @@ def has_split(record: dict[str, Any]) -> bool:
     return "split_step" not in record or record["split_step"] is not None
 
 
+_SPLIT_KEYS = tuple(f"{k}_s" for k in (*SPLIT_PARTS, "compute", "unattributed"))
+
+
 def split_total(record: dict[str, Any]) -> float:
     """The time a step record's split covers: its parts, compute or the unattributed rest."""
-    return sum(v for k in (*SPLIT_PARTS, "compute", "unattributed")
-               if isinstance(v := record.get(f"{k}_s"), (int, float)))
+    return sum(v for k in _SPLIT_KEYS if isinstance(v := record.get(k), (int, float)))
 
 
 def _shares(steps: list[dict[str, Any]]) -> TimeShares | None:
-    steps = [r for r in steps if has_split(r)]
+    steps = [r for r in steps if "split_step" not in r or r["split_step"] is not None]  # has_split, inlined
     total = sum(r.get("interval_s") or 0 for r in steps)
     if total <= 0:
         return None
-    unknown = {k for k in SPLIT_PARTS for r in steps if not isinstance(r.get(f"{k}_s"), (int, float))}
-    parts: dict[str, float | None] = {k: None if k in unknown else sum(r[f"{k}_s"] for r in steps) / total
-                                      for k in SPLIT_PARTS}
-    rest = sum(split_total(r) for r in steps) / total - sum(v for v in parts.values() if v is not None)
+    columns = {k: [r.get(f"{k}_s") for r in steps] for k in SPLIT_PARTS}
+    unknown = {k for k, col in columns.items() if not set(map(type, col)) <= _NUMBER_TYPES
+               and not all(isinstance(v, (int, float)) for v in col)}  # the set test decides the common case
+    parts: dict[str, float | None] = {k: None if k in unknown else sum(columns[k]) / total for k in SPLIT_PARTS}
+    rest = sum(map(split_total, steps)) / total - sum(v for v in parts.values() if v is not None)
     parts["compute"], unattributed = (None, max(0.0, rest)) if unknown else (max(0.0, rest), None)
     other = max(0.0, 1.0 - sum(v for v in parts.values() if v is not None) - (unattributed or 0.0))
     sources = sorted({r.get("timing") or "host" for r in steps})
