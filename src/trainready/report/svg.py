@@ -35,15 +35,21 @@ def require_matplotlib() -> None:
         raise UsageError(f"--html needs matplotlib: {INSTALL}") from None
 
 
-def matplotlib_figure(width_in: float, height_in: float, *, left: float = 0.8, right: float = 0.25,
-                      bottom: float = 0.55, top: float = 0.15):
-    """A Figure on the SVG canvas, or a usage error naming the extra when matplotlib is missing.
-    Margins in inches, fixed (constrained layout measured every label: a third of the render time)."""
+def load_matplotlib():
+    """matplotlib's Figure and SVG canvas (no pyplot), or a usage error naming the extra when it is missing."""
     try:
         from matplotlib.backends.backend_svg import FigureCanvasSVG
         from matplotlib.figure import Figure
     except ImportError:
         raise UsageError(f"--html needs matplotlib: {INSTALL}") from None
+    return Figure, FigureCanvasSVG
+
+
+def matplotlib_figure(width_in: float, height_in: float, *, left: float = 0.8, right: float = 0.25,
+                      bottom: float = 0.55, top: float = 0.15):
+    """A Figure on the SVG canvas, or a usage error naming the extra when matplotlib is missing.
+    Margins in inches, fixed (constrained layout measured every label: a third of the render time)."""
+    Figure, FigureCanvasSVG = load_matplotlib()
     fig = Figure(figsize=(width_in, height_in), dpi=100)
     fig.subplots_adjust(left=left / width_in, right=1 - right / width_in, bottom=bottom / height_in,
                         top=1 - top / height_in, hspace=0.12 * 4 / height_in)
