@@ -40,10 +40,13 @@ bench/data/plan_reference/moe.csv, `included` and `exclusion` say which count an
       CP, micro-batch, global batch, sequence length, precision and recompute, in the
       publication or in the recipe file it names;
   (3) the GPU is in the catalog with measured efficiency factors (A100, H100, H200);
-  (4) `estimate` can express the layout: CP = 1; EP divides the data-parallel size (EP
-      groups carved out of DP ranks, as torchtitan and Megatron without "parallel folding"
-      do); expert TP equal to TP (or TP = 1); dropless routing or a published capacity
-      factor;
+  (4) `estimate` can express the layout: CP = 1; EP x ETP divides TP x DP (Megatron parallel
+      folding: the expert grid ETP x EP x EDP over the TP x DP GPUs of a pipeline stage,
+      arXiv 2504.14960; rows with EP carved out of DP are the case ETP = TP); a decoder layer
+      per (virtual) pipeline stage; dropless routing or a published capacity factor.
+      (Rule 4 read "EP divides the data-parallel size; expert TP equal to TP" until `estimate`
+      modelled expert TP and folding; the rows that became expressible were marked before
+      their errors were looked at);
   (5) a preset of the model exists (its total and active parameters as published).
   Each configuration counts once, with the newest figure its publisher gives for it; one
   row per (publisher, model, GPU system, precision) -- the latest release -- for tables
@@ -324,6 +327,8 @@ def moe_job(r: dict[str, str]) -> JobSpec:
                   pp=int(r["pp"]), ep=int(r["ep"]), micro_batch=int(r["micro_batch"] or 1),  # unknown: 1
                   global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]), precision=r["precision"],
                   activation_checkpointing=checkpointing)
+    if r["etp"] and "etp" in JobSpec.model_fields:  # expert tensor-parallel size; blank: the stack's convention
+        kwargs["etp"] = int(r["etp"])
     if r["vpp"] and "pp_virtual" in JobSpec.model_fields:  # interleaved (virtual) pipeline stages per rank
         kwargs["pp_virtual"] = int(r["vpp"])
     # published values that differ from the stack's are passed explicitly
@@ -503,7 +508,7 @@ def report_moe(records: list[dict[str, str]]) -> tuple[list[float], int] | None:
     for r, pred, err in results:
         tag = "target" if r["included"] == "yes" else "outside the rule"
         meas = float(r["tok_s_gpu"])
-        what = (f"{r['model']} {r['num_gpus']}x{r['gpu']} tp{r['tp']} pp{r['pp']} ep{r['ep']} "
+        what = (f"{r['model']} {r['num_gpus']}x{r['gpu']} tp{r['tp']} pp{r['pp']} ep{r['ep']} etp{r['etp'] or '?'} "
                 f"mb{r['micro_batch'] or '?'} gbs{r['global_batch']} {r['precision']} ckpt={r['recompute']}")
         if pred is None:
             missing += r["included"] == "yes"

@@ -141,10 +141,13 @@ def test_mixtral_ep8_inside_a_node_beats_ep1(catalog):
 
 
 def test_ep_validation(catalog):
-    with pytest.raises(UsageError, match=r"--ep 3 must divide both the 16 experts .* valid: 1, 2, 4, 8"):
+    with pytest.raises(UsageError, match=r"--ep 3 must divide the 16 experts .* valid: 1, 2, 4, 8 \(with --etp 1\)"):
         setup(catalog, ep=3)
-    with pytest.raises(UsageError, match="data-parallel size 4"):
-        setup(catalog, ep=8, tp=2)  # dp 4
+    # expert TP = TP: ep x etp = 16 exceeds the stage's 8 GPUs (tp 2 x dp 4)
+    with pytest.raises(UsageError, match=r"--ep x --etp = 8 x 2 the 8 GPUs .* \(tp 2 x dp 4.*valid: 1, 2, 4 "
+                                         r"\(with --etp 2\); or --etp 1"):
+        setup(catalog, ep=8, tp=2, etp=2)
+    assert setup(catalog, ep=8, tp=2, etp=1).expert_dp == 1  # folded: EP over TP and data-parallel ranks
     with pytest.raises(UsageError, match="dense"):
         setup(catalog, model="llama-2-7b", ep=2)
 
@@ -232,11 +235,11 @@ def test_pp_may_not_exceed_the_layers(catalog):
 def test_plan_offers_uneven_stages_only_when_none_divide(catalog):
     from trainready.plan.search import _parallel_options
     s = setup(catalog, model="deepseek-v3", gpus=8)
-    assert {p for _, p, _ in _parallel_options(s, 64)} == {1, 2, 4, 8}  # 61 layers: none divides
+    assert {p for _, p, *_ in _parallel_options(s, 64)} == {1, 2, 4, 8}  # 61 layers: none divides
     s = setup(catalog, model="llama-2-70b", gpus=8)
-    assert {p for _, p, _ in _parallel_options(s, 4)} == {1, 2, 4, 8}  # 80 layers: all divide
+    assert {p for _, p, *_ in _parallel_options(s, 4)} == {1, 2, 4, 8}  # 80 layers: all divide
     s = setup(catalog, model="qwen3-235b-a22b", gpus=8)
-    assert {p for _, p, _ in _parallel_options(s, 4)} == {1, 2}  # 94: 2 divides, so no uneven 4 or 8
+    assert {p for _, p, *_ in _parallel_options(s, 4)} == {1, 2}  # 94: 2 divides, so no uneven 4 or 8
 
 
 def test_recipes_split_the_layers_as_the_estimate_does():
@@ -518,3 +521,135 @@ def test_fp8_gemms_follow_deepgemm_and_pay_for_their_casts(catalog, monkeypatch)
     assert bf16.compute_s / 2 < fp8.compute_s < bf16.compute_s
     monkeypatch.setattr(eff, "FP8_CAST_BYTES", 0)
     assert estimate_step(setup(catalog, precision="fp8", **kw)).compute_s < fp8.compute_s
+
+
+# --- expert tensor parallelism and MoE parallel folding ----------------------------------------
+def qwen235(catalog, **kw):
+    """Qwen3-235B-A22B on 256 H100 as Megatron-Bridge lays it out: tp 2, pp 8 (v 4), ep 32, expert TP 1
+    (dp 16: the 32-rank EP group spans TP ranks), forced balance."""
+    base = dict(model="qwen3-235b-a22b", gpu="h100-80gb", gpus=256, gpus_per_node=8, inter_node_gbps=3200, tp=2,
+                pp=8, pp_virtual=4, ep=32, etp=1, strategy="zero1", micro_batch=1, global_batch=2048, seq_len=4096,
+                stack="megatron", expert_load_imbalance=1.0)
+    base.update(kw)
+    return resolve(JobSpec(**base), catalog)
+
+
+def test_folded_layout_memory(catalog):
+    s = qwen235(catalog)
+    assert (s.dp, s.expert_tp, s.expert_dp) == (16, 1, 1)  # edp = tp x dp / (etp x ep) = 32 / 32
+    pc = param_counts(s)
+    # rank 0 holds 4 virtual stages of 3 layers (94 layers in 32 stages: 30 of 3, 2 of 2), every one MoE;
+    # per layer 128 experts x 3 x 4096 x 1536 weights, 4 of them whole on each of the 32 EP ranks
+    assert pc.expert == 12 * 128 * 3 * 4096 * 1536 / 32 == 905_969_664
+    # ep 16 x etp 2 holds as many expert weights per GPU (8 experts, half width each) ...
+    assert param_counts(qwen235(catalog, ep=16, etp=2)).expert == pc.expert
+    # ... and expert TP = TP, EP out of dp (ep 8 x etp 2 = 16 of the stage's 32 GPUs): twice as many
+    assert param_counts(qwen235(catalog, ep=8, etp=2)).expert == 2 * pc.expert
+    # ZeRO-1 shards Adam's 8 bytes over dp 16 for attention and routers, over edp 1 (not at all) for the experts
+    mem = estimate_memory(s)
+    assert mem.optimizer == pytest.approx(8 * (pc.local - pc.expert) / 16 + 8 * pc.expert)
+    # ep 8 x etp 1: edp 4 copies of each expert, which share its optimizer states
+    s8 = qwen235(catalog, ep=8)
+    pc8 = param_counts(s8)
+    assert s8.expert_dp == 4 and pc8.expert == 4 * pc.expert
+    assert estimate_memory(s8).optimizer == pytest.approx(8 * (pc8.local - pc8.expert) / 16 + 8 * pc8.expert / 4)
+
+
+def test_folded_layout_grouped_gemms_and_activations(catalog):
+    tokens = 4096  # one micro-batch
+    fold, etp2 = qwen235(catalog), qwen235(catalog, ep=16, etp=2)
+    d, f = 4096, 1536
+    # etp 1: a rank routes its 2048 tokens (sequence parallel), its 4 experts take 4096 x 8 / 2 = 16384 rows,
+    # 4096 per expert, full width: up/gate N = 2 x 1536, down K = 1536
+    up, down = moe._mlp_gemms(fold, tokens, True)[-2:]
+    assert (up.k, up.n, up.rows, down.k, down.n) == (d, 2 * f, 4096, f, d)
+    assert up.flops == 2 * 16384 * d * 2 * f
+    # etp 2, ep 16: the expert TP pair gathers 2 x 8192 = 32768 rows for 8 experts (4096 each), half width:
+    # the same FLOPs per GPU, N halved
+    up2, down2 = moe._mlp_gemms(etp2, tokens, True)[-2:]
+    assert (up2.k, up2.n, up2.rows, down2.k, down2.n) == (d, f, 4096, f / 2, d)
+    assert up2.flops == up.flops
+    # the gathered rows are saved for backward: 8 rows x etp x (2 bf16 hidden states + an int64 index) per token
+    one = lambda s: moe.moe_layer_bytes_per_token(s, lambda shape: 0.0, 2)  # noqa: E731
+    assert one(qwen235(catalog, ep=16, etp=2)) - one(qwen235(catalog, ep=16, etp=1)) == 8 * (2 * 2 * d + 8)
+
+
+def test_folded_layout_all_to_all_and_expert_collectives(catalog):
+    s = qwen235(catalog)
+    per_node, share = _dp_layout(s)
+    assert per_node == 4  # 8 GPUs of a stage in a node, tp 2
+    # expert grid etp 1 - ep 32: an EP group is 32 consecutive ranks, 4 whole nodes, 8 EP ranks in each
+    assert moe.ep_ranks_per_node(s, per_node) == 8
+    assert moe.a2a_rows(s, 8) == (8 * 7 / 32, 8 * 24 / 32)  # k = 8 rows per token: 7/32 over NVLink, 24/32 over IB
+    assert moe.ep_ranks_per_node(qwen235(catalog, ep=16, etp=2), per_node) == 4  # ep ranks 2 apart
+    assert moe.ep_ranks_per_node(qwen235(catalog, ep=8, etp=2), per_node) == 4  # EP out of dp: 4 dp ranks a node
+    # no expert TP collectives with etp 1; etp 2 gathers its pair's received rows: 2048 tokens x 8 x 2, bf16
+    assert moe.expert_tp_buffer_bytes(s, 4096) == 0.0
+    assert moe.expert_tp_buffer_bytes(qwen235(catalog, ep=16, etp=2), 4096) == 2 * 2048 * 8 * 4096 * 2
+    # without EP, the allgather dispatcher gathers hidden states (etp 2 = tp: the micro-batch's 4096 tokens)
+    assert moe.expert_tp_buffer_bytes(qwen235(catalog, ep=1, etp=2), 4096) == 4096 * 4096 * 2
+    # expert gradients: ep 8 x etp 1 leaves edp 4 copies, etp x ep = 8 ranks apart: one per node
+    s8 = qwen235(catalog, ep=8)
+    assert moe.expert_dp_layout(s8, per_node, share)[:2] == (4, 1)
+    assert moe.expert_dp_layout(s, per_node, share)[:2] == (1, 1)
+    # folding drops the MLP's tensor-parallel all-gather/reduce-scatter: less TP traffic than expert TP = TP
+    ln = links(s)
+    from trainready.plan.performance import _moe_tp_s
+    assert _moe_tp_s(s, 4096, ln) < _moe_tp_s(qwen235(catalog, ep=8, etp=2), 4096, ln)
+
+
+def test_etp_defaults_follow_the_stack(catalog):
+    kw = dict(model="qwen3-30b-a3b", gpu="h100-80gb", gpus=8, tp=2, ep=4)
+    assert resolve(JobSpec(stack="megatron", **kw), catalog).expert_tp == 2  # Megatron-Core: etp = tp
+    for stack in ("torchtitan", "hf-trainer", "deepspeed"):  # experts whole under EP
+        assert resolve(JobSpec(stack=stack, **kw), catalog).expert_tp == 1
+    assert resolve(JobSpec(stack="torchtitan", **{**kw, "ep": 1}), catalog).expert_tp == 2  # no EP: split tp ways
+    assert resolve(JobSpec(stack="torchtitan", etp=2, **kw), catalog).expert_tp == 2  # given: kept
+    dense = resolve(JobSpec(model="llama-2-13b", gpu="h100-80gb", gpus=8, tp=2), catalog)
+    assert dense.expert_tp == 2 and moe.expert_shard_ratio(dense) == 1.0
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(etp=3), r"--etp 3 must divide the 8 GPUs of a pipeline stage \(tp 2 x dp 4\) .* valid: 1, 2, 4, 8"),
+    (dict(gpus=16, gpus_per_node=8, inter_node_gbps=400, etp=16),
+     r"--etp 16 must divide .* stay inside a node of 8; valid: 1, 2, 4, 8"),
+    (dict(ep=8, etp=2), r"--ep x --etp = 8 x 2 the 8 GPUs .* or --etp 1"),
+    (dict(ep=3, etp=1), r"--ep 3 must divide the 128 experts"),
+])
+def test_etp_validation(catalog, kw, message):
+    with pytest.raises(UsageError, match=message):
+        resolve(JobSpec(**{**dict(model="qwen3-30b-a3b", gpu="h100-80gb", gpus=8, tp=2), **kw}), catalog)
+
+
+def test_cli_etp():
+    args = ("estimate", "--model", "qwen3-30b-a3b", "--gpu", "h100-80gb", "--gpus", "8", "--tp", "2", "--ep", "8")
+    out = cli(*args, "--etp", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    setup_json = json.loads(out.stdout)["setup"]
+    assert (setup_json["ep"], setup_json["etp"], setup_json["dp"]) == (8, 1, 4)
+    bad = cli(*args, "--etp", "2")
+    assert bad.returncode == 2 and "--ep x --etp = 8 x 2" in bad.stderr and "Traceback" not in bad.stderr
+    dense = cli("estimate", "--model", "llama-2-7b", "--gpu", "h100-80gb", "--gpus", "8", "--etp", "2")
+    assert dense.returncode == 2 and "--etp 2 needs a mixture-of-experts model" in dense.stderr
+
+
+def test_plan_tries_folded_expert_layouts(catalog):
+    from trainready.plan.search import _parallel_options
+    opts = _parallel_options(setup(catalog, model="qwen3-235b-a22b", gpus=8), 32)  # 256 GPUs; 94 layers: pp 1, 2
+    assert all(et in (1, t) for t, _, e, et in opts) and all(et == t for t, _, e, et in opts if e == 1)
+    assert all(128 % e == 0 and 256 // p % (e * et) == 0 for t, p, e, et in opts)  # each one a valid grid
+    # the default stack keeps experts whole under EP: its EP degrees over tp 2 x dp 64 (past dp), expert TP = TP
+    # at its largest only
+    tp2 = {(e, et) for t, p, e, et in opts if (t, p) == (2, 2) and e > 1}
+    assert tp2 == {(8, 1), (32, 1), (128, 1), (64, 2)}
+    # Megatron's default is expert TP = TP: EP out of dp 64, and the folded layout at its largest
+    mega = _parallel_options(setup(catalog, model="qwen3-235b-a22b", gpus=8, stack="megatron"), 32)
+    assert {(e, et) for t, p, e, et in mega if (t, p) == (2, 2) and e > 1} == {(4, 2), (16, 2), (64, 2), (128, 1)}
+
+
+def test_plan_finds_the_folded_layout_with_megatron(catalog):
+    r = plan(PlanRequest(job=JobSpec(model="qwen3-235b-a22b", tokens=2e9, stack="megatron"),
+                         instances=["p5.48xlarge"], max_nodes=32), catalog)
+    best = r.rows[0].estimate.setup
+    assert best.etp == 1 and best.tp > 1 and best.ep > best.dp  # EP folded over TP and data-parallel ranks
+    assert "--expert-tensor-parallel-size 1" in r.recipe.config

@@ -54,9 +54,10 @@ def test_moe_excluded_rows_say_why_and_included_rows_meet_the_rule():
         for k in ("micro_batch", "global_batch", "seq_len", "precision", "recompute"):  # rule 2
             assert r[k], (r["id"], k)
         assert r["gpu"] in MEASURED_GPUS, r["id"]  # rule 3
-        assert tp * pp * dp == gpus, r["id"]  # rule 4: the layout adds up, EP inside DP, no CP
-        assert dp % ep == 0 and r["cp"] == "1", r["id"]
-        assert r["etp"] == str(tp) or tp == 1, r["id"]
+        assert tp * pp * dp == gpus, r["id"]  # rule 4: the layout adds up, EP x ETP inside TP x DP, no CP
+        etp = int(r["etp"])  # published (rule 2)
+        assert (tp * dp) % (ep * etp) == 0 and r["cp"] == "1", r["id"]
+        assert int(r["vpp"] or 1) * pp <= preset(r["model"]).num_layers, r["id"]  # a layer per virtual stage
         assert int(r["global_batch"]) % (int(r["micro_batch"]) * dp) == 0, r["id"]
         assert preset(r["model"]).moe is not None, r["id"]  # rule 5
 

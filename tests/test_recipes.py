@@ -48,6 +48,12 @@ CASES = {
     "pure bf16": dict(model="llama-3.1-8b", strategy="zero3", optimizer_dtype="bf16"),
     "mixtral ep8 x 2 nodes": dict(model="mixtral-8x7b", strategy="zero3", ep=8, gpus=16),
     "qwen3 moe ep4 tp2": dict(model="qwen3-30b-a3b", strategy="zero3", ep=4, tp=2),
+    "qwen3 moe tp2 ep8 etp1, folded (ep > dp 4)": dict(model="qwen3-30b-a3b", strategy="zero3", tp=2, ep=8, etp=1),
+    "mixtral tp2 ep4 etp2 zero1 (expert TP = TP)": dict(model="mixtral-8x7b", strategy="zero1", tp=2, ep=4, etp=2,
+                                                      activation_checkpointing="full"),
+    "qwen3-235b tp2 pp8 v4 ep32 etp1 x 32 nodes, folded (Megatron-Bridge)": dict(
+        model="qwen3-235b-a22b", instance="p5.48xlarge", strategy="zero1", tp=2, pp=8, pp_virtual=4, ep=32, etp=1,
+        gpus=256, activation_checkpointing="selective-attn"),
     "deepseek-v3 tp8 ep8 zero1 x 64 nodes": dict(model="deepseek-v3", instance="p5.48xlarge", strategy="zero1",
                                                  tp=8, ep=8, gpus=512, activation_checkpointing="full"),
     "deepseek-v3 pp4 uneven (61 layers) ep64 x 32 nodes": dict(model="deepseek-v3", instance="p5.48xlarge",
@@ -94,6 +100,9 @@ def check_torchtitan(s, r):
     assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree == s.dp
     assert (p.data_parallel_shard_degree == 1) == (s.strategy == "ddp")
     assert p.expert_parallel_degree == getattr(s, "ep", 1)
+    if s.model.is_moe and s.ep > 1:  # the sparse mesh's efsdp is the estimate's expert data-parallel size
+        assert s.expert_tp == 1
+        assert p.data_parallel_shard_degree * p.context_parallel_degree * s.tp // s.ep == s.expert_dp
     assert (t.global_batch_size, t.seq_len) == (s.global_batch, s.seq_len)
     if s.pp > 1:
         assert p.pipeline_parallel_schedule == ("Interleaved1F1B" if s.pp_virtual > 1 else "1F1B")
@@ -209,10 +218,12 @@ def check_megatron(s, r):
         layout.validate_layer_layout(m.num_layers, None)
         per_rank = [sum(chunk.count(LayerType.decoder) for chunk in rank) for rank in layout.layout]
         assert per_rank == [len(r) for r in pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)]
-    if m.moe is not None:  # the dispatcher and the all-to-all overlap the estimate assumed
+    if m.moe is not None:  # the dispatcher, the all-to-all overlap and the expert grid the estimate assumed
         deepep = s.ep > 1 and s.ep_dispatcher == "deepep"
-        assert config.moe_token_dispatcher_type == ("flex" if deepep else "alltoall")
+        assert config.moe_token_dispatcher_type == ("flex" if deepep else "alltoall" if s.ep > 1 else "allgather")
         assert config.overlap_moe_expert_parallel_comm == (s.ep > 1 and s.ep_overlap)
+        assert config.expert_tensor_parallel_size == s.expert_tp
+        check_expert_grid(s)
     assert config.sequence_parallel == (s.tp > 1)
     calc = ConstantNumMicroBatchesCalculator(args["--global-batch-size"], args["--micro-batch-size"], s.dp,
                                              decrease_batch_size_if_needed=False, rank=0)
@@ -234,6 +245,33 @@ def check_megatron(s, r):
         assert args["--num-experts"] % args["--expert-model-parallel-size"] == 0
 
 
+def check_expert_grid(s):
+    """Megatron-Core's own rank generators (parallel_state.initialize_model_parallel) lay out the attention and
+    the expert grids; the estimate's expert data-parallel size, EP ranks per node and EDP ranks per node are
+    theirs."""
+    from megatron.core.parallel_state import RankGenerator
+
+    from trainready.plan import moe
+    from trainready.plan.performance import _dp_layout
+
+    order = "tp-cp-ep-dp-pp"
+    world = s.n_gpus
+    assert world % (s.expert_tp * s.ep * s.pp) == 0  # initialize_model_parallel's RuntimeError otherwise
+    edp = world // (s.expert_tp * s.ep * s.pp)
+    assert edp == s.expert_dp
+    dense = RankGenerator(tp=s.tp, ep=1, dp=s.dp, pp=s.pp, cp=1, order=order)
+    expert = RankGenerator(tp=s.expert_tp, ep=s.ep, dp=edp, pp=s.pp, cp=1, order=order)
+    assert dense.get_ranks("pp") == expert.get_ranks("pp")  # its assertion: the same pipeline stages
+    def node(group):  # the most ranks of a group in one node
+        nodes = [r // s.gpus_per_node for r in group]
+        return max(nodes.count(n) for n in nodes)
+
+    per_node, share = _dp_layout(s)
+    assert node(expert.get_ranks("ep")[0]) == moe.ep_ranks_per_node(s, per_node)
+    assert node(expert.get_ranks("dp")[0]) == moe.expert_dp_layout(s, per_node, share)[1]
+    assert max(map(node, expert.get_ranks("tp"))) == s.expert_tp  # an expert TP group inside a node
+
+
 def check_hf_tp(s, r):
     need("transformers")
     from transformers import CONFIG_MAPPING
@@ -251,6 +289,7 @@ def check_hf_tp(s, r):
         assert config.base_model_tp_plan
     if dc.ep_size > 1:
         assert config.base_model_ep_plan
+        assert s.expert_tp == 1 and dc.efsdp_size == s.expert_dp  # "Experts are not tensor-parallel"
 
 
 def check(s, r, monkeypatch):
@@ -292,6 +331,29 @@ def test_the_demo_row_launches_tensor_parallelism(catalog):
     r = recipe_for(s)
     assert r.framework == "deepspeed"
     assert json.loads(r.config)["tensor_parallel"] == {"autotp_size": 2}
+
+
+def test_expert_tp_only_where_the_framework_has_it(catalog):
+    """Expert TP = TP under EP is Megatron's alone (torchtitan 0.3, transformers and DeepSpeed AutoEP keep
+    experts whole under EP); a folded layout (etp 1, ep > dp) runs in torchtitan, transformers and Megatron."""
+    same = setup_of(catalog, model="qwen3-30b-a3b", strategy="zero3", tp=2, ep=4, etp=2)
+    why = framework_for(same, "torchtitan")[1]
+    assert "keeps routed experts whole under EP (etp 1)" in why and "--framework megatron" in why and "--etp 1" in why
+    assert "Experts are not tensor-parallel" in framework_for(same, "hf-tp")[1]
+    folded = setup_of(catalog, model="qwen3-30b-a3b", strategy="zero3", tp=2, ep=8, etp=1)
+    assert folded.ep > folded.dp
+    assert [framework_for(folded, fw)[0] for fw in ("torchtitan", "hf-tp")] == ["torchtitan", "hf-tp"]
+    zero1 = folded.with_(strategy="zero1")
+    assert framework_for(zero1, "megatron")[0] == "megatron"
+    assert "--expert-tensor-parallel-size 1\n" in recipe_for(zero1, "megatron").config
+    assert "MoE parallel folding" in " ".join(recipe_for(zero1, "megatron").notes)
+    # Megatron-Core: linear biases in MoE only with expert TP 1
+    biased = ModelSpec(name="biased-moe", vocab_size=32000, hidden_size=1024, num_layers=4, num_heads=8,
+                       num_kv_heads=8, ffn_hidden_size=4096, mlp_bias=True, out_bias=True,
+                       moe={"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 1024})
+    s = resolve(JobSpec(instance="p4d.24xlarge", strategy="zero1", tp=2, ep=4, etp=2), catalog, model=biased)
+    assert "only with expert TP 1" in framework_for(s, "megatron")[1]
+    assert framework_for(s.with_(etp=1), "megatron")[0] == "megatron"
 
 
 def test_reasons_name_what_is_missing(catalog):

@@ -90,8 +90,8 @@ def _setup_line(e: EstimateResult) -> str:
     if s.tp > 1 or s.pp > 1:
         par += f", tp {s.tp} x pp {s.pp} x dp {s.dp}"
         par += f" (interleaved: {s.pp_virtual} virtual stages per rank)" if s.pp_virtual > 1 else ""
-    if s.ep > 1:
-        par += f", ep {s.ep}"
+    if s.ep > 1 or s.etp != s.tp:
+        par += f", ep {s.ep} x etp {s.etp}"
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}, "
@@ -165,8 +165,8 @@ def _how(e: EstimateResult) -> str:
     how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
         how += f", tp {s.tp} x pp {s.pp}"
-    if s.ep > 1:
-        how += f", ep {s.ep}"
+    if s.ep > 1 or s.etp != s.tp:
+        how += f", ep {s.ep} x etp {s.etp}"
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
     if s.activation_checkpointing != "none":
         how += f", {s.activation_checkpointing} recompute"

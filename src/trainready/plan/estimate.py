@@ -42,7 +42,10 @@ class SetupInfo(BaseModel):
     tp: int
     pp: int
     pp_virtual: int = Field(1, description="interleaved (virtual) pipeline stages per rank; 1: plain 1F1B")
-    ep: int = Field(1, description="expert-parallel size (MoE), carved out of dp")
+    ep: int = Field(1, description="expert-parallel size (MoE); ep x etp divides the tp x dp GPUs of a stage")
+    etp: int = Field(1, description="expert tensor-parallel size (MoE): ranks each routed expert is split over "
+                                    "(= tp for a dense model); etp != tp folds the expert grid over the attention "
+                                    "grid (MoE parallel folding)")
     strategy: str
     micro_batch: int
     grad_accum: int
@@ -282,6 +285,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         source=m.source),
         setup=SetupInfo(instance=s.instance.name if s.instance else None, gpu=s.gpu.name, nodes=s.nodes,
                         gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
+                        etp=s.expert_tp,
                         pp_virtual=s.pp_virtual,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,

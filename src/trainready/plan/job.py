@@ -53,8 +53,12 @@ class JobSpec(BaseModel):
     strategy: Strategy = "fsdp"
     tp: int = Field(1, gt=0, le=1024)
     pp: int = Field(1, gt=0, le=1024)
-    ep: int = Field(1, gt=0, le=1024, description="expert-parallel size (mixture-of-experts models): "
-                                                  "EP groups are carved out of the data-parallel ranks")
+    ep: int = Field(1, gt=0, le=1024, description="expert-parallel size (mixture-of-experts models): EP x etp "
+                                                  "divides the tp x dp GPUs of a pipeline stage (Megatron's "
+                                                  "expert grid; EP may span TP ranks: MoE parallel folding)")
+    etp: int | None = Field(None, gt=0, le=1024, description="expert tensor-parallel size (MoE): each routed expert "
+                                                            "split etp ways; None: the stack's convention "
+                                                            "(stacks.default_etp: tp, or 1 when ep > 1)")
     pp_virtual: int | None = Field(None, gt=0, le=128, description="interleaved (virtual) pipeline stages per "
                                                                   "rank (Megatron's interleaved 1F1B, torchtitan's "
                                                                   "Interleaved1F1B); None: 1, plain 1F1B")

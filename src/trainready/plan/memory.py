@@ -46,7 +46,7 @@ class ParamCounts:
     largest_embedding: float  # the larger of input embedding and (untied) head, 1/tp: one FSDP unit
     trainable: float  # trainable parameters local to this GPU (adapters for LoRA)
     quantized: float  # of `local`, weights stored in NF4 (QLoRA)
-    expert: float = 0.0  # of `local`, routed experts (1/ep of them): ZeRO shards these over dp/ep ranks
+    expert: float = 0.0  # of `local`, routed experts (1/(ep x etp) of them): ZeRO shards these over edp ranks
 
 
 def param_counts(s: Setup) -> ParamCounts:
@@ -60,7 +60,7 @@ def param_counts(s: Setup) -> ParamCounts:
     embed = (m.embedding_params() + (m.hidden_size if m.final_norm else 0)) / s.tp if s.pp == 1 else largest
     local = layers * block + embed
     expert = 0.0
-    if m.is_moe:  # dense and MoE blocks differ; routed experts split ep ways (plan/moe.py)
+    if m.is_moe:  # dense and MoE blocks differ; routed experts split ep x etp ways (plan/moe.py)
         blocks, expert, block = moe.stage_params(s)
         local = blocks + embed
     if s.method == "full":
@@ -91,9 +91,10 @@ class MemoryResult:
 
 def _per_gpu(s: Setup, pc: ParamCounts, nbytes: float, shard: int) -> float:
     """Bytes per GPU of a state of `nbytes` per parameter, unsharded (shard 1) or sharded over
-    the dp ranks by ZeRO/FSDP: routed experts then over the dp/ep ranks that hold the same
-    experts (pc.local has 1/ep of them), everything else over all dp ranks."""
-    n = pc.local + (s.ep - 1) * pc.expert if shard > 1 else pc.local
+    the dp ranks by ZeRO/FSDP: routed experts then over the edp ranks that hold the same expert
+    shard (Setup.expert_dp: dp x tp / (ep x etp); pc.local has 1/(ep x etp) of them), everything
+    else over all dp ranks."""
+    n = pc.local + (moe.expert_shard_ratio(s) - 1) * pc.expert if shard > 1 else pc.local
     return nbytes * n / shard
 
 

@@ -2,16 +2,23 @@
 routed tokens save for backward, and what the experts' grouped GEMMs and all-to-alls cost.
 memory.py and performance.py call these for MoE models only; dense models never get here.
 
-Layout, as torchtitan and Megatron-Core build it:
-* EP groups are carved out of the data-parallel ranks; rank order is TP innermost, then EP,
-  then the rest of DP, then PP (Megatron's tp-cp-ep-dp-pp). An EP group therefore stays
-  inside a node while ep <= GPUs per node / tp, and spans nodes beyond that.
-* Routed experts are split ep ways (E/ep per GPU) and, like the dense MLP, tp ways
-  (Megatron-Core's default expert_tensor_parallel_size = tensor_model_parallel_size; with TP
-  and EP it requires sequence parallelism, so each TP rank routes its share of the tokens).
-  ZeRO/FSDP then shards their states over the dp/ep ranks that hold the same experts
-  (torchtitan's dp_mod_ep mesh). Attention, dense MLPs, shared experts and routers are
-  replicated across the EP ranks and sharded over all dp ranks as in a dense model.
+Layout, as Megatron-Core builds it (MoE parallel folding, Liu et al. 2025, arXiv 2504.14960;
+parallel_state.initialize_model_parallel):
+* attention, dense MLPs, shared experts and routers use the dense grid, rank order tp-cp-dp-pp
+  (TP innermost, PP outermost); the routed experts use the expert grid over the very same ranks
+  of each pipeline stage, order etp-ep-edp-pp: each expert split etp ways (etp consecutive ranks),
+  E/ep experts per GPU, ep x etp ranks apart from the next EP rank's, and edp = tp x dp / (etp x ep)
+  copies of each shard (expert data parallelism). With etp = tp (Megatron-Core's default) EP groups
+  are carved out of the data-parallel ranks; with etp = 1 (Megatron-Bridge's Qwen3/DeepSeek recipes,
+  torchtitan, transformers) they span TP ranks too, so ep may exceed dp: ep 32 with tp 2, dp 16.
+  An EP group stays inside a node while etp x ep <= the stage's GPUs in it, and spans nodes beyond.
+* with TP, sequence parallelism gives each rank tokens/tp: it routes those and sends them to their
+  EP ranks; with etp > 1 the expert TP group all-gathers what its ranks received (Megatron's
+  token_dispatcher.py dispatch_postprocess; without EP the allgather dispatcher gathers the hidden
+  states instead) and reduce-scatters the expert outputs, so a rank's experts see etp/tp of a
+  micro-batch's tokens x k, full width (N) / etp.
+* ZeRO/FSDP shards the routed experts' states over the edp ranks holding the same shard
+  (torchtitan's efsdp mesh, Megatron's expert data-parallel group); everything else over dp.
 * Pipeline stages take contiguous layers, num_layers/pp each or, when pp does not divide them,
   one more on the earliest stages (setup.pipeline_split: DeepSeek-V3's 61 layers on 4 stages are
   16, 15, 15, 15); DeepSeek's dense first layers and qwen2_moe's interleaved dense layers make
@@ -104,19 +111,26 @@ def _count_layer_params(m: ModelSpec) -> tuple[int, int, int]:
 
 
 def stage_params(s: Setup) -> tuple[float, float, float]:
-    """Per GPU before ZeRO sharding, on the worst pipeline stage, 1/tp: (blocks' parameters,
-    of them routed experts, the largest block: one FSDP unit)."""
-    return _memo(s.model, ("stage", s.tp, s.pp, s.ep, s.pp_virtual),
-                 lambda: _stage_params(s.model, s.tp, s.pp, s.ep, s.pp_virtual))
+    """Per GPU before ZeRO sharding, on the worst pipeline stage: (blocks' parameters, of them routed
+    experts, the largest block: one FSDP unit). Routed experts 1/(ep x etp), the rest 1/tp."""
+    return _memo(s.model, ("stage", s.tp, s.pp, s.ep, s.expert_tp, s.pp_virtual),
+                 lambda: _stage_params(s.model, s.tp, s.pp, s.ep, s.expert_tp, s.pp_virtual))
 
 
-def _stage_params(m: ModelSpec, tp: int, pp: int, ep: int, v: int) -> tuple[float, float, float]:
+def _stage_params(m: ModelSpec, tp: int, pp: int, ep: int, etp: int, v: int) -> tuple[float, float, float]:
     dense, moe_rest, experts = _layer_params(m)
-    moe_local = moe_rest + experts / ep
-    worst = max(stage_mix(m, pp, v), key=lambda mix: mix[0] * dense + mix[1] * moe_local)
-    blocks = (worst[0] * dense + worst[1] * moe_local) / tp
-    unit = max([moe_local] + ([dense] if m.num_dense_layers else [])) / tp
-    return blocks, worst[1] * experts / ep / tp, unit
+    routed = experts / (ep * etp)
+    moe_local = moe_rest / tp + routed
+    worst = max(stage_mix(m, pp, v), key=lambda mix: mix[0] * dense / tp + mix[1] * moe_local)
+    blocks = worst[0] * dense / tp + worst[1] * moe_local
+    unit = max([moe_local] + ([dense / tp] if m.num_dense_layers else []))
+    return blocks, worst[1] * routed, unit
+
+
+def expert_shard_ratio(s: Setup) -> float:
+    """dp / edp = ep x etp / tp: how many times more ranks a routed-expert parameter is spread over than
+    the rest, with ZeRO/FSDP (1 for a dense model)."""
+    return s.dp / s.expert_dp if s.model.is_moe else 1.0
 
 
 def load_imbalance(s: Setup) -> float:
@@ -148,14 +162,16 @@ def moe_layer_bytes_per_token(s: Setup, dense_layer_bytes: Callable[[ModelSpec],
     router logits (activation dtype) and fp32 scores per expert, top-k weights (fp32) and
     indices (int64) per routed expert, and per routed row the dispatched input kept for the
     experts' weight gradient, the expert output kept for the combine's gradient and an int64
-    permutation index. A capacity factor sizes these buffers to capacity (busy_rows)."""
+    permutation index, for the rows the expert TP group gathered: etp x this rank's (a rank's experts
+    see etp/tp of the tokens, the 1/tp applied by the caller). A capacity factor sizes these buffers to
+    capacity (busy_rows)."""
     m, moe = s.model, s.model.moe
     rows = busy_rows(s)
     width = rows * moe.expert_ffn_hidden_size + moe.shared_width
     f = max(1, round(width))
     mlp_shape = _memo(m, ("mlp", f), lambda: m.model_copy(update={"ffn_hidden_size": f}))
     routing = (act_bytes + 4) * moe.num_experts + 12 * moe.experts_per_token
-    routed = rows * (2 * act_bytes * m.hidden_size + 8)
+    routed = rows * s.expert_tp * (2 * act_bytes * m.hidden_size + 8)
     return dense_layer_bytes(mlp_shape) + routing + routed
 
 
@@ -220,12 +236,15 @@ def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
     gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t, op_recompute=True, fp8=False)]
     if moe.shared_width:
         gemms += _ffn(d, moe.shared_width, t, m.gated_mlp, tokens)
-    busy, mean = tokens * busy_rows(s), tokens * mean_rows(s)
+    # a rank's experts take etp/tp of the micro-batch's routed rows (its tokens/tp, gathered over the expert
+    # TP group), each expert etp-split: FLOPs 1/tp as before, the GEMM shapes follow etp
+    et = s.expert_tp
+    busy, mean = tokens * busy_rows(s) * et / t, tokens * mean_rows(s) * et / t
     per_expert = mean * s.ep / moe.num_experts  # rows each local expert receives
     ramp = per_expert / (per_expert + grouped_gemm_m0(s))
     fe, up = moe.expert_ffn_hidden_size, (2 if m.gated_mlp else 1) * moe.expert_ffn_hidden_size
-    gemms += [_Gemm(2 * busy * d * up / t, 2 * mean * d * up / t, d, up / t, per_expert, ramp, True),
-              _Gemm(2 * busy * fe / t * d, 2 * mean * fe / t * d, fe / t, d, per_expert, ramp, True)]
+    gemms += [_Gemm(2 * busy * d * up / et, 2 * mean * d * up / et, d, up / et, per_expert, ramp, True),
+              _Gemm(2 * busy * fe / et * d, 2 * mean * fe / et * d, fe / et, d, per_expert, ramp, True)]
     return gemms
 
 
@@ -391,6 +410,13 @@ FP8_DISPATCH_BYTES = 1 + 4 / 128
 report Sec. 3.3: 1x128 activation tiles; DeepEP's FP8 dispatch carries the same scales)."""
 
 
+def ep_ranks_per_node(s: Setup, dp_ranks_per_node: int) -> int:
+    """EP ranks inside a GPU's node: the expert grid puts EP ranks etp apart over the stage's GPUs in the
+    node (dp_ranks_per_node x tp of them; performance._dp_layout): etp 1, ep 8 on 8-GPU nodes is one node
+    whatever tp is."""
+    return max(1, min(s.ep, dp_ranks_per_node * s.tp // s.expert_tp))
+
+
 def a2a_call_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: float, nbytes: float = 2.0) -> float:
     """One dispatch (or combine) all-to-all of one MoE layer and micro-batch, on the busiest rank.
 
@@ -399,7 +425,7 @@ def a2a_call_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: f
     (a2a_rows); the part bound for other nodes goes over this GPU's share of the node's network
     (EFA, InfiniBand), the rest over NVLink, the two at once."""
     m = s.model
-    local = max(1, min(s.ep, dp_ranks_per_node))  # EP ranks inside this GPU's node
+    local = ep_ranks_per_node(s, dp_ranks_per_node)
     nvl_rows, net_rows = a2a_rows(s, local)
     row = tokens / s.tp * m.hidden_size * nbytes
     hierarchical = s.ep_dispatcher == "deepep" and net_rows > 0  # forwarded inside the destination node
@@ -425,11 +451,27 @@ def a2a_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: float)
     return moe_layers * pairs * (dispatch + combine)
 
 
+def expert_tp_buffer_bytes(s: Setup, tokens: int) -> float:
+    """Bytes one expert TP group gathers per MoE layer and micro-batch (the output of its all-gather, the
+    input of the mirror reduce-scatter), on the busiest rank; 0 with etp 1. With EP, the routed rows its
+    ranks received (Megatron's alltoall dispatcher all-gathers them over the expert TP group after the
+    all-to-all: token_dispatcher.py dispatch_postprocess; DeepEP sends each row to the etp ranks instead,
+    the same volume); without EP, the hidden states of etp/tp of the tokens (the allgather dispatcher
+    gathers them over the tp x ep group before routing, as torchtitan's and transformers' TP plans
+    gather a MoE layer's input)."""
+    if s.expert_tp <= 1:
+        return 0.0
+    a = 4.0 if s.precision == "fp32" else 2.0
+    rows = busy_rows(s) if s.ep > 1 else 1.0
+    return tokens * s.expert_tp / s.tp * rows * s.model.hidden_size * a
+
+
 def expert_dp_layout(s: Setup, dp_ranks_per_node: int, share: float) -> tuple[int, int, float]:
     """(ranks, ranks per node, share of the node's network) of the group that reduces one
-    expert's gradients: the dp/ep ranks holding the same experts, ep apart."""
-    per_node = max(1, dp_ranks_per_node // s.ep)
-    return s.dp // s.ep, per_node, share * per_node / dp_ranks_per_node
+    expert's gradients: the edp ranks holding the same expert shard, etp x ep apart in the
+    expert grid (over the dp_ranks_per_node x tp GPUs of the stage in a node)."""
+    per_node = max(1, dp_ranks_per_node * s.tp // (s.expert_tp * s.ep))
+    return s.expert_dp, per_node, share * per_node / dp_ranks_per_node
 
 
 def assumptions(s: Setup) -> list[str]:
@@ -449,7 +491,10 @@ def assumptions(s: Setup) -> list[str]:
     dispatch += " in FP8, combine in BF16" if s.fp8_dispatch else ""
     dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
                  else ", not overlapped with compute")
-    return [f"MoE: {moe.experts_per_token} of {moe.num_experts} experts per token, {routing}; experts split "
-            f"ep {s.ep} x tp {s.tp}" + (" (expert TP = TP, Megatron-Core's default)" if s.tp > 1 else "")
+    et = s.expert_tp
+    grid = f"experts split ep {s.ep} x etp {et}, expert data-parallel {s.expert_dp}"
+    if et != s.tp:
+        grid += f"; attention tp {s.tp} x dp {s.dp}: expert grid folded over the same GPUs (MoE parallel folding)"
+    return [f"MoE: {moe.experts_per_token} of {moe.num_experts} experts per token, {routing}; {grid}"
             + f"; grouped-GEMM efficiency rows/(rows+{grouped_gemm_m0(s):g}) per expert; {dispatch} "
             f"(stack {s.stack})" + ("; LoRA adapts attention and shared experts only" if s.method != "full" else "")]

@@ -307,6 +307,20 @@ def _dp_layout(s: Setup) -> tuple[int, float]:
     return per_node, 1.0 / groups
 
 
+def _moe_tp_s(s: Setup, tokens: int, ln: Links) -> float:
+    """Tensor-parallel collectives of one micro-batch on the worst stage of a MoE model, per pass (forward,
+    backward, the forward again under full recompute), as all-reduces (an all-gather and a reduce-scatter
+    under sequence parallelism): attention and dense MLPs of the tokens over tp, as a dense block; a MoE layer's
+    shared experts likewise, its routed experts over the expert TP group (moe.expert_tp_buffer_bytes)."""
+    m = s.model
+    ar = collective_s("allreduce", tokens * m.hidden_size * 2, s.tp, s.tp, ln) if s.tp > 1 else 0.0
+    etp = s.expert_tp
+    routed = collective_s("allreduce", moe.expert_tp_buffer_bytes(s, tokens), etp, etp, ln) if etp > 1 else 0.0
+    shared = ar if m.moe.shared_width else 0.0
+    passes = 2 + (1 if s.checkpointing == "full" else 0)
+    return passes * moe.worst_stage(m, s.pp, 2 * ar, ar + shared + routed, s.pp_virtual)
+
+
 # --- the step ----------------------------------------------------------------------------
 def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> StepResult:
     """One training step of `s`; `efficiency` replaces its GPU's factors (the ends of an assumed range)."""
@@ -324,10 +338,12 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
 
     # tensor parallel: 2 all-reduces of the activations per block forward, 2 backward
     tp_s = 0.0
-    if s.tp > 1:
+    if s.tp > 1 and not m.is_moe:
         ar = collective_s("allreduce", tokens * m.hidden_size * 2, s.tp, s.tp, ln)
         n_ar = 4 + (2 if s.checkpointing == "full" else 0)
         tp_s = layers * n_ar * ar
+    elif m.is_moe and (s.tp > 1 or s.expert_tp > 1):  # MoE layers: shared experts over tp, routed over etp
+        tp_s = _moe_tp_s(s, tokens, ln)
 
     # data parallel
     per_node, share = _dp_layout(s)
@@ -338,13 +354,14 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     base_bytes = (NF4_BYTES if s.method == "qlora" else 2.0)
     gather_bytes = (4.0 if s.gather_dtype == "fp32" else 2.0) * pc.local if full else base_bytes * pc.local
     coll = lambda kind, nbytes: collective_s(kind, nbytes, dp, per_node, ln, share)  # noqa: E731
-    e_train = pc.expert if full else 0.0  # routed experts (1/ep of them): reduced and sharded over dp/ep ranks
-    if e_train and s.ep > 1:
+    e_train = pc.expert if full else 0.0  # routed experts (1/(ep x etp) of them): reduced and sharded over edp ranks
+    ratio = moe.expert_shard_ratio(s)  # dp / edp
+    if e_train and (s.ep > 1 or s.expert_tp != s.tp):
         e_ranks, e_per_node, e_share = moe.expert_dp_layout(s, per_node, share)
         x, dense_coll = e_train / pc.local, coll
         coll = lambda kind, nbytes: (dense_coll(kind, nbytes * (1 - x))  # noqa: E731
                                      + collective_s(kind, nbytes * x, e_ranks, e_per_node, ln, e_share))
-    train_n = lambda shard: train + (s.ep - 1) * e_train * (shard > 1)  # noqa: E731  (train_n(k) / k: one rank's share)
+    train_n = lambda shard: train + (ratio - 1) * e_train * (shard > 1)  # noqa: E731  (train_n(k) / k: a rank's share)
     exposed_mb = overlapped_mb = exposed_step = comm_total = 0.0
     if dp > 1:
         if s.strategy in ("ddp", "zero1"):
@@ -408,7 +425,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
         node_params = train_n(dp) / dp * s.gpus_per_node
         optimizer = cpu_adam_s(s, node_params) + (4 + 2) * train_n(dp) / dp / pcie
         if s.offload == "optimizer+params":
-            local_n = pc.local + (s.ep - 1) * pc.expert * (dp > 1)
+            local_n = pc.local + (ratio - 1) * pc.expert * (dp > 1)
             fetch = (2 * 2 * local_n / dp + 4 * train_n(dp) / dp) / pcie
             offload_s = s.grad_accum * max(0.0, fetch - 0.5 * compute_mb)
 

@@ -23,6 +23,7 @@ from .memory import GiB, estimate_memory
 from .performance import estimate_step
 from .recipes import Recipe, framework_for, framework_reason, recipe_for
 from .setup import Setup, default_precision, default_seq_len, job_stack, moe_comm, nearest_multiples, resolve_model
+from .stacks import default_etp, get_stack
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -166,18 +167,32 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
     return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
 
 
-def _ep_options(experts: int, dp: int, dp_per_node: int) -> list[int]:
-    """Expert-parallel degrees to try (powers of two dividing the experts and dp): 1, the largest
-    inside a node (NVLink; smaller ones keep more expert states per GPU for a similar all-to-all),
-    across nodes in steps of 4x, and the largest."""
-    valid = [1 << i for i in range(11) if experts % (1 << i) == 0 and dp % (1 << i) == 0]
-    local = max(e for e in valid if e <= max(1, dp_per_node))
+def _ep_options(experts: int, ranks: int, ranks_per_node: int) -> list[int]:
+    """Expert-parallel degrees to try (powers of two dividing the experts and `ranks`, the stage's GPUs / etp):
+    1, the largest inside a node (NVLink; smaller ones keep more expert states per GPU for a similar
+    all-to-all), across nodes in steps of 4x, and the largest."""
+    valid = [1 << i for i in range(11) if experts % (1 << i) == 0 and ranks % (1 << i) == 0]
+    local = max(e for e in valid if e <= max(1, ranks_per_node))
     return [1] + [e for e in valid if e > 1 and (e == local or e == valid[-1]
                                                  or (e > local and (e // local).bit_length() % 2 == 1))]
 
 
-def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int]]:
-    """(tp, pp, ep) to try; ep > 1 for MoE models only."""
+def _expert_layouts(experts: int, tp: int, dp: int, stage_per_node: int, etp_first: int) -> list[tuple[int, int]]:
+    """(ep, etp) to try at one tp x dp: without EP, experts split like the dense MLP (etp = tp); with EP, the
+    stack's convention (`etp_first`) at _ep_options' degrees and, when tp > 1, the other of expert TP = TP (EP
+    out of the data-parallel ranks, Megatron-Core's default) and etp 1 (MoE parallel folding: EP over TP and
+    data-parallel ranks, as torchtitan, transformers and Megatron-Bridge's recipes lay it out) at its largest
+    degree only, where the two differ most (the search grows by one layout per tp > 1). Which of them a
+    framework runs is framework_reason's to say."""
+    out = [(1, tp)]
+    for etp in dict.fromkeys((etp_first, tp, 1)):
+        eps = [e for e in _ep_options(experts, tp * dp // etp, stage_per_node // etp) if e > 1]
+        out += [(e, etp) for e in (eps if etp == etp_first else eps[-1:])]
+    return out
+
+
+def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int, int]]:
+    """(tp, pp, ep, etp) to try; ep > 1 (and etp != tp) for MoE models only."""
     m = s.model
     n = m.param_count()
     tps = [t for t in (1, 2, 4, 8) if t <= s.gpus_per_node and (t == 1 or n >= TP_MIN_PARAMS)
@@ -186,8 +201,10 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int]]:
     even = [p for p in (2, 4, 8) if m.num_layers % p == 0] or [p for p in (2, 4, 8) if p <= m.num_layers]
     pps = [1] + [p for p in even if n >= PP_MIN_PARAMS]
     gpus = nodes * s.gpus_per_node
-    eps = lambda t, p: _ep_options(m.moe.num_experts, gpus // (t * p), s.gpus_per_node // t) if m.moe else [1]  # noqa: E731
-    return [(t, p, e) for t in tps for p in pps if gpus % (t * p) == 0 for e in eps(t, p)]
+    stack = get_stack(s.stack)
+    experts = lambda t, p: (_expert_layouts(m.moe.num_experts, t, gpus // (t * p), s.gpus_per_node,  # noqa: E731
+                                            default_etp(stack, t, 2)) if m.moe else [(1, t)])
+    return [(t, p, e, et) for t in tps for p in pps if gpus % (t * p) == 0 for e, et in experts(t, p)]
 
 
 def _limit_gib(req: PlanRequest, gpu) -> float:
@@ -272,7 +289,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
         for strategy, offload in STRATEGIES:
             if offload != "none" and fitted_here:
                 continue  # offload only when nothing fits without it
-            for tp, pp, ep in _parallel_options(base, nodes):
+            for tp, pp, ep, etp in _parallel_options(base, nodes):
                 if pp > 1 and strategy not in ("ddp", "zero1"):
                     continue  # ZeRO-2/3 do not combine with pipeline stages (DeepSpeed, FSDP)
                 n = nodes * base.gpus_per_node
@@ -283,8 +300,8 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     continue
                 per_dp = gb // dp
                 for ckpt in ("none", "full"):
-                    s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, ep=ep, strategy=strategy, offload=offload,
-                                   checkpointing=ckpt)
+                    s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, ep=ep, etp=etp, strategy=strategy,
+                                   offload=offload, checkpointing=ckpt)
                     why_not = framework_reason(s, req.framework)
                     if why_not:  # not recommended: the framework would not run what the row says
                         log.framework = log.framework or why_not
@@ -294,7 +311,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
                         log.smallest_peak_gib = smallest.peak / GiB
                         off = f"+offload {offload}" if offload != "none" else ""
-                        par = f"tp{tp} pp{pp}" + (f" ep{ep}" if ep > 1 else "")
+                        par = f"tp{tp} pp{pp}" + (f" ep{ep}" if ep > 1 else "") + (f" etp{etp}" if etp != tp else "")
                         log.smallest_at = f"{nodes} node(s), {strategy}{off}, {par}, ckpt {ckpt}"
                         parts = {"weights": smallest.weights, "gradients": smallest.gradients,
                                  "optimizer": smallest.optimizer, "activations": smallest.activations}

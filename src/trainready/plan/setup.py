@@ -17,7 +17,7 @@ from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
 from .presets import generic_model, preset
-from .stacks import DEFAULT_STACK, Resolved, Stack, checkpointing_kind, resolve_stack
+from .stacks import DEFAULT_STACK, Resolved, Stack, checkpointing_kind, default_etp, resolve_stack
 
 MIXED = ("bf16", "fp16", "fp8")
 TOKENS_PER_STEP_TARGET = 1_048_576  # default global batch: ~1M tokens per optimizer step
@@ -55,7 +55,8 @@ class Setup:
     region: str | None = None
     usd_per_hour: float | None = None
     keep_hot: int = 2
-    ep: int = 1  # expert-parallel size: EP groups are carved out of the dp ranks (plan/moe.py)
+    ep: int = 1  # expert-parallel size: EP x etp divides the tp x dp ranks of a stage (plan/moe.py)
+    etp: int | None = None  # expert tensor-parallel size; None: tp (expert_tp)
     notes: tuple[str, ...] = field(default=())
     stack: str = DEFAULT_STACK  # plan/stacks.py: whose defaults kernels, reduce dtype and checkpointing follow
     stack_named: bool = False  # the job named it (False: the default stack)
@@ -85,6 +86,18 @@ class Setup:
         if self.pp_virtual == 1:
             return -(-self.model.num_layers // self.pp)
         return len(pipeline_ranks(self.model.num_layers, self.pp, self.pp_virtual)[0])
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each routed expert is split over (Megatron's expert_tensor_parallel_size)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size: ranks of a pipeline stage holding the same expert shard, over which
+        ZeRO/FSDP shards the experts' states and their gradients are reduced (tp x dp / (etp x ep);
+        Megatron's expert_data_parallel_size, torchtitan's efsdp)."""
+        return max(1, self.tp * self.dp // (self.expert_tp * self.ep))
 
     def with_(self, **changes) -> "Setup":
         return replace(self, **changes)
@@ -208,19 +221,36 @@ def _check_virtual(model: ModelSpec, pp: int, v: int, micro: int, dp: int, globa
                          f"-> nearest valid: {nearest_multiples(global_batch, unit)}")
 
 
-def _check_ep(model: ModelSpec, ep: int, dp: int) -> None:
-    """EP groups are carved out of the data-parallel ranks (torchtitan, Megatron-Core): ep must
-    divide both the routed experts and the data-parallel size."""
-    if ep == 1:
-        return
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_node: int) -> None:
+    """Megatron-Core's expert grid (parallel_state.initialize_model_parallel: the expert RankGenerator, order
+    tp-ep-dp-pp with tp = expert_tensor_parallel_size) lays etp x ep x edp over the same tp x dp ranks of a
+    pipeline stage as attention's tp x dp (MoE parallel folding, arXiv 2504.14960): ep must divide the routed
+    experts and ep x etp the stage's ranks. The expert TP group (etp consecutive ranks) stays inside a node,
+    as TP does."""
     name = printable(model.name)
     if model.moe is None:
-        raise UsageError(f"--ep {ep} needs a mixture-of-experts model; {name} is dense (use --ep 1)")
+        if ep != 1:
+            raise UsageError(f"--ep {ep} needs a mixture-of-experts model; {name} is dense (use --ep 1)")
+        if etp != tp:
+            raise UsageError(f"--etp {etp} needs a mixture-of-experts model; {name} is dense (drop --etp)")
+        return
+    stage = tp * dp
+    if stage % etp or etp > gpus_per_node:
+        valid = _divisors(stage, gpus_per_node)
+        raise UsageError(f"--etp {etp} must divide the {stage} GPUs of a pipeline stage (tp {tp} x dp {dp}) and stay "
+                         f"inside a node of {gpus_per_node}; valid: {', '.join(map(str, valid))}")
     experts = model.moe.num_experts
-    valid = [e for e in range(1, min(experts, dp) + 1) if experts % e == 0 and dp % e == 0]
-    if experts % ep or dp % ep:
-        raise UsageError(f"--ep {ep} must divide both the {experts} experts of {name} and the data-parallel size "
-                         f"{dp} (GPUs / (tp x pp)); valid: {', '.join(map(str, valid))}")
+    if experts % ep or stage % (ep * etp):
+        valid = [e for e in _divisors(experts, stage // etp) if (stage // etp) % e == 0]
+        fold = ("; or --etp 1 (experts whole, EP folded over TP and data-parallel ranks)"
+                if etp > 1 and not experts % ep and not stage % ep else "")
+        raise UsageError(f"--ep {ep} must divide the {experts} experts of {name}, and --ep x --etp = {ep} x {etp} the "
+                         f"{stage} GPUs of a pipeline stage (tp {tp} x dp {dp}: experts fold over TP and data-parallel "
+                         f"ranks); valid: {', '.join(map(str, valid))} (with --etp {etp}){fold}")
 
 
 def moe_comm(job: JobSpec, model: ModelSpec, stack: Stack, precision: str) -> dict:
@@ -296,7 +326,8 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     if n_gpus % (job.tp * job.pp):
         raise UsageError(f"{n_gpus} GPUs are not divisible by --tp {job.tp} x --pp {job.pp}")
     dp = n_gpus // (job.tp * job.pp)
-    _check_ep(model, job.ep, dp)
+    etp = job.etp if job.etp is not None else default_etp(st.stack, job.tp, job.ep)
+    _check_ep(model, job.ep, etp, job.tp, dp, per_node)
     precision = job.precision or default_precision(gpu)
     _check_precision(gpu, precision, job.optimizer_dtype)
     _check_offload(strategy, job.offload, job.method)
@@ -329,5 +360,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  lora_rank=job.lora_rank, kernels=st.kernels,
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
-                 ep=job.ep, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
+                 ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
                  pp_virtual=v, **moe_comm(job, model, st.stack, precision))

@@ -31,6 +31,7 @@ from trainready.errors import UnknownNameError, UsageError
 
 SelectiveKind = Literal["op", "attention"]
 EPDispatcher = Literal["alltoall", "deepep"]
+ExpertTP = Literal["tp", "whole-under-ep"]
 EP_DISPATCHERS = ("alltoall", "deepep")
 CHECKPOINTING_KINDS = ("none", "selective", "selective-op", "selective-attn", "full")
 """What a job may ask for; "selective" means the stack's kind."""
@@ -61,6 +62,13 @@ class Stack:
     BF16 (DeepSeek-V3 technical report, Sec. 3.3.3)."""
     ep_source: str = ""
     """Where the three MoE communication values come from."""
+    expert_tp: ExpertTP = "whole-under-ep"
+    """The expert tensor-parallel size (etp) of a job that gives none (default_etp): "tp" splits routed experts
+    like the dense MLP (Megatron-Core's expert_tensor_parallel_size default); "whole-under-ep" keeps them whole
+    (etp 1) when ep > 1, so the EP group folds over TP and data-parallel ranks, and splits them tp ways
+    without EP (torchtitan 0.3, transformers, DeepSpeed AutoEP)."""
+    etp_source: str = ""
+    """Where expert_tp comes from."""
 
 
 _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to travel by a collective all-to-all "
@@ -75,12 +83,17 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "MixedPrecision reduces in the compute dtype: give --reduce-dtype bf16 for it); its "
                  "gradient_checkpointing recomputes whole layers, and gradient_checkpointing_kwargs={'context_fn': "
                  "...} passes PyTorch's selective (op-level) policy to torch.utils.checkpoint",
-          ep_source=_EP_ALLTOALL_ASSUMED),
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep",
+          etp_source="transformers 5.23 distributed/configuration_utils.py DistributedConfig.efsdp_size: "
+                     "'Experts are not tensor-parallel', efsdp = fsdp x tp / ep (ep a multiple of tp); without "
+                     "ep_size the model's TP plan splits the experts"),
     Stack("deepspeed", kernels="eager", attention_kernel="sdpa", reduce_dtype="bf16", selective="op",
           description="a Hugging Face model under DeepSpeed ZeRO with bf16 enabled",
           source="deepspeed/runtime/engine.py communication_data_type: bf16 when bf16 is enabled and "
                  "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
-          ep_source=_EP_ALLTOALL_ASSUMED),
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep",
+          etp_source="deepspeed 0.19 module_inject/auto_ep_config.py: expert_parallel.expert_tensor_parallel_size "
+                     "defaults to 1 (AutoEP); AutoTP splits every linear layer without EP"),
     Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
           description="torchtitan (FSDP2/TP/PP on DTensor) as its Llama 3 configs ship: no torch.compile",
           source="torchtitan/models/llama3/train_configs/llama3_8b.toml (compile = false, [activation_checkpoint] "
@@ -90,7 +103,12 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           ep_source="torchtitan models/common/config_utils.py make_token_dispatcher_config: comm_backend "
                     "'standard' (PyTorch all-to-all of per-expert rows) unless deepep/hybridep is chosen; EP "
                     "overlap only with the DualPipeV schedule (pipeline_parallel_expert_parallel_overlap); "
-                    "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16"),
+                    "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16",
+          expert_tp="whole-under-ep",
+          etp_source="torchtitan 0.3.0 distributed/parallel_dims.py: the sparse mesh (pp, dp_replicate, efsdp, ep) "
+                     "with efsdp = dp_shard x cp x tp / ep ('EP borrows ranks from FSDP and TP'); "
+                     "models/common/moe_sharding.py shards routed experts on EP only, on TP when EP is off; 0.3 "
+                     "has no expert_tensor_parallel_degree (earlier releases took 1 or tp)"),
     Stack("megatron", kernels="fused", attention_kernel="sdpa", reduce_dtype="fp32", selective="attention",
           description="Megatron-LM / Megatron-Core with Transformer Engine: fused norm and activation kernels, "
                       "TE fused attention",
@@ -100,13 +118,18 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           ep_source="megatron/core/transformer/transformer_config.py: moe_token_dispatcher_type (trainready's "
                     "recipe sets alltoall), overlap_moe_expert_parallel_comm off by default; moe/fused_a2a.py: "
                     "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
-                    "HybridEP 'does not support fp8 dispatch now'"),
+                    "HybridEP 'does not support fp8 dispatch now'",
+          expert_tp="tp",
+          etp_source="megatron/training/arguments.py and ModelParallelConfig.__post_init__: "
+                     "expert_tensor_parallel_size defaults to tensor_model_parallel_size; --expert-tensor-parallel-"
+                     "size 1 with TP > 1 is MoE parallel folding (Liu et al. 2025, arXiv 2504.14960)"),
     Stack("llm-foundry-2023", kernels="eager", attention_kernel="flash1", reduce_dtype="bf16", selective=None,
           description="MosaicML llm-foundry / Composer as in its 2023 throughput tables (torch 1.13)",
           source="llm-foundry scripts/train/benchmarking/README.md (tables predate torch 2.0 and "
                  "FlashAttention-2: Triton/FlashAttention-1 attention); Composer FSDP mixed precision DEFAULT "
                  "reduces in bf16; activation_checkpointing wraps whole blocks (no selective mode)",
-          ep_source=_EP_ALLTOALL_ASSUMED),
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="tp",
+          etp_source="no expert parallelism in these tables: experts assumed split like the dense MLP"),
 )}
 DEFAULT_STACK = "hf-trainer"
 """The stack of a job that names none: eager kernels, SDPA, fp32 reduction (the planner's
@@ -121,6 +144,11 @@ def get_stack(name: str | None) -> Stack:
     if found is None:
         raise UnknownNameError("stack", name, STACKS, hint="Use --stack NAME; see docs/planner.md (Stacks).")
     return found
+
+
+def default_etp(stack: Stack, tp: int, ep: int) -> int:
+    """The expert tensor-parallel size of a job that gives none, by the stack's convention (Stack.expert_tp)."""
+    return 1 if stack.expert_tp == "whole-under-ep" and ep > 1 else tp
 
 
 def checkpointing_kind(asked: str, stack: Stack) -> str:

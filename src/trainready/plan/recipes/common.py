@@ -23,6 +23,20 @@ class Recipe(BaseModel):
     notes: list[str]
 
 
+def expert_tp_reason(s: Setup, framework: str, how: str) -> str | None:
+    """Frameworks without an expert tensor-parallel knob keep routed experts whole under EP (etp 1: the EP
+    group folds over TP and data-parallel ranks) and split them like the dense MLP without it (etp = tp);
+    `how` says where the framework fixes that. None when the setup's etp is that one."""
+    if not s.model.is_moe:
+        return None
+    fixed = 1 if s.ep > 1 else s.tp
+    if s.expert_tp == fixed:
+        return None
+    does = "keeps routed experts whole under EP (etp 1)" if s.ep > 1 else "splits experts tp ways without EP"
+    return (f"{framework} {does} ({how}); this row has etp {s.expert_tp}: use --framework megatron "
+            f"(--expert-tensor-parallel-size) or --etp {fixed}")
+
+
 def checkpointing(s: Setup) -> str:
     """none | selective-op | selective-attn | full ("selective" from before stacks existed meant
     Megatron's attention recompute)."""

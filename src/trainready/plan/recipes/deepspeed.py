@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from ..setup import Setup
-from .common import Recipe, batch_note, checkpointing, environment, torchrun
+from .common import Recipe, batch_note, checkpointing, environment, expert_tp_reason, torchrun
 
 NAME = "deepspeed"
 VERSION = "0.19.8"
@@ -40,6 +40,10 @@ def reason(s: Setup) -> str | None:
                 "virtual stages; use --framework megatron or torchtitan")
     if s.tp > 1 and s.method != "full":
         return f"PEFT {s.method} on AutoTP-sharded layers is not documented; use a tp 1 row"
+    why = expert_tp_reason(s, "DeepSpeed", "AutoEP's expert_tensor_parallel_size 1, auto_ep_config.py; AutoTP "
+                                           "splits every linear layer")
+    if why:
+        return why
     if s.ep > 1:
         if s.model.family not in AUTOEP_FAMILIES:
             return (f"DeepSpeed AutoEP knows {', '.join(AUTOEP_FAMILIES)} models, not {s.model.family}; "

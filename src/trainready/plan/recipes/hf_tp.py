@@ -12,7 +12,7 @@ precision is bf16 parameters with fp32 reduction; fsdp_cpu_offload is FSDP2's CP
 from __future__ import annotations
 
 from ..setup import Setup
-from .common import Recipe, batch_note, checkpointing, environment, torchrun
+from .common import Recipe, batch_note, checkpointing, environment, expert_tp_reason, torchrun
 
 NAME = "hf-tp"
 VERSION = "5.23.0"
@@ -46,6 +46,9 @@ def reason(s: Setup) -> str | None:
                 "torchtitan (op-level) or megatron (attention)")
     if s.tp > 1 and fam not in TP_FAMILIES:
         return f"transformers ships no tensor-parallel plan for {fam} models; use --framework deepspeed (AutoTP)"
+    why = expert_tp_reason(s, "transformers", "DistributedConfig.efsdp_size: 'Experts are not tensor-parallel'")
+    if why:
+        return why
     if s.ep > 1:
         if fam not in EP_FAMILIES:
             return f"transformers ships no expert-parallel plan for {fam} models; use --framework torchtitan"

@@ -40,6 +40,7 @@ FLAGS: dict[str, str | None] = {
     "--num-virtual-stages-per-pipeline-rank": None, "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
     "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
     "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
+    "--expert-tensor-parallel-size": "expert_tensor_parallel_size",
     "--use-distributed-optimizer": None, "--optimizer-cpu-offload": None, "--optimizer-offload-fraction": None,
     "--use-precision-aware-optimizer": None,
     "--micro-batch-size": None, "--global-batch-size": None,
@@ -72,6 +73,9 @@ def reason(s: Setup) -> str | None:
                 f"from one input: use --framework deepspeed")
     if m.mlp == "geglu":
         return f"Megatron-LM has no tanh-GeGLU flag ({m.name}: Gemma); use --framework deepspeed or hf-tp"
+    if m.is_moe and s.expert_tp > 1 and (m.mlp_bias or m.out_bias):  # --disable-bias-linear is not emitted
+        return (f"Megatron-Core supports linear biases in MoE only with expert TP 1 ('Bias in Moe is only supported "
+                f"when ETP==1', transformer_config.py); {m.name} has biases: plan with --etp 1")
     if s.ep > 1 and s.fp8_dispatch:
         return ("Megatron-Core's flex dispatcher sends activations as they are (bf16 under FP8 compute; HybridEP "
                 "'does not support fp8 dispatch now', moe/fused_a2a.py): plan without fp8_dispatch")
@@ -123,9 +127,12 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
             a.append(("--q-lora-rank", m.mla.q_lora_rank))
     if m.moe is not None:
         deepep = s.ep > 1 and s.ep_dispatcher == "deepep"  # DeepEP through the flex dispatcher (moe/fused_a2a.py)
+        # without EP the allgather dispatcher gathers the hidden states over the expert TP group, as the estimate
+        # counts (moe.expert_tp_buffer_bytes); with EP, all-to-alls of the routed rows
+        dispatcher = "flex" if deepep else "alltoall" if s.ep > 1 else "allgather"
         a += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.experts_per_token),
               ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", True),
-              ("--moe-token-dispatcher-type", "flex" if deepep else "alltoall"), ("--moe-router-dtype", "fp32")]
+              ("--moe-token-dispatcher-type", dispatcher), ("--moe-router-dtype", "fp32")]
         if deepep:
             a.append(("--moe-flex-dispatcher-backend", "deepep"))
         if m.moe.router_bias:  # DeepSeek-V3: sigmoid scores with a bias that balances the experts
@@ -162,8 +169,8 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
         a.append(("--pipeline-model-parallel-layout", pipeline_layout(s.model.num_layers, s.pp, v)))
     elif v > 1:  # interleaved 1F1B (validate_args sets virtual_pipeline_model_parallel_size from it)
         a.append(("--num-virtual-stages-per-pipeline-rank", v))
-    if s.model.is_moe:
-        a.append(("--expert-model-parallel-size", s.ep))
+    if s.model.is_moe:  # the expert grid etp x ep x edp over the stage's tp x dp GPUs (MoE parallel folding)
+        a += [("--expert-model-parallel-size", s.ep), ("--expert-tensor-parallel-size", s.expert_tp)]
         if s.ep > 1 and s.ep_overlap:  # dispatch/combine beside another micro-batch's compute
             a.append(("--overlap-moe-expert-parallel-comm", True))
     if s.tp > 1:
@@ -215,6 +222,9 @@ def recipe(s: Setup) -> Recipe:
                      f"step through the interleaved 1F1B schedule (bubble (pp-1)/v of the 1F1B one)")
     elif s.pp > 1:
         notes.append(f"pipeline {s.pp}: {s.grad_accum} micro-batches per step through the 1F1B schedule")
+    if s.model.is_moe and s.expert_tp != s.tp:
+        notes.append(f"MoE parallel folding: attention on tp {s.tp} x dp {s.dp}, routed experts on etp {s.expert_tp} x "
+                     f"ep {s.ep} x expert-dp {s.expert_dp} over the same GPUs of each pipeline stage")
     if s.model.is_moe and s.ep > 1 and s.ep_dispatcher == "deepep":
         notes.append("--moe-token-dispatcher-type flex needs DeepEP installed (github.com/deepseek-ai/DeepEP); "
                      "--moe-flex-dispatcher-backend hybridep selects NVIDIA's HybridEP instead")

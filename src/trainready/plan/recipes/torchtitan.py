@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from ..setup import Setup
-from .common import Recipe, args_lines, batch_note, checkpointing, environment, torchrun
+from .common import Recipe, args_lines, batch_note, checkpointing, environment, expert_tp_reason, torchrun
 
 NAME = "torchtitan"
 VERSION = "0.3.0"
@@ -63,6 +63,10 @@ def reason(s: Setup) -> str | None:
     if s.ep > 1 and s.strategy == "ddp":
         return ("torchtitan carves expert parallelism out of the FSDP and TP ranks (efsdp = dp_shard x tp / ep, "
                 "ParallelDims.build_mesh); replicated ddp has no dp_shard ranks: --framework megatron")
+    why = expert_tp_reason(s, "torchtitan 0.3", "ParallelDims' sparse mesh: efsdp = dp_shard x cp x tp / ep, no "
+                                               "expert_tensor_parallel_degree")
+    if why:
+        return why
     if checkpointing(s) == "selective-attn":
         return ("torchtitan's selective checkpointing is op-level (selective-op), not Megatron's attention "
                 "recompute; use --framework megatron or --activation-checkpointing selective-op")
