@@ -443,3 +443,27 @@ def test_reading_a_run_pauses_the_cycle_collector_and_gives_it_back():
     with pytest.raises(ValueError), gc_paused():
         raise ValueError
     assert gc.isenabled()
+
+
+def test_a_multi_node_run_reads_each_nodes_telemetry_once(tmp_path, monkeypatch):
+    """report finds the node where rank 0 ran by reading the nodes' telemetry, summarizes that node from the
+    records already read, and its plan check asks again without reading anything while no file changed."""
+    import trainready.run.summary as summary_module
+
+    launches, records = crash_then_resume()
+    run_json = json.dumps({"schema_version": 1, "kind": "trainready-run", "command": ["x"], "config": {},
+                           "environment": {}, "created_unix": 1000.0, "launches": launches})
+    for node, lines in (("node0", [r for r in records if r["type"] in ("launch", "exit")]), ("node1", records)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "run.json").write_text(run_json)
+        (tmp_path / node / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    reads = []
+    real = summary_module.read_records
+    monkeypatch.setattr(summary_module, "read_records", lambda path, **kw: reads.append(path) or real(path, **kw))
+    s = summarize(tmp_path)
+    assert s.run_dir == str(tmp_path / "node1") and s.steps_logged == 20 and s.goodput.steps_kept == 15
+    assert summary_module._lead_node_dir(tmp_path) == tmp_path / "node1"
+    assert [p.parent.name for p in reads] == ["node0", "node1"]  # each once, the lead's records reused
+    with open(tmp_path / "node0" / "telemetry.jsonl", "a") as f:  # rank 0 on node0 now: decided anew
+        f.write(json.dumps(start(1400)) + "\n")
+    assert summary_module._lead_node_dir(tmp_path) == tmp_path / "node0" and len(reads) == 3

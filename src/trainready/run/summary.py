@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 import stat
 import statistics
 from pathlib import Path
@@ -139,16 +140,49 @@ def load_run_info(run_dir: Path) -> dict[str, Any]:
     return info
 
 
+def _read_telemetry(run_dir: Path, skipped: dict[str, int]) -> list[dict[str, Any]]:
+    try:
+        return read_records(_regular(run_dir / FILE), skipped=skipped)[0]
+    except OSError as exc:  # permission denied, an I/O error
+        raise UsageError(f"{printable(run_dir / FILE)}: unreadable ({exc.strerror})") from None
+
+
+_LEADS: dict[Path, tuple[tuple[Any, ...], Path]] = {}  # run dir -> (its nodes' telemetry size and time, the lead)
+
+
 def _lead_node_dir(run_dir: Path) -> Path:
     """A multi-node run's --run-dir holds one node<R>/ per node: report the node where global rank 0
     ran (its telemetry has the run's steps; c10d rendezvous may put it on any node), else node0."""
+    return _lead_node(run_dir)[0]
+
+
+def _lead_node(run_dir: Path) -> tuple[Path, tuple[list[dict[str, Any]], dict[str, int]] | None]:
+    """_lead_node_dir's answer and, when finding it read the lead's telemetry, those records and what reading
+    skipped (summarize reads the file once). The answer is kept while no node's telemetry changes: `report`
+    asks again for its plan check, and every node's file would be parsed anew."""
     if (run_dir / "run.json").exists() or (run_dir / FILE).exists():
-        return run_dir
+        return run_dir, None
     nodes = [p for p in node_run_dirs(run_dir) if (p / "run.json").exists()]
+    state = tuple((st.st_size, st.st_mtime_ns) if (st := _stat(n / FILE)) else None for n in nodes)
+    known = _LEADS.get(run_dir)
+    if known is not None and known[0] == state:
+        return known[1], None
+    lead, read = (nodes[0] if nodes else run_dir), None
     for node in nodes:
-        if any(r["type"] == "start" for r in read_records(node / FILE)[0]):
-            return node
-    return nodes[0] if nodes else run_dir
+        skipped: dict[str, int] = {}
+        records = _read_telemetry(node, skipped)
+        if any(r["type"] == "start" for r in records):
+            lead, read = node, (records, skipped)
+            break
+    _LEADS[run_dir] = (state, lead)
+    return lead, read
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
 
 
 def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None) -> RunSummary:
@@ -161,13 +195,13 @@ def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None) ->
 def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None) -> RunSummary:
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist")
-    run_dir = _lead_node_dir(run_dir)
+    run_dir, read = _lead_node(run_dir)
     info = load_run_info(run_dir)
-    unreadable: dict[str, int] = {}
-    try:
-        raw, _ = read_records(_regular(run_dir / FILE), skipped=unreadable)
-    except OSError as exc:  # permission denied, an I/O error
-        raise UsageError(f"{printable(run_dir / FILE)}: unreadable ({exc.strerror})") from None
+    if read is None:
+        unreadable: dict[str, int] = {}
+        raw = _read_telemetry(run_dir, unreadable)
+    else:
+        raw, unreadable = read
     if not info and not raw:
         raise UsageError(f"{run_dir} is not a trainready run directory (no run.json, no {FILE})")
     records, _skipped = screen(raw)  # malformed records (wrong types, negative or huge times) left out, counted
