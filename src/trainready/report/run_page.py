@@ -33,16 +33,13 @@ def run_page(run_dir: Path, *, live: bool = False) -> tuple[str, Any]:
 
 
 def _run_page(run_dir: Path, live: bool) -> tuple[str, Any]:
-    from trainready.run.goodput import valid_launches
-    from trainready.run.summary import load_run_info, summarize
+    from trainready.run.summary import summarize
 
     from . import charts_run as charts
 
     records: list[dict[str, Any]] = []  # the summary's own, screened: malformed records left out
-    summary = summarize(run_dir, records_out=records)
-    info = load_run_info(Path(summary.run_dir))  # a multi-node run: the node where global rank 0 ran
-    launches = info.get("launches") if isinstance(info.get("launches"), list) else []
-    info = {**info, "launches": valid_launches(launches, {})}  # as the summary does: unusable ones left out
+    info: dict[str, Any] = {}  # its run.json (a multi-node run: the node where global rank 0 ran), bad launches out
+    summary = summarize(run_dir, records_out=records, info_out=info)
     goodput = getattr(summary, "goodput", None)  # the goodput model (run/goodput.py) where it is computed
     prediction = _prediction(info)
     page = Page(title=f"trainready run report: {summary.run_dir}", subtitle=_subtitle(summary, live))

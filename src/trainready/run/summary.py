@@ -185,14 +185,17 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
-def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None) -> RunSummary:
-    """What the run did; `records_out`, when given, receives the screened telemetry records the summary
-    was made from (report --html draws them without reading and screening the file twice)."""
+def summarize(run_dir: Path, records_out: list[dict[str, Any]] | None = None,
+              info_out: dict[str, Any] | None = None) -> RunSummary:
+    """What the run did; `records_out` and `info_out`, when given, receive the screened telemetry records and
+    the run.json (its unusable launches left out) the summary was made from: report --html draws them without
+    reading and screening the files again."""
     with gc_paused():
-        return _summarize(Path(run_dir), records_out)
+        return _summarize(Path(run_dir), records_out, info_out)
 
 
-def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None) -> RunSummary:
+def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None,
+               info_out: dict[str, Any] | None) -> RunSummary:
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist")
     run_dir, read = _lead_node(run_dir)
@@ -209,6 +212,8 @@ def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None) -> RunSu
         records_out.extend(records)
     all_launches = info.get("launches", []) if isinstance(info.get("launches", []), list) else []
     info = {**info, "launches": valid_launches(all_launches, {})}
+    if info_out is not None:
+        info_out.update(info)
     steps = [r for r in records if r["type"] == "step"]
     starts = [r for r in records if r["type"] == "start"]
     stop = next((r for r in reversed(records) if r["type"] == "stop"), None)
