@@ -232,6 +232,20 @@ def test_what_a_run_lacks_is_said_not_drawn(tmp_path):
     assert 'http-equiv="refresh"' not in text
 
 
+def test_long_series_say_they_are_binned_and_short_ones_do_not(tmp_path):
+    """Over 1,000 points a line is drawn as bins of consecutive steps, and its notes say so (the tables stay
+    exact); the heatmap names its windows. A short run is drawn point by point, with no such note."""
+    from trainready.report.run_page import run_page
+
+    long_text, _ = run_page(make_run_dir(tmp_path / "long", steps=2500, ranks=4, ckpt_every=500))
+    assert "2,500 steps in 834 bins: line = mean, band = min..max of each bin" in long_text  # loss
+    assert "steps run (recomputed ones included), drawn in bins: each point is the mean of up to 3" in long_text
+    assert "2,500 steps, mean of each of 834 bins" in long_text  # the step-time breakdown
+    assert "4 ranks x 60 windows of steps" in long_text
+    short_text, _ = run_page(make_run_dir(tmp_path / "short", steps=300, ranks=2, ckpt_every=50))
+    assert "bins" not in short_text
+
+
 def test_live_page_refreshes_only_while_the_run_goes(tmp_path):
     from trainready.report.run_page import run_page
     from trainready.run.watchdog import process_start_ticks

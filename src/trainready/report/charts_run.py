@@ -111,6 +111,9 @@ def throughput(steps: list[dict[str, Any]], records: list[dict[str, Any]], pred:
         notes.append("MFU not measured (no GPU peak or FLOP model: give init(model=...) or --job)")
     if len(segments) > 1:
         notes.append(f"{len(segments)} worker starts: one line each, gaps between launches left open")
+    if size > 1:
+        notes.append(f"{total:,} steps run (recomputed ones included), drawn in bins: each point is the mean of up to "
+                     f"{size} consecutive steps")
     return to_svg(fig, "throughput"), notes
 
 
