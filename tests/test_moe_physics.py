@@ -615,10 +615,21 @@ def test_etp_defaults_follow_the_stack(catalog):
      r"--etp 16 must divide .* stay inside a node of 8; valid: 1, 2, 4, 8"),
     (dict(ep=8, etp=2), r"--ep x --etp = 8 x 2 the 8 GPUs .* or --etp 1"),
     (dict(ep=3, etp=1), r"--ep 3 must divide the 128 experts"),
+    # 24 GPUs on 8-GPU nodes, tp 1 x dp 24: etp 3 divides the stage but its group of ranks 6, 7, 8 spans two nodes
+    (dict(gpus=24, gpus_per_node=8, inter_node_gbps=400, tp=1, ep=2, etp=3),
+     r"--etp 3 must divide the 24 GPUs .* and a node's GPUs to stay inside a node of 8; valid: 1, 2, 4, 8$"),
 ])
 def test_etp_validation(catalog, kw, message):
     with pytest.raises(UsageError, match=message):
         resolve(JobSpec(**{**dict(model="qwen3-30b-a3b", gpu="h100-80gb", gpus=8, tp=2), **kw}), catalog)
+
+
+def test_etp_must_split_the_expert_ffn_whole(catalog):
+    """Each expert TP rank takes expert_ffn / etp columns: 1100 = 4 x 275 splits 1, 2 or 4 ways, not 8."""
+    odd = TOY.model_copy(update={"moe": TOY.moe.model_copy(update={"expert_ffn_hidden_size": 1100})})
+    with pytest.raises(UsageError, match=r"--etp 8 must divide .* the 1100 columns .*; valid: 1, 2, 4$"):
+        resolve(JobSpec(gpu="h100-80gb", gpus=8, etp=8), catalog, model=odd)
+    assert resolve(JobSpec(gpu="h100-80gb", gpus=8, etp=4), catalog, model=odd).expert_tp == 4
 
 
 def test_cli_etp():

@@ -239,10 +239,17 @@ def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_no
             raise UsageError(f"--etp {etp} needs a mixture-of-experts model; {name} is dense (drop --etp)")
         return
     stage = tp * dp
-    if stage % etp or etp > gpus_per_node:
-        valid = _divisors(stage, gpus_per_node)
-        raise UsageError(f"--etp {etp} must divide the {stage} GPUs of a pipeline stage (tp {tp} x dp {dp}) and stay "
-                         f"inside a node of {gpus_per_node}; valid: {', '.join(map(str, valid))}")
+    # an expert TP group is etp consecutive ranks: inside a node only where etp divides the node's GPUs (etp 3 on
+    # 8-GPU nodes puts ranks 6-8 on two nodes); each rank takes expert_ffn/etp columns, a whole number
+    # (Megatron-Core's TEGroupedMLP: fc2's input moe_ffn_hidden_size goes through divide(input_size, tp_size),
+    # extensions/transformer_engine.py, which asserts it)
+    ffn = model.moe.expert_ffn_hidden_size
+    straddles = etp != tp and gpus_per_node % etp  # tp's own node check is _check_parallel's
+    if stage % etp or etp > gpus_per_node or straddles or ffn % etp:
+        valid = [d for d in _divisors(stage, gpus_per_node) if not ffn % d and (d == tp or not gpus_per_node % d)]
+        raise UsageError(f"--etp {etp} must divide the {stage} GPUs of a pipeline stage (tp {tp} x dp {dp}) and the "
+                         f"{ffn} columns of an expert's FFN, and a node's GPUs to stay inside a node of {gpus_per_node}; "
+                         f"valid: {', '.join(map(str, valid))}")
     experts = model.moe.num_experts
     if experts % ep or stage % (ep * etp):
         valid = [e for e in _divisors(experts, stage // etp) if (stage // etp) % e == 0]
