@@ -270,6 +270,8 @@ def test_a_broken_or_planted_state_file_is_read_as_unknown_never_trusted(tmp_pat
     assert _load_state(path) == {}
     path.write_bytes(b"{" + b" " * (2 << 20) + b"}")  # past the size cap
     assert _load_state(path) == {}
+    path.write_bytes(b'{"wandb": ' + b"[" * 200_000)  # 200 KB, under the cap, nested past json's C stack guard
+    assert _load_state(path) == {}
     path.unlink()
     path.symlink_to(tmp_path / "elsewhere.json")
     (tmp_path / "elsewhere.json").write_text(json.dumps({"mlflow": {"last_step": 1}}))

@@ -274,7 +274,7 @@ def _load_state(path: Path) -> dict[str, Any]:
     starts a new run or rewrites steps rather than trusting a broken or planted file."""
     try:
         state = json.loads(read_regular(path, STATE_LIMIT))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return {}
     if not isinstance(state, dict):
         return {}
