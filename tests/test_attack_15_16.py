@@ -65,6 +65,13 @@ def test_run_json_that_is_not_an_object_is_a_usage_error(base, tmp_path, info):
         summarize(_copy(base, tmp_path / "r", info=info))
 
 
+def test_run_json_nested_past_the_parser_is_a_usage_error(base, tmp_path):
+    run = _copy(base, tmp_path / "r")
+    (run / "run.json").write_text('{"launches": ' + "[" * 200_000)  # was RecursionError: exit 3, internal error
+    with pytest.raises(UsageError, match=r"run\.json: unreadable \(JSON nested too deep\)"):
+        summarize(run)
+
+
 @pytest.mark.parametrize("target", ["dir", "fifo", "loop"])
 def test_telemetry_that_is_not_a_regular_file_is_a_usage_error(base, tmp_path, target):
     run = _copy(base, tmp_path / "r")

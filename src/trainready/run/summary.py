@@ -134,9 +134,11 @@ def load_run_info(run_dir: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: unreadable ({exc})") from None
+        raise UsageError(f"{printable(path)}: unreadable ({printable(str(exc))})") from None
+    except RecursionError:  # nested deeper than json's parser goes
+        raise UsageError(f"{printable(path)}: unreadable (JSON nested too deep)") from None
     if not isinstance(info, dict):
-        raise UsageError(f"{path}: unreadable (a JSON {type(info).__name__}, not an object)")
+        raise UsageError(f"{printable(path)}: unreadable (a JSON {type(info).__name__}, not an object)")
     return info
 
 
