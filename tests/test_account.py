@@ -456,3 +456,4 @@ def test_region_spelled_as_plan_accepts_it():
 
     catalog = load_catalog()
     assert parse_regions("US_East_1, us-west-2,us-east-1", catalog, None) == ["us-east-1", "us-west-2"]
+    assert parse_regions("ALL", catalog, None) is None  # was "unknown region 'ALL'" while US-EAST-1 passed

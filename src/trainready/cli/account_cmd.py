@@ -70,7 +70,7 @@ def parse_regions(value: str | None, catalog: Catalog, default: str | None) -> l
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
         raise UsageError("--region is empty: give region names (us-east-1,us-west-2) or all")
-    if names == ["all"]:
+    if [n.lower() for n in names] == ["all"]:  # case ignored, as in region names
         return None
     known = known_regions(catalog)
     out_: list[str] = []
