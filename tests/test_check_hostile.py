@@ -240,3 +240,18 @@ def test_the_manifests_words_are_shown_as_text_never_as_terminal_escapes(tmp_pat
     why = Bundle.load(directory).why_missing("fi_info-p-efa.txt")
     assert "\x1b" not in why and "\n" not in why and "\x07" not in why, why
     assert "node\\x1b[2J" in why and "boom\\x0afake: ok" in why, why
+
+
+def test_the_manifests_tool_version_is_shown_as_text(tmp_path):
+    """A probe the manifest does not record is said to predate the collecting trainready, quoting the
+    manifest's tool_version: the bundle writer's words too, escaped like the hostname."""
+    def plant(text):
+        doc = json.loads(text)
+        doc["tool_version"] = "0.1\x1b]0;owned\x07\n"
+        doc["probes"] = [p for p in doc["probes"] if p["file"] != "clocksource.txt"]
+        return json.dumps(doc)
+
+    directory = make_bundle("p4d", tmp_path, drop=["clocksource.txt"], replace={"manifest.json": plant})
+    _, by_id = report("--bundle", directory, code=0)
+    reason = by_id["cpu.clocksource"]["reason"]
+    assert reason.endswith("(trainready 0.1\\x1b]0;owned\\x07\\x0a collected it)"), reason

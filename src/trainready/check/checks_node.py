@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from trainready.errors import printable
+
 from .checks_gpu import _see_count
 from .context import Context
 from .findings import Finding, skip
@@ -48,7 +50,7 @@ def missing(check_id: str, area: str, ctx: Context, name: str) -> Finding:
     if name not in bundle.files and name not in bundle.refused and bundle.manifest is not None \
             and bundle.record(name) is None and bundle.source != "live":
         return skip(check_id, area, f"{name} was not collected: the bundle's manifest has no such probe "
-                    f"(trainready {bundle.manifest.tool_version} collected it)", RECOLLECT)
+                    f"(trainready {printable(bundle.manifest.tool_version)} collected it)", RECOLLECT)  # its words
     return skip(check_id, area, bundle.why_missing(name), RECOLLECT if bundle.probe_state(name) == "unknown"
                 and bundle.source != "live" else "")
 
