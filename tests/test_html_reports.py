@@ -301,3 +301,42 @@ def test_malformed_run_files_never_break_the_page(tmp_path):
     (run / "run.json").write_text(json.dumps(info))
     text, summary = run_page(run)
     assert summary.last_step == 29 and "no prediction recorded" in text and 'data-chart="loss"' in text
+
+
+def test_the_heatmap_after_a_crash_shows_the_relaunchs_windows_where_they_redo_steps():
+    """After a crash the relaunch's windows go back over steps the crashed launch ran. pcolorfast's image
+    places cells by a binary search of the edges, so they are made increasing first (step_grid): each
+    stretch of steps takes the last window over it, as the per-cell pcolormesh drew it; a rank's unknown cell
+    in the later window lets the earlier one show. Hand-worked: windows 0-10 .. 40-50 (values 1-5), a
+    window from the crashed launch's last step back to the relaunch's first (50 -> 5, value 6), then 5-15,
+    15-25, 25-60 (values 7, 8, 9)."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from trainready.report.charts_run import step_grid
+
+    edges = [0, 10, 20, 30, 40, 50, 5, 15, 25, 60]
+    grid = np.array([[1.0, 2, 3, 4, 5, 6, 7, 8, 9],
+                     [1.0, 2, 3, 4, 5, 6, np.nan, np.nan, 9]])  # rank 1: the relaunch's first windows unknown
+    xs, out = step_grid(edges, grid)
+    assert xs == [0, 5, 10, 15, 20, 25, 30, 40, 50, 60]
+    assert out.tolist() == [[1, 7, 7, 8, 8, 9, 9, 9, 9], [1, 6, 6, 6, 6, 9, 9, 9, 9]]
+    assert step_grid([0, 3, 6], grid[:, :2])[1].tolist() == grid[:, :2].tolist()  # increasing: unchanged
+
+    def drawn(fast: bool) -> list[int]:  # the grey level at the middle of each stretch, rank 0
+        fig = Figure(figsize=(6, 1), dpi=100)
+        canvas = FigureCanvasAgg(fig)
+        ax = fig.add_axes((0, 0, 1, 1))
+        kw = dict(cmap="gray", vmin=0, vmax=10)
+        if fast:
+            ax.pcolorfast(xs, [-0.5, 0.5], out[:1], **kw)
+        else:
+            ax.pcolormesh(edges, [-0.5, 0.5], grid[:1], shading="flat", **kw)
+        ax.set_xlim(0, 60)
+        ax.set_ylim(-0.5, 0.5)
+        canvas.draw()
+        row = np.asarray(canvas.buffer_rgba())[50, :, 0]
+        return [int(row[int((a + b) / 2 * 10)]) for a, b in zip(xs[:-1], xs[1:], strict=True)]
+
+    assert drawn(fast=True) == drawn(fast=False)

@@ -162,6 +162,22 @@ def breakdown(kept: list[dict[str, Any]]) -> Result:
     return to_svg(fig, "breakdown"), notes
 
 
+def step_grid(edges: list[int], grid: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """Windows' step edges made increasing, for pcolorfast (an image: it places cells by a binary search of
+    the edges). After a crash the relaunch's windows go back over steps the crashed launch ran (edges 0, 30, 60,
+    45, 90): each stretch of steps takes the last window over it, as pcolormesh drew later cells on top of
+    earlier ones, an unknown (NaN) cell letting the earlier one show."""
+    xs = sorted(set(edges))
+    if len(xs) < 2:  # every window ends where the first began (hostile step numbers): the last one, a step wide
+        return [xs[0], xs[0] + 1], grid[:, -1:]
+    out = np.full((grid.shape[0], len(xs) - 1), np.nan)
+    for j, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        lo, hi = (xs.index(v) for v in sorted((a, b)))
+        known = ~np.isnan(grid[:, j])
+        out[known, lo:hi] = grid[known, j:j + 1]
+    return xs, out
+
+
 def rank_heatmap(goodput: Any) -> Result:
     if goodput is None:
         return None, "not available: this trainready computes no per-rank model for the run (goodput)"
@@ -176,7 +192,7 @@ def rank_heatmap(goodput: Any) -> Result:
         for i, v in enumerate(w.step_s):
             if v is not None:
                 grid[i, j] = v
-    edges = [windows[0].first_step] + [w.last_step + 1 for w in windows]
+    edges, grid = step_grid([windows[0].first_step] + [w.last_step + 1 for w in windows], grid)
     fig = matplotlib_figure(WIDTH, min(6.0, 1.4 + 0.22 * ranks), right=0.1)
     ax = fig.add_subplot()
     # One image of ranks x windows cells (pcolorfast: a PNG inside the SVG), not a path per cell: 5x smaller,
