@@ -89,14 +89,14 @@ def test_telemetry_that_is_not_a_regular_file_is_a_usage_error(base, tmp_path, t
 
 
 def test_html_to_a_device_or_fifo_is_refused_not_replaced(tmp_path):
-    from trainready.cli.render_html import _writable
+    from trainready.cli.options import output_file
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    with pytest.raises(UsageError, match="not a regular file"):
-        _writable(fifo)
+    with pytest.raises(UsageError, match="^--html .*pipe: not a regular file"):
+        output_file(fifo, "--html", "report.html")
     assert not fifo.is_file()
-    assert _writable(tmp_path / "ok.html") == tmp_path / "ok.html"
+    assert output_file(tmp_path / "ok.html", "--html", "report.html") == tmp_path / "ok.html"
 
 
 @pytest.mark.parametrize("content", [b"\x00\xff\xfe garbage \x1b[31m\n", "\u202e\U0001f600 nvme?\n".encode()])
@@ -115,14 +115,14 @@ def test_unreadable_nvme_devices_is_unknown_not_zero_controllers(tmp_path, conte
 
 
 def test_calibration_save_target_that_is_a_directory_or_fifo_is_a_usage_error(tmp_path):
-    from trainready.cli.calibrate import _check_target
+    from trainready.cli.options import output_file
 
     os.mkfifo(tmp_path / "pipe")
     for target, words in ((tmp_path, "is a directory"), (tmp_path / "pipe", "not a regular file"),
                           (tmp_path / "nope" / "x.json", "does not exist")):
-        with pytest.raises(UsageError, match=words):
-            _check_target(target)
-    _check_target(tmp_path / "mine.json")
+        with pytest.raises(UsageError, match=f"^--calibration .*{words}"):
+            output_file(target, "--calibration", "my-gpu.json")
+    output_file(tmp_path / "mine.json", "--calibration", "my-gpu.json")
 
 
 def test_a_refused_deep_json_says_why_not_that_it_is_missing(tmp_path):

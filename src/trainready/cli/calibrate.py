@@ -16,6 +16,8 @@ from trainready.plan import calibration_file as cf
 from trainready.plan.job import JobSpec, load_job
 from trainready.plan.setup import Setup, resolve
 
+from .options import output_file
+
 
 # --- what a run measured ------------------------------------------------------------------------
 def _is_run_dir(path: Path) -> bool:
@@ -88,18 +90,6 @@ def run_measurement(run_dir: Path, catalog: Catalog, fallback: Setup | None,
 # --- what check --deep measured ----------------------------------------------------------------------
 def _number(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 else None
-
-
-def _check_target(target: Path) -> None:
-    """`--calibration FILE` with --calibrate is where the fit is saved: a directory or a device there (the
-    atomic replace would put a file in place of /dev/null, as root) or a missing directory is a UsageError."""
-    if target.is_dir():
-        raise UsageError(f"--calibration {printable(target)}: is a directory; give a file name, e.g. "
-                         f"{printable(target / 'my-gpu.json')}, or a name such as h200-hf-trainer")
-    if target.exists() and not target.is_file():
-        raise UsageError(f"--calibration {printable(target)}: not a regular file; give a file name such as my-gpu.json")
-    if not target.parent.is_dir():
-        raise UsageError(f"--calibration {printable(target)}: the directory {printable(target.parent)} does not exist")
 
 
 def bundle_measurements(path: Path, catalog: Catalog) -> tuple[list[cal.Measurement], list[str], str | None]:
@@ -212,7 +202,7 @@ def calibrate(paths: list[Path], ref: str | None, catalog: Catalog,
     gpu = gpus.pop()
     target = Path(ref) if ref is not None and cf.is_path(ref) else None
     if target is not None:
-        _check_target(target)
+        output_file(target, "--calibration", "my-gpu.json")  # where the fit is saved
         name = target.stem if re.fullmatch(cf.NAME_PATTERN, target.stem) else cf.default_name(gpu, run_stack)
     else:
         name = cf.valid_name(ref) if ref else cf.default_name(gpu, run_stack)

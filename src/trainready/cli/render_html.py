@@ -11,16 +11,7 @@ from rich.text import Text
 
 from trainready.errors import UsageError, printable
 
-
-def _writable(path: Path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"--html {printable(path)}: is a directory; give a file name, e.g. {printable(path / 'report.html')}")
-    if path.exists() and not path.is_file():  # a device, a FIFO: the atomic replace would put a file in its place
-        raise UsageError(f"--html {printable(path)}: not a regular file; give a file name, e.g. report.html")
-    if not path.parent.is_dir():
-        raise UsageError(f"--html {printable(path)}: the directory {printable(path.parent)} does not exist")
-    return path
+from .options import output_file
 
 
 def _wrote(console: Console, path: Path, what: str) -> None:
@@ -61,7 +52,7 @@ def report_html(run_dir: Path, html: Path | None, *, live: bool, console: Consol
 
     if html is None:
         raise UsageError("--live rewrites the --html page while the run goes on: give --html FILE")
-    path = _writable(html)
+    path = output_file(html, "--html", "report.html")
     _freeze_imports()
     summary = _write(lambda: write_run_page(run_dir, path, live=live), path)
     _wrote(console, path, "run report")
@@ -76,6 +67,6 @@ def report_html(run_dir: Path, html: Path | None, *, live: bool, console: Consol
 def plan_html(result: Any, html: Path, *, console: Console, memory_margin: float) -> None:
     from trainready.report.plan_page import write_plan_page
 
-    path = _writable(html)
+    path = output_file(html, "--html", "report.html")
     _write(lambda: write_plan_page(result, path, memory_margin=memory_margin), path)
     _wrote(console, path, "plan")
