@@ -164,3 +164,22 @@ def test_an_integer_past_a_floats_range_is_unknown_not_an_overflow(base, tmp_pat
     assert s.loss_last is None if where == "loss" else True
     write_run_page(run, tmp_path / "page.html")
     assert (tmp_path / "page.html").stat().st_size > 0
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink", "directory", "huge"])
+def test_run_json_that_is_not_ours_is_a_usage_error_never_a_hang(tmp_path, plant):
+    from trainready.run.summary import load_run_info
+
+    info = tmp_path / "run.json"
+    if plant == "fifo":
+        os.mkfifo(info)
+    elif plant == "symlink":
+        (tmp_path / "elsewhere.json").write_text("{}")
+        info.symlink_to(tmp_path / "elsewhere.json")
+    elif plant == "directory":
+        info.mkdir()
+    else:
+        with open(info, "wb") as f:
+            f.truncate((64 << 20) + 1)
+    with pytest.raises(UsageError, match=r"run\.json: unreadable \((not a regular file|more than 64 MiB)\)"):
+        load_run_info(tmp_path)

@@ -9,6 +9,7 @@ Time shares are of the wall time between step ends, so they add up to 1 with `ot
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -20,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError, printable
-from trainready.io import redact, redact_argv
+from trainready.io import read_regular, redact, redact_argv
 from trainready.plan.divergence import PlanCheck
 
 from .goodput import compute_goodput, screen, valid_launches
@@ -127,13 +128,23 @@ def gc_paused():
             gc.enable()
 
 
+RUN_INFO_LIMIT = 64 << 20
+"""run.json holds the command, settings and one entry per launch: a few KB; past this it is not ours."""
+
+
 def load_run_info(run_dir: Path) -> dict[str, Any]:
-    path = _regular(run_dir / "run.json")
+    """run.json: {} when absent. Read as a hostile file: opened without following a symlink or blocking on a
+    FIFO swapped in after a check, size-capped; anything else it could be is a UsageError naming it."""
+    path = run_dir / "run.json"
     try:
-        info = json.loads(path.read_text())
+        info = json.loads(read_regular(path, RUN_INFO_LIMIT))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        why = ("not a regular file" if exc.errno in (errno.ELOOP, errno.EINVAL, errno.EISDIR)
+               else f"more than {RUN_INFO_LIMIT >> 20} MiB" if exc.errno == errno.EFBIG else exc.strerror)
+        raise UsageError(f"{printable(path)}: unreadable ({why})") from None
+    except ValueError as exc:
         raise UsageError(f"{printable(path)}: unreadable ({printable(str(exc))})") from None
     except RecursionError:  # nested deeper than json's parser goes
         raise UsageError(f"{printable(path)}: unreadable (JSON nested too deep)") from None
