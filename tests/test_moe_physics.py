@@ -664,3 +664,17 @@ def test_plan_finds_the_folded_layout_with_megatron(catalog):
     best = r.rows[0].estimate.setup
     assert best.etp == 1 and best.tp > 1 and best.ep > best.dp  # EP folded over TP and data-parallel ranks
     assert "--expert-tensor-parallel-size 1" in r.recipe.config
+
+
+def test_tp_that_does_not_divide_a_node_is_refused_across_nodes():
+    """tp consecutive ranks: tp 5 on 8-GPU nodes would put ranks 5-9 on two nodes, and the estimate priced
+    every TP collective over NVLink; one node of 5 GPUs is fine."""
+    from trainready.catalog import load_catalog
+    from trainready.errors import UsageError
+    from trainready.plan.job import JobSpec
+    from trainready.plan.setup import resolve
+
+    catalog = load_catalog()
+    with pytest.raises(UsageError, match=r"--tp 5 does not divide the 8 GPUs of a node: .* valid: 1, 2, 4, 8$"):
+        resolve(JobSpec(model="llama-2-13b", instance="p4d.24xlarge", gpus=40, tp=5), catalog)
+    assert resolve(JobSpec(model="llama-2-13b", instance="p4d.24xlarge", gpus=5, tp=5), catalog).tp == 5

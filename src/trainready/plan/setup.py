@@ -187,13 +187,19 @@ def _normalize_strategy(strategy: str) -> str:
     return "zero3" if strategy == "fsdp" else strategy
 
 
-def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int) -> None:
+def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int, nodes: int = 1) -> None:
     if model.num_heads % tp:
         raise UsageError(f"--tp {tp} must divide the number of attention heads ({model.num_heads})")
     if model.num_kv_heads % tp and tp % model.num_kv_heads:
         raise UsageError(f"--tp {tp} must divide, or be a multiple of, the KV heads ({model.num_kv_heads})")
     if tp > gpus_per_node:
         raise UsageError(f"--tp {tp} exceeds the {gpus_per_node} GPUs per node: tensor parallelism must stay inside a node")
+    if nodes > 1 and gpus_per_node % tp:  # tp consecutive ranks: tp 5 on 8-GPU nodes puts ranks 5-9 on two nodes
+        valid = [d for d in _divisors(gpus_per_node, gpus_per_node)
+                 if not model.num_heads % d and not (model.num_kv_heads % d and d % model.num_kv_heads)]
+        raise UsageError(f"--tp {tp} does not divide the {gpus_per_node} GPUs of a node: across {nodes} nodes some "
+                         f"tensor-parallel groups would span two nodes (it must stay inside one); valid: "
+                         f"{', '.join(map(str, valid))}")
     if pp > model.num_layers:  # uneven stages are fine (pipeline_split); empty ones are not
         raise UsageError(f"--pp {pp} is more than the {model.num_layers} layers of {printable(model.name)}: "
                          f"every pipeline stage needs a layer (--pp 1..{model.num_layers})")
@@ -328,7 +334,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     if region is not None:  # a typo is an error, not a run priced nowhere ("-" in every cost column)
         region = catalog.region(region, inst, need_price=job.usd_per_hour is None)
     strategy = _normalize_strategy(job.strategy)
-    _check_parallel(model, job.tp, job.pp, per_node)
+    _check_parallel(model, job.tp, job.pp, per_node, nodes)
     n_gpus = per_node * nodes
     if n_gpus % (job.tp * job.pp):
         raise UsageError(f"{n_gpus} GPUs are not divisible by --tp {job.tp} x --pp {job.pp}")
