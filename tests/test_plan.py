@@ -161,3 +161,26 @@ def test_recipe_config_lines_fit_80_columns_for_every_strategy(catalog):
     assert ("ddp", "deepspeed-json") in kinds
     s = resolve(JobSpec(model="llama-2-13b", instance="p4d.24xlarge", strategy="ddp", pp=2), catalog)
     assert '"stage": 0' in recipe_for(s).config
+
+
+def test_plan_interleaves_a_pipelined_row_only_where_it_pays(catalog):
+    """A pipelined row is tried with 2 and 4 virtual stages per rank; one that is chosen is the estimate of
+    that very layout, at least COMPLEXITY (5%) faster than the same row in plain 1F1B, and splits the layers
+    evenly with micro-batches in whole groups of pp."""
+    from trainready.plan.estimate import estimate_setup
+    from trainready.plan.search import COMPLEXITY
+
+    r = run(catalog, model="llama-2-70b", tokens=1e10, framework="megatron")
+    interleaved = [row for row in r.rows if row.estimate.setup.pp_virtual > 1]
+    assert interleaved, [(row.estimate.setup.pp, row.estimate.setup.pp_virtual) for row in r.rows]
+    for row in interleaved:
+        st = row.estimate.setup
+        assert 80 % (st.pp * st.pp_virtual) == 0 and st.grad_accum % st.pp == 0  # llama-2-70b: 80 layers
+        job = JobSpec(model="llama-2-70b", instance=st.instance, gpus=st.gpus, tp=st.tp, pp=st.pp,
+                      pp_virtual=st.pp_virtual, strategy=st.strategy, micro_batch=st.micro_batch,
+                      global_batch=st.global_batch, activation_checkpointing=st.activation_checkpointing,
+                      tokens=1e10)
+        from trainready.plan.setup import resolve
+
+        plain = estimate_setup(resolve(job.model_copy(update={"pp_virtual": 1}), catalog))
+        assert row.estimate.throughput.tokens_per_s >= plain.throughput.tokens_per_s * (1 + COMPLEXITY)

@@ -164,7 +164,7 @@ def _how(e: EstimateResult) -> str:
     s = e.setup
     how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
-        how += f", tp {s.tp} x pp {s.pp}"
+        how += f", tp {s.tp} x pp {s.pp}" + (f" x {s.pp_virtual} virtual" if s.pp_virtual > 1 else "")
     if s.ep > 1 or s.etp != s.tp:
         how += f", ep {s.ep} x etp {s.etp}"
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"

@@ -152,9 +152,9 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     r = _residual_bytes(s)
     tokens = s.micro_batch * s.seq_len
 
-    def per_token(shape: ModelSpec) -> float:
-        return layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method,
-                                     seq_len=s.seq_len)
+    def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
+        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len), lambda: layer_bytes_per_token(
+            shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len))
 
     layer = per_token(m) / s.tp * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage

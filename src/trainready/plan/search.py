@@ -207,6 +207,36 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int, int]]:
     return [(t, p, e, et) for t in tps for p in pps if gpus % (t * p) == 0 for e, et in experts(t, p)]
 
 
+VIRTUAL_STAGES = (2, 4)
+"""Interleaved (virtual) pipeline stages per rank `plan` tries on a pipelined row: Narayanan et al. 2021 show
+the bubble (pp - 1)/(v m) falling with v at the cost of v x the stage-boundary sends; 2 and 4 are what
+Megatron-LM's and torchtitan's published recipes use."""
+
+
+def _interleaved(s: Setup, mem, step, limit_gib: float, framework: str):
+    """A pipelined row with the interleaved schedule instead of plain 1F1B where that is faster, fits, and the
+    framework runs it: v virtual stages per rank (VIRTUAL_STAGES) that split the layers evenly (Megatron-LM
+    and torchtitan's layer assignment) with micro-batches in whole groups of pp (setup._check_virtual).
+    Like TP/PP, it is more to run, so it must be COMPLEXITY faster; a 1F1B bubble, (pp - 1)/m of the
+    compute, smaller than that cannot pay for it and is not tried (this keeps the search's time)."""
+    if s.pp == 1 or s.grad_accum % s.pp or (s.pp - 1) / s.grad_accum < COMPLEXITY:
+        return s, mem, step
+    best = (s, mem, step)
+    for v in VIRTUAL_STAGES:
+        if s.model.num_layers % (s.pp * v):
+            continue
+        cand = s.with_(pp_virtual=v)
+        if framework_reason(cand, framework):
+            continue
+        ok, cand_mem = _fits(cand, limit_gib)
+        if not ok:
+            continue
+        cand_step = estimate_step(cand)
+        if cand_step.tokens_per_s > best[2].tokens_per_s and cand_step.tokens_per_s >= step.tokens_per_s * (1 + COMPLEXITY):
+            best = (cand, cand_mem, cand_step)
+    return best
+
+
 def _limit_gib(req: PlanRequest, gpu) -> float:
     """GPU memory a setup may use: the card less the safety margin."""
     return gpu.memory_gib * (1 - req.memory_margin)
@@ -325,6 +355,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                                                 f"per node at {nodes} node(s); {inst.name} has {inst.ram_gib:,.0f}")
                         continue
                     step = estimate_step(cand)
+                    cand, mem, step = _interleaved(cand, mem, step, limit, req.framework)
                     key, usd, hours = _score(req, cand, mem, step.tokens_per_s)
                     if req.by == "cost" and usd is None:
                         model_name = "spot" if req.job.spot else "on-demand"

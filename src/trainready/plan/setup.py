@@ -6,7 +6,7 @@ Every impossible combination is a UsageError that names the rule it breaks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from trainready.catalog import Catalog, Gpu, Instance
@@ -100,8 +100,18 @@ class Setup:
         return max(1, self.tp * self.dp // (self.expert_tp * self.ep))
 
     def with_(self, **changes) -> "Setup":
-        return replace(self, **changes)
+        """A copy with `changes` (dataclasses.replace without re-running __init__ over every field: the
+        search makes ~60,000 of these per plan, where replace alone took a fifth of the time)."""
+        unknown = changes.keys() - _SETUP_FIELDS
+        if unknown:
+            raise TypeError(f"Setup has no field(s) {', '.join(sorted(unknown))}")
+        new = object.__new__(Setup)
+        for name in _SETUP_FIELDS:
+            object.__setattr__(new, name, changes[name] if name in changes else getattr(self, name))
+        return new
 
+
+_SETUP_FIELDS = frozenset(f.name for f in fields(Setup))
 
 def job_stack(job: JobSpec) -> Resolved:
     """The job's stack (the default when it names none) with its explicit flags applied."""
