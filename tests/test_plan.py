@@ -184,3 +184,27 @@ def test_plan_interleaves_a_pipelined_row_only_where_it_pays(catalog):
 
         plain = estimate_setup(resolve(job.model_copy(update={"pp_virtual": 1}), catalog))
         assert row.estimate.throughput.tokens_per_s >= plain.throughput.tokens_per_s * (1 + COMPLEXITY)
+
+
+def test_plan_keeps_tp_inside_a_node_that_is_not_a_power_of_two(tmp_path):
+    """A user's catalog with 6-GPU nodes: tp 4 would span two nodes (ranks 4-7), which `estimate` refuses
+    (setup._check_parallel); the search tried it all the same, and its best row (tp 4 x pp 4 x 16 nodes)
+    saved by --save was a job `estimate --job` refused."""
+    from trainready.catalog import load_catalog
+    from trainready.plan.setup import resolve
+
+    user = tmp_path / "six.toml"
+    user.write_text('[[instance]]\nname = "six-h100"\ncloud = "dc"\ngpu = "h100-80gb"\ngpu_count = 6\n'
+                    'network_gbps = 3200\ntopology = "nvswitch"\n')
+    catalog = load_catalog(user)
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e10, global_batch=384, usd_per_hour=60.0),
+                         instances=["six-h100"], framework="megatron", top=20), catalog)
+    assert r.rows and any(row.estimate.setup.tp > 1 for row in r.rows)
+    for row in r.rows:
+        st = row.estimate.setup
+        assert 6 % st.tp == 0, (st.tp, st.pp, st.nodes)
+        job = JobSpec(model="llama-2-70b", instance=st.instance, gpus=st.gpus, tp=st.tp, pp=st.pp,
+                      pp_virtual=st.pp_virtual if st.pp_virtual > 1 else None, strategy=st.strategy,
+                      micro_batch=st.micro_batch, global_batch=st.global_batch,
+                      activation_checkpointing=st.activation_checkpointing, usd_per_hour=60.0)
+        assert resolve(job, catalog).tp == st.tp  # the row is one `estimate` takes

@@ -195,7 +195,8 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int, int]]:
     """(tp, pp, ep, etp) to try; ep > 1 (and etp != tp) for MoE models only."""
     m = s.model
     n = m.param_count()
-    tps = [t for t in (1, 2, 4, 8) if t <= s.gpus_per_node and (t == 1 or n >= TP_MIN_PARAMS)
+    # tp divides a node's GPUs (setup._check_parallel): tp 4 on 6-GPU nodes would span two nodes
+    tps = [t for t in (1, 2, 4, 8) if s.gpus_per_node % t == 0 and (t == 1 or n >= TP_MIN_PARAMS)
            and m.num_heads % t == 0 and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)]
     # stages that divide the layers; uneven ones (setup.pipeline_split) when none does (DeepSeek-V3's 61)
     even = [p for p in (2, 4, 8) if m.num_layers % p == 0] or [p for p in (2, 4, 8) if p <= m.num_layers]
