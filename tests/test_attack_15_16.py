@@ -99,6 +99,15 @@ def test_html_to_a_device_or_fifo_is_refused_not_replaced(tmp_path):
     assert output_file(tmp_path / "ok.html", "--html", "report.html") == tmp_path / "ok.html"
 
 
+def test_output_file_the_system_cannot_look_at_is_a_usage_error(tmp_path):
+    """A name longer than the file system takes: pathlib's is_dir raises OSError (ENAMETOOLONG; EACCES for a
+    directory without search permission), which reached the user as an internal error, exit 3."""
+    from trainready.cli.options import output_file
+
+    with pytest.raises(UsageError, match=r"^--html .*a{255}.*\.html: File name too long; give a file name, e\.g\. "):
+        output_file(tmp_path / ("a" * 300 + ".html"), "--html", "report.html")
+
+
 @pytest.mark.parametrize("content", [b"\x00\xff\xfe garbage \x1b[31m\n", "\u202e\U0001f600 nvme?\n".encode()])
 def test_unreadable_nvme_devices_is_unknown_not_zero_controllers(tmp_path, content):
     from check_bundles import make_bundle
