@@ -383,7 +383,7 @@ def test_planner_rows_are_runnable_by_the_framework_asked(catalog, framework, mo
     assert framework == "auto" or {row.framework for row in r.rows} == {framework}
     best = r.rows[0].estimate.setup
     job = JobSpec(model="llama-3.1-70b", instance=best.instance, gpus=best.gpus, strategy=best.strategy, tp=best.tp,
-                  pp=best.pp, micro_batch=best.micro_batch, global_batch=best.global_batch,
+                  pp=best.pp, pp_virtual=best.pp_virtual, micro_batch=best.micro_batch, global_batch=best.global_batch,
                   activation_checkpointing=best.activation_checkpointing, offload=best.offload)
     s = resolve(job, catalog)
     assert recipe_for(s, r.recipe.framework) == r.recipe
