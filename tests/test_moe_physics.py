@@ -232,14 +232,16 @@ def test_pp_may_not_exceed_the_layers(catalog):
         setup(catalog, pp=16, gpus=16, strategy="zero1")
 
 
-def test_plan_offers_uneven_stages_only_when_none_divide(catalog):
+def test_plan_offers_uneven_stages_beyond_the_largest_even_split(catalog):
     from trainready.plan.search import _parallel_options
     s = setup(catalog, model="deepseek-v3", gpus=8)
-    assert {p for _, p, *_ in _parallel_options(s, 64)} == {1, 2, 4, 8}  # 61 layers: none divides
+    assert {p for _, p, *_ in _parallel_options(s, 64)} == {1, 2, 4, 8}  # 61 layers: none divides, all uneven
     s = setup(catalog, model="llama-2-70b", gpus=8)
     assert {p for _, p, *_ in _parallel_options(s, 4)} == {1, 2, 4, 8}  # 80 layers: all divide
     s = setup(catalog, model="qwen3-235b-a22b", gpus=8)
-    assert {p for _, p, *_ in _parallel_options(s, 4)} == {1, 2}  # 94: 2 divides, so no uneven 4 or 8
+    assert {p for _, p, *_ in _parallel_options(s, 4)} == {1, 2, 4, 8}  # 94: 2 divides; 4 and 8 uneven
+    s = setup(catalog, model="mixtral-8x7b", gpus=8)
+    assert {p for _, p, *_ in _parallel_options(s, 4)} == {1, 2, 4, 8}  # 32: all divide, none uneven
 
 
 def test_recipes_split_the_layers_as_the_estimate_does():
@@ -660,7 +662,7 @@ def test_plan_tries_folded_expert_layouts(catalog):
 
 def test_plan_finds_the_folded_layout_with_megatron(catalog):
     r = plan(PlanRequest(job=JobSpec(model="qwen3-235b-a22b", tokens=2e9, stack="megatron"),
-                         instances=["p5.48xlarge"], max_nodes=32), catalog)
+                         instances=["p5en.48xlarge"], max_nodes=8), catalog)
     best = r.rows[0].estimate.setup
     assert best.etp == 1 and best.tp > 1 and best.ep > best.dp  # EP folded over TP and data-parallel ranks
     assert "--expert-tensor-parallel-size 1" in r.recipe.config

@@ -208,3 +208,11 @@ def test_plan_keeps_tp_inside_a_node_that_is_not_a_power_of_two(tmp_path):
                       micro_batch=st.micro_batch, global_batch=st.global_batch,
                       activation_checkpointing=st.activation_checkpointing, usd_per_hour=60.0)
         assert resolve(job, catalog).tp == st.tp  # the row is one `estimate` takes
+
+
+def test_plan_tries_uneven_stages_beyond_the_largest_even_split(catalog):
+    """Llama 3.1 405B has 126 layers: only pp 2 splits them evenly, too few stages to hold it on 16 nodes under
+    Megatron's ZeRO-1; uneven pp 4 and 8 (the extra layers on the first stages) make it fit."""
+    r = run(catalog, model="llama-3.1-405b", tokens=1e10, framework="megatron")
+    assert r.rows
+    assert any(row.estimate.setup.pp in (4, 8) for row in r.rows), [row.estimate.setup.pp for row in r.rows]

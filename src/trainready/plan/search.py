@@ -198,9 +198,12 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int, int]]:
     # tp divides a node's GPUs (setup._check_parallel): tp 4 on 6-GPU nodes would span two nodes
     tps = [t for t in (1, 2, 4, 8) if s.gpus_per_node % t == 0 and (t == 1 or n >= TP_MIN_PARAMS)
            and m.num_heads % t == 0 and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)]
-    # stages that divide the layers; uneven ones (setup.pipeline_split) when none does (DeepSeek-V3's 61)
-    even = [p for p in (2, 4, 8) if m.num_layers % p == 0] or [p for p in (2, 4, 8) if p <= m.num_layers]
-    pps = [1] + [p for p in even if n >= PP_MIN_PARAMS]
+    # stages that divide the layers, and uneven ones (setup.pipeline_split, the extra layers on the first stages)
+    # beyond the largest even one: Llama 3.1 405B's 126 layers split evenly only in 2, too few to hold it on
+    # 16 nodes under Megatron's ZeRO-1; DeepSeek-V3's 61 in none
+    even = [p for p in (2, 4, 8) if m.num_layers % p == 0]
+    pps = [1] + [p for p in (2, 4, 8) if p <= m.num_layers and (p in even or p > max(even, default=1))
+                 and n >= PP_MIN_PARAMS]
     gpus = nodes * s.gpus_per_node
     stack = get_stack(s.stack)
     experts = lambda t, p: (_expert_layouts(m.moe.num_experts, t, gpus // (t * p), s.gpus_per_node,  # noqa: E731
