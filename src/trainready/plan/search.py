@@ -400,7 +400,8 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
         nodes_needed = _nodes_needed(req, inst, model, catalog)
         tail = ""
         if nodes_needed:
-            tail = f", which needs >= {nodes_needed} nodes"
+            # counted with ZeRO-3 (_zero3_at): said so, since a framework without it may not fit on as many
+            tail = f", which needs >= {nodes_needed} nodes" + ("" if log.host else " with ZeRO-3/FSDP")
             if inst.network_gbps:
                 tail += f" over {inst.network_gbps:g} Gbps"
                 if nodes_needed > req.max_nodes:
