@@ -12,7 +12,7 @@ from statistics import median
 from . import bisect
 from .checks_node import parsed
 from .context import Context
-from .findings import Finding, skip
+from .findings import SEVERITY, Finding, skip
 from .parsers import node
 from .registry import check
 from .thresholds import Kind, size_text, threshold
@@ -289,9 +289,8 @@ def dcgm(ctx: Context) -> Finding | list[Finding]:
         tests.setdefault(result.test, []).append(result)
     findings = []
     counts = {"fail": 0, "warn": 0, "pass": 0, "skip": 0}
-    rank = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
     for name, results in tests.items():
-        status = min((_dcgm_status(r.status) for r in results), key=rank.__getitem__)
+        status = min((_dcgm_status(r.status) for r in results), key=SEVERITY.__getitem__)  # the worst GPU's
         counts[status] += 1
         if status not in ("fail", "warn"):
             continue
