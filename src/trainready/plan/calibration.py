@@ -380,8 +380,8 @@ def fit(measurements: Sequence[Measurement], prior: eff.ArchEfficiency | None = 
         return _posterior_sd(jac, len(names)), jac
 
     x_full, iterations, free = list(x_prior), 0, None
+    sd, jac = posterior(x_full)  # at the end of each pass too: the next pass starts from it
     for _ in range(3):  # nonlinear: a factor can matter once others moved (exposed comm as compute speeds up)
-        sd, jac = posterior(x_full)
         now = [v < UNINFORMED * PRIOR_TAU for v in sd]
         if now == free:
             break
@@ -396,8 +396,7 @@ def fit(measurements: Sequence[Measurement], prior: eff.ArchEfficiency | None = 
         for i, v in zip(idx, x_sub, strict=True):
             x_full[i] = v
         sd, jac = posterior(x_full)
-    labels = [r.label for r in residuals(measurements, with_factors(base, {
-        n: math.exp(v) for n, v in zip(names, x_full, strict=True)}))]
+    labels = [r.label for r in before]  # which residuals there are depends on the measurements, not the factors
     factors = {}
     for i, n in enumerate(names):
         status = ("not informed" if not free[i] else "informed" if sd[i] < INFORMED * PRIOR_TAU else "partly informed")
