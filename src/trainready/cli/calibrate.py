@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from trainready.plan import calibration as cal
 from trainready.plan import calibration_file as cf
 from trainready.plan.job import JobSpec, load_job
 from trainready.plan.setup import Setup, resolve
+from trainready.run.records import finite
 
 from .options import output_file
 
@@ -89,7 +89,9 @@ def run_measurement(run_dir: Path, catalog: Catalog, fallback: Setup | None,
 
 # --- what check --deep measured ----------------------------------------------------------------------
 def _number(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 else None
+    """A positive figure of deep.json (records.finite: not a bool, a string, a NaN or an integer past a float)."""
+    v = finite(x)
+    return v if v is not None and v > 0 else None
 
 
 def bundle_measurements(path: Path, catalog: Catalog) -> tuple[list[cal.Measurement], list[str], str | None]:
