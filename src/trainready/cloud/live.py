@@ -120,9 +120,9 @@ def _live(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: AwsP
         rows, excluded = [], list(result.excluded)
         for row in result.rows:
             s = row.estimate.setup
-            if catalog.instance(s.instance).cloud != "aws":
-                rows.append(row.model_copy(update={"live": _catalog_row(row, catalog, req,
-                                                                        [_not_aws(catalog, row) or ""])}))
+            not_aws = _not_aws(catalog, row)
+            if not_aws is not None:
+                rows.append(row.model_copy(update={"live": _catalog_row(row, catalog, req, [not_aws])}))
                 continue
             reports = {r: f.result() for r, f in tasks[(s.instance, s.nodes)].items()}
             live, blocked = _aws_row(row, catalog, req, reports, prices, data)
