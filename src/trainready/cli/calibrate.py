@@ -40,12 +40,12 @@ def _job_of_run(run_dir: Path, info: dict[str, Any]) -> Path | None:
     return path if path.exists() else None
 
 
-def run_setup(run_dir: Path, catalog: Catalog, fallback: Setup | None) -> tuple[Setup, str, Path | None]:
+def run_setup(run_dir: Path, lead: Path, catalog: Catalog, fallback: Setup | None) -> tuple[Setup, str, Path | None]:
     """The configuration a run ran: its job spec (`trainready run --job`) when it still loads, else
-    `fallback` (the estimate's own flags), else a UsageError saying what to give."""
-    from trainready.run.summary import _lead_node_dir, load_run_info
+    `fallback` (the estimate's own flags), else a UsageError saying what to give. `lead`: the directory
+    its summary was made from (a multi-node run: the node where global rank 0 ran)."""
+    from trainready.run.summary import load_run_info
 
-    lead = _lead_node_dir(run_dir)
     job = _job_of_run(lead, load_run_info(lead))
     if job is not None:
         return resolve(load_job(job), catalog), f"the run's job spec {job}", job
@@ -64,7 +64,7 @@ def run_measurement(run_dir: Path, catalog: Catalog, fallback: Setup | None,
     s = summary or summarize(run_dir)
     if not s.step_s_median:
         raise UsageError(f"run {printable(run_dir)} has no timed steps yet: nothing to calibrate from")
-    setup, where, job = run_setup(run_dir, catalog, fallback)
+    setup, where, job = run_setup(run_dir, Path(s.run_dir), catalog, fallback)
     if s.world_size and s.world_size != setup.n_gpus:
         raise UsageError(f"run {printable(run_dir)} ran {s.world_size} processes; the configuration from {where} has "
                          f"{setup.n_gpus} GPUs: give the run's configuration (--gpus {s.world_size} ...)")
