@@ -10,10 +10,10 @@ import math
 import posixpath
 import re
 
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 from .emit import EmitSpec
-from .emit_node import Node, node_of, nproc, only_for, show, suggest_name
+from .emit_node import Node, node_of, nproc, only_for, suggest_name
 from .settings import RunSettings
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"  # Kubeflow Trainer v2.3.0 CRDs (tests/fixtures/crds/README.md)
@@ -81,25 +81,25 @@ def _check(kind: str, spec: EmitSpec) -> Node:
     name = spec.job_name
     longest_pod = f"{name}-{NAME}-0-{spec.nnodes - 1}-abcde"  # JobSet's own check: job, index, 5-letter suffix
     if not _RFC1035.fullmatch(name) or len(longest_pod) > 63:
-        raise UsageError(f"job name {show(name)!r}: Kubernetes needs a lowercase name (RFC 1035: letters, digits, "
+        raise UsageError(f"job name {printable(name)!r}: Kubernetes needs a lowercase name (RFC 1035: letters, digits, "
                          f"'-', starting with a letter) short enough for pod names like {longest_pod!r} (63 "
                          f"characters at most), e.g. {suggest_name(name, 63 - len(longest_pod) + len(name))!r}")
     if spec.queue is not None and not (len(spec.queue) <= 63 and _DNS1123_SUBDOMAIN.fullmatch(spec.queue)):
         # Kueue checks the queue-name label as a DNS-1123 subdomain, and a label value holds 63 characters at most
-        raise UsageError(f"--queue {show(spec.queue)!r}: a Kueue LocalQueue name is lowercase letters, digits, '-' "
+        raise UsageError(f"--queue {printable(spec.queue)!r}: a Kueue LocalQueue name is lowercase letters, digits, '-' "
                          f"and '.', starting and ending with a letter or digit, 63 characters at most, e.g. "
                          f"{suggest_name(spec.queue, 63)!r}")
     for flag, value in (("--service-account", spec.service_account), ("--aws-secret", spec.aws_secret)):
         if value is not None and not (len(value) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(value)):
-            raise UsageError(f"{flag} {show(value)!r}: a Kubernetes object name is lowercase letters, digits, '-' and "
+            raise UsageError(f"{flag} {printable(value)!r}: a Kubernetes object name is lowercase letters, digits, '-' and "
                              f"'.', starting and ending with a letter or digit, e.g. {suggest_name(value, 253)!r}")
     if spec.hot is not None and not spec.hot.startswith("/"):
-        raise UsageError(f"--hot {show(spec.hot)!r}: in a pod the hot tier is a volume mount, an absolute path "
+        raise UsageError(f"--hot {printable(spec.hot)!r}: in a pod the hot tier is a volume mount, an absolute path "
                          f"(e.g. {HOT_DEFAULT})")
     if spec.hot is not None:  # the API server refuses two mounts at one path; '/' would hide the image
         norm = posixpath.normpath(spec.hot)
         if norm in ("/", "//") or norm == "/dev/shm" or norm.startswith("/dev/shm/"):
-            raise UsageError(f"--hot {show(spec.hot)!r}: the hot tier needs a directory of its own on the node's "
+            raise UsageError(f"--hot {printable(spec.hot)!r}: the hot tier needs a directory of its own on the node's "
                              f"disk, not / or /dev/shm (the pod's shared memory mount), e.g. {HOT_DEFAULT}")
     if kind == "k8s":
         for var in PET_VARS:

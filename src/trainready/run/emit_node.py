@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from trainready.errors import UsageError, closest, printable
+from trainready.errors import UsageError, closest
 
 from .emit import EmitSpec
 
@@ -70,10 +70,6 @@ def only_for(spec: EmitSpec, kind: str, fields: dict[str, str]) -> None:
     for attr, flag in fields.items():
         if getattr(spec, attr) is not None:
             raise UsageError(f"{flag} does not apply to --emit {kind}")
-
-
-def show(value: str) -> str:
-    return printable(value)
 
 
 def suggest_name(text: str, limit: int, fallback: str = "job") -> str:

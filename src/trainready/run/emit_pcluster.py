@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 from .emit import EmitSpec
-from .emit_node import Node, node_of, only_for, show, suggest_name
+from .emit_node import Node, node_of, only_for, suggest_name
 
 # Queue and compute-resource names: aws-parallelcluster 3.16.1, pcluster/validators/cluster_validators.py
 # (NAME_REGEX, NAME_MAX_LENGTH, and "default" is forbidden).
@@ -49,21 +49,21 @@ def _check(spec: EmitSpec) -> Node:
     queue = spec.queue or QUEUE_DEFAULT
     if not _PC_NAME.fullmatch(queue) or len(queue) > PC_NAME_MAX or queue == "default":
         near = suggest_name(queue, PC_NAME_MAX, fallback=QUEUE_DEFAULT)
-        raise UsageError(f"--queue {show(queue)!r}: a ParallelCluster queue name is lowercase letters, digits and "
+        raise UsageError(f"--queue {printable(queue)!r}: a ParallelCluster queue name is lowercase letters, digits and "
                          f"'-', starting with a letter, {PC_NAME_MAX} characters at most, not 'default', e.g. "
                          f"{'train' if near == 'default' else near!r}")
     if spec.shared_fs is not None and spec.shared_fs != "new" and not _FSX_ID.fullmatch(spec.shared_fs):
-        raise UsageError(f"--shared-fs {show(spec.shared_fs)!r}: 'new' (a new FSx for Lustre file system) or an "
+        raise UsageError(f"--shared-fs {printable(spec.shared_fs)!r}: 'new' (a new FSx for Lustre file system) or an "
                          "existing one's id, fs- and 17 letters or digits (e.g. fs-0123456789abcdef0)")
     if spec.capacity_reservation is not None:
         if not _CR_ID.fullmatch(spec.capacity_reservation):
-            raise UsageError(f"--capacity-reservation {show(spec.capacity_reservation)!r}: a Capacity Block's "
+            raise UsageError(f"--capacity-reservation {printable(spec.capacity_reservation)!r}: a Capacity Block's "
                              "reservation id is cr- and 17 hex digits (e.g. cr-0123456789abcdef0)")
         if spec.spot:
             raise UsageError("--capacity-reservation and --spot: a Capacity Block is reserved capacity, not spot; "
                              "give one of them")
     if spec.hot is not None and not spec.hot.startswith("/"):
-        raise UsageError(f"--hot {show(spec.hot)!r}: ParallelCluster mounts the NVMe at an absolute path "
+        raise UsageError(f"--hot {printable(spec.hot)!r}: ParallelCluster mounts the NVMe at an absolute path "
                          f"(e.g. {HOT_DEFAULT})")
     return node
 
