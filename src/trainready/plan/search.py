@@ -22,7 +22,16 @@ from .live_info import LivePlan, LiveRow
 from .memory import GiB, estimate_memory
 from .performance import estimate_step
 from .recipes import Recipe, framework_for, framework_reason, recipe_for
-from .setup import Setup, default_precision, default_seq_len, job_stack, moe_comm, nearest_multiples, resolve_model
+from .setup import (
+    Setup,
+    default_precision,
+    default_seq_len,
+    job_stack,
+    moe_comm,
+    nearest_multiples,
+    resolve_model,
+    tp_splits_heads,
+)
 from .stacks import default_etp, get_stack
 from .units import count_text, hours_text, usd_text
 
@@ -197,7 +206,7 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int, int]]:
     n = m.param_count()
     # tp divides a node's GPUs (setup._check_parallel): tp 4 on 6-GPU nodes would span two nodes
     tps = [t for t in (1, 2, 4, 8) if s.gpus_per_node % t == 0 and (t == 1 or n >= TP_MIN_PARAMS)
-           and m.num_heads % t == 0 and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)]
+           and tp_splits_heads(m, t)]
     # stages that divide the layers, and uneven ones (setup.pipeline_split, the extra layers on the first stages)
     # beyond the largest even one: Llama 3.1 405B's 126 layers split evenly only in 2, too few to hold it on
     # 16 nodes under Megatron's ZeRO-1; DeepSeek-V3's 61 in none

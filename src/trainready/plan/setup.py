@@ -113,6 +113,7 @@ class Setup:
 
 _SETUP_FIELDS = frozenset(f.name for f in fields(Setup))
 
+
 def job_stack(job: JobSpec) -> Resolved:
     """The job's stack (the default when it names none) with its explicit flags applied."""
     return resolve_stack(job.stack, kernels=job.kernels, attention_kernel=job.attention_kernel,
@@ -197,6 +198,12 @@ def _normalize_strategy(strategy: str) -> str:
     return "zero3" if strategy == "fsdp" else strategy
 
 
+def tp_splits_heads(model: ModelSpec, tp: int) -> bool:
+    """Whether `tp` ranks can split the attention: tp divides the heads and divides, or is a multiple of,
+    the KV heads (_check_parallel says which rule a tp breaks; plan's search tries only these)."""
+    return not model.num_heads % tp and not (model.num_kv_heads % tp and tp % model.num_kv_heads)
+
+
 def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int, nodes: int = 1) -> None:
     if model.num_heads % tp:
         raise UsageError(f"--tp {tp} must divide the number of attention heads ({model.num_heads})")
@@ -205,8 +212,7 @@ def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int, node
     if tp > gpus_per_node:
         raise UsageError(f"--tp {tp} exceeds the {gpus_per_node} GPUs per node: tensor parallelism must stay inside a node")
     if nodes > 1 and gpus_per_node % tp:  # tp consecutive ranks: tp 5 on 8-GPU nodes puts ranks 5-9 on two nodes
-        valid = [d for d in _divisors(gpus_per_node, gpus_per_node)
-                 if not model.num_heads % d and not (model.num_kv_heads % d and d % model.num_kv_heads)]
+        valid = [d for d in _divisors(gpus_per_node, gpus_per_node) if tp_splits_heads(model, d)]
         raise UsageError(f"--tp {tp} does not divide the {gpus_per_node} GPUs of a node: across {nodes} nodes some "
                          f"tensor-parallel groups would span two nodes (it must stay inside one); valid: "
                          f"{', '.join(map(str, valid))}")
