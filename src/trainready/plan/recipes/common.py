@@ -37,6 +37,15 @@ def expert_tp_reason(s: Setup, framework: str, how: str) -> str | None:
             f"(--expert-tensor-parallel-size) or --etp {fixed}")
 
 
+def collective_a2a_reason(s: Setup, who: str) -> str | None:
+    """Frameworks whose expert parallelism is a collective all-to-all in the compute path cannot run a row
+    estimated with DeepEP's dispatcher or with the all-to-all overlapped; None when the row has neither."""
+    if s.ep_dispatcher == "alltoall" and not s.ep_overlap:
+        return None
+    return (f"{who} dispatches tokens by a collective all-to-all in the compute path: no DeepEP dispatcher, no "
+            f"all-to-all overlap; use --framework megatron")
+
+
 def checkpointing(s: Setup) -> str:
     """none | selective-op | selective-attn | full ("selective" from before stacks existed meant
     Megatron's attention recompute)."""

@@ -8,7 +8,15 @@ from __future__ import annotations
 import json
 
 from ..setup import Setup
-from .common import Recipe, batch_note, checkpointing, environment, expert_tp_reason, torchrun
+from .common import (
+    Recipe,
+    batch_note,
+    checkpointing,
+    collective_a2a_reason,
+    environment,
+    expert_tp_reason,
+    torchrun,
+)
 
 NAME = "deepspeed"
 VERSION = "0.19.8"
@@ -50,9 +58,8 @@ def reason(s: Setup) -> str | None:
                     f"use --framework torchtitan or megatron")
         if s.pp > 1 or s.tp > 1 or s.method != "full":
             return "DeepSpeed AutoEP here only with tp 1, pp 1 and full training; use --framework megatron"
-        if s.ep_dispatcher != "alltoall" or s.ep_overlap:
-            return ("DeepSpeed AutoEP dispatches tokens by a collective all-to-all in the compute path: no "
-                    "DeepEP dispatcher, no all-to-all overlap; use --framework megatron")
+        if why := collective_a2a_reason(s, "DeepSpeed AutoEP"):
+            return why
     return None
 
 

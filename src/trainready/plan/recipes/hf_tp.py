@@ -12,7 +12,15 @@ precision is bf16 parameters with fp32 reduction; fsdp_cpu_offload is FSDP2's CP
 from __future__ import annotations
 
 from ..setup import Setup
-from .common import Recipe, batch_note, checkpointing, environment, expert_tp_reason, torchrun
+from .common import (
+    Recipe,
+    batch_note,
+    checkpointing,
+    collective_a2a_reason,
+    environment,
+    expert_tp_reason,
+    torchrun,
+)
 
 NAME = "hf-tp"
 VERSION = "5.23.0"
@@ -56,9 +64,8 @@ def reason(s: Setup) -> str | None:
             return f"transformers needs ep a multiple of tp dividing dp x tp (ep {s.ep}, tp {s.tp}, dp {s.dp})"
         if s.strategy == "ddp":
             return "transformers shards experts over FSDP ranks (fsdp_size x tp / ep); ddp: --framework megatron"
-        if s.ep_dispatcher != "alltoall" or s.ep_overlap:
-            return ("transformers' expert-parallel plan dispatches by a collective all-to-all in the compute "
-                    "path: no DeepEP dispatcher, no all-to-all overlap; use --framework megatron")
+        if why := collective_a2a_reason(s, "transformers' expert-parallel plan"):
+            return why
     return None
 
 
