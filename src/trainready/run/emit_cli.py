@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from trainready.errors import UsageError, closest
 
 from . import preflight
 from .configure import RunOptions, default_run_dir
 from .emit import EMIT_KINDS, build_spec, emit
+from .emit_node import suggest_name
 
 CLUSTER_KINDS = ("k8s", "jobset", "pcluster")
 # which kinds take each cluster option (docs/emit.md's table): named in the message for a kind that does not
@@ -55,5 +54,4 @@ def _cluster_name(kind: str, opts: RunOptions) -> dict[str, str]:
     if kind not in CLUSTER_KINDS:
         return {}
     stem = (opts.run_dir or default_run_dir(opts.command)).name
-    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-").lstrip("0123456789-")[:40].rstrip("-")
-    return {"job_name": name or "trainready"}
+    return {"job_name": suggest_name(stem, 40, fallback="trainready")}
