@@ -73,12 +73,9 @@ def next_round(nodes: int, results: Sequence[PairResult], floor: float | None, r
     plan: list[Pair] = []
     if floor is None:  # no floor yet (too few pairs for a median): measure the nodes not measured yet
         measured = sorted({n for r in results for n in (r.a, r.b)})
-        for n in range(nodes):
-            partner = next((m for m in measured if m not in busy), None)
-            if n not in measured and partner is not None and n not in busy:
-                plan.append((min(n, partner), max(n, partner)))
-                busy.update((n, partner))
-        return plan
+        unmeasured = [n for n in range(nodes) if n not in measured]
+        # each unmeasured node with the next measured one, each measured node once, while both last
+        return [(min(n, m), max(n, m)) for n, m in zip(unmeasured, measured, strict=False)]
     cleared = _cleared(results, floor)
     convicted = {n for r in results if r.busbw_gbps < floor for n, other in ((r.a, r.b), (r.b, r.a)) if other in cleared}
     suspects = [n for n in range(nodes) if n not in cleared and n not in convicted]
