@@ -27,6 +27,7 @@ from .setup import (
     default_precision,
     default_seq_len,
     job_stack,
+    layout_text,
     moe_comm,
     nearest_multiples,
     resolve_model,
@@ -354,7 +355,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
                         log.smallest_peak_gib = smallest.peak / GiB
                         off = f"+offload {offload}" if offload != "none" else ""
-                        par = f"tp{tp} pp{pp}" + (f" ep{ep}" if ep > 1 else "") + (f" etp{etp}" if etp != tp else "")
+                        par = layout_text(tp, pp, 1, ep, etp)
                         log.smallest_at = f"{nodes} node(s), {strategy}{off}, {par}, ckpt {ckpt}"
                         parts = {"weights": smallest.weights, "gradients": smallest.gradients,
                                  "optimizer": smallest.optimizer, "activations": smallest.activations}

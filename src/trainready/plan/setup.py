@@ -198,6 +198,12 @@ def _normalize_strategy(strategy: str) -> str:
     return "zero3" if strategy == "fsdp" else strategy
 
 
+def layout_text(tp: int, pp: int, v: int, ep: int, etp: int) -> str:
+    """A layout in short: tp4 pp4x2v ep8 etp1 (virtual stages, ep and expert TP only where they apply)."""
+    return (f"tp{tp} pp{pp}" + (f"x{v}v" if v > 1 else "") + (f" ep{ep}" if ep > 1 else "")
+            + (f" etp{etp}" if etp != tp else ""))
+
+
 def tp_splits_heads(model: ModelSpec, tp: int) -> bool:
     """Whether `tp` ranks can split the attention: tp divides the heads and divides, or is a multiple of,
     the KV heads (_check_parallel says which rule a tp breaks; plan's search tries only these)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainready.plan.setup import layout_text
 from trainready.plan.units import count_text
 
 from .page import Page
@@ -104,18 +105,11 @@ def memory_chart(row: Any, memory_margin: float) -> tuple[str | None, Any]:
     return to_svg(fig, "memory"), notes
 
 
-
-def _layout(s) -> str:
-    """tp/pp (with interleaved virtual stages), ep and expert TP where they differ from the defaults."""
-    return (f"tp{s.tp} pp{s.pp}" + (f"x{s.pp_virtual}v" if s.pp_virtual > 1 else "") + (f" ep{s.ep}" if s.ep > 1 else "")
-            + (f" etp{s.etp}" if s.etp != s.tp else ""))
-
-
 def _row_cells(row: Any) -> list[object]:
     e = row.estimate
     s, t, c = e.setup, e.time, e.cost
     return [row.rank, s.instance or s.gpu, f"{s.nodes} x {s.gpus_per_node}", s.strategy,
-            _layout(s), s.micro_batch, s.activation_checkpointing,
+            layout_text(s.tp, s.pp, s.pp_virtual, s.ep, s.etp), s.micro_batch, s.activation_checkpointing,
             f"{e.throughput.tokens_per_s:,.0f}", "-" if t.train_hours is None else f"{t.train_hours:,.1f}",
             "-" if c.total_usd is None else f"${c.total_usd:,.0f}", row.framework, row.why]
 
