@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from trainready.catalog import Catalog
 from trainready.errors import UsageError, printable
 from trainready.plan import calibration as cal
@@ -16,6 +18,7 @@ from trainready.plan.job import JobSpec, load_job
 from trainready.plan.setup import Setup, resolve
 from trainready.run.records import finite
 
+from .console import err, out
 from .options import output_file
 
 
@@ -263,3 +266,11 @@ def plan_check(run_dir: Path, summary: Any, catalog: Catalog | None = None) -> A
                    measured_data_s=sh.data * interval if sh is not None and sh.data is not None else None,
                    configuration=what, factors=factors, multi_node=s.nodes > 1, run_dir=str(run_dir),
                    job=str(job) if job else None)
+
+
+def say_calibration(line: str | None, json_out: bool) -> None:
+    """Where the calibration was saved, after the output: on stderr beside --json (never inside it), else
+    on stdout below the tables."""
+    if not line:
+        return
+    (err if json_out else out).print(Text(f"trainready: {line}" if json_out else f"\n{line}"), soft_wrap=True)

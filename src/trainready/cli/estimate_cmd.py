@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.text import Text
 
 from trainready.catalog import load_catalog
 from trainready.plan.estimate import estimate_setup
@@ -14,8 +13,8 @@ from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
 
 from . import options as o
-from .calibrate import applied, resolve_calibration
-from .console import emit_json, err, out
+from .calibrate import applied, resolve_calibration, say_calibration
+from .console import emit_json, out
 from .render import render_estimate
 
 HELP = """Memory per GPU, tokens/s, MFU, training time and cost of one setup.
@@ -97,12 +96,9 @@ def estimate(
                                        "gpus_per_node": setup.gpus_per_node})
         save_job(saved, save)
     if json_out:
-        if cal_line:
-            err.print(Text(f"trainready: {cal_line}"), soft_wrap=True)
         emit_json(result)
     else:
         render_estimate(out, result)
         if save is not None:
             out.print(f"\nsaved job spec: {save}")
-        if cal_line:
-            out.print(Text(f"\n{cal_line}"), soft_wrap=True)
+    say_calibration(cal_line, json_out)

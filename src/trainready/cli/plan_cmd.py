@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.text import Text
 
 from trainready.catalog import load_catalog
 from trainready.plan.calibration_file import check_stack
@@ -19,7 +18,7 @@ from trainready.plan.setup import job_stack, resolve_model
 
 from . import options as o
 from .account_cmd import live_plan
-from .calibrate import resolve_calibration
+from .calibrate import resolve_calibration, say_calibration
 from .console import emit_json, err, out
 from .render import render_plan
 from .render_account import render_live
@@ -126,7 +125,6 @@ def plan(
         render_live(out, result)
         if save is not None and result.rows:
             out.print(f"\nsaved the best row as a job spec: {save}  (next: trainready estimate --job {save})")
-    if cal_line:  # where the calibration was saved: beside the JSON, not in it
-        (err if json_out else out).print(Text(f"trainready: {cal_line}" if json_out else f"\n{cal_line}"), soft_wrap=True)
+    say_calibration(cal_line, json_out)
     if not result.rows:
         raise typer.Exit(1)
