@@ -4,15 +4,18 @@ two torchrun agents with c10d rendezvous, --ckpt-every auto, report, scaling, em
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sys
 import textwrap
 
 import pytest
-from run_helpers import TINY_GPT, digest, env_for_run, kill_launcher, records, run, run_cmd, start, wait_for
+from run_helpers import SRC, TINY_GPT, digest, env_for_run, kill_launcher, records, run, run_cmd, start, wait_for
 
 from trainready.plan.job import JobSpec, save_job
+from trainready.run.budget import EXIT_JITTER
+from trainready.run.launcher import measured_exit_s
 from trainready.run.records import RunInfo, RunOutcome, StopInfo, TelemetryLine
 from trainready.run.scaling import ScalingReport
 from trainready.run.summary import RunSummary
@@ -56,13 +59,17 @@ def test_budget_guard_stops_before_the_budget_with_a_checkpoint_then_resumes(tmp
     step_s = max(r["interval_s"] for r in recs if r["type"] == "step")
     spent = billed_s(run_dir)
     budget = round(spent + 2.5 * startup + 2 * shutdown + 10 * step_s, 2)  # a slower start-up, some steps, the stop
+    planned_exit_s = measured_exit_s(recs) * EXIT_JITTER  # what the guard of launch 2 reserves for its shutdown
 
     cmd = cmd[:cmd.index("--")] + ["--budget-usd", str(budget)] + cmd[cmd.index("--"):]
     code, out = run(cmd, tmp_path, timeout=600)  # 2: the same run, with the budget
     assert code == 4, out[-3000:]
     stop = json.loads((run_dir / "stop.json").read_text())
     assert stop["reason"] == "budget" and stop["checkpoint"] == stop["step"] > first_step["step"]
-    assert billed_s(run_dir) <= budget  # start-up, the final save and the shutdown included
+    # start-up, the final save and the shutdown included; what docs/run.md allows over it: a shutdown slower than
+    # the one planned (a busy machine), by the difference
+    late_exit_s = max(0.0, measured_exit_s(records(run_dir)[len(recs):]) - planned_exit_s)
+    assert billed_s(run_dir) <= budget + late_exit_s, (billed_s(run_dir), budget, late_exit_s)
     assert out.count("budget guard: stopped after step") == 1
     warnings = [r for r in records(run_dir) if r["type"] == "budget"]
     spend = [r for r in warnings if r["message"].startswith("spent")]
@@ -225,6 +232,35 @@ def test_plain_python_without_launcher(tmp_path):
     assert list((tmp_path / "checkpoints").glob("step-000000000003-*"))
     code, out = run([sys.executable, str(TINY_GPT), "--steps", "6"], tmp_path, timeout=120)
     assert code == 0 and "starting at step 4" in out
+
+
+PORT_THIEF = """
+import os, sys
+if "torch.distributed.run" in sys.orig_argv:  # the torchrun agent only
+    from torch.distributed.elastic.rendezvous import api
+    from torch.distributed.elastic.utils.distributed import get_free_port
+    taken = [int(os.environ["TAKEN_PORT"])]
+    api.get_free_port = lambda: taken.pop() if taken else get_free_port()  # the first pick is already taken
+"""
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_port_taken_between_torchruns_pick_and_rank0s_bind_does_not_fail_the_run(tmp_path, restarts):
+    """torchrun's agent picks a free port, lets go of it, and rank 0 binds it later; another process (a parallel
+    job, a client socket) can take it in between: EADDRINUSE killed the run. Without restarts the workers use
+    the store the agent already listens on; with restarts each attempt picks a new port (one restart spent)."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(PORT_THIEF)
+    with socket.socket() as thief:
+        thief.bind(("", 0))
+        thief.listen()
+        env = {"TAKEN_PORT": str(thief.getsockname()[1]), "PYTHONPATH": f"{inject}{os.pathsep}{SRC}"}
+        code, out = run(run_cmd(tmp_path / "run", "--nproc-per-node", "2", "--max-restarts", str(restarts), steps=4),
+                        tmp_path, env=env)
+    assert code == 0 and digest(out), out[-3000:]
+    starts = [r["restart_count"] for r in records(tmp_path / "run") if r["type"] == "start"]
+    assert starts == ([0] if restarts == 0 else [1]), (starts, out[-3000:])
 
 
 def test_two_torchrun_agents_with_c10d_rendezvous(tmp_path):

@@ -79,7 +79,7 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
             "--local-ranks-filter", spec.show_ranks, "--shutdown-timeout", str(int(spec.settings.grace_s)),
             "--monitor-interval", "0.5"]
     if spec.nnodes == 1 and not spec.rdzv_endpoint:
-        argv += ["--standalone"]  # c10d on a free local port: two runs on one machine never collide
+        argv += ["--standalone"]  # c10d on a port the agent binds itself: two runs on one machine never collide
     else:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint or "",
                  "--rdzv-id", spec.rdzv_id or "trainready", "--node-rank", str(spec.node_rank)]
@@ -351,10 +351,14 @@ class Launcher:
 
     def run(self) -> LaunchResult:
         self._begin()
-        # Workers of a restarted attempt read the previous attempt's keys from torchrun's shared
-        # rendezvous store and fail to connect (seen with gloo, torch 2.13): rank 0 hosts a fresh store instead.
-        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
-               "TRAINREADY_COMMAND": json.dumps(self.spec.command)}
+        # Workers share the store torchrun's agent already listens on: rank 0 hosting its own would bind a port
+        # the agent picked and let go of, which another process can take first (EADDRINUSE, seen under parallel
+        # tests). But workers of a restarted attempt read the previous attempt's keys from the shared store and
+        # fail to connect (gloo, torch 2.13), so with restarts rank 0 hosts a fresh store per attempt; a taken
+        # port then costs one restart, each attempt picking a new port.
+        own_store = "1" if self.spec.max_restarts > 0 else "0"
+        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store, **os.environ, **self.settings.to_env(),
+               "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command)}
         writer = TelemetryWriter(self.spec.run_dir, source="launcher")
         writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
         writer.close()
