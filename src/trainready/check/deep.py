@@ -58,10 +58,10 @@ def _spawned(rank: int, world: int, port: int, backend: str, plan: dict[str, int
 
     from .deep_gpu import collective_in_world
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, world_size=world, is_master=False)  # the parent's (collectives_local)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     result = {}
     for kind, max_bytes in plan.items():
         try:
@@ -82,7 +82,7 @@ def collectives_local(plan: dict[str, int] | None = None) -> dict[str, Any]:
         import torch.multiprocessing as mp
     except ImportError:
         return {kind: {"skipped": "torch is not installed"} for kind in plan or COLLECTIVES}
-    import socket
+    import torch.distributed as dist
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend, world = ("nccl", gpus) if gpus >= 2 else ("gloo", 2)
@@ -91,12 +91,14 @@ def collectives_local(plan: dict[str, int] | None = None) -> dict[str, Any]:
         return {kind: {"skipped": "one GPU: nothing to exchange with"} for kind in plan}
     if backend == "gloo":
         plan = {kind: min(size, 16 * MiB) for kind, size in plan.items()}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # This process hosts the ranks' store on a port it binds and keeps: a port picked, let go of and bound
+    # again by rank 0 can be taken by another process in between (EADDRINUSE).
+    store = dist.TCPStore("127.0.0.1", 0, world_size=world, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_spawned, args=(world, port, backend, plan, queue), nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(_spawned, args=(world, store.port, backend, plan, queue), nprocs=world, join=True,
+                       start_method="spawn")
+    del store
     results = queue.get()
     if backend == "gloo":
         for result in results.values():
