@@ -4,6 +4,7 @@ without losing moto's in-memory data."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -12,15 +13,19 @@ import time
 import urllib.request
 from pathlib import Path
 
-from store_helpers import free_port
-
 
 class MotoServer:
     def __init__(self) -> None:
-        self.port = free_port()
+        # This process binds the port and hands the listening socket to the server (werkzeug serves an inherited
+        # one under WERKZEUG_RUN_MAIN): a free port passed by number could be taken by a parallel test first.
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.port = listener.getsockname()[1]
         script = Path(__file__).with_name("moto_s3.py")  # moto, with S3's opaque ETags for KMS-encrypted objects
-        self.proc = subprocess.Popen([sys.executable, str(script), "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {**os.environ, "WERKZEUG_RUN_MAIN": "true", "WERKZEUG_SERVER_FD": str(listener.fileno())}
+        with listener:
+            self.proc = subprocess.Popen([sys.executable, str(script), "-H", "127.0.0.1", "-p", str(self.port)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                         pass_fds=(listener.fileno(),))
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
         while True:
@@ -46,12 +51,12 @@ class TcpProxy:
 
     def __init__(self, target_port: int):
         self.target_port = target_port
-        self.port = free_port()
+        self._listener = socket.create_server(("127.0.0.1", 0))  # bound here: no free port to lose to another test
+        self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._up = True
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
         self._listener.settimeout(0.2)
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()

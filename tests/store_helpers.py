@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from torch.distributed import TCPStore
+
 WORKER = Path(__file__).with_name("ckpt_worker.py")
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -33,14 +35,16 @@ def run_job(args: list[str], *, nodes: int = 1, per_node: int = 1, env: dict[str
             rank_env: dict[int, dict[str, str]] | None = None, timeout: float = 120, grace: float = 0.5) -> list[int]:
     """Run the worker on nodes x per_node ranks; returns every rank's exit code."""
     world = nodes * per_node
-    port = free_port()
+    # Like torchrun's agent, this process hosts the ranks' store on a port it binds and keeps: a free port
+    # handed to rank 0 to bind later can be taken by a parallel test in between (EADDRINUSE).
+    store = TCPStore("127.0.0.1", 0, world_size=world, is_master=True, wait_for_workers=False) if world > 1 else None
     procs = []
     for rank in range(world):
         extra = dict(env or {})
-        if world > 1:
+        if store is not None:
             extra.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
                          LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node),
-                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True")
         extra.update((rank_env or {}).get(rank, {}))
         procs.append(subprocess.Popen([sys.executable, str(WORKER), *args], env=base_env(extra),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

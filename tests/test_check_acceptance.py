@@ -612,8 +612,9 @@ def _pairwise_rank(rank: int, world: int, port: int, out) -> None:
 
     from trainready.check.deep import pairwise_in_world
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="1")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    os.environ.update(LOCAL_WORLD_SIZE="1")
+    store = dist.TCPStore("127.0.0.1", port, world_size=world, is_master=False)  # the test process hosts it
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     result = pairwise_in_world(None, 1 << 20, local=1, iters=2)
     if rank == 0:
         out.put(result)
@@ -623,15 +624,14 @@ def _pairwise_rank(rank: int, world: int, port: int, out) -> None:
 
 def test_pairwise_rounds_run_across_four_gloo_nodes():
     # four processes stand in for four nodes (one rank each): every rank plans the same rounds
-    import socket
-
     torch_mp = pytest.importorskip("torch.multiprocessing")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from torch.distributed import TCPStore
+
+    # hosted here on a port bound and kept, as torchrun's agent does (a free port can be taken before rank 0 binds it)
+    store = TCPStore("127.0.0.1", 0, world_size=4, is_master=True, wait_for_workers=False)
     ctx = torch_mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    torch_mp.start_processes(_pairwise_rank, args=(4, port, queue), nprocs=4, join=True, start_method="spawn")
+    torch_mp.start_processes(_pairwise_rank, args=(4, store.port, queue), nprocs=4, join=True, start_method="spawn")
     result = queue.get()
     first = result["rounds"][0]
     assert [(r["a"], r["b"]) for r in first] == [(0, 1), (2, 3)] and all(r["busbw_gbps"] > 0 for r in first)
