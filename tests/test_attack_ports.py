@@ -44,3 +44,42 @@ def test_launcher_killed_during_worker_start_up_leaves_no_orphan(tmp_path, resta
         for pid in pids:  # never leave them behind, pass or fail
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_check_deep_killed_while_its_ranks_start_takes_them_along(tmp_path):
+    """`check --deep`'s local collectives spawn ranks that connect to a store the parent hosts; a parent
+    killed outright while they import torch left them retrying its dead store for 5 minutes."""
+    import subprocess
+
+    from run_helpers import env_for_run
+
+    from trainready.run.watchdog import children
+
+    proc = subprocess.Popen([sys.executable, "-c", "from trainready.check.deep import collectives_local; "
+                             "collectives_local()"], env=env_for_run(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ranks: list[int] = []
+
+    def spawned() -> bool:  # the two ranks (multiprocessing's resource tracker is a child too)
+        ranks[:] = [c for c in children(proc.pid) if "_spawned" in _cmdline(c) or "spawn_main" in _cmdline(c)]
+        return len(ranks) >= 2
+
+    try:
+        wait_for(spawned, 120, "the ranks to be spawned")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    try:
+        wait_for(lambda: not any(alive(p) for p in ranks), 20, f"ranks {ranks} to exit after check was killed")
+    finally:
+        for pid in ranks:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -53,6 +53,9 @@ def allreduce_in_world(max_mib: int = 256, iters: int = 10) -> dict[str, Any]:
 
 
 def _spawned(rank: int, world: int, port: int, backend: str, plan: dict[str, int], out: Any) -> None:
+    from trainready.parent_death import die_with_parent
+
+    die_with_parent()  # a killed `check --deep` takes its ranks along (they would wait for its store 5 minutes)
     import torch
     import torch.distributed as dist
 

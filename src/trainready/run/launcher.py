@@ -12,7 +12,6 @@ torchrun (torch.distributed.run) is the engine: it spawns the workers, restarts 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainready import parent_death
 from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv, replace_durable
 
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings
@@ -84,16 +84,6 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint or "",
                  "--rdzv-id", spec.rdzv_id or "trainready", "--node-rank", str(spec.node_rank)]
     return argv + [str(SHIM)]  # the command itself travels in TRAINREADY_COMMAND (shim.py says why)
-
-
-def _pdeathsig_setter() -> Callable[[], None] | None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL) for the torchrun agent, resolved before the fork (no dlopen
-    in a forked child while other threads run): the agent dies with the launcher."""
-    try:
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGKILL)
 
 
 def _launches(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -367,7 +357,7 @@ class Launcher:
         try:
             self.agent = subprocess.Popen(torchrun_argv(self.spec), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=_pdeathsig_setter())
+                                          start_new_session=True, preexec_fn=parent_death.setter())  # dies with us
             pump = threading.Thread(target=self._pump, daemon=True)
             pump.start()
             while self.agent.poll() is None:

@@ -4,14 +4,18 @@ with the user's command from TRAINREADY_COMMAND.
 Why: torchrun parses its whole command line with argparse, which rejects a training script's own
 arguments when they abbreviate one of torchrun's options (`--d 64` is "ambiguous: --dir? --dynamo?").
 Passing the command through the environment keeps torchrun's argv free of them.
-Standard library only: it runs before anything else in the worker."""
+First, the worker is set to die with torchrun's agent (trainready.parent_death says why).
+Standard library only (and that module): it runs before anything else in the worker."""
 
 import json
 import os
 import sys
 
+from trainready.parent_death import die_with_parent
+
 
 def main() -> None:
+    die_with_parent()
     command = json.loads(os.environ.pop("TRAINREADY_COMMAND"))
     if os.path.basename(command[0]) in ("python", "python3") or command[0] == sys.executable:
         command = [sys.executable, "-u", *command[1:]]  # the launcher's interpreter, unbuffered like torchrun's
