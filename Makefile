@@ -46,7 +46,6 @@ browser:
 
 # One worker per core, at most 4 (pytest-xdist): on 2 cores the suite takes about half the time it takes in one
 # process, as most tests wait on torchrun, moto or a subprocess. `pytest tests/x.py` alone still runs in one.
-# tests/conftest.py hands out the longest files' tests first, so no worker is left with one at the end.
 test: $(VENV)/.dev $(if $(CI),browser)
 	$(BIN)/python -m pytest -q -n logical --maxprocesses=4
 

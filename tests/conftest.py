@@ -12,19 +12,6 @@ settings.register_profile("soak", max_examples=3000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# Under `make test` (pytest-xdist) tests are handed to workers in this order: the longest files' tests first, so
-# no worker is left with one of them at the end while the others idle. Rough order of their run time on a 2-core
-# VM (pytest --durations). (--dist loadfile, to make each module fixture once, left one worker the whole tail.)
-LONGEST_FIRST = ("test_run.py", "test_run_contract.py", "test_store_multinode.py", "test_store_crash.py",
-                 "test_store_preempt.py", "test_data_training.py", "test_schemas.py", "test_ckpt_cli.py",
-                 "test_data_bench.py", "test_exporters.py", "test_goodput.py", "test_check_deep.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
-
-
 @pytest.fixture(scope="session")
 def catalog():
     return load_catalog()
