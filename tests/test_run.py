@@ -40,6 +40,12 @@ def billed_s(run_dir) -> float:
     return sum(la["end_unix"] - la["start_unix"] for la in json.loads((run_dir / "run.json").read_text())["launches"])
 
 
+def _final_save_s(recs: list[dict]) -> float:
+    """From the last save's start (its ckpt record) to the stop record written once it is committed."""
+    stop = next(r for r in recs if r["type"] == "stop")
+    return stop["t"] - max(r["t"] for r in recs if r["type"] == "ckpt" and r["t"] <= stop["t"])
+
+
 def test_budget_guard_stops_before_the_budget_with_a_checkpoint_then_resumes(tmp_path):
     """The budget is set from this machine's own timings, measured by a first launch, so a busy
     machine changes how many steps fit, never whether the guard holds."""
@@ -66,10 +72,12 @@ def test_budget_guard_stops_before_the_budget_with_a_checkpoint_then_resumes(tmp
     assert code == 4, out[-3000:]
     stop = json.loads((run_dir / "stop.json").read_text())
     assert stop["reason"] == "budget" and stop["checkpoint"] == stop["step"] > first_step["step"]
-    # start-up, the final save and the shutdown included; what docs/run.md allows over it: a shutdown slower than
-    # the one planned (a busy machine), by the difference
-    late_exit_s = max(0.0, measured_exit_s(records(run_dir)[len(recs):]) - planned_exit_s)
-    assert billed_s(run_dir) <= budget + late_exit_s, (billed_s(run_dir), budget, late_exit_s)
+    # start-up, the final save and the shutdown included; what docs/run.md allows over it (a busy machine): a
+    # shutdown slower than the one planned, and a final save slower than the measured ones, each by the difference
+    second = records(run_dir)[len(recs):]
+    late_exit_s = max(0.0, measured_exit_s(second) - planned_exit_s)
+    late_save_s = max(0.0, _final_save_s(second) - _final_save_s(recs))  # seen: 15 s for a fsync-bound save
+    assert billed_s(run_dir) <= budget + late_exit_s + late_save_s, (billed_s(run_dir), budget, late_exit_s, late_save_s)
     assert out.count("budget guard: stopped after step") == 1
     warnings = [r for r in records(run_dir) if r["type"] == "budget"]
     spend = [r for r in warnings if r["message"].startswith("spent")]
