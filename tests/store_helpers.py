@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,6 @@ from torch.distributed import TCPStore
 
 WORKER = Path(__file__).with_name("ckpt_worker.py")
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:

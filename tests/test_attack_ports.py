@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
-from run_helpers import alive, start, wait_for
+from run_helpers import alive, env_for_run, start, wait_for
+
+from trainready.run.watchdog import children
 
 SLOW_START = """
 import os, pathlib, sys, time
@@ -49,12 +52,6 @@ def test_launcher_killed_during_worker_start_up_leaves_no_orphan(tmp_path, resta
 def test_check_deep_killed_while_its_ranks_start_takes_them_along(tmp_path):
     """`check --deep`'s local collectives spawn ranks that connect to a store the parent hosts; a parent
     killed outright while they import torch left them retrying its dead store for 5 minutes."""
-    import subprocess
-
-    from run_helpers import env_for_run
-
-    from trainready.run.watchdog import children
-
     proc = subprocess.Popen([sys.executable, "-c", "from trainready.check.deep import collectives_local; "
                              "collectives_local()"], env=env_for_run(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
