@@ -112,7 +112,7 @@ def test_output_file_the_system_cannot_look_at_is_a_usage_error(tmp_path):
 def test_unreadable_nvme_devices_is_unknown_not_zero_controllers(tmp_path, content):
     from check_bundles import make_bundle
 
-    from trainready.check import checks_host  # noqa: F401  (register the check)
+    from trainready.check import checks  # noqa: F401  (register the checks)
     from trainready.check.analyze import analyze
     from trainready.check.bundle import Bundle
 

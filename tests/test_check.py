@@ -22,7 +22,7 @@ from check_bundles import (
     truncated,
 )
 
-from trainready.check import checks_deep, checks_gpu, checks_system  # noqa: F401  (register every check in CHECKS)
+from trainready.check import checks  # noqa: F401  (register every check in CHECKS)
 from trainready.check.analyze import analyze
 from trainready.check.bundle import Bundle
 from trainready.check.probes import COMMANDS
@@ -54,7 +54,7 @@ def cli_report(*args, code):
     by_id = {c["id"]: c for c in data["checks"]}
     assert proc.returncode == code, (proc.returncode, {i: (c["status"], c["reason"]) for i, c in by_id.items()
                                                        if c["status"] == "fail"}, proc.stderr[-1000:])
-    assert code == (1 if data["summary"]["fail"] else 0)
+    assert code == (1 if data["summary"]["fail"] or data["readiness"]["status"] == "not-verified" else 0)
     return data, by_id
 
 
@@ -68,8 +68,11 @@ def findings(directory, instance=None):
 
 
 def assert_well_formed(data):
-    assert data["schema_version"] == 1
-    assert {"instance_type", "source", "checks", "summary"} <= set(data)
+    assert data["schema_version"] == 2
+    assert {"instance_type", "source", "readiness", "checks", "summary"} <= set(data)
+    verdict = data["readiness"]
+    assert verdict["status"] in ("ready", "not-ready", "not-verified") and verdict["text"]
+    assert (verdict["status"] == "not-ready") == (data["summary"]["fail"] > 0)
     assert set(data["summary"]) == STATUSES and sum(data["summary"].values()) == len(data["checks"])
     for c in data["checks"]:
         assert {"id", "area", "status", "observed", "expected", "reason", "advice"} <= set(c)
@@ -78,7 +81,7 @@ def assert_well_formed(data):
             assert c["reason"], c
         if c["status"] == "fail":
             assert c["advice"], c
-    assert {c["id"] for c in data["checks"]} == set(CHECKS)
+    assert {c["id"] for c in data["checks"] if not c["id"].startswith("dcgm.")} == set(CHECKS)
 
 
 def no_crash(by_id):
@@ -96,14 +99,17 @@ def test_healthy_bundle_passes(kind):
     assert_well_formed(data)
     no_crash(by_id)
     assert data["instance_type"] == INSTANCE[kind] and data["source"] == str(BUNDLES / kind)
-    not_passed = {i: (by_id[i]["status"], by_id[i]["reason"]) for i in KEY_IDS if by_id[i]["status"] != "pass"}
+    not_passed = {i: (by_id[i]["status"], by_id[i]["reason"]) for i in KEY_IDS if by_id[i]["status"] != "pass"
+                  and not by_id[i]["reason"].startswith("not applicable: ")}
     assert not not_passed
+    assert data["readiness"]["status"] == "ready" and not data["readiness"]["unverified"]
 
 
 def test_nvlink_topology_reasons_name_the_pattern():
     _, g5 = findings(BUNDLES / "g5")
     assert g5["gpu.nvlink-topology"].status == "pass" and "PCIe-only" in g5["gpu.nvlink-topology"].reason
-    assert g5["gpu.nvlink-links"].status == "pass"  # A10G has no NVLink: nothing to be down
+    links = g5["gpu.nvlink-links"]  # A10G has no NVLink: nothing to be down
+    assert links.status == "skip" and links.reason == "not applicable: a10g has no NVLink"
     _, p3 = findings(BUNDLES / "p3")
     reason = p3["gpu.nvlink-topology"].reason
     assert p3["gpu.nvlink-topology"].status == "pass" and "cube-mesh" in reason and "no NVLink" in reason
@@ -127,7 +133,7 @@ def test_instance_option_overrides_the_bundle():
 # variant -> {check id that must fail: words its reason must contain}; every other check must not fail
 BROKEN = {
     "gpu-missing": {"gpu.count": ["7 GPUs", "expected 8"], "cuda.runtime": ["7 of 8"]},
-    "nvlink-inactive": {"gpu.nvlink-links": ["GPU3 link 4", "GPU3 link 5"]},
+    "nvlink-inactive": {"gpu.nvlink-links": ["GPU3 links 4, 5 inactive"]},
     "nvlink-topo-nv6": {"gpu.nvlink-topology": ["GPU2-GPU5", "NV6", "NV12"]},
     "efa-absent": {"net.efa": ["0 of 4"]},
     "bad-env": {"net.nccl-env": ["NCCL_P2P_DISABLE=1", "NCCL_NET=Socket", "CUDA_LAUNCH_BLOCKING=1"]},
@@ -173,14 +179,14 @@ def test_driver_error_instead_of_output(tmp_path):
         assert (by_id[check_id].status, by_id[check_id].reason) == ("skip", "no GPU visible: see gpu.count"), check_id
     assert [i for i, f in by_id.items() if "NVIDIA-SMI has failed" in f.reason] == ["gpu.count"]
     # the files were collected: a reason must not claim the probe did not run
-    wrong = {i: f.reason for i, f in by_id.items() if "not in the bundle" in f.reason}
+    wrong = {i: f.reason for i, f in by_id.items() if any(f"{n} not in the bundle" in f.reason for n in (QUERY, TOPO, NVLINK))}
     assert not wrong, wrong
 
 
 @pytest.mark.parametrize(("mask", "status"), [("0x0000000000000001", "pass"),  # GPU idle
                                                ("0x0000000000000002", "pass"),  # applications clocks setting
-                                               ("0x0000000000000048", "warn"),  # HW slowdown + HW thermal
-                                               ("0x0000000000000080", "warn")])  # HW power brake
+                                               ("0x0000000000000048", "fail"),  # HW slowdown + HW thermal
+                                               ("0x0000000000000080", "fail")])  # HW power brake
 def test_throttle_reasons(tmp_path, mask, status):
     directory = make_bundle("p4d", tmp_path, replace={QUERY: query_set(2, "clocks_throttle_reasons.active", mask)})
     _, by_id = findings(directory)
@@ -231,7 +237,7 @@ def test_cpu_only_option_says_no_gpu_is_expected():
     data, by_id = cli_report("--bundle", BUNDLES / "cpu-only", "--cpu-only", code=0)
     assert_well_formed(data)
     # skip 15 + the 24 acceptance checks of issue 16, which this older bundle has no files for
-    assert data["summary"] == {"pass": 3, "warn": 2, "fail": 0, "skip": 39}, {i: c["status"] for i, c in by_id.items()}
+    assert data["summary"] == {"pass": 3, "warn": 2, "fail": 0, "skip": 41}, {i: c["status"] for i, c in by_id.items()}
     count = by_id["gpu.count"]
     assert (count["status"], count["observed"], count["expected"]) == ("pass", "no GPU", "no GPU (--cpu-only)")
     for check_id in DEPENDS_ON_A_GPU:
@@ -312,9 +318,11 @@ def test_garbage_and_truncated_files_never_crash(kind, tmp_path):
 
 
 def test_garbage_bundle_through_the_cli(tmp_path):
-    # every file garbage, instance-type.txt too: nothing is known, so nothing fails (and nothing crashes)
+    # every file garbage, instance-type.txt too: nothing is known, so nothing fails (and nothing crashes), and
+    # the verdict says the node is not verified (exit 1), never ready
     directory = make_bundle("p4d", tmp_path, replace=every_file("p4d", garbage(99)))
-    data, by_id = cli_report("--bundle", directory, code=0)
+    data, by_id = cli_report("--bundle", directory, code=1)
+    assert data["summary"]["fail"] == 0 and data["readiness"]["status"] == "not-verified"
     assert_well_formed(data)
     no_crash(by_id)
     assert by_id["gpu.count"]["status"] == "warn" and "instance type unknown" in by_id["gpu.count"]["reason"]
@@ -365,7 +373,7 @@ def test_human_output():
         proc = cli("check", "--bundle", BUNDLES / kind, *extra)
         assert proc.returncode == code and "gpu.count" in proc.stdout
         assert f"(bundle {BUNDLES / kind})" in proc.stdout and "None" not in proc.stdout
-    assert "1 fail, 2 warn, 2 pass, 39 skip  -> not ready: fix the failures first" in cli(
+    assert "1 fail, 2 warn, 2 pass, 41 skip  -> not ready: fix the failures first" in cli(
         "check", "--bundle", BUNDLES / "cpu-only").stdout
 
 
@@ -486,12 +494,12 @@ def test_pending_row_remap_and_remap_failure_from_smi_q(tmp_path):
     directory = make_bundle("p5", tmp_path, replace={"nvidia-smi-q.txt": sample})
     _, by_id = findings(directory)
     ecc = by_id["gpu.ecc"]
-    assert ecc.status == "warn" and "GPU 2" in ecc.reason and "pending" in ecc.reason, ecc
+    assert ecc.status == "fail" and "GPU 2" in ecc.reason and "pending" in ecc.reason, ecc  # reset first (issue 23)
     failed = sample.replace("Remapping Failure Occurred        : No", "Remapping Failure Occurred        : Yes", 1)
     assert failed != sample
     directory = make_bundle("p5", tmp_path, replace={"nvidia-smi-q.txt": failed})
     _, by_id = findings(directory)
-    assert by_id["gpu.ecc"].status == "fail" and "no spare rows" in by_id["gpu.ecc"].reason
+    assert by_id["gpu.ecc"].status == "fail" and "no spare row" in by_id["gpu.ecc"].reason
 
 
 def test_hot_tier_free_space_against_the_jobs_checkpoints(tmp_path):

@@ -130,8 +130,11 @@ def test_a_healthy_h100_node_from_real_captures_passes_the_new_checks(tmp_path):
     assert "1980 MHz" in by_id["gpu.clocks"].observed
     # the real lspci: the Gen5 switches above the GPUs have ACS off; only two root ports validate sources
     assert "0 redirecting, 0 source-validating" in by_id["pci.acs"].observed
-    # the capture is from a busy node: HW Power Brake shows in -q; gpu.throttle reads the query CSV, unchanged
-    assert by_id["gpu.throttle"].status == "pass"
+    # the capture is from a node with HW Power Brake Slowdown active: -q shows it, the bundle's query CSV (from
+    # another node) does not; a fact is judged from every source, so the brake fails gpu.throttle (issue 23)
+    throttle = by_id["gpu.throttle"]
+    assert throttle.status == "fail" and "HW Power Brake Slowdown" in throttle.observed, throttle
+    assert "sources disagree" in throttle.reason
 
 
 @pytest.mark.parametrize(("key", "value", "check_id", "status", "words"), [
@@ -140,7 +143,7 @@ def test_a_healthy_h100_node_from_real_captures_passes_the_new_checks(tmp_path):
     ("VBIOS Version", "96.00.61.00.01", "gpu.vbios", "fail", "GPU 3 differ"),
     ("MIG Mode/Current", "Enabled", "gpu.mig", "fail", "MIG enabled on GPU 3"),
     ("GSP Firmware Version", "N/A", "gpu.gsp", "warn", "GSP off (1 GPUs)"),
-    ("Fabric/State", "In Progress", "nvswitch.fabric", "fail", "GPU 3: In Progress"),
+    ("Fabric/State", "In Progress", "nvswitch.fabric", "fail", "GPU 3 (0000:5d:00): In Progress"),
 ])
 def test_synthetic_faults_in_the_real_h100_capture(tmp_path, key, value, check_id, status, words):
     # SYNTHETIC variants: one value of GPU 3's section of the real capture changed
@@ -177,7 +180,7 @@ def test_fabric_manager_down_fails_an_nvswitch_node(tmp_path):
     by_id = p5(tmp_path, **{"fabricmanager-status.txt": failed})
     assert by_id["nvswitch.fabric"].status == "warn"
     g5 = findings(make_bundle("g5", tmp_path, replace={"fabricmanager-status.txt": failed}))
-    assert g5["nvswitch.fabric"].status == "pass" and g5["nvswitch.fabric"].observed == "not applicable"
+    assert g5["nvswitch.fabric"].status == "skip" and g5["nvswitch.fabric"].reason.startswith("not applicable: ")
 
 
 @pytest.mark.parametrize(("name", "status", "words"), [
@@ -276,8 +279,17 @@ def test_a_bundle_collected_before_these_checks_still_works(tmp_path):
     # checks it cannot feed say so (never "probe did not run": its manifest shows what ran)
     from test_check import cli_report
 
-    data, by_id = cli_report("--bundle", BUNDLES / "p4d", code=0)
-    assert data["summary"]["fail"] == 0
+    # (the fixture has the fabric manager's status since issue 23: dropped here, with its manifest record, as
+    # 0.1.0 collected it) -- and the verdict says the fabric is not verified (exit 1), never "ready"
+    def without_fabric_record(text: str) -> str:
+        manifest = json.loads(text)
+        manifest["probes"] = [p for p in manifest["probes"] if p["file"] != "fabricmanager-status.txt"]
+        return json.dumps(manifest)
+
+    old = make_bundle("p4d", tmp_path, drop=("fabricmanager-status.txt",), replace={"manifest.json": without_fabric_record})
+    data, by_id = cli_report("--bundle", old, code=1)
+    assert data["summary"]["fail"] == 0 and data["readiness"]["status"] == "not-verified"
+    assert [u.split(":")[0] for u in data["readiness"]["unverified"]] == ["nvswitch.fabric"]
     for check_id in ("pci.acs", "cpu.governor", "net.link-flaps", "storage.nvme-count", "nvswitch.fabric"):
         assert by_id[check_id]["status"] == "skip" and "was not collected" in by_id[check_id]["reason"], by_id[check_id]
     assert by_id["gpu.persistence"]["status"] == "skip"  # its manifest lists nvidia-smi -q, the file is not there

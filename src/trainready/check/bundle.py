@@ -66,6 +66,12 @@ FILES: dict[str, str] = {
     "clocksource.txt": "`current: X` and `available: ...` (/sys/devices/system/clocksource/clocksource0)",
     "nvme-devices.txt": "`nvmeN MODEL` per NVMe controller (/sys/class/nvme/*/model)",
     "dcgm-diag.json": "--dcgm N: dcgmi diag -r N -j",
+    # what users already have (issue 23): read when present, collected where cheap
+    "nvidia-smi.txt": "nvidia-smi (the default table, or nvidia-smi -L; stdout and stderr: its error lines name lost GPUs)",
+    "dcgm-diag.txt": "optional: dcgmi diag -r N as printed (the table), or --dcgm-output FILE",
+    "cuda-log.txt": "optional: the error output of a CUDA program on the node (a training job, deviceQuery, torch's warning)",
+    **{f"nccl-tests-{op}.txt": f"optional: {op}_perf output as printed (nccl-tests), or --nccl-tests FILE"
+       for op in ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "sendrecv")},
 }
 
 
@@ -73,7 +79,10 @@ MiB = 1 << 20
 # The most a bundle's file may hold (a received bundle is hostile input: a 300 MB file is refused
 # from its size, before any read). nvidia-smi -q of a 16-GPU node is well under 1 MiB.
 LIMITS: dict[str, int] = {MANIFEST: 1 * MiB, "instance-type.txt": 256, "nccl-debug.log": 64 * MiB,
-                          "kernel-xid.txt": 64 * MiB, "kernel-log.txt": 64 * MiB, "lspci-vvv.txt": 16 * MiB}
+                          "kernel-xid.txt": 64 * MiB, "kernel-log.txt": 64 * MiB, "lspci-vvv.txt": 16 * MiB,
+                          "cuda-log.txt": 64 * MiB, **{f"nccl-tests-{op}.txt": 16 * MiB for op in
+                                                       ("all_reduce", "all_gather", "reduce_scatter", "alltoall",
+                                                        "broadcast", "reduce", "sendrecv")}}
 DEFAULT_LIMIT = 4 * MiB
 # What an instance type name may be made of (every catalog name is): anything else in a bundle's
 # instance-type.txt is not an instance type, and is only ever shown escaped.

@@ -12,7 +12,15 @@ def probe() -> dict:
         import torch
     except ImportError:
         return {"torch": None, "cuda_available": False, "reason": "torch is not installed"}
-    out: dict = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # torch words CUDA init errors (802 ...) as warnings
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    out: dict = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": available}
+    said = [str(w.message)[:500] for w in caught if "CUDA" in str(w.message)][:4]
+    if said:
+        out["warnings"] = said
     if not out["cuda_available"]:
         out["reason"] = "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)")
         return out

@@ -56,6 +56,7 @@ COMMANDS: dict[str, list[str]] = {
     "nvidia-smi-topo-m.txt": ["nvidia-smi", "topo", "-m"],
     "nvidia-smi-nvlink-s.txt": ["nvidia-smi", "nvlink", "-s"],
     "nvidia-smi-q.txt": ["nvidia-smi", "-q"],
+    "nvidia-smi.txt": ["nvidia-smi"],
     "nvidia-smi-query-gpu.csv": ["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv"],
     "fi_info-p-efa.txt": ["fi_info", "-p", "efa"],
     "ibstat.txt": ["ibstat"],
@@ -76,10 +77,17 @@ COMPUTE_APPS = ("nvidia-smi-compute-apps.csv",
 # The kernel log lines kept besides the Xid ones: NIC links and errors, block-device I/O errors, hung tasks,
 # NVSwitch and GPUDirect (nvidia-peermem) messages. The last KERNEL_LOG_LINES of them.
 KERNEL_LOG = re.compile(r"lost carrier|link is down|link down|link becomes not ready|\befa\b|mlx5|I/O error|"
-                        r"nvme nvme|EXT4-fs error|XFS \(|blocked for more than|nvidia-peermem|nvswitch|SXid", re.I)
+                        r"nvme nvme|EXT4-fs error|XFS \(|blocked for more than|nvidia-peermem|nvswitch|SXid|"
+                        r"available PCIe bandwidth|\[10de:", re.I)
+# The driver's lines kept in kernel-xid.txt: every Xid, and every NVRM line (a GPU that fell off the bus
+# says so without an Xid token; RmInitAdapter failures; the continuation lines of both).
+GPU_LOG = re.compile(r"Xid|NVRM")
 KERNEL_LOG_LINES = 5000
-# systemctl status exits 3 for an inactive unit and 4 for an unknown one; both say something true
-OUTPUT_ON_ANY_EXIT = ("fabricmanager-status.txt",)
+# systemctl status exits 3 for an inactive unit and 4 for an unknown one; both say something true. nvidia-smi
+# exits non-zero when a GPU is lost, and its error line ("Unable to determine the device handle for GPU ...")
+# is the evidence: keep what it printed on both streams.
+OUTPUT_ON_ANY_EXIT = ("fabricmanager-status.txt", "nvidia-smi.txt", "nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv",
+                      "nvidia-smi-topo-m.txt", "nvidia-smi-nvlink-s.txt")
 
 
 def _filtered_env(environ: dict[str, str]) -> str:
@@ -160,7 +168,8 @@ def _fabricmanager_log(path: str = "/var/log/fabricmanager.log", tail: int = 4 <
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - tail))
         text = f.read().decode("utf-8", errors="replace")
-    keep = [line for line in text.splitlines() if "[ERROR]" in line or "[WARNING]" in line or "NVSwitch" in line]
+    keep = [line for line in text.splitlines() if "[ERROR]" in line or "[WARNING]" in line or "NVSwitch" in line
+            or "multicast team" in line]
     return "".join(line + "\n" for line in keep[-500:])
 
 
@@ -207,7 +216,7 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
             text = result.stdout + result.stderr
         if name == "kernel-xid.txt":
             lines = result.stdout.splitlines()
-            text = "".join(line + "\n" for line in lines if "Xid" in line)
+            text = "".join(line + "\n" for line in lines if GPU_LOG.search(line))
             kernel_log = "".join(line + "\n" for line in [x for x in lines if KERNEL_LOG.search(x)][-KERNEL_LOG_LINES:])
             if result.exit_code not in (0, None):
                 text = kernel_log = f"unreadable: {result.stderr.strip()[:200]}\n"

@@ -13,10 +13,18 @@ from trainready.errors import UsageError
 from . import options as o
 from .console import emit_json, out, progress
 
-CODES = "Exit codes: 0 no failure, 1 at least one check failed, 2 usage error, 3 internal error."
+CODES = ("Exit codes: 0 ready (no failure, and the checks that decide readiness had evidence), 1 a check failed "
+         "or the decision is not verified (no evidence for a deciding check; not with --cpu-only), 2 usage error, "
+         "3 internal error.")
 HELP = f"""Probe this node (or analyze a bundle) and report every finding with a fix.
 
 Example: trainready check --instance p4d.24xlarge      trainready check --bundle ./node7
+
+A bundle directory holds what `check collect` writes, and also reads, when present, outputs users already
+have: nvidia-smi.txt (nvidia-smi or nvidia-smi -L), nccl-tests-<op>.txt (all_reduce_perf and friends as
+printed; op: all_reduce, all_gather, reduce_scatter, alltoall, broadcast, reduce, sendrecv), dcgm-diag.txt
+(dcgmi diag -r N as printed) or dcgm-diag.json (-j), cuda-log.txt (a CUDA program's error output).
+Single files without a bundle: --nccl-tests FILE, --dcgm-output FILE. Names: docs/check.md.
 
 {CODES}"""
 
@@ -44,12 +52,15 @@ def check(ctx: typer.Context,
           offload: Annotated[Optional[o.OffloadMode], typer.Option("--offload", show_choices=False, help="With --model: optimizer states (and parameters) in host RAM: none, optimizer or optimizer+params.")] = None,
           deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
           dcgm: Dcgm = None, fix: Fix = False, mig: Mig = False,
+          nccl_tests: Annotated[Optional[list[str]], typer.Option("--nccl-tests", metavar="FILE", help="Judge an nccl-tests output (all_reduce_perf ... as printed; repeat for several ops). Without --bundle, only the files given are judged.")] = None,
+          dcgm_output: Annotated[Optional[str], typer.Option("--dcgm-output", metavar="FILE", help="Judge a saved `dcgmi diag -r N` output (the table, or -j JSON). Without --bundle, only the files given are judged.")] = None,
           dataset: Annotated[Optional[str], typer.Option("--dataset", metavar="URL", help="Also check the training data's layout (local directory or s3://bucket/prefix): many small objects starve GPUs, packed shards do not. Lists at most 10,000 objects (~20 s).")] = None,
           json_out: o.Json = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from trainready.check.analyze import analyze, job_needs
     from trainready.check.bundle import Bundle, instance_name
+    from trainready.check.inputs import checks_for, single_files
     from trainready.check.probes import detect_instance_type
 
     if cpu_only and instance:
@@ -62,7 +73,18 @@ def check(ctx: typer.Context,
                          "bundle's deep.json; drop them (or --bundle)")
     hot, shared = _measured_dirs(deep, hot_dir, shared_dir)
     _this_machine_only(bundle_dir, dcgm, fix)
+    given = single_files(nccl_tests or [], dcgm_output)
+    if given and bundle_dir is None:  # the files alone: no probes, only the checks they feed
+        if deep or fix or dcgm is not None or job or model:
+            raise UsageError("--nccl-tests/--dcgm-output without --bundle judge only those files: drop --deep, --fix, "
+                             "--dcgm, --job and --model (or add --bundle DIR)")
+        report = analyze(Bundle(given, None, source="given files"), instance, deep=False, cpu_only=cpu_only,
+                         only=checks_for(given))
+        _finish(report, json_out)
+        return
     loaded = Bundle.load(bundle_dir) if bundle_dir is not None else None  # read once: a bundle can change
+    if loaded is not None:
+        loaded.files.update(given)
     detected = None  # live: the instance type detected on EC2 (judged like a bundle's instance-type.txt)
     if loaded is None and not instance:
         detected = detect_instance_type()
@@ -91,25 +113,26 @@ def check(ctx: typer.Context,
                 return
         # a detected type travels in the bundle (instance-type.txt), where analyze judges it as found,
         # not as the user's word: one unknown to the catalog is checked without, not a usage error
+        live.files.update(given)
         report = analyze(live, instance, needs, deep=deep, live=True, cpu_only=cpu_only, mig=mig)
     if fixed is not None:
-        from trainready.check.findings import CheckReport
-
-        report = CheckReport.build(report.instance_type, report.source, [*report.checks, fixed])
+        report = report.adding(fixed)
     if dataset is not None:  # not part of the quick probes' budget: only when asked, after them
         from trainready.check.dataset_scan import dataset_finding, scan_dataset
-        from trainready.check.findings import CheckReport
 
-        finding = dataset_finding(scan_dataset(dataset), dataset)
-        report = CheckReport.build(report.instance_type, report.source, [*report.checks, finding])
+        report = report.adding(dataset_finding(scan_dataset(dataset), dataset))
+    _finish(report, json_out)
+
+
+def _finish(report, json_out: bool) -> None:
     if json_out:
         emit_json(report)
     else:
         from .render_check import render_check
 
         render_check(out, report)
-    if report.failed:
-        raise typer.Exit(1)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
 
 
 def _this_machine_only(bundle_dir: Path | None, dcgm: int | None, fix: bool) -> None:

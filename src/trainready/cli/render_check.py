@@ -27,7 +27,8 @@ def _detail(finding: Finding, with_observed: bool) -> Text:
 
 
 def render_check(console: Console, report: CheckReport) -> None:
-    where = "this machine" if report.source == "live" else f"bundle {report.source}"
+    where = ("this machine" if report.source == "live" else report.source if report.source == "given files"
+             else f"bundle {report.source}")
     title = f"trainready check: {report.instance_type or 'instance type unknown'} ({where})"
     wide = console.width >= WIDE
     table = Table(title=title, title_justify="left", show_lines=False, expand=False)
@@ -50,3 +51,9 @@ def render_check(console: Console, report: CheckReport) -> None:
     s = report.summary
     console.print(line(f"{s['fail']} fail, {s['warn']} warn, {s['pass']} pass, {s['skip']} skip",
                        styled("  -> not ready: fix the failures first", "bold red") if s["fail"] else ""))
+    verdict = report.readiness
+    if verdict is not None:
+        style = {"ready": "bold green", "not-ready": "bold red", "not-verified": "bold yellow"}[verdict.status]
+        console.print(line(styled("verdict: ", "bold"), styled(verdict.text, style)))
+        for item in verdict.unverified[:8]:
+            console.print(line("  not verified: ", item))

@@ -22,7 +22,7 @@ class GpuSettings(_Frozen):
     """What `nvidia-smi -q` says of one GPU's configuration (None: not printed, or N/A)."""
 
     index: int
-    bus_id: str
+    bus_id: str | None
     persistence: str | None = None  # Enabled / Disabled
     mig_current: str | None = None
     mig_pending: str | None = None
@@ -199,14 +199,21 @@ class FabricManager(_Parsed):
     active: str | None = None  # the Active: line's state word: active, inactive, failed, activating
     detail: str | None = None  # the rest of the Active: line, e.g. "(running) since ..."
     errors: list[str] = []  # journal lines that say why it failed
+    nothing_to_do: bool = False  # NV_WARN_NOTHING_TO_DO: the fabric manager found no NVSwitch to manage
+    from_journal: bool = False  # `active` read from journal lines (a paste of journalctl), not an Active: line
 
 
-_FM_ERROR = re.compile(r"NV_WARN_NOTHING_TO_DO|NV_ERR_|failed|error|Failed", re.I)
+_FM_ERROR = re.compile(r"NV_WARN_NOTHING_TO_DO|NV_ERR_|failed|error|Failed|don't match|cannot be started", re.I)
+# journal lines (journalctl -u, a failed `systemctl restart`) that say the service failed or started
+_FM_FAILED = re.compile(r"Job for nvidia-fabricmanager\S* failed|Failed to start .{0,40}fabric ?manager|"
+                        r"fabricmanager\S*: (?:Failed with result|Control process exited, code=exited, status=[1-9])|"
+                        r"fabric manager cannot be started|don't match with driver version", re.I)
+_FM_STARTED = re.compile(r"Started (?:nvidia-fabricmanager|NVIDIA fabric manager)", re.I)
 _JOURNAL_PREFIX = re.compile(r"^.{0,80}?\]: ")
 
 
 def _parse_fm_status(text: str) -> FabricManager:
-    installed = active = detail = None
+    installed = active = detail = journal = None
     errors: list[str] = []
     notes = []
     lines = _lines(text)
@@ -226,16 +233,24 @@ def _parse_fm_status(text: str) -> FabricManager:
                 word, _, rest = value.strip().partition(" ")
                 active, detail = word or None, rest.strip()[:160] or None
             continue
+        if _FM_FAILED.search(stripped[:400]):
+            journal = "failed"
+        elif _FM_STARTED.search(stripped[:400]) and journal != "failed":
+            journal = "active"
         if _FM_ERROR.search(stripped[:400]) and len(errors) < 12 and ("fabricmanager" in stripped or "nv-fabric" in stripped
-                                                                     or "systemd" in stripped):
+                                                                     or "systemd" in stripped or "fabric manager" in stripped):
             message = _JOURNAL_PREFIX.sub("", stripped[:400], count=1)  # "Sep 18 03:19:01 host unit[pid]: "
             errors.append(message[:200] + ("..." if len(message) > 200 else ""))
     errors.sort(key=lambda e: "NV_" not in e)  # the driver's own error code first: it says why
+    from_journal = active is None and journal is not None
+    if from_journal:
+        active = journal
     if active is not None and installed is None:
         installed = True
     if _command_missing(lines, "systemctl"):
         notes.append("systemctl not available (no systemd, e.g. in a container)")
-    return FabricManager(installed=installed, active=active, detail=detail, errors=errors, notes=notes)
+    return FabricManager(installed=installed, active=active, detail=detail, errors=errors, notes=notes,
+                         nothing_to_do="NV_WARN_NOTHING_TO_DO" in text, from_journal=from_journal)
 
 
 def parse_fabricmanager_status(text: Text) -> FabricManager:
@@ -253,16 +268,23 @@ class NvswitchError(_Frozen):
 class FabricManagerLog(_Parsed):
     errors: list[NvswitchError] = []  # NVSwitch errors the fabric manager logged
     other_errors: list[str] = []
+    running: bool = False  # it logged configuring the NVSwitches or serving NVLink multicast (it ran)
 
 
 _FM_NVSWITCH = re.compile(r"detected NVSwitch (non-fatal|fatal) error (\d{1,6})", re.I)
 _FM_BUS = re.compile(r"pci bus id ([0-9A-Fa-f:.]{7,20})", re.I)
 
 
+_FM_RUNNING = re.compile(r"Successfully configured all the available NVSwitches|successfully setup multicast team", re.I)
+
+
 def _parse_fm_log(text: str) -> FabricManagerLog:
     errors, others = [], []
+    running = False
     for line in _lines(text):
         head = line[:600]
+        if _FM_RUNNING.search(head):
+            running = True
         if "[ERROR]" not in head and "[WARNING]" not in head and "NVSwitch" not in head:
             continue
         match = _FM_NVSWITCH.search(head)
@@ -272,7 +294,7 @@ def _parse_fm_log(text: str) -> FabricManagerLog:
                                         switch=bus.group(1) if bus else None, line=quote(line)))
         elif "[ERROR]" in head and len(others) < 12:
             others.append(quote(line))
-    return FabricManagerLog(errors=errors, other_errors=others)
+    return FabricManagerLog(errors=errors, other_errors=others, running=running)
 
 
 def parse_fabricmanager_log(text: Text) -> FabricManagerLog:
@@ -673,3 +695,90 @@ def gbps(value: Any) -> float | None:
     """A bandwidth from deep.json: a finite, non-negative number, else None."""
     number = _float(value) if not isinstance(value, bool) else None
     return number if number is not None and number == number and 0 <= number < 1e7 else None
+
+
+# ---------------------------------------------------------------- dcgmi diag (text table)
+
+_DCGM_ROW = re.compile(r"\|\s?(.{0,40}?)\s*\|\s?(.*?)\s*\|?\s*$")
+_DCGM_SECTION = re.compile(r"[|+]-{2,}\s+([A-Za-z][A-Za-z ]{0,30}?)\s+-{2,}")
+_DCGM_STATUS = re.compile(r"(Pass|Fail|Skip|Warn|Not Run|Error)\b\s*(?:-\s*(.*))?", re.I)
+_DCGM_GPU_STATUS = re.compile(r"GPU\s*(\d{1,3}):\s*(Pass|Fail|Skip|Warn|Not Run)\b", re.I)
+_DCGM_META = {"dcgm version": "version", "driver version detected": "driver", "gpu device ids detected": "devices"}
+
+
+def _dcgm_gpus(detail: str | None) -> list[str]:
+    """"All", "GPU: 0", "GPUs: 1, 2, 3" -> GPU ids ([] for All)."""
+    if not detail or detail.strip().lower().startswith("all"):
+        return []
+    return re.findall(r"\d{1,3}", detail)[:64]
+
+
+def _parse_dcgm_text(text: str) -> DcgmDiag:
+    """The box table `dcgmi diag -r N` prints (DCGM 3: "Pass - All", "Fail - GPU: 0"; DCGM 4: a summary
+    word and "GPU0: Pass" rows). Wrapped Warning/Info/Error rows are joined into the test above them;
+    a row that names no test (a fragment's first line) is kept under "(unnamed)"."""
+    results: list[dict[str, Any]] = []
+    category: str | None = None
+    meta: dict[str, str] = {}
+    current: dict[str, Any] | None = None
+    message: list[str] | None = None
+    for line in _lines(text):
+        stripped = line.strip()
+        if m := _DCGM_SECTION.match(stripped):
+            category, current, message = m.group(1).strip(), None, None
+            continue
+        row = _DCGM_ROW.fullmatch(stripped) if stripped.startswith("|") else None
+        if row is None:
+            if message is not None and stripped and not stripped.startswith("+"):
+                message.append(stripped)  # a wrapped line that lost its box (a paste cut mid-row)
+            continue
+        name, value = row.group(1).strip(), row.group(2).strip()
+        if name.lower() in ("diagnostic",) and value.lower() == "result":
+            continue
+        if name.lower() in _DCGM_META:
+            meta[_DCGM_META[name.lower()]] = value
+            current = message = None
+            continue
+        if name.lower() in ("warning", "info", "error"):
+            if current is None:  # a fragment that starts with the message: its test is not shown
+                current = {"category": category, "test": "(unnamed)", "status": "fail" if name.lower() == "error" else "warn",
+                           "gpus": [], "messages": []}
+                results.append(current)
+            message = [f"{name}: {value}"]
+            current["messages"].append(message)
+            continue
+        if not name:
+            gpu = _DCGM_GPU_STATUS.fullmatch(value)
+            status = _DCGM_STATUS.fullmatch(value)
+            if current is not None and (gpu or (status and message is None)):
+                if gpu:
+                    current.setdefault("per_gpu", []).append((gpu.group(1), gpu.group(2)))
+                elif status:
+                    current.setdefault("extra", []).append((status.group(1), _dcgm_gpus(status.group(2))))
+                message = None
+            elif message is not None:
+                message.append(value)
+            continue
+        status = _DCGM_STATUS.match(value)
+        current = {"category": category, "test": name[:80], "status": status.group(1) if status else value[:20],
+                   "gpus": _dcgm_gpus(status.group(2)) if status else [], "messages": []}
+        results.append(current)
+        message = None
+    out = []
+    for r in results[:_MAX_EVENTS]:
+        messages = [quote(" ".join(m).replace("  ", " ")) for m in r["messages"]][:6]
+        base = DcgmResult(category=r["category"], test=r["test"], status=r["status"], gpus=r["gpus"], messages=messages)
+        extra = r.get("extra", []) + [(s, [g]) for g, s in r.get("per_gpu", [])]
+        out.append(base)
+        for status, gpus in extra:  # "Fail - GPU: 0" under "Pass - GPUs: 1, 2": one result per status
+            if status.lower() != base.status.lower() or gpus != base.gpus:
+                out.append(DcgmResult(category=r["category"], test=r["test"], status=status, gpus=gpus,
+                                      messages=messages if status.lower() != "pass" else []))
+    notes = [f"DCGM {meta['version']}"] if "version" in meta else []
+    problems = [] if out else ["no test rows in dcgmi diag output"]
+    return DcgmDiag(version=meta.get("version"), results=out, problems=problems, notes=notes)
+
+
+def parse_dcgm_diag_text(text: Text) -> DcgmDiag:
+    """`dcgmi diag -r N` as printed (the box table people paste)."""
+    return _guard(_parse_dcgm_text, text, lambda p: DcgmDiag(problems=[p]))

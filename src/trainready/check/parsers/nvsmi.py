@@ -557,7 +557,8 @@ class SmiGpu:
 
     index: int
     """Position in the report: nvidia-smi's GPU index when it ran without -i (it lists GPUs in index order)."""
-    bus_id: str
+    bus_id: str | None
+    """None in a pasted fragment that lacks the "GPU 00000000:07:00.0" line."""
     product_name: str | None = None
     uuid: str | None = None
     ecc_mode: str | None = None
@@ -589,7 +590,7 @@ class SmiQ:
 class _Section:
     """Key lines of one GPU section: lower-cased path -> (value, original path, line)."""
 
-    bus_id: str
+    bus_id: str | None
     entries: dict[tuple[str, ...], tuple[str, tuple[str, ...], str]] = field(default_factory=dict)
 
     def add(self, path: tuple[str, ...], value: str, line: str) -> None:
@@ -600,12 +601,26 @@ class _Section:
         return (hit[0], hit[2]) if hit else None
 
 
+# Keys that open a GPU's part of the report. A pasted fragment (`nvidia-smi -q -d ECC` cut after its
+# header, or one GPU's block copied alone) starts with one of them and no "GPU 0000:..:00.0" line.
+_GPU_KEYS = frozenset(k.lower() for k in (
+    "Product Name", "Product Brand", "Product Architecture", "Display Mode", "Persistence Mode", "MIG Mode",
+    "Accounting Mode", "Driver Model", "Serial Number", "GPU UUID", "Minor Number", "VBIOS Version", "PCI",
+    "Fan Speed", "Performance State", "Clocks Throttle Reasons", "Clocks Event Reasons", "FB Memory Usage",
+    "Compute Mode", "Utilization", "ECC Mode", "ECC Errors", "Retired Pages", "Remapped Rows", "Temperature",
+    "Power Readings", "GPU Power Readings", "Clocks", "Applications Clocks", "Max Clocks", "Fabric",
+    "GPU Reset Status", "Processes", "GSP Firmware Version", "Bus Id"))
+
+
 def _q_tree(lines: list[str], problems: list[str]) -> tuple[dict[str, tuple[str, str]], list[_Section]]:
-    """Split the report into its header keys and GPU sections, each key under its indentation path."""
+    """Split the report into its header keys and GPU sections, each key under its indentation path.
+    A fragment without a GPU line gets an implicit section (bus id unknown); a top-level key seen
+    again in such a section starts the next GPU."""
     header: dict[str, tuple[str, str]] = {}
     sections: list[_Section] = []
     stack: list[tuple[int, str]] = []
     base = 0
+    implicit_top: int | None = None  # indentation of an implicit section's top-level keys
     for line in lines:
         expanded = line.expandtabs(4)
         stripped = expanded.strip()
@@ -615,12 +630,20 @@ def _q_tree(lines: list[str], problems: list[str]) -> tuple[dict[str, tuple[str,
         gpu = _Q_GPU.fullmatch(stripped)
         if gpu:
             sections.append(_Section(bus_id=gpu.group(1)))
-            stack, base = [], indent
+            stack, base, implicit_top = [], indent, None
             continue
+        key, colon, value = stripped.partition(":")
+        top_key = key.strip().lower() in _GPU_KEYS
+        if implicit_top is not None and top_key and indent <= implicit_top and \
+                any(path[0] == key.strip().lower() for path in sections[-1].entries):
+            sections.append(_Section(bus_id=None))  # the same block again: the next GPU of the paste
+            stack = []
+        elif (not sections or (indent <= base and implicit_top is None)) and top_key:
+            sections.append(_Section(bus_id=None))
+            stack, base, implicit_top = [], indent - 1, indent
         current = sections[-1] if sections and indent > base else None
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        key, colon, value = stripped.partition(":")
         if not colon:
             if current is not None:
                 stack.append((indent, stripped))
@@ -748,3 +771,66 @@ def parse_smi_q(text: str) -> SmiQ:
         return _capped(_q_parse(_lines(text)))
     except Exception as exc:
         return SmiQ(problems=[_internal(exc)])
+
+
+# --------------------------------------------------------------------------------------------------
+# What every nvidia-smi command prints when something is wrong, and the default table (`nvidia-smi`)
+
+_HANDLE = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}"
+                     r"(?:\.[0-7])?)\s*:\s*(.{0,120})")
+_NO_GPU = re.compile(r"No devices were found|NVIDIA-SMI has failed|couldn't communicate with the NVIDIA driver|"
+                     r"No supported GPUs were found|Failed to initialize NVML", re.I)
+_INFOROM = re.compile(r"infoROM is corrupted at gpu\s+([0-9A-Fa-f:.]{7,20})", re.I)
+_TABLE_ROW = re.compile(r"\|\s{1,4}([0-9]{1,3})\s{1,4}(.{1,40}?)\s{1,30}(On|Off|N/A)\s{0,4}\|\s{0,6}"
+                        r"([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-7])")
+_LIST_ROW = re.compile(r"GPU\s+([0-9]{1,3}):\s*(.{1,80}?)\s*\(UUID:")
+
+
+@dataclass(frozen=True, slots=True)
+class SmiTableRow:
+    index: int
+    name: str
+    bus_id: str
+    persistence: str | None
+    err: bool
+    """ERR! in the GPU's cells: the driver cannot read it (on a lost GPU, or a failing sensor)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SmiMessages:
+    """nvidia-smi's own words about GPUs it cannot reach, in any of its outputs; and the default table."""
+
+    lost: list[tuple[str, str]] = field(default_factory=list)
+    """(bus id, what nvidia-smi said): "Unable to determine the device handle for GPU ...: Unknown Error"."""
+    no_gpu: str | None = None
+    """The line saying it sees no GPU at all (No devices were found, NVIDIA-SMI has failed ...)."""
+    inforom: list[tuple[str, str]] = field(default_factory=list)
+    """(bus id, line): "WARNING: infoROM is corrupted at gpu ..."."""
+    rows: list[SmiTableRow] = field(default_factory=list)
+    """GPU rows of the default table, or `nvidia-smi -L` lines (bus id empty there)."""
+
+
+def parse_smi_messages(text: str) -> SmiMessages:
+    """The error lines of any nvidia-smi output, and the rows of `nvidia-smi` / `nvidia-smi -L`. Never raises."""
+    try:
+        lines = _lines(text)
+        lost, inforom, rows = [], [], []
+        no_gpu = None
+        for k, line in enumerate(lines):
+            if len(line) > 400:
+                continue
+            if m := _HANDLE.search(line):
+                lost.append((m.group(1), quote(line)))
+            elif m := _INFOROM.search(line):
+                inforom.append((m.group(1), quote(line)))
+            elif no_gpu is None and _NO_GPU.search(line):
+                no_gpu = quote(line)
+            elif m := _TABLE_ROW.search(line):
+                cells = " ".join(lines[k:k + 3])
+                rows.append(SmiTableRow(index=int(m.group(1)), name=m.group(2).strip(), bus_id=m.group(4),
+                                        persistence=m.group(3) if m.group(3) != "N/A" else None, err="ERR!" in cells))
+            elif m := _LIST_ROW.search(line):
+                rows.append(SmiTableRow(index=int(m.group(1)), name=m.group(2).strip(), bus_id="", persistence=None, err=False))
+        return SmiMessages(lost=lost, no_gpu=no_gpu, inforom=inforom, rows=rows)
+    except Exception:
+        return SmiMessages()

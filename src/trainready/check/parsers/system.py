@@ -1145,7 +1145,7 @@ class NcclTests(_Parsed):
         return rows[-1].busbw_gbps if rows else None
 
 
-_RANK_PREFIX = re.compile(r"^\s*\d+:\s")  # srun -l
+_RANK_PREFIX = re.compile(r"^\s*(?:\d+:\s|\[\d+,\d+\]<std(?:out|err)>:\s?)")  # srun -l; mpirun --tag-output
 
 
 def _is_number(token: str) -> bool:

@@ -4,11 +4,10 @@ block-device I/O errors. Each reads files collected since issue 16; without them
 
 from __future__ import annotations
 
-from .checks_node import missing, parsed
-from .context import Context
-from .findings import Finding, skip
-from .parsers import node, system
-from .registry import check
+from ..facts import Facts
+from ..parsers import node, system
+from ..registry import Verdict, check
+from .common import kernel_unreadable, missing
 
 KERNEL_LOG = "kernel-log.txt"
 # aznhc's check_ib_link_flapping fails a device with this many lost-carrier events in 24 h (its default
@@ -23,26 +22,28 @@ SLOW_CLOCKSOURCES = ("xen", "hpet", "acpi_pm", "jiffies", "refined-jiffies", "pi
 DMABUF_KERNEL = (5, 12)
 
 
-def _gdr_node(ctx: Context) -> bool | None:
+def _gdr_node(ctx) -> bool | None:
     """GPUDirect RDMA over EFA is offered on EFA instances with NVSwitch boards (p4d, p4de, p5*, p6)."""
     if ctx.instance is None:
         return None
     return bool(ctx.instance.efa_interfaces) and ctx.instance.topology == "nvswitch"
 
 
-@check("net.gpudirect-rdma", "net")
-def gpudirect_rdma(ctx: Context) -> Finding:
-    applies = _gdr_node(ctx)
-    if applies is False:
-        return Finding(id="net.gpudirect-rdma", area="net", status="pass", observed="not applicable",
-                       expected=f"no GPUDirect RDMA over EFA on {ctx.instance.name}", reason="no EFA with GPUDirect here")
-    if applies is None:
-        return skip("net.gpudirect-rdma", "net", f"{ctx.unknown_instance}: cannot tell whether EFA GPUDirect RDMA applies",
-                    "pass --instance TYPE")
+def _gdr_applies(f: Facts) -> str | None:
+    if _gdr_node(f.ctx) is False:
+        return f"{f.ctx.instance.name} has no GPUDirect RDMA over EFA"
+    return None
+
+
+@check("net.gpudirect-rdma", "net", applies=_gdr_applies)
+def gpudirect_rdma(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    if _gdr_node(ctx) is None:
+        return Verdict.skip(f"{ctx.unknown_instance}: cannot tell whether EFA GPUDirect RDMA applies", "pass --instance TYPE")
     env = system.parse_env(ctx.bundle.text("env.txt") or "")
     log_text = ctx.bundle.text("nccl-debug.log")
     log = system.parse_nccl_debug(log_text) if log_text else None
-    modules = parsed(ctx, "modules.txt", node.parse_modules)
+    modules = f.parsed("modules.txt", node.parse_modules)
     release = node.kernel_release(ctx.bundle.text("uname.txt")) if ctx.bundle.text("uname.txt") else None
     device_rdma = env.get("FI_EFA_USE_DEVICE_RDMA")
     expected = "GPUDirect RDMA: nvidia_peermem loaded or dma-buf (Linux >= 5.12); FI_EFA_USE_DEVICE_RDMA not 0"
@@ -55,7 +56,7 @@ def gpudirect_rdma(ctx: Context) -> Finding:
         facts.append(f"FI_EFA_USE_DEVICE_RDMA={device_rdma}")
     if log is not None:
         facts.append("NCCL log: " + ("GDRDMA" if log.gdrdma else "no GDRDMA"))
-    finding = Finding(id="net.gpudirect-rdma", area="net", status="pass", observed="; ".join(facts) or "unknown",
+    finding = Verdict(status="pass", observed="; ".join(facts) or "unknown",
                       expected=expected)
     advice = ("load nvidia_peermem (sudo modprobe nvidia_peermem) or use a kernel >= 5.12 with the EFA driver's dma-buf "
               "support; unset FI_EFA_USE_DEVICE_RDMA=0; check with NCCL_DEBUG=INFO that channels say GDRDMA")
@@ -77,19 +78,20 @@ def gpudirect_rdma(ctx: Context) -> Finding:
         finding.status, finding.advice = "warn", advice
         finding.reason = "nvidia_peermem not loaded and the kernel release is unknown (uname.txt not in the bundle)"
     else:
-        return missing("net.gpudirect-rdma", "net", ctx, "modules.txt")
+        return missing(f, "modules.txt")
     return finding
 
 
 @check("pci.acs", "pci")
-def pci_acs(ctx: Context) -> Finding:
-    lspci = parsed(ctx, "lspci-vvv.txt", node.parse_lspci)
+def pci_acs(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    lspci = f.parsed("lspci-vvv.txt", node.parse_lspci)
     if lspci is None:
-        return missing("pci.acs", "pci", ctx, "lspci-vvv.txt")
+        return missing(f, "lspci-vvv.txt")
     if not lspci.devices:
-        return skip("pci.acs", "pci", "no device in lspci -vvv output" + (f": {lspci.problems[0]}" if lspci.problems else ""))
+        return Verdict.skip("no device in lspci -vvv output" + (f": {lspci.problems[0]}" if lspci.problems else ""))
     if lspci.notes and not any(b.acs_ctl is not None for b in lspci.devices):
-        return skip("pci.acs", "pci", "lspci ran without root: ACS control registers are not shown",
+        return Verdict.skip("lspci ran without root: ACS control registers are not shown",
                     "sudo trainready check (or collect the bundle as root)")
     on_path = [(b, below) for b, below in lspci.path_bridges() if below]
     redirect = [(b, below) for b, below in on_path if b.acs_ctl.get("ReqRedir") or b.acs_ctl.get("CmpltRedir")]
@@ -99,7 +101,7 @@ def pci_acs(ctx: Context) -> Finding:
     def names(items):
         return "; ".join(f"{b.address} above {', '.join(e.address for e in below[:3])}" for b, below in items[:4])
 
-    finding = Finding(id="pci.acs", area="pci", status="pass", expected="ACS off on the bridges between GPUs and NICs",
+    finding = Verdict(status="pass", expected="ACS off on the bridges between GPUs and NICs",
                       observed=f"{len(on_path)} ACS-capable bridge(s) above {endpoints} GPU/NIC(s); "
                                f"{len(redirect)} redirecting, {len(validate)} source-validating")
     advice = ("disable ACS on those bridges (BIOS setting, or per NCCL's troubleshooting guide: "
@@ -120,18 +122,19 @@ def pci_acs(ctx: Context) -> Finding:
 
 
 @check("proc.d-state", "cpu")
-def d_state(ctx: Context) -> Finding:
-    ps = parsed(ctx, "ps.txt", node.parse_ps)
-    events = parsed(ctx, KERNEL_LOG, node.parse_kernel_events)
+def d_state(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    ps = f.parsed("ps.txt", node.parse_ps)
+    events = f.parsed(KERNEL_LOG, node.parse_kernel_events)
     if ps is None and (events is None or not events.readable):
-        return missing("proc.d-state", "cpu", ctx, "ps.txt")
+        return missing(f, "ps.txt")
     stuck = ps.d_state() if ps is not None else []
     hung = events.hung_tasks if events is not None else []
     observed = (f"{len(stuck)} in D state" + (": " + ", ".join(f"PID {e.pid} {e.command} ({e.user})" for e in stuck[:5])
                                               if stuck else "")) if ps is not None else "ps not collected"
     if hung:
         observed += f"; kernel: {len(hung)} hung task report(s) ({', '.join(hung[:3])})"
-    finding = Finding(id="proc.d-state", area="cpu", status="pass", observed=observed,
+    finding = Verdict(status="pass", observed=observed,
                       expected="no process stuck in uninterruptible sleep")
     if stuck or hung:
         finding.status = "warn"
@@ -144,17 +147,18 @@ def d_state(ctx: Context) -> Finding:
 
 
 @check("storage.nvme-count", "storage")
-def nvme_count(ctx: Context) -> Finding:
-    devices = parsed(ctx, "nvme-devices.txt", node.parse_nvme_devices)
+def nvme_count(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    devices = f.parsed("nvme-devices.txt", node.parse_nvme_devices)
     if devices is None:
-        finding = missing("storage.nvme-count", "storage", ctx, "nvme-devices.txt")
+        finding = missing(f, "nvme-devices.txt")
         finding.reason += " (storage.hot-tier counts them from lsblk)"
         return finding
     if not devices.controllers and devices.problems:  # garbage is unknown, not "0 controllers" (an empty file is)
-        return skip("storage.nvme-count", "storage", f"nvme-devices.txt unreadable: {devices.problems[0]}")
+        return Verdict.skip(f"nvme-devices.txt unreadable: {devices.problems[0]}")
     want = ctx.instance.nvme_count if ctx.instance else None
     local = devices.instance_store or sorted(set(devices.controllers) - set(devices.ebs))
-    finding = Finding(id="storage.nvme-count", area="storage", status="pass",
+    finding = Verdict(status="pass",
                       observed=f"{len(local)} local NVMe controller(s)" + (f", {len(devices.ebs)} EBS" if devices.ebs else ""),
                       expected=ctx.expect(f"{want} instance-store NVMe device(s)" if want is not None else "unknown"))
     if want is None:
@@ -170,17 +174,18 @@ def nvme_count(ctx: Context) -> Finding:
 
 
 @check("cpu.governor", "cpu")
-def cpu_governor(ctx: Context) -> Finding:
-    freq = parsed(ctx, "cpufreq.txt", node.parse_cpufreq)
+def cpu_governor(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    freq = f.parsed("cpufreq.txt", node.parse_cpufreq)
     if freq is None:
-        return missing("cpu.governor", "cpu", ctx, "cpufreq.txt")
+        return missing(f, "cpufreq.txt")
     if freq.exposed is False:
-        return Finding(id="cpu.governor", area="cpu", status="pass", observed="no cpufreq (not exposed to the OS)",
+        return Verdict(status="pass", observed="no cpufreq (not exposed to the OS)",
                        expected="performance", reason="frequency is set by the hypervisor or firmware, not the guest")
     if not freq.governors:
-        return skip("cpu.governor", "cpu", "cpufreq.txt unreadable" + (f": {freq.problems[0]}" if freq.problems else ""))
+        return Verdict.skip("cpufreq.txt unreadable" + (f": {freq.problems[0]}" if freq.problems else ""))
     slow = {g: n for g, n in freq.governors.items() if g != "performance"}
-    finding = Finding(id="cpu.governor", area="cpu", status="pass", expected="performance on every CPU",
+    finding = Verdict(status="pass", expected="performance on every CPU",
                       observed=", ".join(f"{g} ({n} CPUs)" for g, n in sorted(freq.governors.items())))
     if slow:
         finding.status = "warn"
@@ -193,13 +198,14 @@ def cpu_governor(ctx: Context) -> Finding:
 
 
 @check("cpu.clocksource", "cpu")
-def clocksource(ctx: Context) -> Finding:
-    source = parsed(ctx, "clocksource.txt", node.parse_clocksource)
+def clocksource(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    source = f.parsed("clocksource.txt", node.parse_clocksource)
     if source is None:
-        return missing("cpu.clocksource", "cpu", ctx, "clocksource.txt")
+        return missing(f, "clocksource.txt")
     if not source.current:
-        return skip("cpu.clocksource", "cpu", "current clock source not in clocksource.txt")
-    finding = Finding(id="cpu.clocksource", area="cpu", status="pass", observed=source.current,
+        return Verdict.skip("current clock source not in clocksource.txt")
+    finding = Verdict(status="pass", observed=source.current,
                       expected="tsc (or kvm-clock / arch_sys_counter)")
     if source.current in SLOW_CLOCKSOURCES:
         finding.status = "warn"
@@ -212,27 +218,26 @@ def clocksource(ctx: Context) -> Finding:
     return finding
 
 
-def _kernel_events(check_id: str, area: str, ctx: Context) -> node.KernelEvents | Finding:
-    events = parsed(ctx, KERNEL_LOG, node.parse_kernel_events)
+def _kernel_events(f: Facts) -> node.KernelEvents | Verdict:
+    events = f.parsed(KERNEL_LOG, node.parse_kernel_events)
     if events is None:
-        return missing(check_id, area, ctx, KERNEL_LOG)
+        return missing(f, KERNEL_LOG)
     if not events.readable:
-        return skip(check_id, area, f"kernel log was not readable on {ctx.bundle.machine} (dmesg needs root)",
-                    "sudo trainready check" if ctx.bundle.source == "live" else
-                    "collect the bundle again as root there: sudo trainready check collect --out DIR")
+        return kernel_unreadable(f)
     return events
 
 
 @check("net.link-flaps", "net")
-def link_flaps(ctx: Context) -> Finding:
-    events = _kernel_events("net.link-flaps", "net", ctx)
-    if isinstance(events, Finding):
+def link_flaps(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    events = _kernel_events(f)
+    if isinstance(events, Verdict):
         return events
     flapping = {d: n for d, n in events.link_down.items() if n >= LINK_FLAP_FAIL}
     observed = ", ".join(f"{d}: {n} link down" for d, n in sorted(events.link_down.items())[:6]) or "no link down events"
     if events.nic_errors:
         observed += "; driver errors on " + ", ".join(sorted(events.nic_errors)[:6])
-    finding = Finding(id="net.link-flaps", area="net", status="pass", observed=observed,
+    finding = Verdict(status="pass", observed=observed,
                       expected=f"no NIC link flaps (fail: >= {LINK_FLAP_FAIL} on one device, aznhc's threshold) or driver errors")
     if flapping:
         finding.status = "fail"
@@ -251,15 +256,16 @@ def link_flaps(ctx: Context) -> Finding:
 
 
 @check("storage.io-errors", "storage")
-def io_errors(ctx: Context) -> Finding:
-    events = _kernel_events("storage.io-errors", "storage", ctx)
-    if isinstance(events, Finding):
+def io_errors(f: Facts) -> Verdict | None:
+    ctx = f.ctx
+    events = _kernel_events(f)
+    if isinstance(events, Verdict):
         return events
     observed = ", ".join(f"{d}: {n} I/O error(s)" for d, n in sorted(events.io_errors.items())[:6])
     if events.io_timeouts:
         observed = "; ".join(x for x in (observed, ", ".join(f"{d}: {n} timeout(s)" for d, n in
                                                               sorted(events.io_timeouts.items())[:6])) if x)
-    finding = Finding(id="storage.io-errors", area="storage", status="pass", observed=observed or "none",
+    finding = Verdict(status="pass", observed=observed or "none",
                       expected="no block-device I/O errors")
     if events.io_errors:
         finding.status = "fail"

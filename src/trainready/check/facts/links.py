@@ -1,0 +1,141 @@
+"""Facts about links and acceptance runs: NVLink (nvlink -s, topo -m), InfiniBand ports (ibstat,
+ibv_devinfo), DCGM's diagnostic (its JSON or the table it prints) and nccl-tests outputs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..parsers import node, nvsmi, system
+from .base import Seen
+from .gpu import NVLINK, TOPO
+
+if TYPE_CHECKING:
+    from . import Facts
+
+# nccl-tests binaries -> our op names; a bundle holds one file per op: nccl-tests-<op>.txt
+NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "sendrecv")
+DCGM_JSON, DCGM_TEXT = "dcgm-diag.json", "dcgm-diag.txt"
+
+
+@dataclass
+class NvlinkFacts:
+    status: nvsmi.NvlinkStatus | None = None
+    """nvidia-smi nvlink -s, per GPU index."""
+    elided: int = 0
+    topo: nvsmi.Topology | None = None
+    mig_refused: str | None = None
+    """"NVLink queries are not supported for Devices in MIG mode": links unknown, not down."""
+
+
+def nvlink(f: Facts) -> NvlinkFacts:
+    out = NvlinkFacts(topo=f.parsed(TOPO, nvsmi.parse_topo))
+    paste = f.paste(NVLINK)
+    if paste is not None:
+        out.status, out.elided = f.parsed(NVLINK, nvsmi.parse_nvlink_status), paste.elided
+        if re.search(r"not supported for Devices in MIG mode", paste.text, re.I):
+            out.mig_refused = "nvidia-smi: NVLink queries are not supported for devices in MIG mode"
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class IbPort:
+    device: str
+    port: int | None
+    state: str | None
+    physical: str | None
+    link_layer: str | None
+    rate: float | None
+    source: str
+
+    @property
+    def active(self) -> bool:
+        return (self.state or "").lower() in ("active", "port_active") and \
+            (self.physical is None or self.physical.lower() == "linkup")
+
+
+@dataclass
+class IbFacts:
+    ports: list[IbPort] = field(default_factory=list)
+    read: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def infiniband(f: Facts) -> IbFacts:
+    """Every RDMA port either tool lists; ibstat wins for a port both list (it shows the physical state)."""
+    out = IbFacts()
+    ibstat = f.parsed("ibstat.txt", system.parse_ibstat)
+    if ibstat is not None:
+        out.read.append("ibstat.txt")
+        out.notes += ibstat.notes
+        for ca in ibstat.cas:
+            for p in ca.ports:
+                out.ports.append(IbPort(ca.name, p.number, p.state, p.physical_state, p.link_layer, p.rate_gbps, "ibstat.txt"))
+    devinfo = f.parsed("ibv_devinfo.txt", system.parse_ibv_devinfo)
+    if devinfo is not None:
+        out.read.append("ibv_devinfo.txt")
+        known = {(p.device, p.port) for p in out.ports}
+        for device in devinfo.devices:
+            if device.is_efa:
+                continue  # EFA is checked by net.efa
+            for p in device.ports:
+                if (device.hca_id, p.number) not in known:
+                    out.ports.append(IbPort(device.hca_id, p.number, p.state, None, p.link_layer, None, "ibv_devinfo.txt"))
+    return out
+
+
+def dcgm(f: Facts) -> tuple[node.DcgmDiag, str] | None:
+    """DCGM's diagnostic: the JSON trainready's --dcgm keeps, else the table a user saved or pasted."""
+    for name, parser in ((DCGM_JSON, node.parse_dcgm_diag), (DCGM_TEXT, node.parse_dcgm_diag_text)):
+        diag = f.parsed(name, parser)
+        if diag is not None:
+            return diag, name
+    return None
+
+
+_NOT_READY = re.compile(r"system not yet initialized", re.I)
+
+
+def dcgm_fabric_words(f: Facts) -> list[Seen[str]]:
+    found = dcgm(f)
+    if found is None:
+        return []
+    diag, name = found
+    for result in diag.results:
+        for message in result.messages:
+            if _NOT_READY.search(message):
+                return [Seen(f"DCGM {result.test}: {message[:160]}", name)]
+    return []
+
+
+@dataclass
+class NcclRun:
+    """One nccl-tests output: its table and what its header says about the run."""
+
+    source: str
+    tests: system.NcclTests
+    ranks: int | None
+    hosts: list[str]
+    gpus: list[str]
+    elided: int = 0
+
+
+_RANK_LINE = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$")
+
+
+def nccl_tests(f: Facts, op: str) -> NcclRun | None:
+    name = f"nccl-tests-{op}.txt"
+    paste = f.paste(name)
+    if paste is None:
+        return None
+    tests = f.parsed(name, system.parse_nccl_tests)
+    hosts: dict[str, None] = {}
+    gpus: list[str] = []
+    ranks: set[int] = set()
+    for line in paste.text.splitlines():
+        if m := _RANK_LINE.search(line):
+            ranks.add(int(m.group(1)))
+            hosts.setdefault(m.group(2))
+            gpus.append(m.group(3))
+    return NcclRun(name, tests, len(ranks) or tests.nranks, list(hosts), gpus, paste.elided)

@@ -1,0 +1,89 @@
+"""Outputs a user already has, given one file at a time: `--nccl-tests FILE` (an nccl-tests run as it
+printed) and `--dcgm-output FILE` (`dcgmi diag -r N`, its table or its -j JSON). Each becomes the
+bundle file its check reads; a file that cannot be read, or whose collective cannot be told, is a
+usage error (exit 2) naming it and what to do."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from pathlib import Path
+
+from trainready.errors import UsageError, printable
+from trainready.io.files import read_regular
+
+from .bundle import limit
+from .facts.links import NCCL_OPS
+
+_OP = re.compile(r"\b(" + "|".join(NCCL_OPS) + r")_perf\b")
+_OP_WORDS = ", ".join(NCCL_OPS)
+
+
+def nccl_op(text: str, path: str) -> str | None:
+    """The collective an nccl-tests output measured: its `Collective test starting: X_perf` line or the
+    command it echoes, else the file name (all_reduce_perf.txt, nccl-tests-all_reduce.txt)."""
+    head = "\n".join(text.splitlines()[:200])
+    if m := _OP.search(head):
+        return m.group(1)
+    name = Path(path).name.lower().replace("-", "_")
+    return next((op for op in sorted(NCCL_OPS, key=len, reverse=True) if op in name), None)
+
+
+def _read(path: str, option: str, name: str) -> str:
+    if not path:
+        raise UsageError(f"{option} is an empty path: name the file")
+    try:
+        data = read_regular(os.path.realpath(path), limit(name))
+    except FileNotFoundError:
+        raise UsageError(f"{option} {printable(path)} does not exist") from None
+    except OSError as exc:
+        why = ("not a regular file" if exc.errno == errno.EINVAL else
+               f"larger than the {limit(name) >> 20} MiB such an output may have" if exc.errno == errno.EFBIG else
+               exc.strerror or str(exc))
+        raise UsageError(f"{option} {printable(path)}: {why}") from None
+    return data.decode("utf-8", errors="replace")
+
+
+def single_files(nccl_tests: list[str], dcgm_output: str | None) -> dict[str, str]:
+    """Bundle file name -> text for each file given. One nccl-tests file per collective."""
+    files: dict[str, str] = {}
+    for path in nccl_tests:
+        text = _read(path, "--nccl-tests", "nccl-tests-all_reduce.txt")
+        op = nccl_op(text, path)
+        if op is None:
+            raise UsageError(f"--nccl-tests {printable(path)}: cannot tell which collective it measured (no "
+                             f"'X_perf' in its first lines or its name); rename it after the op, e.g. "
+                             f"all_reduce_perf.txt (ops: {_OP_WORDS})")
+        name = f"nccl-tests-{op}.txt"
+        if name in files:
+            raise UsageError(f"--nccl-tests: two files for {op} ({printable(path)} and an earlier one): give one per collective")
+        files[name] = text
+    if dcgm_output is not None:
+        text = _read(dcgm_output, "--dcgm-output", "dcgm-diag.txt")
+        files["dcgm-diag.json" if _is_json(text) else "dcgm-diag.txt"] = text
+    return files
+
+
+def _is_json(text: str) -> bool:
+    stripped = text.lstrip()
+    if not stripped.startswith("{"):
+        return False
+    try:
+        json.loads(stripped)
+    except ValueError:
+        return True  # a JSON object cut short: judged (and reported unreadable) as JSON
+    return True
+
+
+def checks_for(files: dict[str, str]) -> tuple[str, ...]:
+    """The checks that single files feed (the report shows only these)."""
+    ids = {"gpu.dcgm"} if any(n.startswith("dcgm-diag") for n in files) else set()
+    names = {"all_reduce": "nccl.allreduce", "all_gather": "nccl.allgather", "reduce_scatter": "nccl.reducescatter",
+             "alltoall": "nccl.alltoall"}
+    for name in files:
+        op = name.removeprefix("nccl-tests-").removesuffix(".txt")
+        if name.startswith("nccl-tests-"):
+            ids.add(names.get(op, "nccl.other-ops"))
+    return tuple(sorted(ids))
