@@ -34,7 +34,7 @@ def fabric_applies(f: Facts) -> str | None:
     return None
 
 
-@check("nvswitch.fabric", "nvswitch", needs=("nvswitch.fabric",), applies=fabric_applies, decisive=True)
+@check("nvswitch.fabric", "nvswitch", needs=("fabric",), applies=fabric_applies, decisive=True)
 def fabric(f: Facts) -> Verdict | None:
     nvswitch = f.ctx.instance is not None  # fabric_applies ruled out the known instances without NVSwitch
     states = {k: s.value for k in f.fabric_state.gpus() if (s := f.fabric_state.first(k))}
@@ -105,7 +105,7 @@ def sxid_severity(code: int, message: str) -> str:
     return "fatal" if code in FATAL_SXIDS else "non-fatal"
 
 
-@check("nvswitch.sxid", "nvswitch", needs=("nvswitch.sxid",), applies=has_nvswitch)
+@check("nvswitch.sxid", "nvswitch", needs=("sxid",), applies=has_nvswitch)
 def sxid(f: Facts) -> Verdict | None:
     from ..facts.events import kernel_readable
 

@@ -12,7 +12,7 @@ from .common import kernel_unreadable, squeeze
 RESET = "reset the GPU (sudo nvidia-smi -r -i N, or reboot) so the pending repair takes effect, then check again"
 
 
-@check("gpu.ecc", "gpu", needs=("gpu.ecc", "gpu.retired-pages", "gpu.row-remap"), decisive=True, gpu=True)
+@check("gpu.ecc", "gpu", needs=("ecc", "retired-pages", "row-remap"), decisive=True, gpu=True)
 def gpu_ecc(f: Facts) -> Verdict | None:
     """Fails: uncorrectable errors since boot, a row remap or page retirement waiting for a reset, a
     remap that found no spare row, a corrupted infoROM. Warns: uncorrectable errors in the GPU's past."""
@@ -77,7 +77,7 @@ def _inforom(f: Facts) -> list[str]:
     return out
 
 
-@check("gpu.xid", "gpu", needs=("gpu.xid",), decisive=True)
+@check("gpu.xid", "gpu", needs=("xid",), decisive=True)
 def gpu_xid(f: Facts) -> Verdict | None:
     read, unreadable = kernel_readable(f)
     if not read:
@@ -118,7 +118,7 @@ def gpu_xid(f: Facts) -> Verdict | None:
     return v
 
 
-@check("gpu.throttle", "gpu", needs=("gpu.throttle",), gpu=True)
+@check("gpu.throttle", "gpu", needs=("throttle",), gpu=True)
 def gpu_throttle(f: Facts) -> Verdict | None:
     fact = f.throttle
     reported = {k: fact.reported(k) for k in fact.gpus() if fact.reported(k)}
@@ -146,7 +146,7 @@ def gpu_throttle(f: Facts) -> Verdict | None:
     return v
 
 
-@check("gpu.pcie", "gpu", needs=("gpu.pcie",), gpu=True)
+@check("gpu.pcie", "gpu", needs=("pcie",), gpu=True)
 def gpu_pcie(f: Facts) -> Verdict | None:
     fact = f.pcie
     narrow, slow, seen = [], [], 0

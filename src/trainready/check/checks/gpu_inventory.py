@@ -11,7 +11,7 @@ from ..registry import Verdict, check
 from .common import NO_GPU_ADVICE, Presence, plural, presence
 
 
-@check("gpu.count", "gpu", needs=("gpu.inventory", "gpu.lost"), decisive=True)
+@check("gpu.count", "gpu", needs=("inventory", "lost"), decisive=True)
 def gpu_count(f: Facts) -> Verdict:
     seen, inv, ctx = presence(f), f.inventory, f.ctx
     expected = ctx.gpu_count
@@ -64,9 +64,11 @@ def gpu_count(f: Facts) -> Verdict:
         v.reason = ("the kernel log says " + "; ".join(f"{f.label(k)}: {s[0].value}" for k, s in relisted.items()) +
                     ", but nvidia-smi lists it now: sources disagree (a log from before a reset?)")
         v.advice = "reboot before training; if it recurs, drain the node"
-    if disagree and v.status == "pass":
-        v.status, v.reason = "warn", f"sources disagree: {disagree}"
-        v.advice = "run `nvidia-smi -L` and `python -c 'import torch; print(torch.cuda.device_count())'` on the node"
+    if disagree:
+        v.reason += f"; sources disagree: {disagree}"
+        if v.status == "pass":
+            v.status = "warn"
+            v.advice = "run `nvidia-smi -L` and `python -c 'import torch; print(torch.cuda.device_count())'` on the node"
     return v
 
 
@@ -102,7 +104,7 @@ def _model_matches(f: Facts, name: str, memory_mib: float | None) -> bool:
     return memory_mib is None or abs(memory_mib / 1024 - gpu.memory_gib) <= 0.1 * gpu.memory_gib
 
 
-@check("gpu.model", "gpu", needs=("gpu.model",), gpu=True)
+@check("gpu.model", "gpu", needs=("model",), gpu=True)
 def gpu_model(f: Facts) -> Verdict | None:
     fact, ctx = f.model, f.ctx
     names = {k: s.value for k in fact.gpus() if (s := fact.first(k))}
@@ -129,7 +131,7 @@ def gpu_model(f: Facts) -> Verdict | None:
     return v
 
 
-@check("gpu.driver", "gpu", needs=("gpu.driver",), gpu=True)
+@check("gpu.driver", "gpu", needs=("driver",), gpu=True)
 def gpu_driver(f: Facts) -> Verdict | None:
     sources: dict[str, str] = {}
     report = smi_q(f)

@@ -13,7 +13,7 @@ from .common import gpus, missing
 from .gpu_inventory import settings
 
 
-@check("gpu.persistence", "gpu", needs=("gpu.persistence",), gpu=True)
+@check("gpu.persistence", "gpu", needs=("persistence",), gpu=True)
 def persistence(f: Facts) -> Verdict | None:
     fact = f.persistence
     values = {k: s.value for k in fact.gpus() if (s := fact.first(k))}
@@ -101,7 +101,7 @@ def gsp(f: Facts) -> Verdict | None:
     return v
 
 
-@check("gpu.mig", "gpu", needs=("gpu.mig",), gpu=True)
+@check("gpu.mig", "gpu", needs=("mig",), gpu=True)
 def mig(f: Facts) -> Verdict | None:
     fact, pending_fact = f.mig, f.mig_pending
     current = {k: s.value for k in fact.gpus() if (s := fact.first(k))}

@@ -162,7 +162,7 @@ def nccl_env(f: Facts) -> Verdict | None:
 
 
 
-@check("net.infiniband", "net", needs=("net.infiniband",))
+@check("net.infiniband", "net", needs=("infiniband",))
 def infiniband(f: Facts) -> Verdict | None:
     """Only ports whose link layer is InfiniBand are the compute fabric: an Ethernet port (a front-end
     NIC, RoCE) that is down is noted, never a failure. EFA devices are net.efa's."""
