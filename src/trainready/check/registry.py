@@ -33,6 +33,8 @@ class Verdict:
     """A lost GPU explains this verdict's failure wholly ("only") or in part ("also"): see fold_lost."""
     partial: bool = False
     """The evidence was incomplete (an elided paste, a truncated report): the decision is partly verified."""
+    unverified: bool = False
+    """A warning about evidence that could not be read: the decision had none (a skip has none either)."""
     extra: list[Finding] = field(default_factory=list)
     """Findings with ids of their own (dcgm.<test>), listed after this one."""
 
@@ -130,7 +132,7 @@ def run_one(spec: CheckSpec, facts: Facts, deep: bool) -> Outcome:
                                "please report this with the bundle (trainready check collect --out DIR)")
     if verdict is None:
         verdict = _no_evidence(facts, files)
-    evidence = "none" if verdict.status == "skip" else "partial" if verdict.partial else "full"
+    evidence = "none" if verdict.status == "skip" or verdict.unverified else "partial" if verdict.partial else "full"
     return Outcome(_finding(spec, verdict), spec, True, evidence, verdict.lost, tuple(verdict.extra))
 
 
@@ -145,6 +147,11 @@ def _no_evidence(facts: Facts, files: list[str]) -> Verdict:
 
     shown_by = ", ".join(dict.fromkeys(source_name(f) for f in files))
     present = [f for f in files if "<" not in f and facts.present(f)]
+    unreadable = [(f, why) for f in present if (why := facts.unreadable(f))]
+    if unreadable:
+        name, why = unreadable[0]
+        return Verdict("warn", reason=f"unreadable: {name}: {why}", unverified=True,
+                       advice="collect the output again (trainready check collect --out DIR), whole")
     if present:
         return Verdict.skip(f"no evidence: {', '.join(dict.fromkeys(source_name(f) for f in present))} "
                             f"{'is' if len(present) == 1 else 'are'} in the bundle but show{'s' if len(present) == 1 else ''} "

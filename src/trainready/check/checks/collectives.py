@@ -138,7 +138,7 @@ def _from_tests(f: Facts, kind: Kind, op: str) -> Verdict | None:
                        advice="rerun on each node alone and in pairs to find the bad one (trainready check --deep under "
                               "torchrun does it); read the NCCL WARN lines")
     if not tests.rows:
-        return Verdict("warn", observed=f"{label}: no result rows", expected="an nccl-tests table", partial=True,
+        return Verdict("warn", observed=f"{label}: no result rows", expected="an nccl-tests table", unverified=True,
                        reason=f"unreadable: {run.source} has no result rows (cut short, or the run hung before its table)",
                        advice="rerun nccl-tests and save its whole output")
     largest = max(tests.rows, key=lambda r: r.size_bytes)
@@ -167,7 +167,8 @@ def judge_collective(f: Facts, kind: Kind, key: str, op: str) -> Verdict | None:
                             f"nccl-tests-{op}.txt (or pass --nccl-tests FILE)", "trainready check --deep")
     worst = min(verdicts, key=lambda v: SEVERITY[v.status])
     v = Verdict(worst.status, observed=squeeze("; ".join(x.observed for x in verdicts if x.observed), 500),
-                expected=worst.expected, reason=worst.reason, advice=worst.advice, partial=worst.partial)
+                expected=worst.expected, reason=worst.reason, advice=worst.advice, partial=worst.partial,
+                unverified=worst.unverified)
     if len(verdicts) > 1 and len({x.status for x in verdicts}) > 1:
         v.reason = squeeze(v.reason + "; the nccl-tests output and --deep disagree: "
                            + ", ".join(f"{x.status}" for x in verdicts), 500)

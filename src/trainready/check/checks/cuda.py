@@ -14,7 +14,7 @@ TORCH_ADVICE = "pip install 'trainready[torch]' (or your own CUDA build of torch
 def cuda_runtime(f: Facts) -> Verdict | None:
     data, ctx = f.cuda, f.ctx
     if "unparsable" in data:
-        return Verdict("warn", reason=f"unreadable: cuda.json: {data['unparsable']!r}", partial=True,
+        return Verdict("warn", reason=f"unreadable: cuda.json: {data['unparsable']!r}", unverified=True,
                        advice="collect the bundle again: trainready check collect --out DIR")
     if not data.get("torch"):
         return Verdict.skip("torch is not installed", TORCH_ADVICE)

@@ -48,7 +48,7 @@ def dcgm(f: Facts) -> Verdict | None:
         return Verdict("warn", observed="dcgmi diag did not run its tests", expected="every DCGM test passes",
                        reason=diag.runtime_error, advice="run `dcgmi diag -r 1` by hand")
     if not diag.results:
-        return Verdict("warn", partial=True, expected="every DCGM test passes",
+        return Verdict("warn", unverified=True, expected="every DCGM test passes",
                        reason=f"unreadable: {source}: no test results" + (f" ({diag.problems[0]})" if diag.problems else ""),
                        advice="save the whole `dcgmi diag -r N` output (or its -j JSON)")
     tests: dict[str, list[node.DcgmResult]] = {}  # one finding per test, its GPUs together

@@ -139,6 +139,8 @@ def gpu_processes(f: Facts) -> Verdict | None:
     if apps is None:
         apps = f.parsed(SMI_Q, node.parse_smi_q_processes)
         source = "nvidia-smi -q"
+        if apps is not None and (why := f.unreadable(SMI_Q)):
+            return Verdict("warn", reason=f"unreadable: {SMI_Q}: {why}", unverified=True)
     if apps is None:
         return missing(f, "nvidia-smi-compute-apps.csv")
     ps = f.parsed("ps.txt", node.parse_ps)

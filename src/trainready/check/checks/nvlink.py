@@ -16,7 +16,7 @@ def nvlink_topology(f: Facts) -> Verdict | None:
     n = len(topo.gpus)
     if n == 0:  # GPUs are there (gpu.count), this output does not show them: unreadable, not evidence
         line = topo.problems[0] if topo.problems else first_line(f.paste(TOPO).text)[:120]
-        return Verdict("warn", observed="no GPU rows parsed", expected="a GPU matrix", partial=True,
+        return Verdict("warn", observed="no GPU rows parsed", expected="a GPU matrix", unverified=True,
                        reason=f"unreadable: could not parse nvidia-smi topo -m ({TOPO}): {line}",
                        advice="run `nvidia-smi topo -m` by hand; a driver that cannot list GPUs needs reinstalling")
     pairs = topo.nvlink_pairs()
@@ -78,7 +78,7 @@ def nvlink_links(f: Facts) -> Verdict | None:
     if status is None:
         return None
     if not status.gpus:
-        return Verdict("warn", observed="no NVLink status parsed", expected="every link active", partial=True,
+        return Verdict("warn", observed="no NVLink status parsed", expected="every link active", unverified=True,
                        reason="unreadable: nvidia-smi-nvlink-s.txt" + (f": {status.problems[0]}" if status.problems else ""),
                        advice="run `nvidia-smi nvlink -s` by hand")
     want = ctx.gpu.nvlink_links if ctx.gpu else None

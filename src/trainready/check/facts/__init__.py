@@ -72,6 +72,30 @@ class Facts:
     def present(self, name: str) -> bool:
         return self.bundle.text(name) is not None
 
+    def unreadable(self, name: str) -> str | None:
+        """Why a structured output that is in the bundle shows nothing at all (not a table, cut before its
+        first row): its parser's first problem. None when it was read, or is a log (any text is one)."""
+        from ..parsers import node, nvsmi, system
+
+        parsers = {gpu.SMI_Q: (nvsmi.parse_smi_q, lambda r: r.gpus or r.attached_gpus is not None),
+                   gpu.QUERY: (nvsmi.parse_query_gpu, lambda r: r.fields),
+                   gpu.TOPO: (nvsmi.parse_topo, lambda r: r.gpus),
+                   gpu.NVLINK: (nvsmi.parse_nvlink_status, lambda r: r.gpus),
+                   "dcgm-diag.json": (node.parse_dcgm_diag, lambda r: r.results or r.runtime_error),
+                   "dcgm-diag.txt": (node.parse_dcgm_diag_text, lambda r: r.results),
+                   "ibstat.txt": (system.parse_ibstat, lambda r: r.cas or r.command_missing or r.notes)}
+        if name not in parsers or self.paste(name) is None or not self.paste(name).text.strip():
+            return None
+        for words in [self.parsed(name, nvsmi.parse_smi_messages)] if name in gpu.NVSMI_FILES else []:
+            if words.no_gpu or words.lost or words.rows:
+                return None  # nvidia-smi's own words: read, and evidence
+        parser, read = parsers[name]
+        result = self.parsed(name, parser)
+        if read(result):
+            return None
+        problems = getattr(result, "problems", None) or []
+        return str(problems[0])[:160] if problems else "nothing in it could be read"
+
     def why_missing(self, names: tuple[str, ...] | list[str]) -> str:
         """Why none of `names` shows anything: each file's own reason, in a few words."""
         reasons = [self.bundle.why_missing(n) for n in names if "<" not in n and " " not in n]
