@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainready.check.parsers import system as sp
+from trainready.check.parsers.kernel import KernelGpuEvents, parse_kernel_gpu_events
+from trainready.check.xid import catalog, judge
 from trainready.check.parsers.system import (
-    XID_MEANINGS,
-    XID_SEVERITY,
     FiInfo,
     IbStat,
     IbvDevinfo,
@@ -25,7 +25,6 @@ from trainready.check.parsers.system import (
     Mounts,
     NcclDebug,
     NcclTests,
-    XidLog,
 )
 
 OWN = Path(__file__).resolve().parent / "fixtures" / "check" / "system"
@@ -375,54 +374,59 @@ def test_env_nul_separated_and_junk():
     assert sp.parse_env("BASH_FUNC_one%%=() {  :; }\nA=1\n") == {"A": "1"}
 
 
-# ---------------------------------------------------------------- kernel log: Xid
+# ---------------------------------------------------------------- kernel log: Xid (parsers/kernel.py)
 
 
 def test_xid_dmesg_fixture():
-    log = sp.parse_xid(own("dmesg_xid.txt"))
+    log = parse_kernel_gpu_events(own("dmesg_xid.txt"))
     assert log.readable  # the AppArmor "Permission denied" record is a kernel message, not dmesg failing
-    assert [e.code for e in log.events] == [13, 13, 63, 79]
-    fallen = log.events[3]
-    assert (fallen.pci, fallen.message, fallen.severity, fallen.pid) == (
-        "0000:90:1c", "GPU has fallen off the bus.", "fatal", "<unknown>")
-    assert fallen.meaning == XID_MEANINGS[79] and fallen.when == "[ 9877.000001]"
-    first = log.events[0]
-    assert (first.pid, first.process, first.severity) == ("48211", "python", "error")
-    assert first.message.startswith("Graphics SM Warp Exception")
-    assert log.codes() == [13, 63, 79] and [e.code for e in log.fatal()] == [79]
-    assert [(s.switch, s.pci, s.code) for s in log.sxid_events] == [("nvidia-nvswitch2", "0000:c5:00.0", 12028)] * 2
+    assert [e.code for e in log.xids] == [13, 13, 63, 79]
+    fallen = log.xids[3]
+    assert (fallen.bus, fallen.message) == ("0000:90:1c", "GPU has fallen off the bus.")
+    assert [(x.bus, x.how) for x in log.lost] == [("0000:90:1c", "fallen off the bus (Xid 79)"),
+                                                  ("0000:90:1c.0", "fallen off the bus")]  # the driver says it twice
+    assert log.xids[0].message.startswith("Graphics SM Warp Exception")
+    assert [(s.switch, s.bus, s.code) for s in log.sxids] == [("nvidia-nvswitch2", "0000:c5:00.0", 12028)] * 2
     assert log.problems == ['unreadable Xid line: "[10002.500000] NVRM: Xid (PCI:0000:10"']
 
 
 def test_xid_journalctl_fixture():
-    log = sp.parse_xid(own("journalctl_k_xid.txt"))
+    log = parse_kernel_gpu_events(own("journalctl_k_xid.txt"))
     assert log.readable and log.problems == []
-    assert [(e.code, e.severity) for e in log.events] == [(48, "fatal"), (94, "error"), (119, "fatal")]
-    assert log.events[0].when == "Nov 29 10:14:02 ip-10-1-33-57" and log.events[2].process == "nvidia-smi"
+    assert [judge(e).severity for e in log.xids] == ["fail", "warn", "fail"]  # 48, 94, 119
+    assert [e.code for e in log.xids] == [48, 94, 119]
 
 
 @pytest.mark.parametrize("text", ["dmesg: read kernel buffer failed: Operation not permitted\n",
                                   "No journal files were opened due to insufficient permissions.\n"])
 def test_xid_unreadable(text):
-    log = sp.parse_xid(text)
-    assert not log.readable and log.events == [] and log.notes
+    log = parse_kernel_gpu_events(text)
+    assert not log.readable and log.xids == [] and log.notes
 
 
 def test_xid_old_format_unknown_code_and_empty():
-    log = sp.parse_xid("NVRM: Xid (0000:01:00): 31, Ch 00000010, engmask 00000101, intr 10000000\n"
-                       "NVRM: Xid (PCI:0000:01:00): 154, pid=1, name=x, GPU recovery action changed\n")
-    assert [(e.pci, e.code, e.severity) for e in log.events] == [("0000:01:00", 31, "error"), ("0000:01:00", 154, "unknown")]
-    assert log.events[1].meaning is None
-    empty = sp.parse_xid("")
-    assert empty.readable and empty.events == [] and empty.notes == ["empty kernel log"]
+    log = parse_kernel_gpu_events("NVRM: Xid (0000:01:00): 31, Ch 00000010, engmask 00000101, intr 10000000\n"
+                                  "NVRM: Xid (PCI:0000:01:00): 999, pid=1, name=x, something new\n")
+    assert [(e.bus, e.code) for e in log.xids] == [("0000:01:00", 31), ("0000:01:00", 999)]
+    assert judge(log.xids[1]).severity == "warn" and "not in NVIDIA's Xid catalog" in judge(log.xids[1]).why
+    empty = parse_kernel_gpu_events("")
+    assert empty.readable and empty.xids == [] and empty.notes == ["empty kernel log"]
 
 
-def test_xid_tables():
-    wanted = {13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120}
-    assert wanted <= set(XID_MEANINGS) and set(XID_SEVERITY) <= set(XID_MEANINGS)
-    assert all(isinstance(v, str) and v and "\n" not in v for v in XID_MEANINGS.values())
-    assert set(XID_SEVERITY.values()) <= {"fatal", "error", "info"}
-    assert {c for c, s in XID_SEVERITY.items() if s == "fatal"} >= {48, 79, 95, 119}
+def test_xid_154_recovery_action_decides():
+    line = "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)\n"
+    event = parse_kernel_gpu_events(line).xids[0]
+    assert event.recovery == "0x2 (Node Reboot Required)" and judge(event).severity == "fail"
+    back = parse_kernel_gpu_events(line.replace("from 0x0 (None) to 0x2 (Node Reboot Required)", "from 0x2 (x) to 0x0 (None)"))
+    assert judge(back.xids[0]).severity == "warn"
+
+
+def test_xid_catalog_is_sourced():
+    table = catalog()
+    assert len(table) >= 100
+    assert {c for c, x in table.items() if x.severity == "fail"} >= {48, 62, 64, 74, 79, 95, 119, 120}
+    assert {c for c, x in table.items() if x.severity == "warn"} >= {13, 31, 43, 45, 109}
+    assert all(x.name and x.source for x in table.values())
 
 
 # ---------------------------------------------------------------- NCCL_DEBUG=INFO
@@ -539,7 +543,7 @@ PARSERS: dict[str, ParserCase] = {
     "lsblk": (sp.parse_lsblk_json, Lsblk, _own_texts("lsblk_p4d_mountpoints.json", "lsblk_old_strings.json")),
     "mounts": (sp.parse_mounts, Mounts, _own_texts("proc_mounts_mixed.txt")),
     "env": (sp.parse_env, dict, _own_texts("env_slurm_node.txt")),
-    "xid": (sp.parse_xid, XidLog, _own_texts("dmesg_xid.txt", "journalctl_k_xid.txt")),
+    "xid": (parse_kernel_gpu_events, KernelGpuEvents, _own_texts("dmesg_xid.txt", "journalctl_k_xid.txt")),
     "nccl_debug": (sp.parse_nccl_debug, NcclDebug, _own_texts("nccl-debug_efa_ok.log", "nccl-debug_socket_fallback.log")),
     "nccl_tests": (sp.parse_nccl_tests, NcclTests,
                    _own_texts("nccl-tests_all_reduce_perf_8xA100_single-node_full.txt") + _shared_texts(NCCL_P4DE, NCCL_P5)),

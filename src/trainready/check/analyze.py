@@ -66,7 +66,9 @@ def readiness(outcomes: list[Outcome], cpu_only: bool) -> Readiness:
     partial = [o.finding.id for o in decisive if o.applicable and o.evidence == "partial"]
     unverified = [f"{o.finding.id}: {o.finding.reason}"[:300] for o in decisive if o.applicable and o.evidence == "none"]
     not_applicable = [o.finding.id for o in decisive if not o.applicable]
-    shown = f"verified {len(verified) + len(partial)} of {len(verified) + len(partial) + len(unverified)} deciding checks"
+    deciding = len(verified) + len(partial) + len(unverified)
+    shown = f"verified {len(verified) + len(partial)} of {deciding} deciding checks" if deciding else \
+        "no deciding check applies"
     if failed:
         status, text = "not-ready", f"not ready: {len(failed)} failed ({', '.join(failed[:6])}); {shown}"
     elif unverified:

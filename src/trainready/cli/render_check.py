@@ -55,5 +55,5 @@ def render_check(console: Console, report: CheckReport) -> None:
     if verdict is not None:
         style = {"ready": "bold green", "not-ready": "bold red", "not-verified": "bold yellow"}[verdict.status]
         console.print(line(styled("verdict: ", "bold"), styled(verdict.text, style)))
-        for item in verdict.unverified[:8]:
+        for item in verdict.unverified[:8] if verdict.status == "not-verified" else []:
             console.print(line("  not verified: ", item))
