@@ -150,7 +150,7 @@ def test_a_lost_gpu_is_one_failure_with_its_consequences_listed():
 
 
 def test_no_evidence_for_a_deciding_check_is_not_verified():
-    healthy_log = real("kernel", "kmsg_healthy-nvswitch-open_gpud-testdata.txt")
+    healthy_log = real("kernel", "dmesg_healthy-hgx-h100-driver-load_gpud-testdata.txt")  # NVRM lines, no Xid
     report, _ = judge({"kernel-log.txt": healthy_log}, "p4d.24xlarge")
     assert report.readiness.status == "not-verified" and report.exit_code == 1
     assert {u.split(":")[0] for u in report.readiness.unverified} >= {"gpu.count", "gpu.ecc", "nvswitch.fabric"}

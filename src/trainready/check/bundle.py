@@ -183,6 +183,7 @@ class Bundle:
     def __init__(self, files: dict[str, str], manifest: BundleManifest | None = None, source: str = "live"):
         self.files, self.manifest, self.source = files, manifest, source
         self.refused: dict[str, str] = {}  # file name -> why Bundle.load did not read it
+        self.origins: dict[str, str] = {}  # file name -> the path a user gave it under (--nccl-tests FILE)
 
     @classmethod
     def load(cls, directory: str | Path) -> Bundle:
@@ -237,7 +238,8 @@ class Bundle:
                 files[name] = _read_entry(root / name, present[name], limit(name)).decode("utf-8", errors="replace")
             except _Refused as exc:
                 refused[name] = str(exc)
-        bundle = cls(files, manifest, str(root))
+        source = str(root) if str(root) not in ("live", "given files") else f"./{root}"  # never the live source
+        bundle = cls(files, manifest, source)
         bundle.refused = refused
         return bundle
 

@@ -66,6 +66,6 @@ class Context:
 def _json_or_error(text: str) -> dict:
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"error": f"deep.json unparsable: {text[:80]!r}"}
     return data if isinstance(data, dict) else {"error": "deep.json is not an object"}

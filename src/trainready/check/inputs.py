@@ -27,8 +27,8 @@ def nccl_op(text: str, path: str) -> str | None:
     head = "\n".join(text.splitlines()[:200])
     if m := _OP.search(head):
         return m.group(1)
-    name = Path(path).name.lower().replace("-", "_")
-    return next((op for op in sorted(NCCL_OPS, key=len, reverse=True) if op in name), None)
+    name = re.sub(r"[-_ ]", "", Path(path).name.lower())  # all_reduce, all-reduce, allreduce, AllReduce
+    return next((op for op in sorted(NCCL_OPS, key=len, reverse=True) if op.replace("_", "") in name), None)
 
 
 def _read(path: str, option: str, name: str) -> str:
@@ -46,9 +46,11 @@ def _read(path: str, option: str, name: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def single_files(nccl_tests: list[str], dcgm_output: str | None) -> dict[str, str]:
-    """Bundle file name -> text for each file given. One nccl-tests file per collective."""
+def single_files(nccl_tests: list[str], dcgm_output: str | None, origins: dict[str, str] | None = None) -> dict[str, str]:
+    """Bundle file name -> text for each file given (`origins`, when given, gets bundle name -> the path
+    as the user wrote it, so findings name their file). One nccl-tests file per collective."""
     files: dict[str, str] = {}
+    origins = {} if origins is None else origins
     for path in nccl_tests:
         text = _read(path, "--nccl-tests", "nccl-tests-all_reduce.txt")
         op = nccl_op(text, path)
@@ -60,9 +62,11 @@ def single_files(nccl_tests: list[str], dcgm_output: str | None) -> dict[str, st
         if name in files:
             raise UsageError(f"--nccl-tests: two files for {op} ({printable(path)} and an earlier one): give one per collective")
         files[name] = text
+        origins[name] = printable(path)
     if dcgm_output is not None:
         text = _read(dcgm_output, "--dcgm-output", "dcgm-diag.txt")
-        files["dcgm-diag.json" if _is_json(text) else "dcgm-diag.txt"] = text
+        name = "dcgm-diag.json" if _is_json(text) else "dcgm-diag.txt"
+        files[name], origins[name] = text, printable(dcgm_output)
     return files
 
 
@@ -72,8 +76,8 @@ def _is_json(text: str) -> bool:
         return False
     try:
         json.loads(stripped)
-    except ValueError:
-        return True  # a JSON object cut short: judged (and reported unreadable) as JSON
+    except (ValueError, RecursionError):
+        return True  # a JSON object cut short (or nested past reason): judged, and reported unreadable, as JSON
     return True
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from trainready.errors import printable
+
 from .findings import Finding, Status
 
 if TYPE_CHECKING:
@@ -118,6 +120,9 @@ def run_one(spec: CheckSpec, facts: Facts, deep: bool) -> Outcome:
         why_not = spec.applies(facts)
         if why_not:
             return Outcome(_finding(spec, Verdict.skip(f"not applicable: {why_not}")), spec, False, "none")
+    refused = [n for n in files if n in facts.bundle.refused]
+    if refused and not _has_any(facts, files):  # a file of its own is there but was not read: say why
+        return Outcome(_finding(spec, Verdict.skip(facts.bundle.why_missing(refused[0]))), spec, True, "none")
     if spec.deep and not deep and not (files and _has_any(facts, [f for f in files if f != "deep.json"])):
         return Outcome(_finding(spec, Verdict.skip("needs --deep", "run `trainready check --deep` to measure it")),
                        spec, True, "none")
@@ -132,8 +137,12 @@ def run_one(spec: CheckSpec, facts: Facts, deep: bool) -> Outcome:
                                "please report this with the bundle (trainready check collect --out DIR)")
     if verdict is None:
         verdict = _no_evidence(facts, files)
+    if verdict.status != "skip" and any((p := facts.paste(n)) is not None and p.elided for n in files if "<" not in n):
+        verdict.partial = True  # an author cut the output: what the cut stood for is unknown
     evidence = "none" if verdict.status == "skip" or verdict.unverified else "partial" if verdict.partial else "full"
-    return Outcome(_finding(spec, verdict), spec, True, evidence, verdict.lost, tuple(verdict.extra))
+    extra = tuple(f.model_copy(update={k: printable(getattr(f, k)) for k in ("observed", "expected", "reason", "advice")})
+                  for f in verdict.extra)
+    return Outcome(_finding(spec, verdict), spec, True, evidence, verdict.lost, extra)
 
 
 def facts_no_gpu(facts: Facts) -> str | None:
@@ -153,17 +162,21 @@ def _no_evidence(facts: Facts, files: list[str]) -> Verdict:
         return Verdict("warn", reason=f"unreadable: {name}: {why}", unverified=True,
                        advice="collect the output again (trainready check collect --out DIR), whole")
     if present:
+        absent = [f for f in files if "<" not in f and f not in present]
         return Verdict.skip(f"no evidence: {', '.join(dict.fromkeys(source_name(f) for f in present))} "
                             f"{'is' if len(present) == 1 else 'are'} in the bundle but show{'s' if len(present) == 1 else ''} "
-                            f"nothing about it (it is shown by {shown_by})",
+                            f"nothing about it (it is shown by {shown_by}" +
+                            (f"; {facts.why_missing(absent)})" if absent else ")"),
                             "collect the bundle on the node: trainready check collect --out DIR")
     return Verdict.skip(f"no evidence: shown by {shown_by}; none is in the bundle ({facts.why_missing(files)})",
                         "collect the bundle on the node: trainready check collect --out DIR")
 
 
 def _finding(spec: CheckSpec, v: Verdict) -> Finding:
-    return Finding(id=spec.id, area=spec.area, status=v.status, observed=v.observed, expected=v.expected,
-                   reason=v.reason, advice=v.advice)
+    """Stamped with the check's id; what a file said (names, messages) shown as text, never as a terminal
+    escape or a bidi override."""
+    return Finding(id=spec.id, area=spec.area, status=v.status, observed=printable(v.observed),
+                   expected=printable(v.expected), reason=printable(v.reason), advice=printable(v.advice))
 
 
 def run_checks(facts: Facts, deep: bool) -> list[Outcome]:

@@ -20,11 +20,7 @@ HELP = f"""Probe this node (or analyze a bundle) and report every finding with a
 
 Example: trainready check --instance p4d.24xlarge      trainready check --bundle ./node7
 
-A bundle directory holds what `check collect` writes, and also reads, when present, outputs users already
-have: nvidia-smi.txt (nvidia-smi or nvidia-smi -L), nccl-tests-<op>.txt (all_reduce_perf and friends as
-printed; op: all_reduce, all_gather, reduce_scatter, alltoall, broadcast, reduce, sendrecv), dcgm-diag.txt
-(dcgmi diag -r N as printed) or dcgm-diag.json (-j), cuda-log.txt (a CUDA program's error output).
-Single files without a bundle: --nccl-tests FILE, --dcgm-output FILE. Names: docs/check.md.
+A bundle directory holds what `check collect` writes, and also reads, when present, outputs users already have: nvidia-smi.txt (nvidia-smi or nvidia-smi -L), nccl-tests-<op>.txt (all_reduce_perf and friends as printed; op: all_reduce, all_gather, reduce_scatter, alltoall, broadcast, reduce, sendrecv), dcgm-diag.txt (dcgmi diag -r N as printed) or dcgm-diag.json (-j), cuda-log.txt (a CUDA program's error output). Single files without a bundle: --nccl-tests FILE, --dcgm-output FILE. Names: docs/check.md.
 
 {CODES}"""
 
@@ -53,7 +49,7 @@ def check(ctx: typer.Context,
           deep: Deep = False, hot_dir: HotDir = None, shared_dir: SharedDir = None,
           dcgm: Dcgm = None, fix: Fix = False, mig: Mig = False,
           nccl_tests: Annotated[Optional[list[str]], typer.Option("--nccl-tests", metavar="FILE", help="Judge an nccl-tests output (all_reduce_perf ... as printed; repeat for several ops). Without --bundle, only the files given are judged.")] = None,
-          dcgm_output: Annotated[Optional[str], typer.Option("--dcgm-output", metavar="FILE", help="Judge a saved `dcgmi diag -r N` output (the table, or -j JSON). Without --bundle, only the files given are judged.")] = None,
+          dcgm_output: Annotated[Optional[list[str]], typer.Option("--dcgm-output", metavar="FILE", help="Judge a saved `dcgmi diag -r N` output (the table, or -j JSON). Without --bundle, only the files given are judged.")] = None,
           dataset: Annotated[Optional[str], typer.Option("--dataset", metavar="URL", help="Also check the training data's layout (local directory or s3://bucket/prefix): many small objects starve GPUs, packed shards do not. Lists at most 10,000 objects (~20 s).")] = None,
           json_out: o.Json = False) -> None:
     if ctx.invoked_subcommand is not None:
@@ -73,18 +69,29 @@ def check(ctx: typer.Context,
                          "bundle's deep.json; drop them (or --bundle)")
     hot, shared = _measured_dirs(deep, hot_dir, shared_dir)
     _this_machine_only(bundle_dir, dcgm, fix)
-    given = single_files(nccl_tests or [], dcgm_output)
+    if dcgm_output and len(dcgm_output) > 1:
+        raise UsageError("--dcgm-output given twice: give one dcgmi diag output (run the diagnostic once, at the level you want)")
+    origins: dict[str, str] = {}
+    given = single_files(nccl_tests or [], dcgm_output[0] if dcgm_output else None, origins)
     if given and bundle_dir is None:  # the files alone: no probes, only the checks they feed
-        if deep or fix or dcgm is not None or job or model:
-            raise UsageError("--nccl-tests/--dcgm-output without --bundle judge only those files: drop --deep, --fix, "
-                             "--dcgm, --job and --model (or add --bundle DIR)")
-        report = analyze(Bundle(given, None, source="given files"), instance, deep=False, cpu_only=cpu_only,
-                         only=checks_for(given))
+        ignored = [name for name, on in (("--deep", deep), ("--fix", fix), ("--dcgm", dcgm is not None), ("--job", job),
+                                         ("--model", model), ("--method", method), ("--strategy", strategy),
+                                         ("--offload", offload), ("--dataset", dataset), ("--mig", mig),
+                                         ("--cpu-only", cpu_only)) if on]
+        if ignored:
+            raise UsageError(f"--nccl-tests/--dcgm-output without --bundle judge only those files: {', '.join(ignored)} "
+                             "would be ignored; drop it (or add --bundle DIR, or run check on the node)")
+        files_only = Bundle(given, None, source="given files")
+        files_only.origins = origins
+        report = analyze(files_only, instance, deep=False, only=checks_for(given))
         _finish(report, json_out)
         return
     loaded = Bundle.load(bundle_dir) if bundle_dir is not None else None  # read once: a bundle can change
     if loaded is not None:
         loaded.files.update(given)
+        loaded.origins.update(origins)
+        for name in given:
+            loaded.refused.pop(name, None)  # the user's file stands in for one the bundle could not give
     detected = None  # live: the instance type detected on EC2 (judged like a bundle's instance-type.txt)
     if loaded is None and not instance:
         detected = detect_instance_type()
@@ -114,6 +121,7 @@ def check(ctx: typer.Context,
         # a detected type travels in the bundle (instance-type.txt), where analyze judges it as found,
         # not as the user's word: one unknown to the catalog is checked without, not a usage error
         live.files.update(given)
+        live.origins.update(origins)
         report = analyze(live, instance, needs, deep=deep, live=True, cpu_only=cpu_only, mig=mig)
     if fixed is not None:
         report = report.adding(fixed)

@@ -157,6 +157,11 @@ def _from_tests(f: Facts, kind: Kind, op: str) -> Verdict | None:
                                                            if gpu is None else "instance type unknown across nodes")),
                        advice="pass --instance TYPE")
     status, reason = _judge(value, largest.size_bytes, th, hosts)
+    if not run.hosts and status == "fail":  # no `# Rank ... on HOST` lines: one node or several, unknown
+        return Verdict("warn", observed=observed, expected=th.describe(), partial=True,
+                       reason=f"below the one-node floor ({reason}), but the output names no hosts (no `# Rank N ... "
+                              "on HOST` lines): across nodes the floor is lower; keep the whole output",
+                       advice="rerun nccl-tests and save its whole output (its header names ranks and hosts)")
     return Verdict(status, observed=observed, expected=th.describe(), reason=reason + like)
 
 

@@ -34,7 +34,10 @@ def status_of(word: str) -> str:
 @check("gpu.dcgm", "gpu")
 def dcgm(f: Facts) -> Verdict | None:
     found = f.dcgm
-    if found is None:
+    refused = [n for n in ("dcgm-diag.json", "dcgm-diag.txt") if n in f.bundle.refused]
+    if not found and refused:
+        return Verdict.skip(f.bundle.why_missing(refused[0]))
+    if not found:
         record = f.bundle.record("dcgm-diag.json")
         if record is not None and record.exit_code is None:
             return Verdict.skip(f"dcgmi not available on {f.bundle.machine} (DCGM not installed): no DCGM diagnostic",
@@ -43,7 +46,14 @@ def dcgm(f: Facts) -> Verdict | None:
             return Verdict.skip(f.bundle.why_missing("dcgm-diag.json"))
         return Verdict.skip("not asked: --dcgm 1|2|3 runs NVIDIA's DCGM diagnostic (dcgmi diag), or give its output "
                             "with --dcgm-output FILE")
-    diag, source = found
+    if len(found) > 1:  # the JSON and a table: one diagnostic made of both
+        diag = node.DcgmDiag(version=found[0][0].version or found[1][0].version,
+                             results=[r for d, _ in found for r in d.results],
+                             runtime_error=found[0][0].runtime_error or found[1][0].runtime_error,
+                             problems=[p for d, _ in found for p in d.problems])
+        source = " and ".join(name for _, name in found)
+    else:
+        diag, source = found[0]
     if diag.runtime_error and not diag.results:
         return Verdict("warn", observed="dcgmi diag did not run its tests", expected="every DCGM test passes",
                        reason=diag.runtime_error, advice="run `dcgmi diag -r 1` by hand")
@@ -54,7 +64,7 @@ def dcgm(f: Facts) -> Verdict | None:
     tests: dict[str, list[node.DcgmResult]] = {}  # one finding per test, its GPUs together
     for result in diag.results:
         tests.setdefault(result.test, []).append(result)
-    extra, counts = [], {"fail": 0, "warn": 0, "pass": 0, "skip": 0}
+    extra, counts, ids = [], {"fail": 0, "warn": 0, "pass": 0, "skip": 0}, set()
     for name, results in tests.items():
         status = min((status_of(r.status) for r in results), key=SEVERITY.__getitem__)  # the worst GPU's
         counts[status] += 1
@@ -62,8 +72,12 @@ def dcgm(f: Facts) -> Verdict | None:
             continue
         gpus = sorted({g for r in results if status_of(r.status) == status for g in r.gpus})
         messages = list(dict.fromkeys(m for r in results for m in r.messages))
+        finding_id = f"dcgm.{_slug(name)}"
+        while finding_id in ids:  # "PCIe" and "PCIe." are two tests with one slug
+            finding_id += "-2"
+        ids.add(finding_id)
         extra.append(Finding(
-            id=f"dcgm.{_slug(name)}", area="gpu", status=status, expected="Pass",
+            id=finding_id, area="gpu", status=status, expected="Pass",
             observed=f"{name}: {status}" + (f" on GPU {', '.join(gpus)}" if gpus else ""),
             reason=("; ".join(messages) or f"DCGM's {results[0].category or ''} test {name} did not pass").strip()[:500],
             advice="see NVIDIA's DCGM diagnostics guide for this test; a hardware test failing: drain the node"))

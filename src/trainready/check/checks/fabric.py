@@ -29,7 +29,8 @@ def fabric_applies(f: Facts) -> str | None:
     if why:
         return why
     service = f.parsed(FM_STATUS, node.parse_fabricmanager_status)
-    if f.ctx.instance is None and service is not None and service.nothing_to_do:
+    registers = any(f.fabric_state.reported(k) for k in f.fabric_state.gpus())  # Hopper+ on an NVSwitch board
+    if f.ctx.instance is None and service is not None and service.nothing_to_do and not registers:
         return "the fabric manager found no NVSwitch to manage (NV_WARN_NOTHING_TO_DO): a bridge-only or PCIe node"
     return None
 
@@ -110,7 +111,7 @@ def sxid(f: Facts) -> Verdict | None:
     from ..facts.events import kernel_readable
 
     events: dict[tuple[str, int], str] = {}  # (switch, code) -> severity (fatal wins)
-    read, unreadable = kernel_readable(f)
+    read, unreadable = kernel_readable(f, xids=False)
     for _, e in f.sxids:
         severity = sxid_severity(e.code, e.message)
         key = (e.switch or e.bus, e.code)

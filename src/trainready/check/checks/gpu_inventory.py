@@ -36,15 +36,19 @@ def gpu_count(f: Facts) -> Verdict:
             (f"; the driver knows {inv.attached.value} (nvidia-smi -q Attached GPUs)" if inv.attached else "")
         v.advice = ("a lost GPU needs a node reboot at least (NVIDIA: Xid 79 -> restart the node); if it recurs, "
                     "stop/start the instance for other hardware or drain the node")
-        if expected and seen.count is not None and found + len(lost) < expected:
+        total = expected or (inv.attached.value if inv.attached else None)
+        if total and seen.count is not None and found + len(lost) < total:
             v.lost = "also"  # more missing than the lost ones explain
+            v.reason += f"; {total - found - len(lost)} more missing that no file explains"
+        return v
+    attached = inv.attached.value if inv.attached else None
+    if attached and found < attached and complete_report(f):
+        v.status = "fail"
+        v.reason = (f"nvidia-smi -q lists {found} GPUs of the {attached} the driver knows (Attached GPUs), and the report "
+                    "is not cut short: the others cannot be read" + via)
+        v.advice = "check `nvidia-smi -L` and the kernel log for Xid 79 (fallen off the bus); reboot, else replace the node"
         return v
     if expected is None:
-        attached = inv.attached.value if inv.attached else None
-        if attached and seen.exact and found < attached:
-            v.status, v.reason = "fail", f"nvidia-smi lists {found} GPUs, the driver knows {attached}" + via
-            v.advice = "check `nvidia-smi -L` and the kernel log for Xid 79 (fallen off the bus)"
-            return v
         v.status, v.reason = "warn", f"{ctx.unknown_instance}: cannot tell how many GPUs there should be" + via
         v.advice = "pass --instance TYPE (e.g. p4d.24xlarge)"
     elif found < expected and seen.exact:
@@ -70,6 +74,16 @@ def gpu_count(f: Facts) -> Verdict:
             v.status = "warn"
             v.advice = "run `nvidia-smi -L` and `python -c 'import torch; print(torch.cuda.device_count())'` on the node"
     return v
+
+
+def complete_report(f: Facts) -> bool:
+    """nvidia-smi -q was not cut short: no elision, and its last GPU section ends with the Processes block
+    nvidia-smi prints last for every GPU (so sections missing from it were never printed)."""
+    report, paste = smi_q(f), f.paste(SMI_Q)
+    if report is None or not report.gpus or paste is None or paste.elided:
+        return False
+    return any(key.split("/")[0] == "Processes" for key in report.gpus[-1].fields) or \
+        paste.text.rstrip().splitlines()[-1].strip().startswith("Processes")
 
 
 def _disagreement(f: Facts, seen: Presence) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..facts import Facts
 from ..facts.gpu import TOPO
 from ..registry import Verdict, check
-from .common import first_line, has_nvlink
+from .common import first_line, has_nvlink, presence
 
 
 @check("gpu.nvlink-topology", "gpu", needs=(TOPO,), gpu=True)
@@ -94,7 +94,9 @@ def nvlink_links(f: Facts) -> Verdict | None:
             slow += [f"GPU{index} link {link.id} at {link.speed_gbps:g} GB/s (want {speed:g})"
                      for link in gpu.links if link.active and link.speed_gbps is not None and link.speed_gbps < 0.9 * speed]
     few = {i: c for i, c in counts.items() if want and c < want and not any(x.startswith(f"GPU{i} ") for x in inactive)}
-    elided = facts.elided or bool(status.problems)
+    others = presence(f).count  # a cut-short listing: the GPUs it does not show are unknown
+    short_listing = bool(others and presence(f).exact and len(status.gpus) < others)
+    elided = facts.elided or bool(status.problems) or short_listing
     v = Verdict("pass", observed="active links per GPU: " + ", ".join(sorted({str(c) for c in counts.values()})),
                 expected=f"{want} active links per GPU at {speed:g} GB/s" if want and speed else
                 f"{want} active links per GPU" if want else "the same active links on every GPU")
@@ -110,7 +112,8 @@ def nvlink_links(f: Facts) -> Verdict | None:
         v.advice = "an NVLink is down: GPU-GPU bandwidth drops; stop/start the instance or drain the node"
     elif elided:
         v.status, v.partial = "warn", True
-        v.reason = ("the output is elided or cut (links not shown are unknown); the links shown are active" +
+        v.reason = ((f"nvlink -s shows {len(status.gpus)} of {others} GPUs" if short_listing else "the output is elided or cut") +
+                    " (links not shown are unknown); the links shown are active" +
                     (": " + "; ".join(f"GPU{i} shows {c} of {want}" for i, c in list(few.items())[:4]) if few else ""))
         v.advice = "collect the full `nvidia-smi nvlink -s` output"
     else:

@@ -30,11 +30,18 @@ def kernel_events(f: Facts) -> list[tuple[str, kernel.KernelGpuEvents]]:
     return out
 
 
-def kernel_readable(f: Facts) -> tuple[list[str], list[str]]:
-    """(kernel log files read, files present that said the log could not be read)."""
+def kernel_readable(f: Facts, xids: bool = True) -> tuple[list[str], list[str]]:
+    """(kernel log files that can show Xids, files present that said the log could not be read).
+    kernel-xid.txt is the collector's Xid/NVRM filter of dmesg; kernel-log.txt is its filter of NIC and
+    disk lines, which never holds an Xid, unless a user put a whole log there: it counts when it holds
+    the driver's own lines (NVRM). For SXids (`xids=False`) both count: the collector keeps SXid lines
+    in kernel-log.txt too."""
     read, unreadable = [], []
     for name, events in kernel_events(f):
-        (read if events.readable else unreadable).append(name)
+        if not events.readable:
+            unreadable.append(name)
+        elif not xids or name == "kernel-xid.txt" or "NVRM" in (f.paste(name).text if f.paste(name) else ""):
+            read.append(name)
     return read, unreadable
 
 
@@ -198,7 +205,7 @@ def cuda_json(f: Facts) -> dict:
         return {}
     try:
         data = json.loads(text.text)
-    except ValueError:
+    except (ValueError, RecursionError):  # a planted nesting must not crash the check
         return {"unparsable": text.text[:120]}
     return data if isinstance(data, dict) else {"unparsable": text.text[:120]}
 
@@ -206,7 +213,8 @@ def cuda_json(f: Facts) -> dict:
 _NOT_READY = re.compile(r"system not yet initialized|cudaErrorSystemNotReady|error 802\b|code=802\b", re.I)
 # NCCL's NVLS (NVLink SHARP) setup refused by CUDA: "Failed to bind NVLink SHARP (NVLS) Multicast memory ...:
 # CUDA error 401 'the operation cannot be performed in the present state'" (the fabric manager is not running)
-_MULTICAST = re.compile(r"(?:NVLS|multicast)[\s\S]{0,300}?(?:error 401|cannot be performed in the present state)", re.I)
+_REFUSED = re.compile(r"error 401|cannot be performed in the present state", re.I)
+_MULTICAST = re.compile(r"NVLS|multicast", re.I)
 
 
 def cuda_fabric_words(f: Facts) -> list[Seen[str]]:
@@ -223,9 +231,12 @@ def cuda_fabric_words(f: Facts) -> list[Seen[str]]:
             out.append(Seen(_around(text, m), "cuda.json"))
     log = f.paste(CUDA_LOG)
     text = log.text[:4 << 20] if log else ""
-    for pattern in (_NOT_READY, _MULTICAST):
-        if m := pattern.search(text):
+    if m := _NOT_READY.search(text):
+        out.append(Seen(_around(text, m).replace("\n", " "), CUDA_LOG))
+    for m in _REFUSED.finditer(text):  # the error words, then NVLS named in the 300 characters before them
+        if _MULTICAST.search(text, max(0, m.start() - 300), m.start()):
             out.append(Seen(_around(text, m).replace("\n", " "), CUDA_LOG))
+            break
     return out
 
 

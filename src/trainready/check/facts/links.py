@@ -85,27 +85,26 @@ def infiniband(f: Facts) -> IbFacts:
     return out
 
 
-def dcgm(f: Facts) -> tuple[node.DcgmDiag, str] | None:
-    """DCGM's diagnostic: the JSON trainready's --dcgm keeps, else the table a user saved or pasted."""
+def dcgm(f: Facts) -> list[tuple[node.DcgmDiag, str]]:
+    """DCGM's diagnostics in the bundle: the JSON trainready's --dcgm keeps, and the table a user saved or
+    pasted; both are judged (a passing one never hides a failing one)."""
+    out = []
     for name, parser in ((DCGM_JSON, node.parse_dcgm_diag), (DCGM_TEXT, node.parse_dcgm_diag_text)):
         diag = f.parsed(name, parser)
         if diag is not None:
-            return diag, name
-    return None
+            out.append((diag, name))
+    return out
 
 
 _NOT_READY = re.compile(r"system not yet initialized", re.I)
 
 
 def dcgm_fabric_words(f: Facts) -> list[Seen[str]]:
-    found = dcgm(f)
-    if found is None:
-        return []
-    diag, name = found
-    for result in diag.results:
-        for message in result.messages:
-            if _NOT_READY.search(message):
-                return [Seen(f"DCGM {result.test}: {message[:160]}", name)]
+    for diag, name in dcgm(f):
+        for result in diag.results:
+            for message in result.messages:
+                if _NOT_READY.search(message):
+                    return [Seen(f"DCGM {result.test}: {message[:160]}", name)]
     return []
 
 
@@ -121,7 +120,8 @@ class NcclRun:
     elided: int = 0
 
 
-_RANK_LINE = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$")
+_RANK_LINE = re.compile(r"#\s{0,8}Rank\s{1,8}(\d{1,7})\s{1,8}Group\s{1,8}\d{1,7}\s{1,8}Pid\s{1,8}\d{1,12}\s{1,8}on\s{1,8}"
+                        r"(\S{1,255})\s{1,8}device\s{1,8}\d{1,7}\s{1,8}\[[^\]]{0,40}\]\s{1,8}")
 
 
 def nccl_tests(f: Facts, op: str) -> NcclRun | None:
@@ -134,8 +134,8 @@ def nccl_tests(f: Facts, op: str) -> NcclRun | None:
     gpus: list[str] = []
     ranks: set[int] = set()
     for line in paste.text.splitlines():
-        if m := _RANK_LINE.search(line):
+        if "Rank" in line and (m := _RANK_LINE.search(line[:600])):
             ranks.add(int(m.group(1)))
             hosts.setdefault(m.group(2))
-            gpus.append(m.group(3))
-    return NcclRun(name, tests, len(ranks) or tests.nranks, list(hosts), gpus, paste.elided)
+            gpus.append(line[m.end():m.end() + 120].strip())
+    return NcclRun(f.bundle.origins.get(name, name), tests, len(ranks) or tests.nranks, list(hosts), gpus, paste.elided)

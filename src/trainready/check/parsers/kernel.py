@@ -82,16 +82,29 @@ def _logical(lines: list[str]) -> list[str]:
     they continue; the timestamp and host columns of the first are kept."""
     out: list[str] = []
     for line in lines:
-        if out and line[:1] in (" ", "\t") and line.strip().startswith("NVRM:") and "NVRM" in out[-1]:
+        if out and line[:1] in (" ", "\t") and line.strip().startswith("NVRM:") and "NVRM" in out[-1] \
+                and len(out[-1]) < 4096:
             out[-1] = out[-1].rstrip() + " " + _PREFIX.sub("", line.strip(), count=1)
         else:
             out.append(line)
     return out
 
 
+_THE_GPU = re.compile(rf"(?:The NVIDIA GPU|GPU)\s+(?:at\s+PCI:)?{_BUS_TEXT}\b")
+
+
+def _earlier_address(lines: list[str], k: int) -> str | None:
+    """The GPU a message split over lines names on one of the two before ("NVRM: The NVIDIA GPU 0000:b3:00.0",
+    then "NVRM: (PCI ID: ...) installed in this system has", then "NVRM: fallen off the bus ...")."""
+    for line in reversed(lines[max(0, k - 2):k]):
+        if "NVRM" in line and (m := _THE_GPU.search(line[:2000])):
+            return m.group(1)
+    return None
+
+
 def _xid(match: re.Match, line: str) -> XidEvent:
     code = int(match.group(2))
-    message = (match.group(3) or "").strip()
+    message = (match.group(3) or "").strip()[:600]
     for prefix in (r"pid=('[^']*'|[^,]*),\s*", r"name=([^,]*),\s*"):
         if m := re.match(prefix, message):
             message = message[m.end():]
@@ -109,8 +122,8 @@ def _parse(text: str) -> KernelGpuEvents:
     problems, notes = _Problems(), []
     out: dict[str, list] = {"xids": [], "lost": [], "sxids": [], "pcie_limited": [], "nvidia_devices": []}
     readable = True
-    lines = _logical(_lines(text))
-    for line in lines:
+    lines = [line[:8192] for line in _logical(_lines(text))]  # no kernel message is longer
+    for k, line in enumerate(lines):
         if not line.strip():
             continue
         if _UNREADABLE.search(line) and not (line.lstrip().startswith("[") or " kernel: " in line or "NVRM" in line):
@@ -130,11 +143,14 @@ def _parse(text: str) -> KernelGpuEvents:
                                                   message=(m.group(4) or "").strip()[:300]))
             elif "NVRM: Xid" in line or "SXid (" in line:
                 problems.add("unreadable Xid line", line)
-        if m := _LOST.search(line):
-            if len(out["lost"]) < _MAX_EVENTS:
+        low = line.lower()
+        if any(word in low for word in _HOW) and len(out["lost"]) < _MAX_EVENTS:
+            if m := _LOST.search(line[:2000]):
                 out["lost"].append(LostGpu(bus=m.group(1), how=_HOW[m.group(2).lower()], line=quote(line)))
-        elif "fallen off the bus" in line.lower():
-            notes.append(f"a GPU fell off the bus (address not in the line): {quote(line)}")
+            elif "fallen off the bus" in low:  # the driver's words, the address on an earlier line or none
+                bus = _earlier_address(lines, k)
+                out["lost"].append(LostGpu(bus=bus or "", how="fallen off the bus" + ("" if bus else " (address not shown)"),
+                                           line=quote(line)))
         if "limited by" in line and (m := _LIMITED.search(line)):
             out["pcie_limited"].append(PcieLimited(
                 bus=m.group(1), limited_gts=float(m.group(3)), limited_width=int(m.group(4)), at=m.group(5),

@@ -129,7 +129,7 @@ def _parse_compute_apps(text: str) -> GpuProcesses:
             continue
         cells = [c.strip() for c in line.split(",")]
         if header is None:
-            header = [re.sub(r"\s*\[.*\]$", "", c).lower() for c in cells]
+            header = [(c[:c.index("[")] if c.endswith("]") and "[" in c else c).strip().lower() for c in cells]
             if "pid" not in header:
                 problems.add("not a --query-compute-apps CSV header", line)
                 header = None
@@ -699,7 +699,6 @@ def gbps(value: Any) -> float | None:
 
 # ---------------------------------------------------------------- dcgmi diag (text table)
 
-_DCGM_ROW = re.compile(r"\|\s?(.{0,40}?)\s*\|\s?(.*?)\s*\|?\s*$")
 _DCGM_SECTION = re.compile(r"[|+]-{2,}\s+([A-Za-z][A-Za-z ]{0,30}?)\s+-{2,}")
 _DCGM_STATUS = re.compile(r"(Pass|Fail|Skip|Warn|Not Run|Error)\b\s*(?:-\s*(.*))?", re.I)
 _DCGM_GPU_STATUS = re.compile(r"GPU\s*(\d{1,3}):\s*(Pass|Fail|Skip|Warn|Not Run)\b", re.I)
@@ -727,12 +726,12 @@ def _parse_dcgm_text(text: str) -> DcgmDiag:
         if m := _DCGM_SECTION.match(stripped):
             category, current, message = m.group(1).strip(), None, None
             continue
-        row = _DCGM_ROW.fullmatch(stripped) if stripped.startswith("|") else None
-        if row is None:
+        cells = stripped[:2000].split("|") if stripped.startswith("|") else []
+        if len(cells) < 3:
             if message is not None and stripped and not stripped.startswith("+"):
-                message.append(stripped)  # a wrapped line that lost its box (a paste cut mid-row)
+                message.append(stripped[:300])  # a wrapped line that lost its box (a paste cut mid-row)
             continue
-        name, value = row.group(1).strip(), row.group(2).strip()
+        name, value = cells[1].strip()[:80], cells[2].strip()[:300]
         if name.lower() in ("diagnostic",) and value.lower() == "result":
             continue
         if name.lower() in _DCGM_META:

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 _FENCE = re.compile(r"\s{0,8}(```|~~~)[\w+-]{0,20}\s*")
 _HTML = re.compile(r"\s*</?(details|summary|pre|code)\b[^>]{0,200}>(.{0,200}</summary>)?\s*", re.I)
 # A whole line that only marks a cut: [...], [ ... ], ...., ..., …, <snip>, ...<snip>..., (truncated), [output omitted]
-_ELISION = re.compile(r"\s*(?:#\s*)?(?:\[\s*(?:\.{2,}|…|snip(?:ped)?|truncated|omitted|cut)[^\]]{0,60}\]|\.{2,}\s*"
-                      r"(?:<\s*snip(?:ped)?\s*>|\(\s*snip(?:ped)?\s*\))?\s*\.{0,10}|<\s*snip(?:ped)?\s*>|…+|"
-                      r"\(\s*(?:truncated|snip(?:ped)?|\.{3}|more lines?(?: omitted)?)\s*\)|"
-                      r"(?:\.\.\.\s*)?(?:output\s+)?(?:truncated|omitted|snipped)(?:\s*\.\.\.)?)\s*", re.I)
+# Matched on the line stripped and its spaces squeezed (at most 80 characters): no two spans of spaces
+# meet, so no input makes the match slow.
+_ELISION = re.compile(r"(?:# ?)?(?:\[ ?(?:\.{2,}|…|snip(?:ped)?|truncated|omitted|cut)[^\]]{0,60}\]|\.{2,10} ?"
+                      r"(?:< ?snip(?:ped)? ?>|\( ?snip(?:ped)? ?\))?(?: ?\.{1,10})?|< ?snip(?:ped)? ?>|…+|"
+                      r"\( ?(?:truncated|snip(?:ped)?|\.{3}|more lines?(?: omitted)?) ?\)|"
+                      r"(?:\.\.\. ?)?(?:output )?(?:truncated|omitted|snipped)(?: ?\.\.\.)?)", re.I)
+_SPACES = re.compile(r"\s+")
 _QUOTE = re.compile(r"\s{0,3}> ?")
 
 
@@ -30,7 +33,11 @@ class Paste:
 
 
 def is_elision(line: str) -> bool:
-    return bool(line.strip()) and _ELISION.fullmatch(line) is not None
+    core = line.strip()
+    if not core or len(core) > 200:
+        return False
+    core = _SPACES.sub(" ", core)
+    return len(core) <= 80 and _ELISION.fullmatch(core) is not None
 
 
 def clean(text: str | None) -> Paste:
