@@ -265,3 +265,59 @@ def test_a_check_names_itself_once():
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "check" and node.args:
                 check_id = node.args[0].value
                 assert text.count(f'"{check_id}"') == 1, (path.name, check_id)
+
+
+# ---------------------------------------------------------------- hostile files (an attack on the redesign)
+
+HOSTILE = {  # each once made a regex backtrack for seconds to hours, or crashed with exit 3
+    "dcgm-diag.txt": "| Deployment | Pass" + " " * 3000 + "x\n",
+    "nccl-tests-all_reduce.txt": "#  Rank  0 Group  0 Pid  1 on h device  0 [0x00] a" + " " * 90000 + "b\n",
+    "nvidia-smi.txt": ("..  " + " " * 296 + "x\n") * 100,
+    "cuda-log.txt": "NVLS" * (1 << 18),
+    "kernel-log.txt": "GPU 00:00 " * 100000 + "\n",
+    "cuda.json": '{"warnings":' + "[" * 100000 + "]" * 100000 + "}",
+    "nvidia-smi-compute-apps.csv": "pid, process_name [" + "x" * 200000 + "\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_file_is_judged_quickly_and_never_crashes(name):
+    # correctness, not timing: a regression here shows as a test that runs for minutes (bench/check_corpus.py times it)
+    report, by_id = judge({name: HOSTILE[name]})
+    assert not [f.id for f in report.checks if "check could not run" in f.reason]
+
+
+def test_bidi_and_markup_from_files_are_text():
+    log = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=\u202eevil[bold red]x[/], GPU has fallen off the bus.\n"
+    report, by_id = judge({"kernel-xid.txt": log})
+    text = json.dumps([f.model_dump() for f in report.checks], ensure_ascii=False)
+    assert "\u202e" not in text and "\\u202e" in by_id["gpu.xid"].reason
+
+
+def test_fabric_nothing_to_do_never_hides_gpus_that_report_a_fabric_state():
+    q = real("nvsmi", "nvidia-smi-q_8xH100-80GB-HBM3_healthy-fabric-completed_thamada.txt")
+    q = q.replace("State                             : Completed", "State                             : In Progress", 1)
+    nothing = real("fabric", "journal_fm-nothing-to-do-no-nvswitch-2x4090_cubestudio29.txt")
+    _, by_id = judge({"nvidia-smi-q.txt": q, "fabricmanager-status.txt": nothing})  # SYNTHETIC edit of one state
+    assert by_id["nvswitch.fabric"].status == "fail"
+
+
+def test_a_kernel_log_of_nic_lines_only_shows_no_xid():
+    _, by_id = judge({"kernel-log.txt": "[ 1.0] eth0: Link is down\n"}, "p4d.24xlarge")
+    assert by_id["gpu.xid"].status == "skip"
+
+
+def test_dcgm_json_and_table_are_judged_together(tmp_path):
+    passing = (CHECK / "acceptance" / "dcgmi-diag-r3-j_dcgm3_skips_dcgm139.json").read_text()
+    passing = "\n".join(line for line in passing.splitlines() if not line.startswith("# "))
+    failing = real("dcgm", "dcgmi-diag-r3_8xH100_gpu-memory-fail-cuda-not-initialized_nccltests264.txt")
+    _, by_id = judge({"dcgm-diag.json": passing, "dcgm-diag.txt": failing})
+    assert by_id["gpu.dcgm"].status == "fail" and "dcgm-diag.json and dcgm-diag.txt" in by_id["gpu.dcgm"].observed
+
+
+@pytest.mark.parametrize(("name", "op"), [("allreduce.txt", "all_reduce"), ("All-Gather.log", "all_gather"),
+                                          ("reducescatter.txt", "reduce_scatter"), ("reduce_perf.txt", "reduce")])
+def test_the_collective_from_the_file_name(name, op):
+    from trainready.check.inputs import nccl_op
+
+    assert nccl_op("#  size count\n", name) == op
