@@ -7,7 +7,7 @@ from ..facts.events import kernel_readable
 from ..parsers import nvsmi
 from ..registry import Verdict, check
 from ..xid import judge
-from .common import kernel_unreadable, squeeze
+from .common import kernel_unreadable, plural, squeeze
 
 RESET = "reset the GPU (sudo nvidia-smi -r -i N, or reboot) so the pending repair takes effect, then check again"
 
@@ -99,8 +99,9 @@ def gpu_xid(f: Facts) -> Verdict | None:
                 target.append(line)
     for key, seen in lost.items():
         fails.insert(0, f"{f.label(key)} lost: {seen[0].value}")
-    observed = (f"{sum(len(v) for v in f.xids.by_gpu.values())} Xid events (codes {', '.join(map(str, sorted(codes)))})"
-                if codes else "no Xid events") + (f"; {len(lost)} GPU(s) lost" if lost else "")
+    events = sum(len(v) for v in f.xids.by_gpu.values())
+    observed = (f"{plural(events, 'Xid event')} (code{'s' if len(codes) > 1 else ''} {', '.join(map(str, sorted(codes)))})"
+                if codes else "no Xid events") + (f"; {plural(len(lost), 'GPU')} lost" if lost else "")
     v = Verdict("pass", observed=observed, expected="no Xid errors, no GPU lost")
     if fails:
         v.status = "fail"

@@ -23,8 +23,8 @@ def gpu_count(f: Facts) -> Verdict:
     lost_text = "; ".join(f"{f.label(k)} lost: {v[0].value} ({source_name(v[0].source)})" for k, v in lost.items())
     via = "" if seen.source == "nvidia-smi-query-gpu.csv" and not seen.why else \
         f" (counted by {source_name(seen.source)}" + (f"; {seen.why}" if seen.why else "") + ")"
-    v = Verdict("pass", observed=f"{'at least ' if not seen.exact else ''}{found} GPUs reachable" +
-                (f", {len(lost)} lost" if lost else ""), expected=ctx.expect(f"{expected} GPUs"))
+    shown = "GPU count not listed" if seen.count is None else f"{'at least ' if not seen.exact else ''}{found} GPUs reachable"
+    v = Verdict("pass", observed=shown + (f", {len(lost)} lost" if lost else ""), expected=ctx.expect(f"{expected} GPUs"))
     disagree = _disagreement(f, seen)
     if ctx.cpu_only:
         v.status, v.expected = "warn", "no GPU (--cpu-only)"
@@ -32,7 +32,7 @@ def gpu_count(f: Facts) -> Verdict:
         return v
     if lost:
         v.status, v.lost = "fail", "only"
-        v.reason = lost_text + (f"; {found} of {expected} reachable" if expected else "") + \
+        v.reason = lost_text + (f"; {found} of {expected} reachable" if expected and seen.count is not None else "") + \
             (f"; the driver knows {inv.attached.value} (nvidia-smi -q Attached GPUs)" if inv.attached else "")
         v.advice = ("a lost GPU needs a node reboot at least (NVIDIA: Xid 79 -> restart the node); if it recurs, "
                     "stop/start the instance for other hardware or drain the node")

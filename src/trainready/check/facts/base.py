@@ -18,6 +18,9 @@ T = TypeVar("T")
 # How a fact's sources are named in reasons and docs: the command, not the file name.
 SOURCE_NAMES = {
     "nvidia-smi-q.txt": "nvidia-smi -q",
+    "nvidia-smi.txt": "nvidia-smi",
+    "nvidia-smi-compute-apps.csv": "nvidia-smi --query-compute-apps",
+    "cuda-log.txt": "a CUDA program's output (cuda-log.txt)",
     "nvidia-smi-query-gpu.csv": "nvidia-smi --query-gpu",
     "nvidia-smi-nvlink-s.txt": "nvidia-smi nvlink -s",
     "nvidia-smi-topo-m.txt": "nvidia-smi topo -m",
