@@ -5,7 +5,6 @@ short timeout; a missing tool is recorded (exit_code None), never an error."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -259,13 +258,3 @@ def collect(out: Path | None, runner: Runner = run_command, instance_type: str |
         bundle.save(out)
     return bundle
 
-
-def cuda_summary(bundle: Bundle) -> dict | None:
-    text = bundle.text("cuda.json")
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return {"unparsable": text[:120]}
-    return data if isinstance(data, dict) else {"unparsable": text[:120]}

@@ -98,20 +98,13 @@ def needed_files(needs: tuple[str, ...]) -> list[str]:
     files: list[str] = []
     for need in needs:
         for name in FACT_SOURCES.get(need, (need,)):
-            name = name.split(" ")[0]
             if name not in files:
                 files.append(name)
     return files
 
 
 def _has_any(facts: Facts, files: list[str]) -> bool:
-    for name in files:
-        if "<op>" in name:
-            if any(facts.present(n) for n in facts.bundle.files if n.startswith(name.split("<op>")[0])):
-                return True
-        elif facts.present(name):
-            return True
-    return False
+    return any(facts.present(name) for name in files)
 
 
 def run_one(spec: CheckSpec, facts: Facts, deep: bool) -> Outcome:
@@ -137,7 +130,7 @@ def run_one(spec: CheckSpec, facts: Facts, deep: bool) -> Outcome:
                                "please report this with the bundle (trainready check collect --out DIR)")
     if verdict is None:
         verdict = _no_evidence(facts, files)
-    if verdict.status != "skip" and any((p := facts.paste(n)) is not None and p.elided for n in files if "<" not in n):
+    if verdict.status != "skip" and any((p := facts.paste(n)) is not None and p.elided for n in files):
         verdict.partial = True  # an author cut the output: what the cut stood for is unknown
     evidence = "none" if verdict.status == "skip" or verdict.unverified else "partial" if verdict.partial else "full"
     extra = tuple(f.model_copy(update={k: printable(getattr(f, k)) for k in ("observed", "expected", "reason", "advice")})
@@ -155,14 +148,14 @@ def _no_evidence(facts: Facts, files: list[str]) -> Verdict:
     from .facts import source_name
 
     shown_by = ", ".join(dict.fromkeys(source_name(f) for f in files))
-    present = [f for f in files if "<" not in f and facts.present(f)]
+    present = [f for f in files if facts.present(f)]
     unreadable = [(f, why) for f in present if (why := facts.unreadable(f))]
     if unreadable:
         name, why = unreadable[0]
         return Verdict("warn", reason=f"unreadable: {name}: {why}", unverified=True,
                        advice="collect the output again (trainready check collect --out DIR), whole")
     if present:
-        absent = [f for f in files if "<" not in f and f not in present]
+        absent = [f for f in files if f not in present]
         return Verdict.skip(f"no evidence: {', '.join(dict.fromkeys(source_name(f) for f in present))} "
                             f"{'is' if len(present) == 1 else 'are'} in the bundle but show{'s' if len(present) == 1 else ''} "
                             f"nothing about it (it is shown by {shown_by}" +

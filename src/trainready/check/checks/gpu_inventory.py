@@ -8,7 +8,7 @@ from ..facts import Facts, source_name
 from ..facts.gpu import SMI_Q, csv_rows, smi_q
 from ..parsers import node
 from ..registry import Verdict, check
-from .common import NO_GPU_ADVICE, Presence, plural, presence
+from .common import NO_GPU_ADVICE, Presence, presence
 
 
 @check("gpu.count", "gpu", needs=("inventory", "lost"), decisive=True)

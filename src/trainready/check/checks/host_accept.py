@@ -84,7 +84,6 @@ def gpudirect_rdma(f: Facts) -> Verdict | None:
 
 @check("pci.acs", "pci")
 def pci_acs(f: Facts) -> Verdict | None:
-    ctx = f.ctx
     lspci = f.parsed("lspci-vvv.txt", node.parse_lspci)
     if lspci is None:
         return missing(f, "lspci-vvv.txt")
@@ -123,7 +122,6 @@ def pci_acs(f: Facts) -> Verdict | None:
 
 @check("proc.d-state", "cpu")
 def d_state(f: Facts) -> Verdict | None:
-    ctx = f.ctx
     ps = f.parsed("ps.txt", node.parse_ps)
     events = f.parsed(KERNEL_LOG, node.parse_kernel_events)
     if ps is None and (events is None or not events.readable):
@@ -175,7 +173,6 @@ def nvme_count(f: Facts) -> Verdict | None:
 
 @check("cpu.governor", "cpu")
 def cpu_governor(f: Facts) -> Verdict | None:
-    ctx = f.ctx
     freq = f.parsed("cpufreq.txt", node.parse_cpufreq)
     if freq is None:
         return missing(f, "cpufreq.txt")
@@ -199,7 +196,6 @@ def cpu_governor(f: Facts) -> Verdict | None:
 
 @check("cpu.clocksource", "cpu")
 def clocksource(f: Facts) -> Verdict | None:
-    ctx = f.ctx
     source = f.parsed("clocksource.txt", node.parse_clocksource)
     if source is None:
         return missing(f, "clocksource.txt")
@@ -229,7 +225,6 @@ def _kernel_events(f: Facts) -> node.KernelEvents | Verdict:
 
 @check("net.link-flaps", "net")
 def link_flaps(f: Facts) -> Verdict | None:
-    ctx = f.ctx
     events = _kernel_events(f)
     if isinstance(events, Verdict):
         return events
@@ -257,7 +252,6 @@ def link_flaps(f: Facts) -> Verdict | None:
 
 @check("storage.io-errors", "storage")
 def io_errors(f: Facts) -> Verdict | None:
-    ctx = f.ctx
     events = _kernel_events(f)
     if isinstance(events, Verdict):
         return events

@@ -13,9 +13,10 @@ from typing import Any
 from ..context import Context
 from ..parsers.paste import Paste, clean
 from . import events, gpu, links
-from .base import Fact, GpuTable, Seen, bus_key, describe_sources, source_name
+from .base import Fact, GpuTable, Seen, bus_key, source_name
 
-# fact -> the files that can show it, most direct first (docs/check.md lists the same)
+# fact -> the files that can show it, most direct first: what a check's `needs` names (docs/check.md has the
+# table for every fact, the collectives and DCGM included, whose checks name their files themselves)
 FACT_SOURCES: dict[str, tuple[str, ...]] = {
     "inventory": ("nvidia-smi-query-gpu.csv", "nvidia-smi-q.txt", "nvidia-smi.txt", "nvidia-smi-topo-m.txt",
                       "nvidia-smi-nvlink-s.txt", "cuda.json"),
@@ -23,21 +24,18 @@ FACT_SOURCES: dict[str, tuple[str, ...]] = {
                  "nvidia-smi-topo-m.txt", "nvidia-smi-nvlink-s.txt"),
     "model": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv", "nvidia-smi.txt", "nvidia-smi-nvlink-s.txt", "cuda.json"),
     "driver": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv"),
-    "ecc": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv", "nvidia-smi.txt (infoROM warning)"),
+    "ecc": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv", "nvidia-smi.txt"),  # the table: its infoROM warning
     "retired-pages": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv"),
     "row-remap": ("nvidia-smi-q.txt",),
     "persistence": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv", "nvidia-smi.txt"),
     "mig": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv"),
     "throttle": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv"),
     "pcie": ("nvidia-smi-q.txt", "nvidia-smi-query-gpu.csv", "kernel-log.txt", "kernel-xid.txt"),
-    "nvlink": ("nvidia-smi-nvlink-s.txt", "nvidia-smi-topo-m.txt"),
     "xid": ("kernel-xid.txt", "kernel-log.txt"),
     "fabric": ("nvidia-smi-q.txt", "fabricmanager-status.txt", "fabricmanager-log.txt", "cuda.json",
                         "cuda-log.txt", "dcgm-diag.txt", "dcgm-diag.json"),
     "sxid": ("kernel-xid.txt", "kernel-log.txt", "fabricmanager-log.txt"),
     "infiniband": ("ibstat.txt", "ibv_devinfo.txt"),
-    "collectives": ("nccl-tests-<op>.txt", "deep.json"),
-    "dcgm": ("dcgm-diag.json", "dcgm-diag.txt"),
 }
 
 
@@ -98,7 +96,7 @@ class Facts:
 
     def why_missing(self, names: tuple[str, ...] | list[str]) -> str:
         """Why none of `names` shows anything: each file's own reason, in a few words."""
-        reasons = [self.bundle.why_missing(n) for n in names if "<" not in n and " " not in n]
+        reasons = [self.bundle.why_missing(n) for n in names]
         return "; ".join(reasons[:4]) + (f"; and {len(reasons) - 4} more" if len(reasons) > 4 else "")
 
     # -- facts ------------------------------------------------------------------------------------
@@ -192,4 +190,4 @@ class Facts:
         return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-__all__ = ["FACT_SOURCES", "Fact", "Facts", "Seen", "bus_key", "describe_sources", "source_name"]
+__all__ = ["FACT_SOURCES", "Fact", "Facts", "Seen", "bus_key", "source_name"]

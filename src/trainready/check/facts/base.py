@@ -3,13 +3,13 @@
 A fact is judged from every source that shows it (issue 23): `nvidia-smi -q` and the query CSV both
 show ECC counters, the kernel log and nvidia-smi's own errors both show a lost GPU. So a fact keeps
 each observation with the file it came from; a check reads them all, and sources that disagree are
-named. A fact no present file shows is unknown, and `why_unknown` says which files would have shown
-it and why each is not there."""
+named. A fact no present file shows is unknown: the registry says which files would have shown it
+and why each is not there."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -107,37 +107,18 @@ def sort_key(key: str) -> tuple[int, int, str]:
 
 @dataclass
 class Fact(Generic[T]):
-    """Everything the bundle shows about one fact."""
+    """Everything the bundle shows about one fact, per GPU, each observation with its file (added most
+    direct source first)."""
 
-    name: str
-    sources: tuple[str, ...]
-    """Files that can show it, most direct first."""
     by_gpu: dict[str, list[Seen[T]]] = field(default_factory=dict)
-    node: list[Seen[T]] = field(default_factory=list)
-    read: list[str] = field(default_factory=list)
-    """Sources present and parsed (whether or not they showed the fact)."""
-    partial: list[str] = field(default_factory=list)
-    """Why what was read may not be all there is (an elided paste, a truncated report)."""
-    unreadable: dict[str, str] = field(default_factory=dict)
-    """Source -> why it could not be read."""
 
-    def add(self, key: str | None, value: T, source: str, detail: str = "") -> None:
-        seen = Seen(value, source, detail)
-        if key is None:
-            self.node.append(seen)
-        else:
-            self.by_gpu.setdefault(key, []).append(seen)
-        if source not in self.read:
-            self.read.append(source)
-
-    def saw(self, source: str) -> None:
-        if source not in self.read:
-            self.read.append(source)
+    def add(self, key: str, value: T, source: str, detail: str = "") -> None:
+        self.by_gpu.setdefault(key, []).append(Seen(value, source, detail))
 
     @property
     def known(self) -> bool:
         """Some source spoke to this fact (a value, or that it is not reported)."""
-        return bool(self.by_gpu or self.node)
+        return bool(self.by_gpu)
 
     def gpus(self) -> list[str]:
         return sorted(self.by_gpu, key=sort_key)
@@ -170,6 +151,3 @@ class Fact(Generic[T]):
                 out.append(f"{table.label(key)}: {said}")
         return out
 
-
-def describe_sources(sources: Iterable[str]) -> str:
-    return ", ".join(source_name(s) for s in sources)

@@ -46,11 +46,9 @@ def kernel_readable(f: Facts, xids: bool = True) -> tuple[list[str], list[str]]:
 
 
 def xids(f: Facts) -> Fact[kernel.XidEvent]:
-    fact: Fact[kernel.XidEvent] = Fact("xid", KERNEL_FILES)
+    fact: Fact[kernel.XidEvent] = Fact()
     seen: set[str] = set()
     for name, events in kernel_events(f):
-        if events.readable:
-            fact.saw(name)
         for event in events.xids:
             if event.line in seen:
                 continue
@@ -109,16 +107,6 @@ class Inventory:
     unreadable: list[str] = field(default_factory=list)
     listed_buses: set[str] = field(default_factory=set)
     """Buses of GPUs nvidia-smi lists as reachable (to tell a lost GPU that is listed again: disagreement)."""
-
-    @property
-    def count(self) -> int | None:
-        values = [s.value for s in self.reachable]
-        return max(values) if values else None
-
-    @property
-    def lower_bound(self) -> int | None:
-        values = [s.value for s in self.at_least]
-        return max(values) if values else None
 
 
 def inventory(f: Facts) -> Inventory:

@@ -109,9 +109,8 @@ def _int(value: str | None) -> int | None:
 
 
 def ecc(f: Facts) -> Fact[Ecc]:
-    fact: Fact[Ecc] = Fact("ecc", (SMI_Q, QUERY))
+    fact: Fact[Ecc] = Fact()
     for key, gpu in q_sections(f):
-        fact.saw(SMI_Q)
         counts = gpu.ecc
         if counts.volatile_uncorrectable is None and counts.aggregate_uncorrectable is None:
             fact.add(key, None, SMI_Q, f"ECC Mode {gpu.ecc_mode or 'not shown'}")
@@ -119,7 +118,6 @@ def ecc(f: Facts) -> Fact[Ecc]:
         sram = _sram_volatile(gpu.fields)
         fact.add(key, Ecc(counts.volatile_uncorrectable, counts.aggregate_uncorrectable, sram), SMI_Q)
     for key, row in csv_rows(f):
-        fact.saw(QUERY)
         volatile = _int(row.get("ecc.errors.uncorrected.volatile.total"))
         aggregate = _int(row.get("ecc.errors.uncorrected.aggregate.total"))
         if volatile is not None or aggregate is not None:
@@ -137,9 +135,8 @@ def _sram_volatile(fields: dict[str, str]) -> int | None:
 
 
 def remap(f: Facts) -> Fact[nvsmi.RemappedRows]:
-    fact: Fact[nvsmi.RemappedRows] = Fact("row-remap", (SMI_Q,))
+    fact: Fact[nvsmi.RemappedRows] = Fact()
     for key, gpu in q_sections(f):
-        fact.saw(SMI_Q)
         rows = gpu.remapped_rows
         reported = any(v is not None for v in (rows.pending, rows.failure_occurred, rows.uncorrectable))
         fact.add(key, rows if reported else None, SMI_Q)
@@ -147,9 +144,8 @@ def remap(f: Facts) -> Fact[nvsmi.RemappedRows]:
 
 
 def retired(f: Facts) -> Fact[nvsmi.RetiredPages]:
-    fact: Fact[nvsmi.RetiredPages] = Fact("retired-pages", (SMI_Q, QUERY))
+    fact: Fact[nvsmi.RetiredPages] = Fact()
     for key, gpu in q_sections(f):
-        fact.saw(SMI_Q)
         pages = gpu.retired_pages
         reported = any(v is not None for v in (pages.pending, pages.double_bit, pages.single_bit))
         fact.add(key, pages if reported else None, SMI_Q)
@@ -163,9 +159,8 @@ def retired(f: Facts) -> Fact[nvsmi.RetiredPages]:
 
 def setting(f: Facts, name: str, q_key: str, csv_field: str | None) -> Fact[str]:
     """A word-valued setting (Persistence Mode, MIG Mode/Current, ...) from -q, the CSV and the table."""
-    fact: Fact[str] = Fact(name, (SMI_Q, QUERY, TABLE) if csv_field else (SMI_Q,))
+    fact: Fact[str] = Fact()
     for key, gpu in q_sections(f):
-        fact.saw(SMI_Q)
         fact.add(key, node._value(gpu.fields, q_key), SMI_Q)
     if csv_field:
         for key, row in csv_rows(f):
@@ -182,9 +177,8 @@ def setting(f: Facts, name: str, q_key: str, csv_field: str | None) -> Fact[str]
 
 
 def throttle(f: Facts) -> Fact[Throttle]:
-    fact: Fact[Throttle] = Fact("throttle", (SMI_Q, QUERY))
+    fact: Fact[Throttle] = Fact()
     for key, gpu in q_sections(f):
-        fact.saw(SMI_Q)
         if not gpu.clock_reasons:
             fact.add(key, None, SMI_Q)
             continue
@@ -218,9 +212,8 @@ def _mhz(value: str | None) -> int | None:
 
 
 def pcie(f: Facts) -> Fact[Pcie]:
-    fact: Fact[Pcie] = Fact("pcie", (SMI_Q, QUERY))
+    fact: Fact[Pcie] = Fact()
     for key, gpu in q_sections(f):
-        fact.saw(SMI_Q)
         link = gpu.pcie
         values = Pcie(link.gen_current, link.gen_max, link.width_current, link.width_max)
         fact.add(key, values if link.width_current is not None or link.gen_current is not None else None, SMI_Q)
@@ -234,7 +227,7 @@ def pcie(f: Facts) -> Fact[Pcie]:
 
 def model(f: Facts) -> Fact[tuple[str, int | None]]:
     """(name, memory MiB) per GPU."""
-    fact: Fact[tuple[str, int | None]] = Fact("model", (SMI_Q, QUERY, TABLE, NVLINK))
+    fact: Fact[tuple[str, int | None]] = Fact()
     for key, gpu in q_sections(f):
         if gpu.product_name:
             fact.add(key, (gpu.product_name, _mib(gpu.fields.get("FB Memory Usage/Total"))), SMI_Q)
@@ -259,9 +252,8 @@ def _mib(value: str | None) -> int | None:
 
 def fabric_state(f: Facts) -> Fact[tuple[str, str | None]]:
     """(Fabric State, Fabric Status) per GPU from -q; None where it says N/A (A100: no fabric registration)."""
-    fact: Fact[tuple[str, str | None]] = Fact("fabric-state", (SMI_Q,))
+    fact: Fact[tuple[str, str | None]] = Fact()
     for key, gpu in q_sections(f):
-        fact.saw(SMI_Q)
         state = node._value(gpu.fields, "Fabric/State")
         fact.add(key, (state, node._value(gpu.fields, "Fabric/Status")) if state else None, SMI_Q)
     return fact
