@@ -321,3 +321,13 @@ def test_the_collective_from_the_file_name(name, op):
     from trainready.check.inputs import nccl_op
 
     assert nccl_op("#  size count\n", name) == op
+
+
+def test_checks_import_common_never_each_other():
+    siblings = {p.stem for p in (SRC / "checks").glob("*.py")} - {"__init__", "common"}
+    for path in (SRC / "checks").glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                assert node.module not in siblings, (path.name, node.module)

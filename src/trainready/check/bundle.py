@@ -28,6 +28,8 @@ from trainready.io import create_exclusive, make_dir, redact, replace_durable
 from trainready.io.files import read_regular
 
 MANIFEST = "manifest.json"
+# nccl-tests ops a bundle can hold, one file each: nccl-tests-<op>.txt (the binaries are <op>_perf)
+NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "sendrecv")
 
 # file -> what it holds (the command that makes it lives in probes.py)
 FILES: dict[str, str] = {
@@ -71,7 +73,7 @@ FILES: dict[str, str] = {
     "dcgm-diag.txt": "optional: dcgmi diag -r N as printed (the table), or --dcgm-output FILE",
     "cuda-log.txt": "optional: the error output of a CUDA program on the node (a training job, deviceQuery, torch's warning)",
     **{f"nccl-tests-{op}.txt": f"optional: {op}_perf output as printed (nccl-tests), or --nccl-tests FILE"
-       for op in ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "sendrecv")},
+       for op in NCCL_OPS},
 }
 
 
@@ -80,9 +82,7 @@ MiB = 1 << 20
 # from its size, before any read). nvidia-smi -q of a 16-GPU node is well under 1 MiB.
 LIMITS: dict[str, int] = {MANIFEST: 1 * MiB, "instance-type.txt": 256, "nccl-debug.log": 64 * MiB,
                           "kernel-xid.txt": 64 * MiB, "kernel-log.txt": 64 * MiB, "lspci-vvv.txt": 16 * MiB,
-                          "cuda-log.txt": 64 * MiB, **{f"nccl-tests-{op}.txt": 16 * MiB for op in
-                                                       ("all_reduce", "all_gather", "reduce_scatter", "alltoall",
-                                                        "broadcast", "reduce", "sendrecv")}}
+                          "cuda-log.txt": 64 * MiB, **{f"nccl-tests-{op}.txt": 16 * MiB for op in NCCL_OPS}}
 DEFAULT_LIMIT = 4 * MiB
 # What an instance type name may be made of (every catalog name is): anything else in a bundle's
 # instance-type.txt is not an instance type, and is only ever shown escaped.

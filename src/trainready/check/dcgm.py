@@ -1,5 +1,5 @@
 """`--dcgm 1|2|3`: NVIDIA's DCGM diagnostic (`dcgmi diag -r LEVEL -j`), its JSON kept in the bundle as
-dcgm-diag.json and turned into findings by checks_accept_deep.gpu.dcgm. Level 1 takes seconds, 2 about
+dcgm-diag.json and turned into findings by the gpu.dcgm check (checks/dcgm.py). Level 1 takes seconds, 2 about
 two minutes, 3 up to half an hour (NVIDIA's DCGM user guide); the timeouts leave room for each."""
 
 from __future__ import annotations

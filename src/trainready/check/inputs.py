@@ -14,8 +14,7 @@ from pathlib import Path
 from trainready.errors import UsageError, printable
 from trainready.io.files import read_regular
 
-from .bundle import limit
-from .facts.links import NCCL_OPS
+from .bundle import NCCL_OPS, limit
 
 _OP = re.compile(r"\b(" + "|".join(NCCL_OPS) + r")_perf\b")
 _OP_WORDS = ", ".join(NCCL_OPS)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from trainready.errors import printable
 
+from .facts import FACT_SOURCES, Facts, source_name
+from .facts.presence import no_gpu_reason
 from .findings import Finding, Status
-
-if TYPE_CHECKING:
-    from .facts import Facts
 
 
 @dataclass
@@ -93,8 +92,6 @@ class Outcome:
 
 
 def needed_files(needs: tuple[str, ...]) -> list[str]:
-    from .facts import FACT_SOURCES
-
     files: list[str] = []
     for need in needs:
         for name in FACT_SOURCES.get(need, (need,)):
@@ -119,7 +116,7 @@ def run_one(spec: CheckSpec, facts: Facts, deep: bool) -> Outcome:
     if spec.deep and not deep and not (files and _has_any(facts, [f for f in files if f != "deep.json"])):
         return Outcome(_finding(spec, Verdict.skip("needs --deep", "run `trainready check --deep` to measure it")),
                        spec, True, "none")
-    if spec.gpu and (no_gpu := facts_no_gpu(facts)):
+    if spec.gpu and (no_gpu := no_gpu_reason(facts)):
         return Outcome(_finding(spec, Verdict.skip(no_gpu)), spec, True, "none")
     if files and not _has_any(facts, files):
         return Outcome(_finding(spec, _no_evidence(facts, files)), spec, True, "none")
@@ -138,15 +135,7 @@ def run_one(spec: CheckSpec, facts: Facts, deep: bool) -> Outcome:
     return Outcome(_finding(spec, verdict), spec, True, evidence, verdict.lost, extra)
 
 
-def facts_no_gpu(facts: Facts) -> str | None:
-    from .facts.presence import no_gpu_reason
-
-    return no_gpu_reason(facts)
-
-
 def _no_evidence(facts: Facts, files: list[str]) -> Verdict:
-    from .facts import source_name
-
     shown_by = ", ".join(dict.fromkeys(source_name(f) for f in files))
     present = [f for f in files if facts.present(f)]
     unreadable = [(f, why) for f in present if (why := facts.unreadable(f))]

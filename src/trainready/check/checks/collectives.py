@@ -15,6 +15,7 @@ from trainready.errors import UnknownNameError
 from .. import bisect
 from ..facts import Facts
 from ..facts.links import NcclRun
+from ..findings import SEVERITY
 from ..parsers import node
 from ..registry import Verdict, check
 from ..thresholds import Kind, size_text, threshold
@@ -27,7 +28,6 @@ FAR_BELOW = 0.5
 ADVICE = ("run with NCCL_DEBUG=INFO and check net.nccl-env, gpu.nvlink-links, nvswitch.fabric, net.efa and "
           "net.gpudirect-rdma; across nodes: a cluster placement group and a security group allowing all "
           "traffic to and from itself")
-SEVERITY = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
 
 
 def _row_at(rows: list[dict], size: int | None) -> tuple[float | None, int | None]:

@@ -8,12 +8,28 @@ import re
 from trainready.errors import printable
 
 from ..facts import Facts
-from ..facts.presence import Presence, no_gpu_reason, presence  # noqa: F401  (the checks' one way to ask)
+from ..facts.gpu import smi_q
+from ..parsers import node
+from ..facts.presence import Presence, presence  # noqa: F401  (the checks ask through this module)
 from ..registry import Verdict
 
 NO_GPU_ADVICE = "install the NVIDIA driver (nvidia-smi must run), or run on a GPU node"
 RECOLLECT = "a bundle from an older trainready: collect it again (trainready check collect --out DIR)"
 ROOT = "collect the bundle again as root there: sudo trainready check collect --out DIR"
+
+
+def settings(f: Facts) -> list[node.GpuSettings]:
+    """Per-GPU settings of nvidia-smi -q (persistence, clocks, VBIOS, GSP, MIG)."""
+    return node.gpu_settings(smi_q(f))
+
+
+def unparsed(parsed, text: str) -> str:
+    """What could not be read, shown: the parser's first problem, else the first line."""
+    problems = getattr(parsed, "problems", None) or []
+    if problems:
+        return f": {problems[0]}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "(empty)")
+    return f": first line {first[:120]!r}"
 
 
 def has_nvswitch(f: Facts) -> str | None:

@@ -6,7 +6,6 @@ from trainready.errors import normalize_name
 
 from ..facts import Facts, source_name
 from ..facts.gpu import SMI_Q, csv_rows, smi_q
-from ..parsers import node
 from ..registry import Verdict, check
 from .common import NO_GPU_ADVICE, Presence, presence
 
@@ -180,6 +179,3 @@ def _major(version: str) -> int | None:
     except ValueError:
         return None
 
-
-def settings(f: Facts) -> list[node.GpuSettings]:
-    return node.gpu_settings(smi_q(f))

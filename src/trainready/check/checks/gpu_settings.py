@@ -9,8 +9,7 @@ from ..facts import Facts
 from ..facts.gpu import SMI_Q
 from ..parsers import node
 from ..registry import Verdict, check
-from .common import gpus, missing
-from .gpu_inventory import settings
+from .common import gpus, missing, settings
 
 
 @check("gpu.persistence", "gpu", needs=("persistence",), gpu=True)

@@ -5,18 +5,9 @@ from __future__ import annotations
 from ..facts import Facts
 from ..parsers import system
 from ..registry import Verdict, check
-from .common import presence
+from .common import presence, unparsed
 
 GIB = 1024**3
-
-
-def _unparsed(parsed, text: str) -> str:
-    """What could not be read, shown: the parser's first problem, else the first line."""
-    problems = getattr(parsed, "problems", None) or []
-    if problems:
-        return f": {problems[0]}"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "(empty)")
-    return f": first line {first[:120]!r}"
 
 
 @check("cpu.vcpu-per-gpu", "cpu")
@@ -29,7 +20,7 @@ def vcpu_per_gpu(f: Facts) -> Verdict | None:
     cpus = lscpu.cpus
     gpus = ctx.gpu_count or _gpus_seen(f)
     if not cpus:
-        return Verdict.skip("CPU count not found in lscpu output" + _unparsed(lscpu, text))
+        return Verdict.skip("CPU count not found in lscpu output" + unparsed(lscpu, text))
     if not gpus:  # nothing to divide by: unknown, not a pass
         return Verdict(status="skip", observed=f"{cpus} vCPUs",
                        expected=">= 8 vCPUs per GPU",
@@ -64,7 +55,7 @@ def host_memory(f: Facts) -> Verdict | None:
         return Verdict.skip(ctx.bundle.why_missing("meminfo.txt"))
     info = system.parse_meminfo(text)
     if not info.total_bytes:
-        return Verdict.skip("MemTotal not found in /proc/meminfo" + _unparsed(info, text))
+        return Verdict.skip("MemTotal not found in /proc/meminfo" + unparsed(info, text))
     total = info.total_bytes / GIB
     gpus = ctx.gpu_count or _gpus_seen(f) or 0
     observed = f"{total:.0f} GiB" + (f" ({total / gpus:.0f} GiB per GPU)" if gpus else "")
@@ -93,7 +84,7 @@ def hot_tier(f: Facts) -> Verdict | None:
     lsblk = system.parse_lsblk_json(text)
     devices = lsblk.devices
     if not devices:
-        return Verdict.skip("no block devices parsed from lsblk.json" + _unparsed(lsblk, text))
+        return Verdict.skip("no block devices parsed from lsblk.json" + unparsed(lsblk, text))
     local = [d for d in devices if d.is_instance_store or (d.is_nvme and not _is_ebs(d))]
     want = ctx.instance.nvme_count if ctx.instance else None
     unmounted = [d for d in local if not _mounted(d)]

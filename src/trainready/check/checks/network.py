@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..facts import Facts
 from ..parsers import system
 from ..registry import Verdict, check
-from .host import _unparsed
+from .common import unparsed
+
 
 def _efa_applies(f: Facts) -> str | None:
     if f.ctx.instance is not None and not f.ctx.instance.efa_interfaces:
@@ -69,7 +70,7 @@ def _efa_evidence(ctx) -> tuple[int | None, bool | None, bool | None, list[str]]
         elif fi.libfabric_version:
             libfabric = True
         elif not fi.command_missing:
-            gaps.append(f"fi_info output unreadable{_unparsed(fi, fi_text)}")
+            gaps.append(f"fi_info output unreadable{unparsed(fi, fi_text)}")
     elif fi_state in ("failed", "empty"):  # it ran (so libfabric is there) but listed nothing
         libfabric = True
         record = bundle.record("fi_info-p-efa.txt")
@@ -93,7 +94,7 @@ def _efa_evidence(ctx) -> tuple[int | None, bool | None, bool | None, list[str]]
         if nccl_net:
             plugin = "present" in nccl_net
         if not fabric or not nccl_net:
-            gaps.append(f"efa-software.txt unreadable{_unparsed(None, software)}")
+            gaps.append(f"efa-software.txt unreadable{unparsed(None, software)}")
     else:
         gaps.append("efa-software.txt not in the bundle")
     log_text = bundle.text("nccl-debug.log")

@@ -160,7 +160,7 @@ def _count_nvidia_smi(f: Facts, inv: Inventory) -> None:
 
 
 def _count_torch(f: Facts, inv: Inventory) -> None:
-    cuda = cuda_json(f)
+    cuda = f.cuda
     count = cuda.get("device_count")
     if cuda.get("cuda_available") and isinstance(count, int) and not isinstance(count, bool) and count >= 0:
         inv.torch = Seen(count, "cuda.json")
@@ -210,7 +210,7 @@ def cuda_fabric_words(f: Facts) -> list[Seen[str]]:
     initialized", NVIDIA's CUDA runtime API: the fabric manager has not registered the GPUs), or NVLS
     multicast refused. From cuda.json's warnings and any cuda-log.txt the user added."""
     out: list[Seen[str]] = []
-    data = cuda_json(f)
+    data = f.cuda
     texts = [str(w) for w in data.get("warnings", []) if isinstance(w, str)] if isinstance(data.get("warnings"), list) else []
     if isinstance(data.get("reason"), str):
         texts.append(data["reason"])

@@ -14,8 +14,6 @@ from .gpu import NVLINK, TOPO
 if TYPE_CHECKING:
     from . import Facts
 
-# nccl-tests binaries -> our op names; a bundle holds one file per op: nccl-tests-<op>.txt
-NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "sendrecv")
 DCGM_JSON, DCGM_TEXT = "dcgm-diag.json", "dcgm-diag.txt"
 
 
