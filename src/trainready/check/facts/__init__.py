@@ -49,6 +49,7 @@ class Facts:
         self.table = GpuTable()
         self._parsed: dict[tuple[str, str], Any] = {}
         self._pastes: dict[str, Paste | None] = {}
+        self._memo: dict[str, Any] = {}
         gpu.learn_table(self)
 
     # -- files ------------------------------------------------------------------------------------
@@ -66,6 +67,12 @@ class Facts:
             text = self.paste(name)
             self._parsed[key] = None if text is None else parser(text.text)
         return self._parsed[key]
+
+    def memo(self, key: str, build: Callable[[Facts], Any]) -> Any:
+        """`build(self)`, once per analysis (what several facts derive from one file, e.g. its GPUs keyed)."""
+        if key not in self._memo:
+            self._memo[key] = build(self)
+        return self._memo[key]
 
     def present(self, name: str) -> bool:
         return self.bundle.text(name) is not None

@@ -61,41 +61,54 @@ def query(f: Facts) -> nvsmi.QueryGpu | None:
     return f.parsed(QUERY, nvsmi.parse_query_gpu)
 
 
+def _q_complete(f: Facts, report: nvsmi.SmiQ) -> bool:
+    """A section's position is its GPU index only when the report holds every attached GPU (not when it
+    ran with -i, or the paste was cut)."""
+    return report.attached_gpus == len(report.gpus) and all(g.bus_id for g in report.gpus) and \
+        not f.paste(SMI_Q).elided
+
+
 def q_sections(f: Facts) -> list[tuple[str, nvsmi.SmiGpu]]:
-    """(GPU key, section) for each GPU of `nvidia-smi -q`. A section's position is its GPU index only
-    when the report holds every attached GPU (not when it ran with -i, or the paste was cut)."""
+    """(GPU key, section) for each GPU of `nvidia-smi -q`; keyed once per analysis, after learn_table."""
+    return f.memo("q_sections", _q_sections)
+
+
+def _q_sections(f: Facts) -> list[tuple[str, nvsmi.SmiGpu]]:
     report = smi_q(f)
     if report is None:
         return []
-    complete = report.attached_gpus == len(report.gpus) and all(g.bus_id for g in report.gpus) and \
-        not f.paste(SMI_Q).elided
+    complete = _q_complete(f, report)
     out = []
     for k, gpu in enumerate(report.gpus):
-        bus = bus_key(gpu.bus_id)
-        if complete:
-            f.table.learn(k, bus)
         name = "GPU (no address in the nvidia-smi -q paste)" if len(report.gpus) == 1 else \
             f"GPU #{k + 1} of the nvidia-smi -q paste (no address)"
-        out.append((f.table.key(k if complete else None, bus, unnamed=name), gpu))
+        out.append((f.table.key(k if complete else None, bus_key(gpu.bus_id), unnamed=name), gpu))
     return out
 
 
 def csv_rows(f: Facts) -> list[tuple[str, nvsmi.GpuRow]]:
+    """(GPU key, row) for each GPU of the query CSV; keyed once per analysis, after learn_table."""
+    return f.memo("csv_rows", _csv_rows)
+
+
+def _csv_rows(f: Facts) -> list[tuple[str, nvsmi.GpuRow]]:
     report = query(f)
     if report is None:
         return []
-    out = []
-    for k, row in enumerate(report.rows):
-        bus = bus_key(row.get("pci.bus_id"))
-        f.table.learn(row.index, bus)
-        out.append((f.table.key(row.index, bus, unnamed=f"GPU #{k + 1} of the query CSV"), row))
-    return out
+    return [(f.table.key(row.index, bus_key(row.get("pci.bus_id")), unnamed=f"GPU #{k + 1} of the query CSV"), row)
+            for k, row in enumerate(report.rows)]
 
 
 def learn_table(f: Facts) -> None:
-    """Index <-> bus id from every source that gives both, before any fact is keyed."""
-    csv_rows(f)
-    q_sections(f)
+    """Index <-> bus id from every source that gives both, before any fact is keyed: the query CSV (with
+    pci.bus_id), a complete nvidia-smi -q (position = index), the default table."""
+    report = query(f)
+    for row in report.rows if report else []:
+        f.table.learn(row.index, bus_key(row.get("pci.bus_id")))
+    q = smi_q(f)
+    if q is not None and _q_complete(f, q):
+        for k, gpu in enumerate(q.gpus):
+            f.table.learn(k, bus_key(gpu.bus_id))
     table = f.parsed(TABLE, nvsmi.parse_smi_messages)
     for row in table.rows if table else []:
         f.table.learn(row.index, bus_key(row.bus_id))
