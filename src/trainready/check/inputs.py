@@ -81,12 +81,11 @@ def _is_json(text: str) -> bool:
 
 
 def checks_for(files: dict[str, str]) -> tuple[str, ...]:
-    """The checks that single files feed (the report shows only these)."""
+    """The checks that single files feed (the report shows only these): those whose `needs` name one of
+    the files, and gpu.dcgm (it names its files itself, to say "not asked" when there is none)."""
+    from . import checks  # noqa: F401  (registers every check)
+    from .registry import CHECKS, needed_files
+
     ids = {"gpu.dcgm"} if any(n.startswith("dcgm-diag") for n in files) else set()
-    names = {"all_reduce": "nccl.allreduce", "all_gather": "nccl.allgather", "reduce_scatter": "nccl.reducescatter",
-             "alltoall": "nccl.alltoall"}
-    for name in files:
-        op = name.removeprefix("nccl-tests-").removesuffix(".txt")
-        if name.startswith("nccl-tests-"):
-            ids.add(names.get(op, "nccl.other-ops"))
+    ids |= {check_id for check_id, spec in CHECKS.items() if set(needed_files(spec.needs)) & set(files)}
     return tuple(sorted(ids))
