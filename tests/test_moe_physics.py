@@ -362,7 +362,7 @@ def test_mla_activations_use_the_mla_widths():
     attn = 2 * (2 * h * a.qk_head_dim + h * a.v_head_dim + 2 * (a.q_lora_rank + a.kv_lora_rank)) + 2 * h * a.v_head_dim
     norms = m.norms_per_layer * (2 + 2) * m.hidden_size
     assert layer_bytes_per_token(dense, kernels="fused", residual_bytes=2, act_bytes=2) == \
-        norms + attn + 4 * 2 * m.ffn_hidden_size
+        norms + attn + 3 * 2 * m.ffn_hidden_size  # fused SwiGLU: its input (gate, up) and the product
     # the op policy keeps the input, the 1st, 3rd and 5th matmul outputs (q_a, kv_a, o_proj) and the
     # attention output, heads x v_head_dim, with its log-sum-exp
     d = m.hidden_size
@@ -648,7 +648,8 @@ def test_cli_etp():
 
 def test_plan_tries_folded_expert_layouts(catalog):
     from trainready.plan.search import _parallel_options
-    opts = _parallel_options(setup(catalog, model="qwen3-235b-a22b", gpus=8), 32)  # 256 GPUs; 94 layers: pp 1, 2
+    opts = [(t, p, e, et) for t, p, c, e, et in  # seq 4096: no context parallelism
+            _parallel_options(setup(catalog, model="qwen3-235b-a22b", gpus=8), 32)]  # 256 GPUs; 94 layers: pp 1, 2
     assert all(et in (1, t) for t, _, e, et in opts) and all(et == t for t, _, e, et in opts if e == 1)
     assert all(128 % e == 0 and 256 // p % (e * et) == 0 for t, p, e, et in opts)  # each one a valid grid
     # the default stack keeps experts whole under EP: its EP degrees over tp 2 x dp 64 (past dp), expert TP = TP
@@ -657,7 +658,7 @@ def test_plan_tries_folded_expert_layouts(catalog):
     assert tp2 == {(8, 1), (32, 1), (128, 1), (64, 2)}
     # Megatron's default is expert TP = TP: EP out of dp 64, and the folded layout at its largest
     mega = _parallel_options(setup(catalog, model="qwen3-235b-a22b", gpus=8, stack="megatron"), 32)
-    assert {(e, et) for t, p, e, et in mega if (t, p) == (2, 2) and e > 1} == {(4, 2), (16, 2), (64, 2), (128, 1)}
+    assert {(e, et) for t, p, c, e, et in mega if (t, p) == (2, 2) and e > 1} == {(4, 2), (16, 2), (64, 2), (128, 1)}
 
 
 def test_plan_finds_the_folded_layout_with_megatron(catalog):

@@ -8,6 +8,7 @@ import typer
 
 from trainready.catalog import load_catalog
 from trainready.plan.estimate import estimate_setup
+from trainready.plan.fit import GPU_MARGIN
 from trainready.plan.job import MAX_BATCH, MAX_GPUS, save_job
 from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
@@ -21,7 +22,7 @@ HELP = """Memory per GPU, tokens/s, MFU, training time and cost of one setup.
 
 Example: trainready estimate --model llama-2-13b --instance p4d.24xlarge --strategy fsdp --tokens 2e9
 
-Exit codes: 0 ok (also when the setup does not fit: see memory.fits), 2 usage error, 3 internal error."""
+Exit codes: 0 ok (also when the setup does not fit: see memory.fits and memory.fits_with_margin), 2 usage error, 3 internal error."""
 
 HW = o.HW
 PAR = o.PAR
@@ -44,6 +45,7 @@ def estimate(
     tp: Annotated[Optional[int], typer.Option("--tp", parser=o.number("2", hi=1024, whole=True), help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
     pp: Annotated[Optional[int], typer.Option("--pp", parser=o.number("2", hi=1024, whole=True), help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
     pp_virtual: Annotated[Optional[int], typer.Option("--pp-virtual", parser=o.number("4", hi=128, whole=True), help="Interleaved pipeline: virtual stages per pipeline rank (Megatron's interleaved 1F1B, torchtitan's Interleaved1F1B); shrinks the bubble v-fold. Needs --pp 2+ and micro-batches per step a multiple of --pp. [default: 1]", rich_help_panel=PAR)] = None,
+    cp: Annotated[Optional[int], typer.Option("--cp", parser=o.number("2", hi=1024, whole=True), help="Context-parallel size: each sequence split over cp GPUs (ring attention: Megatron's --context-parallel-size, torchtitan's context_parallel_degree), for long sequences; 2 x cp must divide --seq-len. [default: 1]", rich_help_panel=PAR)] = None,
     ep: Annotated[Optional[int], typer.Option("--ep", parser=o.number("8", hi=1024, whole=True), help="Expert-parallel size (mixture-of-experts models): divides the experts; --ep x --etp divides the tp x dp GPUs of a pipeline stage. [default: 1]", rich_help_panel=PAR)] = None,
     etp: Annotated[Optional[int], typer.Option("--etp", parser=o.number("1", hi=1024, whole=True), help="Expert tensor-parallel size (MoE): GPUs each routed expert is split over; 1 with --tp 2+ folds EP over TP and data-parallel ranks (Megatron's MoE parallel folding). [default: the stack's convention: 1 with --ep 2+, else tp; --stack megatron: tp]", rich_help_panel=PAR)] = None,
     expert_load_imbalance: o.LoadImbalance = None,
@@ -66,12 +68,13 @@ def estimate(
     save: o.Save = None,
     calibrate: o.Calibrate = None,
     calibration: o.CalibrationRef = None,
+    memory_margin: Annotated[float, typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free by the fit rule (the same rule and default as plan), 0 to 0.5.", rich_help_panel=o.MEM)] = GPU_MARGIN,
     json_out: o.Json = False,
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
                       lora_rank=lora_rank, tokens=tokens, instance=instance, gpu=gpu, gpus=gpus,
                       gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps, strategy=strategy, tp=tp,
-                      pp=pp, pp_virtual=pp_virtual, ep=ep, etp=etp, expert_load_imbalance=expert_load_imbalance,
+                      pp=pp, pp_virtual=pp_virtual, cp=cp, ep=ep, etp=etp, expert_load_imbalance=expert_load_imbalance,
                       micro_batch=micro_batch,
                       global_batch=global_batch, seq_len=seq_len,
                       precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
@@ -85,8 +88,8 @@ def estimate(
         setup = applied(cal, setup)
     chosen_note = None
     if job.micro_batch is None:
-        setup, chosen_note = largest_fitting_micro_batch(setup)
-    result = estimate_setup(setup, spot_mtbf_h=spot_mtbf_hours)
+        setup, chosen_note = largest_fitting_micro_batch(setup, memory_margin)
+    result = estimate_setup(setup, spot_mtbf_h=spot_mtbf_hours, memory_margin=memory_margin)
     if chosen_note:
         result.assumptions.insert(0, chosen_note)
     if save is not None:

@@ -112,7 +112,7 @@ def plan(
             "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
             "offload": best.offload, "ep": best.ep,
             "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
-            "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None})
+            "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp})
         save_job(chosen, save)
     if html is not None:
         from .render_html import plan_html

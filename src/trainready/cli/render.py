@@ -87,8 +87,8 @@ def _setup_line(e: EstimateResult) -> str:
     s = e.setup
     where = f"{s.nodes} x {s.instance}" if s.instance else f"{s.gpus} x {s.gpu}"
     par = s.strategy + (f"+offload {s.offload}" if s.offload != "none" else "")
-    if s.tp > 1 or s.pp > 1:
-        par += f", tp {s.tp} x pp {s.pp} x dp {s.dp}"
+    if s.tp > 1 or s.pp > 1 or s.cp > 1:
+        par += f", tp {s.tp} x pp {s.pp}" + (f" x cp {s.cp}" if s.cp > 1 else "") + f" x dp {s.dp}"
         par += f" (interleaved: {s.pp_virtual} virtual stages per rank)" if s.pp_virtual > 1 else ""
     if s.ep > 1 or s.etp != s.tp:
         par += f", ep {s.ep} x etp {s.etp}"
@@ -105,15 +105,20 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
     mem = _Grid("Memory per GPU (GiB)", ["weights", "grads", "optimizer", "activations", "other", "peak", "GPU",
                                          "fits"])
     p = e.memory.per_gpu_gib
-    fits = styled("yes", "green") if e.memory.fits else styled("NO", "red")
+    m = e.memory
+    fits = (styled("yes", "green") if m.fits_with_margin else styled("tight", "yellow") if m.fits
+            else styled("NO", "red"))
     mem.add_row(_f(p.weights), _f(p.gradients), _f(p.optimizer), _f(p.activations), _f(p.other),
                 styled(_f(p.peak), "bold"), _gib(e.memory.gpu_gib), fits)
     mem.print_fitted(con, ("other", "grads", "weights"))
-    host = line(f"peak at {e.memory.peak_phase}; persistent states {e.memory.states_gib:,.1f} GiB; "
-                f"host RAM per node: {e.memory.host_gib:,.0f} GiB needed")
-    if e.memory.host_ram_gib:
-        host.append(f" of {e.memory.host_ram_gib:,.0f}")
-        if not e.memory.host_fits:
+    con.print(line(f"peak at {m.peak_phase}; persistent states {m.states_gib:,.1f} GiB; fit rule: peak <= "
+                   f"{m.limit_gib:,.1f} GiB ({m.gpu_gib:g} less the {m.margin:.0%} margin, --memory-margin), "
+                   f"headroom {m.headroom_gib:,.1f} GiB"))
+    host = line(f"host RAM per node: {m.host_gib:,.0f} GiB needed")
+    if m.host_ram_gib:
+        host.append(f" of {m.host_ram_gib:,.0f} ({m.host_limit_gib:,.0f} usable: {m.host_margin:.0%} kept for the "
+                    f"OS and page cache)")
+        if not m.host_fits:
             host.append(" (too much)", "red")
     con.print(host)
     t = e.throughput
@@ -165,6 +170,8 @@ def _how(e: EstimateResult) -> str:
     how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
         how += f", tp {s.tp} x pp {s.pp}" + (f" x {s.pp_virtual} virtual" if s.pp_virtual > 1 else "")
+    if s.cp > 1:
+        how += f", cp {s.cp}"
     if s.ep > 1 or s.etp != s.tp:
         how += f", ep {s.ep} x etp {s.etp}"
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"

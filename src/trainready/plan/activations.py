@@ -17,6 +17,12 @@ with dropout and without FlashAttention), adapted to what today's stacks run:
   save only the norm input and output.
 * LoRA: frozen base linears save nothing for their weight gradient; each adapted linear
   saves its own copy of its input in the adapter dtype (PEFT keeps adapters in fp32).
+* fused SwiGLU (Megatron-Core's bias_swiglu, a compiled graph) saves only its input (gate and up,
+  2 x ffn) and the down projection its own input (1 x ffn): 3 x ffn, where eager modules keep 4.
+* FP8 under Transformer Engine (`fp8_saved`): each linear saves its input as the FP8 tensor it cast
+  for the forward GEMM, 1 byte per element (TE's Linear/LayerNormLinear save the quantized input for
+  the weight-gradient GEMM), beside what the norm, attention and activation kernels keep in bf16;
+  torchao's float8 training keeps bf16 inputs (its measured peaks equal bf16's), so it passes False.
 
 `korthikanti_layer_bytes` reproduces the paper's formula exactly (dropout, no Flash) and is
 what the benchmark holds this module to.
@@ -29,8 +35,10 @@ from .model_spec import ModelSpec
 ADAPTER_BYTES = 4  # PEFT casts adapter inputs to the adapter dtype, fp32 by default
 
 
-def _norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int) -> int:
+def _norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int, fp8_saved: bool = False) -> int:
     """Saved by one norm plus its output as the next linear's input (bytes per hidden unit)."""
+    if fp8_saved:  # TE LayerNormLinear: the norm's input and the FP8 normalized input of the GEMM
+        return residual_bytes + 1
     if kernels == "eager" and model.norm == "rmsnorm":
         if residual_bytes == 4:  # autocast: fp32 input, fp32 normalized, bf16 copy for the linear
             return 4 + 4 + act_bytes
@@ -57,18 +65,22 @@ def _attention_saved(model: ModelSpec) -> int:
 
 def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                           method: str = "full", dropout: bool = False, flash: bool = True,
-                          seq_len: int = 0) -> float:
+                          seq_len: int = 0, fp8_saved: bool = False) -> float:
     """Bytes of activations one transformer block saves per token (no recomputation)."""
     d, f = model.hidden_size, model.ffn_hidden_size
     a, out = act_bytes, attention_out_dim(model)
-    norm = _norm_bytes(model, kernels, residual_bytes, a)
+    fp8_saved = fp8_saved and method == "full"
+    norm = _norm_bytes(model, kernels, residual_bytes, a, fp8_saved)
     attn = a * _attention_saved(model) + a * out  # Q, K, V (MLA: and latents) and the output (saved by Flash)
     if kernels == "eager":
         attn += a * out  # transpose + contiguous copy fed to the output projection
+    if fp8_saved:
+        attn += out  # the output projection's FP8 copy of its input
     if not flash:  # s x s scores per head: softmax output, plus dropout mask and output
         attn += (a + ((1 + a) if dropout else 0)) * model.num_heads * seq_len
     if model.gated_mlp:
-        mlp = 4 * a * f
+        # eager: gate, up, silu(gate) and the product; fused: the kernel's input (gate, up) and the product
+        mlp = 4 * a * f if kernels == "eager" else 2 * a * f + (1 if fp8_saved else a) * f
     else:
         mlp = 2 * a * f
         if model.activation == "gelu_tanh_composed" and kernels == "eager":

@@ -11,7 +11,9 @@ from trainready.catalog import Price
 from . import efficiency as eff
 from . import moe
 from . import reliability as rel
+from .batch_advice import batch_advice
 from .confidence import ConfidenceInfo, confidence_info, summary
+from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, estimate_memory
 from .performance import StepResult, estimate_step, host_cpu_cores
 from .setup import Setup
@@ -42,6 +44,7 @@ class SetupInfo(BaseModel):
     tp: int
     pp: int
     pp_virtual: int = Field(1, description="interleaved (virtual) pipeline stages per rank; 1: plain 1F1B")
+    cp: int = Field(1, description="context-parallel size: each sequence split over cp GPUs (ring attention)")
     ep: int = Field(1, description="expert-parallel size (MoE); ep x etp divides the tp x dp GPUs of a stage")
     etp: int = Field(1, description="expert tensor-parallel size (MoE): ranks each routed expert is split over "
                                     "(= tp for a dense model); etp != tp folds the expert grid over the attention "
@@ -77,13 +80,18 @@ class MemoryParts(BaseModel):
 class MemoryInfo(BaseModel):
     per_gpu_gib: MemoryParts
     gpu_gib: float
-    fits: bool
+    fits: bool = Field(description="the modelled peak is within the GPU's memory (plan/fit.py)")
     headroom_gib: float
+    margin: float = Field(description="fraction of GPU memory kept free by the fit rule (--memory-margin)")
+    limit_gib: float = Field(description="GPU memory a setup may use: gpu_gib x (1 - margin)")
+    fits_with_margin: bool = Field(description="peak <= limit_gib: what plan ranks")
     peak_phase: str = Field(description="backward-start or backward-end")
     states_gib: float = Field(description="weights + all gradients + optimizer, persistent")
     host_gib: float = Field(description="host RAM per node the job needs")
     host_ram_gib: float | None = Field(description="host RAM per node the instance has")
-    host_fits: bool | None
+    host_margin: float = Field(description="fraction of host RAM left to the OS and page cache")
+    host_limit_gib: float | None = Field(description="host RAM offloaded states may use; None: not known")
+    host_fits: bool | None = Field(description="host_gib <= host_limit_gib; None: the instance's RAM is not known")
 
 
 class StepBreakdown(BaseModel):
@@ -210,17 +218,16 @@ def run_cost(s: Setup, checkpoint_bytes: float, tokens_per_s: float, tokens: flo
                    compute_h=compute_h, train_h=train_h, spot_h=spot_h, total_usd=total)
 
 
-def estimate_setup(s: Setup, *, spot_mtbf_h: float | None = None, memory_margin: float = 0.0) -> EstimateResult:
+def estimate_setup(s: Setup, *, spot_mtbf_h: float | None = None, memory_margin: float = GPU_MARGIN) -> EstimateResult:
     mem = estimate_memory(s)
     step = estimate_step(s)
     return assemble(s, mem, step, spot_mtbf_h=spot_mtbf_h, memory_margin=memory_margin)
 
 
 def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: float | None = None,
-             memory_margin: float = 0.0) -> EstimateResult:
+             memory_margin: float = GPU_MARGIN) -> EstimateResult:
     m = s.model
     gpu_gib = s.gpu.memory_gib
-    limit = gpu_gib * (1 - memory_margin)
     tps = step.tokens_per_s
     rc = run_cost(s, mem.checkpoint_bytes, tps, s.tokens or 1e9, spot_mtbf_h=spot_mtbf_h)
     od, sp, od_price, spot_price, per_node = rc.od, rc.sp, rc.od_price, rc.spot_price, rc.per_node_usd_h
@@ -236,6 +243,9 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     per_btok = run_cost(s, mem.checkpoint_bytes, tps, 1e9, spot_mtbf_h=spot_mtbf_h).total_usd
     interval = sp.interval_s if s.spot else od.interval_s
     warnings = list(s.notes)
+    advice = batch_advice(s)
+    if advice:
+        warnings.append(advice)
     assumptions = [
         resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
                       reduce_dtype=s.reduce_dtype).describe(named=s.stack_named),
@@ -269,9 +279,10 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         warnings.append(f"no spot price for {s.instance.name} in the catalog: the spot cost is unknown")
     ram = s.instance.ram_gib if s.instance else None
     host_gib = mem.host_per_node / GiB
-    fits = mem.peak / GiB <= limit
-    if not fits:
-        warnings.append(f"does not fit: {mem.peak / GiB:.1f} GiB per GPU needed, {gpu_gib:.0f} GiB available")
+    fit = fit_of(mem.peak / GiB, gpu_gib, host_gib, ram, memory_margin)
+    problem = fit.problem()
+    if problem:
+        warnings.append(problem)
     st = storage_plan(s, mem.checkpoint_bytes, interval, tps, train_hours=train_h)
     conf = confidence_info(s, tps, lambda t: _run_figures(s, mem.checkpoint_bytes, t, spot_mtbf_h))
     if summary(conf):
@@ -286,7 +297,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         setup=SetupInfo(instance=s.instance.name if s.instance else None, gpu=s.gpu.name, nodes=s.nodes,
                         gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
                         etp=s.expert_tp,
-                        pp_virtual=s.pp_virtual,
+                        pp_virtual=s.pp_virtual, cp=s.cp,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
@@ -298,9 +309,10 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
             per_gpu_gib=MemoryParts(weights=mem.weights / GiB, gradients=mem.gradients / GiB,
                                     optimizer=mem.optimizer / GiB, activations=mem.activations / GiB,
                                     other=mem.other / GiB, peak=mem.peak / GiB),
-            gpu_gib=gpu_gib, fits=fits, headroom_gib=gpu_gib - mem.peak / GiB, peak_phase=mem.phase,
-            states_gib=mem.states_full / GiB, host_gib=host_gib, host_ram_gib=ram,
-            host_fits=None if ram is None else host_gib <= ram),
+            gpu_gib=gpu_gib, fits=fit.fits, headroom_gib=gpu_gib - mem.peak / GiB, margin=fit.margin,
+            limit_gib=fit.gpu_limit_gib, fits_with_margin=fit.fits_with_margin, peak_phase=mem.phase,
+            states_gib=mem.states_full / GiB, host_gib=host_gib, host_ram_gib=ram, host_margin=fit.host_margin,
+            host_limit_gib=fit.host_limit_gib, host_fits=fit.host_fits),
         throughput=ThroughputInfo(
             tokens_per_s=tps, tokens_per_s_per_gpu=tps / s.n_gpus, mfu=step.mfu, hfu=step.hfu,
             step_time_s=step.step_s,

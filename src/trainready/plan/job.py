@@ -59,6 +59,9 @@ class JobSpec(BaseModel):
     etp: int | None = Field(None, gt=0, le=1024, description="expert tensor-parallel size (MoE): each routed expert "
                                                             "split etp ways; None: the stack's convention "
                                                             "(stacks.default_etp: tp, or 1 when ep > 1)")
+    cp: int = Field(1, gt=0, le=1024, description="context-parallel size: each sequence split over cp GPUs "
+                                                  "(ring attention: Megatron's --context-parallel-size, "
+                                                  "torchtitan's context_parallel_degree)")
     pp_virtual: int | None = Field(None, gt=0, le=128, description="interleaved (virtual) pipeline stages per "
                                                                   "rank (Megatron's interleaved 1F1B, torchtitan's "
                                                                   "Interleaved1F1B); None: 1, plain 1F1B")

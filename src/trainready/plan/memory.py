@@ -32,6 +32,7 @@ from .activations import (
 )
 from .model_spec import ModelSpec
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
+from .stacks import get_stack
 
 GiB = 1024**3
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
@@ -100,7 +101,7 @@ def _per_gpu(s: Setup, pc: ParamCounts, nbytes: float, shard: int) -> float:
 
 def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, host-offloaded) bytes per GPU for the model states."""
-    dp = s.dp
+    dp = s.shard_dp  # ZeRO/FSDP shard over the data- and context-parallel ranks
     z3 = s.strategy == "zero3"
     # ZeRO-3 keeps two gathered blocks (current + prefetched) and one embedding unit (the
     # recipe wraps the input embedding and the output head as their own FSDP units: at the
@@ -130,6 +131,10 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     if s.offload == "none":
         return weights, grads, optim, 0.0
     host = _per_gpu(s, pc, w_b + g_b + o_b, dp)  # master, fp32 grads and Adam live in host RAM
+    if s.offload == "optimizer+params":
+        # and the 16-bit parameters the GPUs fetch from: DeepSpeed's estimate_zero3_model_states_mem_needs
+        # counts 18 bytes/param on the host with offload_param (16 with the optimizer alone)
+        host += _per_gpu(s, pc, 2.0, dp)
     if s.offload == "optimizer":
         gpu_weights = (2.0 * pc.local if not z3 else _per_gpu(s, pc, 2.0, dp) + units)
         return gpu_weights, _per_gpu(s, pc, 2.0, dp), 0.0, host
@@ -150,11 +155,13 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     m = s.model
     a = 4 if s.precision == "fp32" else 2
     r = _residual_bytes(s)
-    tokens = s.micro_batch * s.seq_len
+    tokens = s.local_tokens  # context parallelism: each GPU holds its 1/cp of every sequence
+    fp8_saved = s.precision == "fp8" and get_stack(s.stack).fp8_saves_inputs
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
-        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len), lambda: layer_bytes_per_token(
-            shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len))
+        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved), lambda: layer_bytes_per_token(
+            shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len,
+            fp8_saved=fp8_saved))
 
     layer = per_token(m) / s.tp * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
@@ -209,7 +216,7 @@ def estimate_memory(s: Setup) -> MemoryResult:
     saved, layer, loss, _ = activation_parts(s)
     grad_bytes = 2 if (s.optimizer_dtype == "bf16" and s.method == "full") else 4
     head_grads = 0.0 if s.method != "full" else grad_bytes * pc.embed / (
-        s.dp if s.strategy in ("zero2", "zero3") else 1)
+        s.shard_dp if s.strategy in ("zero2", "zero3") else 1)
     grads_at_start = grads if s.grad_accum > 1 else head_grads
     start = weights + optim + grads_at_start + saved + loss
     # ZeRO-3: one unit's fp32 weight gradients, unsharded until reduce-scattered (a frozen

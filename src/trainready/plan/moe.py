@@ -130,7 +130,7 @@ def _stage_params(m: ModelSpec, tp: int, pp: int, ep: int, etp: int, v: int) -> 
 def expert_shard_ratio(s: Setup) -> float:
     """dp / edp = ep x etp / tp: how many times more ranks a routed-expert parameter is spread over than
     the rest, with ZeRO/FSDP (1 for a dense model)."""
-    return s.dp / s.expert_dp if s.model.is_moe else 1.0
+    return s.shard_dp / s.expert_dp if s.model.is_moe else 1.0
 
 
 def load_imbalance(s: Setup) -> float:

@@ -177,7 +177,8 @@ def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float) -> 
         tflops *= eff.AMPERE_KERNEL_SPEEDUP.get(s.gpu.arch, 1.0)
         base, s0 = tflops * 1e12 / peak_flops, eff.ARCH["ampere"].attention_s0
     hd = e.attention_hd64 if s.model.hd <= 64 else 1.0
-    return base * hd * s.seq_len / (s.seq_len + s0)
+    n = s.seq_len / s.cp  # context parallelism: the kernel runs on chunks of the sequence
+    return base * hd * n / (n + s0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,7 @@ class _MicroBatch:
     fwd_s: float  # one forward (no recompute)
     bwd_s: float  # backward (incl. recompute)
     hw_flops: float
+    attn_fwd_s: float = 0.0  # one layer's attention forward (what ring attention's sends hide behind)
 
 
 def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
@@ -194,7 +196,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     fp8 = s.precision == "fp8"
     gemm_peak = (gpu.peak_tflops("fp8") or peak / 1e12) * 1e12 if fp8 else peak
     ge = eff.fp8_gemm(e) if fp8 else e  # the blocks' GEMMs (FP8 under fp8; the head stays bf16)
-    tokens = s.micro_batch * s.seq_len
+    tokens = s.local_tokens  # its 1/cp of each sequence; attention still spans the whole sequence
     layers = s.stage_layers  # the largest pipeline stage
     frozen = s.method != "full"
     mem_eff = e.eager_memory_efficiency() if s.kernels == "eager" else e.memory
@@ -256,7 +258,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     loss = tokens * (a + 12 + 8) * m.vocab_size / s.tp / (gpu.hbm_gbps * 1e9 * e.memory)
     fwd_total += 0.4 * loss
     bwd_total += 0.6 * loss
-    return _MicroBatch(fwd_total, bwd_total, flops_total)
+    return _MicroBatch(fwd_total, bwd_total, flops_total, attn_fwd)
 
 
 # --- communication ---------------------------------------------------------------------
@@ -302,7 +304,7 @@ def collective_s(kind: str, nbytes: float, ranks: int, ranks_per_node: int, ln: 
 def _dp_layout(s: Setup) -> tuple[int, float]:
     """(data-parallel ranks per node, share of the node's network one DP group gets)."""
     gpus_per_stage_node = s.gpus_per_node // s.pp if s.pp > s.nodes else s.gpus_per_node
-    per_node = max(1, min(s.dp, max(1, gpus_per_stage_node) // s.tp))
+    per_node = max(1, min(s.shard_dp, max(1, gpus_per_stage_node) // s.tp))
     groups = max(1, s.gpus_per_node // per_node)
     return per_node, 1.0 / groups
 
@@ -321,6 +323,29 @@ def _moe_tp_s(s: Setup, tokens: int, ln: Links) -> float:
     return passes * moe.worst_stage(m, s.pp, 2 * ar, ar + shared + routed, s.pp_virtual)
 
 
+def _cp_s(s: Setup, tokens: int, ln: Links, attn_fwd_s: float) -> tuple[float, float]:
+    """(exposed, total) seconds per micro-batch of context parallelism's ring attention on the worst stage.
+
+    Each rank holds 1/cp of every sequence and passes its K and V chunk around the ring of cp ranks: cp - 1
+    sends per layer forward, and in backward K, V and their gradients (twice the bytes) -- Megatron-Core's
+    p2p ring (TE attention with cp_comm_type p2p), torchtitan's ring attention (its all-gather rotation moves
+    the same (cp - 1)/cp of K and V). The sends run beside the attention of the chunk already there, so only
+    what outlasts the layer's attention is exposed. Inside a node a rank sends over NVLink; a ring that spans
+    nodes sends over the network, every GPU of the node at once."""
+    if s.cp <= 1:
+        return 0.0, 0.0
+    m = s.model
+    kv = tokens * 2 * m.kv_dim * 2 / min(s.tp, m.num_kv_heads)  # the local K and V, bf16, KV heads split by tp
+    spans_nodes = s.cp * s.tp > s.gpus_per_node
+    bw = ln.intra_gbps if not spans_nodes or not ln.node_net_gbps else min(ln.intra_gbps,
+                                                                             ln.node_net_gbps / s.gpus_per_node)
+    hop = kv / (bw * 1e9) + eff.COLLECTIVE_LATENCY_S
+    fwd, bwd = (s.cp - 1) * hop, 2 * (s.cp - 1) * hop
+    passes_fwd = 2 if s.checkpointing == "full" else 1  # the forward again under full recompute
+    exposed = passes_fwd * max(0.0, fwd - attn_fwd_s) + max(0.0, bwd - 2.5 * attn_fwd_s)
+    return s.stage_layers * exposed, s.stage_layers * (passes_fwd * fwd + bwd)
+
+
 # --- the step ----------------------------------------------------------------------------
 def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> StepResult:
     """One training step of `s`; `efficiency` replaces its GPU's factors (the ends of an assumed range)."""
@@ -334,7 +359,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     full = s.method == "full"
     mixed_amp = s.strategy == "ddp" and full and s.precision != "fp32" and s.optimizer_dtype == "fp32"
     cast = 6 * pc.local / hbm if mixed_amp else 0.0  # autocast re-casts fp32 weights each forward
-    tokens = s.micro_batch * s.seq_len
+    tokens = s.local_tokens
 
     # tensor parallel: 2 all-reduces of the activations per block forward, 2 backward
     tp_s = 0.0
@@ -345,10 +370,13 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     elif m.is_moe and (s.tp > 1 or s.expert_tp > 1):  # MoE layers: shared experts over tp, routed over etp
         tp_s = _moe_tp_s(s, tokens, ln)
 
-    # data parallel
+    cp_exposed, cp_total = _cp_s(s, tokens, ln, mb.attn_fwd_s)
+    tp_s += cp_exposed
+
+    # data parallel (with context parallelism: over the dp x cp ranks that hold the same weights)
     per_node, share = _dp_layout(s)
     a2a = moe.a2a_s(s, tokens, per_node, ln.intra_gbps) if m.is_moe else 0.0  # EP dispatch/combine per micro-batch
-    dp = s.dp
+    dp = s.shard_dp
     g_bytes = 4 if s.reduce_dtype == "fp32" else 2
     train = pc.trainable
     base_bytes = (NF4_BYTES if s.method == "qlora" else 2.0)
@@ -444,7 +472,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     hfpt = mfpt + recompute_flops_per_token(s)
     hw_per_token = mb.hw_flops * s.grad_accum * s.n_gpus / tokens_step
     return StepResult(step_s=step, compute_s=compute, exposed_comm_s=exposed, other_s=other,
-                      comm_s=comm_total + s.grad_accum * (tp_s + p2p + p2p_hidden + a2a_hidden),
+                      comm_s=comm_total + s.grad_accum * (tp_s - cp_exposed + cp_total + p2p + p2p_hidden + a2a_hidden),
                       hardware_flops_per_token=hw_per_token,
                       model_flops_per_token=mfpt, hfu_flops_per_token=hfpt, tokens_per_s=tps,
                       mfu=mfpt * tps / (s.n_gpus * peak), hfu=hfpt * tps / (s.n_gpus * peak),

@@ -65,12 +65,25 @@ class Setup:
     ep_overlap: bool = False  # MoE all-to-alls overlapped with another micro-batch's compute
     fp8_dispatch: bool = False  # dispatch in FP8 (precision fp8 only)
     pp_virtual: int = 1  # interleaved (virtual) pipeline stages per rank: 1 is plain 1F1B
+    cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
 
     @property
     def n_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def shard_dp(self) -> int:
+        """Ranks holding the same weights, over which gradients are reduced and ZeRO/FSDP shards the states:
+        dp x cp (context-parallel ranks hold the same weights: Megatron's data-parallel-with-context group,
+        torchtitan's FSDP mesh dp_shard x cp)."""
+        return self.dp * self.cp
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens one GPU computes per micro-batch: its 1/cp share of each sequence."""
+        return self.micro_batch * self.seq_len // self.cp
 
     @property
     def global_batch(self) -> int:
@@ -97,7 +110,7 @@ class Setup:
         """Expert data-parallel size: ranks of a pipeline stage holding the same expert shard, over which
         ZeRO/FSDP shards the experts' states and their gradients are reduced (tp x dp / (etp x ep);
         Megatron's expert_data_parallel_size, torchtitan's efsdp)."""
-        return max(1, self.tp * self.dp // (self.expert_tp * self.ep))
+        return max(1, self.tp * self.dp * self.cp // (self.expert_tp * self.ep))
 
     def with_(self, **changes) -> "Setup":
         """A copy with `changes` (dataclasses.replace without re-running __init__ over every field: the
@@ -198,9 +211,9 @@ def _normalize_strategy(strategy: str) -> str:
     return "zero3" if strategy == "fsdp" else strategy
 
 
-def layout_text(tp: int, pp: int, v: int, ep: int, etp: int) -> str:
-    """A layout in short: tp4 pp4x2v ep8 etp1 (virtual stages, ep and expert TP only where they apply)."""
-    return (f"tp{tp} pp{pp}" + (f"x{v}v" if v > 1 else "") + (f" ep{ep}" if ep > 1 else "")
+def layout_text(tp: int, pp: int, v: int, ep: int, etp: int, cp: int = 1) -> str:
+    """A layout in short: tp4 pp4x2v cp2 ep8 etp1 (virtual stages, cp, ep and expert TP only where they apply)."""
+    return (f"tp{tp} pp{pp}" + (f"x{v}v" if v > 1 else "") + (f" cp{cp}" if cp > 1 else "") + (f" ep{ep}" if ep > 1 else "")
             + (f" etp{etp}" if etp != tp else ""))
 
 
@@ -225,6 +238,16 @@ def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int, node
     if pp > model.num_layers:  # uneven stages are fine (pipeline_split); empty ones are not
         raise UsageError(f"--pp {pp} is more than the {model.num_layers} layers of {printable(model.name)}: "
                          f"every pipeline stage needs a layer (--pp 1..{model.num_layers})")
+
+
+def _check_cp(cp: int, seq_len: int) -> None:
+    """Context parallelism splits each sequence into 2 x cp chunks, two per rank (the load-balanced causal
+    split of Megatron-Core's and torchtitan's ring attention), so 2 x cp must divide the length."""
+    if cp > 1 and seq_len % (2 * cp):
+        valid = [c for c in (2, 4, 8, 16, 32) if seq_len % (2 * c) == 0]
+        raise UsageError(f"--cp {cp} needs a sequence length divisible by 2 x cp = {2 * cp} (each rank takes two "
+                         f"chunks of every sequence); --seq-len {seq_len} allows --cp "
+                         f"{', '.join(map(str, valid)) or '1 only'}")
 
 
 def _check_virtual(model: ModelSpec, pp: int, v: int, micro: int, dp: int, global_batch: int, accum: int) -> None:
@@ -358,15 +381,18 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     strategy = _normalize_strategy(job.strategy)
     _check_parallel(model, job.tp, job.pp, per_node, nodes)
     n_gpus = per_node * nodes
-    if n_gpus % (job.tp * job.pp):
-        raise UsageError(f"{n_gpus} GPUs are not divisible by --tp {job.tp} x --pp {job.pp}")
-    dp = n_gpus // (job.tp * job.pp)
+    cp = job.cp
+    if n_gpus % (job.tp * job.pp * cp):
+        raise UsageError(f"{n_gpus} GPUs are not divisible by --tp {job.tp} x --pp {job.pp}"
+                         + (f" x --cp {cp}" if cp > 1 else ""))
+    dp = n_gpus // (job.tp * job.pp * cp)
     etp = job.etp if job.etp is not None else default_etp(st.stack, job.tp, job.ep)
     _check_ep(model, job.ep, etp, job.tp, dp, per_node)
     precision = job.precision or default_precision(gpu)
     _check_precision(gpu, precision, job.optimizer_dtype)
     _check_offload(strategy, job.offload, job.method)
     seq_len = job.seq_len or default_seq_len(model)
+    _check_cp(cp, seq_len)
     notes: list[str] = []
     if model.position == "learned" and model.max_seq_len and seq_len > model.max_seq_len:
         raise UsageError(f"--seq-len {seq_len} exceeds {model.name}'s learned position table ({model.max_seq_len})")
@@ -396,4 +422,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
-                 pp_virtual=v, **moe_comm(job, model, st.stack, precision))
+                 pp_virtual=v, cp=cp, **moe_comm(job, model, st.stack, precision))

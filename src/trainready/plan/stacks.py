@@ -69,6 +69,10 @@ class Stack:
     without EP (torchtitan 0.3, transformers, DeepSpeed AutoEP)."""
     etp_source: str = ""
     """Where expert_tp comes from."""
+    fp8_saves_inputs: bool = False
+    """Under --precision fp8 each linear saves its input for backward in FP8 (Transformer Engine's Linear and
+    LayerNormLinear keep the quantized input they cast; plan/activations.py); False: bf16 inputs are kept
+    (torchao float8, whose measured peak memory equals bf16's: torchao float8 README)."""
 
 
 _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to travel by a collective all-to-all "
@@ -119,7 +123,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "recipe sets alltoall), overlap_moe_expert_parallel_comm off by default; moe/fused_a2a.py: "
                     "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
                     "HybridEP 'does not support fp8 dispatch now'",
-          expert_tp="tp",
+          expert_tp="tp", fp8_saves_inputs=True,
           etp_source="megatron/training/arguments.py and ModelParallelConfig.__post_init__: "
                      "expert_tensor_parallel_size defaults to tensor_model_parallel_size; --expert-tensor-parallel-"
                      "size 1 with TP > 1 is MoE parallel folding (Liu et al. 2025, arXiv 2504.14960)"),

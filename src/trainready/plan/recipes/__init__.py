@@ -10,6 +10,8 @@ framework alone: the row's speed was computed with that stack's kernels and reco
 
 from __future__ import annotations
 
+import re
+
 from ..setup import Setup
 from . import deepspeed, hf_tp, megatron, torchtitan
 from .common import Recipe
@@ -54,8 +56,21 @@ def framework_for(s: Setup, name: str = "auto") -> tuple[str | None, str | None]
         why = _MODULES[fw].reason(s)
         if why is None:
             return fw, None
-        whys.append(f"{fw}: {why}")
-    return None, "no framework runs it (" + "; ".join(whys) + ")"
+        whys.append((fw, why))
+    tried = set(_order(s))
+    # a "use --framework Y" naming only frameworks that refused too would send the user in a circle: dropped
+    return None, "no framework runs it (" + "; ".join(f"{fw}: {_no_loop(why, tried)}" for fw, why in whys) + ")"
+
+
+def _no_loop(why: str, tried: set[str]) -> str:
+    m = _POINTER.search(why)
+    if m is None or not set(re.findall(r"\b(deepspeed|torchtitan|megatron|hf-tp)\b", m.group(0))) <= tried:
+        return why
+    return why[:m.start()] + why[m.end():]
+
+
+_POINTER = re.compile(r"[;:] use --framework [\w-]+(?: \([^)]*\))?(?: or (?:--framework )?[\w-]+(?: \([^)]*\))?)*"
+                      r"(?: or --[\w-]+ [\w-]+)?")
 
 
 def framework_reason(s: Setup, name: str = "auto") -> str | None:

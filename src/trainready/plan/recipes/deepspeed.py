@@ -27,6 +27,9 @@ AUTOEP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek
 
 
 def reason(s: Setup) -> str | None:
+    if s.cp > 1:
+        return ("DeepSpeed's sequence parallelism is Ulysses (an all-to-all of attention heads), not the ring "
+                "context parallelism this row models; use --framework megatron or torchtitan")
     if s.precision == "fp8":
         return "DeepSpeed has no fp8 training of its own (it needs Transformer Engine); use --framework megatron"
     if s.optimizer_dtype == "bf16":

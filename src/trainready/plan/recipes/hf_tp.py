@@ -34,6 +34,8 @@ EP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 def reason(s: Setup) -> str | None:
     fam = s.model.family
+    if s.cp > 1:
+        return "transformers' TP/FSDP plans have no context parallelism; use --framework megatron or torchtitan"
     if s.method != "full":
         return f"{s.method}: PEFT on transformers' TP/FSDP plan is not documented; use --framework deepspeed"
     if s.strategy in ("zero1", "zero2"):

@@ -36,6 +36,7 @@ FLAGS: dict[str, str | None] = {
     "--moe-router-score-function": "moe_router_score_function", "--moe-shared-expert-gate": "moe_shared_expert_gate",
     "--tensor-model-parallel-size": "tensor_model_parallel_size",
     "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+    "--context-parallel-size": "context_parallel_size",
     "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
     "--num-virtual-stages-per-pipeline-rank": None, "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
     "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
@@ -173,6 +174,8 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
         a += [("--expert-model-parallel-size", s.ep), ("--expert-tensor-parallel-size", s.expert_tp)]
         if s.ep > 1 and s.ep_overlap:  # dispatch/combine beside another micro-batch's compute
             a.append(("--overlap-moe-expert-parallel-comm", True))
+    if s.cp > 1:  # ring attention over cp ranks (TE's p2p context parallelism)
+        a.append(("--context-parallel-size", s.cp))
     if s.tp > 1:
         a.append(("--sequence-parallel", True))
     if s.strategy == "zero1":

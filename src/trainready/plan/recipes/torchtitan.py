@@ -112,6 +112,8 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
         ("--parallelism.tensor_parallel_degree", s.tp),
         ("--parallelism.pipeline_parallel_degree", s.pp),
     ]
+    if s.cp > 1:  # FSDP then shards over data_parallel_shard_degree x cp (its dp_shard_cp mesh)
+        a.append(("--parallelism.context_parallel_degree", s.cp))
     if s.pp > 1:  # local_batch_size is split into pipeline micro-batches of this size
         a += [("--parallelism.pipeline_parallel_microbatch_size", s.micro_batch),
               ("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B" if s.pp_virtual > 1 else "1F1B"),

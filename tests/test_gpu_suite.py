@@ -1,0 +1,162 @@
+"""bench/gpu_suite.py: its dry run (the GPU suite's code paths on CPU, tiny shapes) and its refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from run_helpers import env_for_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "bench" / "gpu_suite.py"
+SECTIONS = ("gemm", "attention", "copy", "training", "checkpoint")
+
+
+def suite(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SUITE), *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env_for_run({"CUDA_VISIBLE_DEVICES": ""}), timeout=timeout)
+
+
+def load_suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SUITE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def numbers(value, top: bool = True):
+    """(number, top-level?) for every int/float in a row (bools are flags, not figures)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, (int, float)):
+        yield value, top
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from numbers(v, False)
+    elif isinstance(value, list):
+        for v in value:
+            yield from numbers(v, False)
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    out = tmp_path_factory.mktemp("suite")
+    docs = out / "measurements.md"
+    docs.write_text("# Measurements\n")
+    proc = suite("--dry-run", "--out", str(out / "results"), "--write-docs", "--docs-file", str(docs))
+    return proc, out / "results", docs
+
+
+def test_dry_run_exits_0_and_writes_every_section(dry):
+    proc, out, _docs = dry
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "gpu_suite.json").read_text())
+    assert report["schema_version"] == 1 and report["kind"] == "trainready-gpu-suite" and report["dry_run"] is True
+    assert report["date"] and report["host"]["torch"] == torch.__version__ and "cuda" in report["host"]
+    assert report["failed_sections"] == []
+    assert report["wall_s"] < 60, f"the dry run took {report['wall_s']:.0f} s (target: under a minute)"
+    for name in SECTIONS:
+        sec = report["sections"][name]
+        assert sec["status"] == "ok", (name, sec.get("error"), sec.get("errors"))
+        assert sec["rows"], name
+        assert sec["units"], name
+        assert not sec["errors"], (name, sec["errors"])
+        for row in sec["rows"]:
+            for x, top in numbers(row):
+                assert math.isfinite(x), (name, row)
+                if top:
+                    assert x > 0, (name, row)
+        for skip in sec["skipped"]:
+            assert skip["what"] and skip["reason"], (name, skip)
+    # the scratch checkpoint directory is gone; the run directory stays
+    assert not (out / "ckpt-scratch").exists()
+    assert (out / "train-run" / "telemetry.jsonl").exists()
+
+
+def test_dry_run_sections_hold_what_they_stand_for(dry):
+    _proc, out, _docs = dry
+    sec = json.loads((out / "gpu_suite.json").read_text())["sections"]
+    gemm = sec["gemm"]["rows"]
+    assert {r["dtype"] for r in gemm} >= {"bf16"}
+    fp8 = [r for r in gemm if r["dtype"] == "fp8"]
+    assert fp8 or any(s["what"] == "FP8 GEMMs" for s in sec["gemm"]["skipped"])
+    models = {r["model"] for r in gemm}
+    assert {"reference", "llama-3.1-8b", "llama-3-70b (TP8 shard)", "qwen3-30b-a3b"} <= models
+    grouped = [r for r in gemm if "experts" in r]
+    assert {r["method"] for r in grouped} >= {"loop"}
+    if not any(r["method"] == "grouped_mm" for r in grouped):  # this torch lacks it: said why
+        assert any(s["what"] == "torch._grouped_mm" for s in sec["gemm"]["skipped"])
+    attention = sec["attention"]["rows"]
+    assert len(attention) >= 3 and len({r["seq"] for r in attention}) == len(attention)
+    copies = sec["copy"]["rows"]
+    assert {r["direction"] for r in copies} == {"H2D", "D2H", "D2D"}
+    # the dry run never uses a GPU: pinned host memory is a recorded skip
+    assert any("pinned" in s["what"] and "CUDA" in s["reason"] for s in sec["copy"]["skipped"])
+    (train,) = sec["training"]["rows"]
+    assert train["run_status"] == "finished" and train["steps_logged"] == 3 and train["steps"] == 3
+    assert train["tokens_per_s"] > 0 and train["telemetry_tokens_per_s"] > 0 and train["peak_host_rss_gib"] > 0
+    ckpt = {r["what"]: r for r in sec["checkpoint"]["rows"]}
+    restore = next(r for w, r in ckpt.items() if w.startswith("restore"))
+    assert restore["bit_exact"] is True and restore["tensors_compared"] > 0
+    assert any(w.startswith("save") for w in ckpt) and any(w.startswith("async save") for w in ckpt)
+
+
+def test_dry_run_markdown(dry):
+    proc, out, docs = dry
+    md = (out / "gpu_suite.md").read_text()
+    for header in ("| model | GEMM | M x K x N |", "| seq | batch |", "| direction | host memory |",
+                   "| model | params | micro-batch x seq |", "| operation | GiB | seconds |"):
+        assert header in md, header
+    assert "Dry run on CPU" in md
+    assert md.strip() in proc.stdout  # printed
+    assert docs.read_text() == "# Measurements\n" + "\n" + md  # --write-docs appended it to --docs-file
+
+
+def test_dry_run_write_docs_needs_an_explicit_file(tmp_path):
+    proc = suite("--dry-run", "--out", str(tmp_path), "--write-docs", timeout=60)
+    assert proc.returncode == 2 and "--docs-file" in proc.stderr
+    assert not (tmp_path / "gpu_suite.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible: the suite would run")
+def test_without_cuda_it_exits_2(tmp_path):
+    proc = suite("--out", str(tmp_path), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA device; use --dry-run" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_calibration_goes_through_the_projects_files(tmp_path, catalog):
+    """The calibration a GPU run writes is one `--calibration FILE` reads. The figures here are made up
+    inputs for the code path (a GPU run passes its own measurements)."""
+    from trainready.plan import calibration_file as cf
+
+    gs = load_suite()
+    summary = gs.build_calibration("h100-80gb", {"k": 8192, "tflops": 650.0}, {"gbps": 2500.0}, None, None,
+                                   tmp_path / "gpu_suite.json", tmp_path / "calibration.json")
+    cal = cf.load(str(tmp_path / "calibration.json"), catalog)
+    assert cal.gpu == "h100-80gb" and cal.name == summary["name"] and cal.stack is None
+    assert cal.factors["gemm"].status == "informed" and cal.factors["gemm"].value < cal.factors["gemm"].prior
+    assert cal.factors["attention"].status == "not informed"
+    assert summary["factors"]["memory"]["status"] == "informed"
+
+
+def test_markdown_of_a_gpu_run_names_the_machine(dry):
+    """The GPU branch of the Markdown (header with GPU, driver, torch/CUDA) renders; host facts made up here."""
+    _proc, out, _docs = dry
+    gs = load_suite()
+    report = json.loads((out / "gpu_suite.json").read_text())
+    report["dry_run"] = False
+    report["host"].update(gpu="NVIDIA H100 80GB HBM3", driver="550.54.15", capability="9.0", gpu_memory_gib=79.2,
+                          nvidia_smi={"memory_total_mib": 81559.0, "power_limit_w": 700.0, "max_sm_clock_mhz": 1980.0})
+    md = gs.render_markdown(report)
+    assert md.startswith(f"### GPU suite: NVIDIA H100 80GB HBM3 ({report['date']})")
+    assert "driver 550.54.15" in md and f"PyTorch {torch.__version__}" in md and "81,559 MiB" in md
+    assert "Dry run" not in md
