@@ -31,6 +31,6 @@ def batch_advice(s: Setup) -> str | None:
     need = s.dp * s.micro_batch * m
     return (f"global batch {s.global_batch} is small for pp {s.pp}"
             + (f" x {s.pp_virtual} virtual" if s.pp_virtual > 1 else "")
-            + f": {s.grad_accum} micro-batch(es) per step leave the pipeline idle {bubble:.0%} of the time "
-            f"(bubble (pp-1)/(v m)); --global-batch {need:,} ({need * s.seq_len / 1e6:,.1f}M tokens per step) "
+            + f": with {s.grad_accum} micro-batch(es) per step the pipeline bubble (pp-1)/(v m) adds {bubble:.0%} "
+            f"to the compute time; --global-batch {need:,} ({need * s.seq_len / 1e6:,.1f}M tokens per step) "
             f"brings it to {BUBBLE_TARGET:.0%}")

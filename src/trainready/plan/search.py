@@ -473,7 +473,7 @@ def _over_limits(req: PlanRequest, over: list[_Best]) -> str:
     """Why no setup of an instance meets --max-usd / --deadline-hours, in the figures the rows
     would show: its cheapest and its fastest setup as the unconstrained plan picks them."""
     priced = _best_per_nodes([c for c in over if c.usd is not None], lambda c: c.usd).values()
-    cheapest = min(priced, key=lambda c: (c.usd, c.hours)) if priced else None
+    cheapest = min(priced, key=lambda c: (_adjusted(c, c.usd), c.hours)) if priced else None  # as plan ranks
     fastest = min(_best_per_nodes(over, lambda c: c.hours).values(), key=lambda c: c.hours)
     what = "costs" if req.job.tokens else "costs per 1B tokens"
     parts = []
@@ -560,16 +560,16 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
     if rank == 1:
         if top is not None and top is not best and top.score < best.score * (1 - TIE):
             lead = (1 - top.score / best.score) * 100
-            return (f"simplest within {COMPLEXITY:.0%} of the {word}: {describe(top.setup)} is {lead:.0f}% "
-                    f"{'cheaper' if by == 'cost' else 'faster'} by the model, within its error, and needs more "
-                    f"machinery; " + facts)
+            return (f"simpler than the {word}: {describe(top.setup)} is {lead:.0f}% "
+                    f"{'cheaper' if by == 'cost' else 'faster'} by the model, less than the {COMPLEXITY:.0%} per "
+                    f"added piece of machinery it must beat (model error); " + facts)
         return f"{word} that fits; " + facts
     if by == "cost":
         rel = (best.score / first.score - 1) * 100 if first.score not in (0, float("inf")) else 0
         speed = first.step.tokens_per_s and best.step.tokens_per_s / first.step.tokens_per_s
-        return f"+{rel:.0f}% cost vs #1, {speed:.2f}x its speed; " + facts
+        return f"{rel:+.0f}% cost vs #1, {speed:.2f}x its speed; " + facts
     rel = (best.score / first.score - 1) * 100
-    return f"+{rel:.0f}% time vs #1; " + facts
+    return f"{rel:+.0f}% time vs #1; " + facts
 
 
 def _framework_only(log: _InstanceLog) -> str | None:
@@ -631,8 +631,13 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             framework_whys.append(_framework_only(log))
         candidates.extend(found)
     # best configuration per (instance, nodes), then the top rows overall
-    ranked = sorted(_best_per_nodes(candidates).values(), key=lambda c: (c.score, -c.step.tokens_per_s))
-    top = min(candidates, key=lambda c: (c.score, -c.step.tokens_per_s)) if candidates else None
+    # ranked with the handicap for machinery (COMPLEXITY), so a simpler setup within it comes first
+    ranked = sorted(_best_per_nodes(candidates).values(), key=lambda c: (_adjusted(c, c.score), -c.step.tokens_per_s))
+    top = None  # the cheapest configuration of all, when the first row is not it (it carries more machinery)
+    if ranked:
+        top = min(candidates, key=lambda c: (c.score, -c.step.tokens_per_s))
+        if _adjusted(top, 1.0) <= _adjusted(ranked[0], 1.0):
+            top = None
     rows: list[PlanRow] = []
     for i, c in enumerate(ranked[: req.top], start=1):
         est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,

@@ -66,11 +66,14 @@ def _no_loop(why: str, tried: set[str]) -> str:
     m = _POINTER.search(why)
     if m is None or not set(re.findall(r"\b(deepspeed|torchtitan|megatron|hf-tp)\b", m.group(0))) <= tried:
         return why
-    return why[:m.start()] + why[m.end():]
+    rest = why[m.end():]
+    if rest.startswith(" or "):  # a non-framework alternative ("or --activation-checkpointing ...") stays whole
+        rest = "; use " + rest[4:]
+    return why[:m.start()] + rest
 
 
-_POINTER = re.compile(r"[;:] use --framework [\w-]+(?: \([^)]*\))?(?: or (?:--framework )?[\w-]+(?: \([^)]*\))?)*"
-                      r"(?: or --[\w-]+ [\w-]+)?")
+_FW = r"(?:deepspeed|torchtitan|megatron|hf-tp)(?: \([^)]*\))?"
+_POINTER = re.compile(rf"[;:] (?:use )?--framework {_FW}(?: or (?:--framework )?{_FW})*")
 
 
 def framework_reason(s: Setup, name: str = "auto") -> str | None:
