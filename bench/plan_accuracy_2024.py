@@ -62,10 +62,8 @@ def _checkpointing(recompute: str) -> str:
 
 def job_of(r: dict[str, str]) -> JobSpec:
     """The publisher's layout as a job; a UsageError says why it cannot be expressed."""
-    precision = r["precision"]
-    if precision in ("mxfp8",) or (precision == "fp8"):
-        precision = "fp8"
-    elif precision != "bf16":
+    precision = "fp8" if r["precision"] in ("fp8", "mxfp8") else r["precision"]
+    if precision not in ("fp8", "bf16"):
         raise UsageError(f"precision {precision} is not modelled")
     try:
         preset(r["model"])

@@ -24,6 +24,12 @@ DeepSpeed's own estimator (`estimate_zero3_model_states_mem_needs`) multiplies i
 and keep this margin."""
 
 
+def gpu_limit_gib(gpu_gib: float, margin: float) -> float:
+    """GPU memory a setup may use: the card less the safety margin (the rule's GPU half, also used by the search's
+    micro-batch probing)."""
+    return gpu_gib * (1 - margin)
+
+
 @dataclass(frozen=True, slots=True)
 class Fit:
     gpu_need_gib: float
@@ -35,7 +41,7 @@ class Fit:
 
     @property
     def gpu_limit_gib(self) -> float:
-        return self.gpu_gib * (1 - self.margin)
+        return gpu_limit_gib(self.gpu_gib, self.margin)
 
     @property
     def fits(self) -> bool:
@@ -55,11 +61,6 @@ class Fit:
         """None: the instance's RAM is not known (no instance given)."""
         limit = self.host_limit_gib
         return None if limit is None else self.host_need_gib <= limit
-
-    @property
-    def ok(self) -> bool:
-        """What `plan` ranks: within the GPU margin and not over the host limit."""
-        return self.fits_with_margin and self.host_fits is not False
 
     def gpu_text(self) -> str:
         head = self.gpu_gib - self.gpu_need_gib

@@ -132,8 +132,8 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         return weights, grads, optim, 0.0
     host = _per_gpu(s, pc, w_b + g_b + o_b, dp)  # master, fp32 grads and Adam live in host RAM
     if s.offload == "optimizer+params" and not pure:
-        # and the 16-bit parameters the GPUs fetch from (pure bf16: the parameters are the master copy, counted): DeepSpeed's estimate_zero3_model_states_mem_needs
-        # counts 18 bytes/param on the host with offload_param (16 with the optimizer alone)
+        # and the 16-bit parameters the GPUs fetch from: DeepSpeed's estimate_zero3_model_states_mem_needs counts
+        # 18 bytes/param on the host with offload_param (16 with the optimizer alone); pure bf16 keeps no other copy
         host += _per_gpu(s, pc, 2.0, dp)
     if s.offload == "optimizer":
         gpu_weights = (2.0 * pc.local if not z3 else _per_gpu(s, pc, 2.0, dp) + units)

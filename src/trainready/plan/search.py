@@ -18,7 +18,7 @@ from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
 from .estimate import EstimateResult, assemble, run_cost
-from .fit import GPU_MARGIN, fit_of
+from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
 from .memory import GiB, estimate_memory
@@ -274,7 +274,7 @@ def _interleaved(s: Setup, mem, step, limit_gib: float, framework: str):
 
 def _limit_gib(req: PlanRequest, gpu) -> float:
     """GPU memory a setup may use: the card less the safety margin."""
-    return gpu.memory_gib * (1 - req.memory_margin)
+    return gpu_limit_gib(gpu.memory_gib, req.memory_margin)
 
 
 def _fits(s: Setup, limit_gib: float) -> tuple[bool, object]:
@@ -313,7 +313,7 @@ def largest_fitting_micro_batch(s: Setup, memory_margin: float = GPU_MARGIN) -> 
     group = s.pp if s.pp_virtual > 1 else 1  # interleaved stages: micro-batches in whole groups of pp (setup.py)
     for mb in (m for m in MICRO_BATCHES if per_dp % m == 0 and per_dp // m % group == 0):
         cand = s.with_(micro_batch=mb, grad_accum=per_dp // mb)
-        if estimate_memory(cand).peak / GiB > s.gpu.memory_gib * (1 - memory_margin):
+        if estimate_memory(cand).peak / GiB > gpu_limit_gib(s.gpu.memory_gib, memory_margin):
             break
         chosen, fits = cand, True
     if fits:
@@ -661,8 +661,9 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     if job.stack is None and own_stack:  # the row's figures assume the default stack, not that framework's
         notes.append(f"rows launched with {' and '.join(own_stack)} are estimated with the default stack's "
                      f"kernels and recompute; for {own_stack[0]}'s own, plan again with --stack {own_stack[0]}")
-    if ranked and batch_advice(ranked[0].setup):
-        notes.append(f"best row: {batch_advice(ranked[0].setup)}")
+    advice = batch_advice(ranked[0].setup) if ranked else None
+    if advice:
+        notes.append(f"best row: {advice}")
     if not job.tokens:
         notes.append("no --tokens: costs are per 1B tokens")
     assumed = sorted({c.setup.gpu.name for c in ranked if is_assumed(c.setup)})

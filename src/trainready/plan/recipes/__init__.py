@@ -64,7 +64,7 @@ def framework_for(s: Setup, name: str = "auto") -> tuple[str | None, str | None]
 
 def _no_loop(why: str, tried: set[str]) -> str:
     m = _POINTER.search(why)
-    if m is None or not set(re.findall(r"\b(deepspeed|torchtitan|megatron|hf-tp)\b", m.group(0))) <= tried:
+    if m is None or not set(re.findall(rf"\b({_NAMES})\b", m.group(0))) <= tried:
         return why
     rest = why[m.end():]
     if rest.startswith(" or "):  # a non-framework alternative ("or --activation-checkpointing ...") stays whole
@@ -72,7 +72,8 @@ def _no_loop(why: str, tried: set[str]) -> str:
     return why[:m.start()] + rest
 
 
-_FW = r"(?:deepspeed|torchtitan|megatron|hf-tp)(?: \([^)]*\))?"
+_NAMES = "|".join(map(re.escape, FRAMEWORKS))
+_FW = rf"(?:{_NAMES})(?: \([^)]*\))?"
 _POINTER = re.compile(rf"[;:] (?:use )?--framework {_FW}(?: or (?:--framework )?{_FW})*")
 
 
