@@ -16,6 +16,11 @@ preset exists, the GPU is in the catalog, the precision is bf16 or FP8 (tensor-w
 or MXFP8, all estimated as `--precision fp8`; NVFP4 is not modelled), and the layout resolves. Rows left
 out are listed with the reason.
 
+Attention kernel: where a row's attention went through torch's SDPA (torchtitan, torchao, Hugging Face
+stacks) on a torch release the source names and that release predates cuDNN as SDPA's choice on
+Hopper/Blackwell (torch 2.11, plan/stacks.py), the row is estimated with `--attention-kernel flash2`, the
+kernel that release ran; a row whose torch is not published keeps the stack's kernel.
+
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
 Usage: python bench/plan_accuracy_2024.py [--rows]
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -39,6 +45,7 @@ from trainready.plan.memory import GiB, estimate_memory  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.presets import preset  # noqa: E402
 from trainready.plan.setup import resolve  # noqa: E402
+from trainready.plan.stacks import SDPA_CUDNN_TORCH, get_stack  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "plan_reference"
 FILES = ("megatron_bridge.csv", "published_2024_2026.csv")
@@ -58,6 +65,31 @@ def _checkpointing(recompute: str) -> str:
     if "core_attn" in r:
         return "selective-attn"
     return "selective"
+
+
+# torch builds the sources name by commit, with the release line they belong to (the benchmark files' dates:
+# torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Dec 2024 -> 2.6 nightly; asyncTP_llama3_h100_2025-06,
+# June 2025 -> 2.8 nightly)
+TORCH_COMMITS = {"1963fc8": (2, 6), "38410cf9": (2, 8)}
+
+
+def torch_of(r: dict[str, str]) -> tuple[int, int] | None:
+    """The torch release a row ran (None: not published)."""
+    text = r["source"] + " " + r["notes"]
+    m = re.search(r"torch (2)\.(\d+)", text)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    m = re.search(r"torch ([0-9a-f]{7,})", text)
+    return TORCH_COMMITS.get(m.group(1)) if m else None
+
+
+def attention_kernel_of(r: dict[str, str], stack: str | None) -> str | None:
+    """FlashAttention-2 where the row's attention went through torch's SDPA on a torch before cuDNN became its
+    choice on Hopper/Blackwell (plan/stacks.py, SDPA_CUDNN_TORCH); None: the stack's own kernel."""
+    torch = torch_of(r)
+    if torch is None or not get_stack(stack).torch_sdpa:
+        return None
+    return "flash2" if torch < tuple(int(x) for x in SDPA_CUDNN_TORCH.split(".")) else None
 
 
 def job_of(r: dict[str, str]) -> JobSpec:
@@ -85,9 +117,14 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["pp_virtual"] = int(r["vpp"])
     if r["etp"]:
         kw["etp"] = int(r["etp"])
-    stack = r["stack"] if r["stack"] in ("megatron", "torchtitan", "deepspeed") else None
+    stack = r["stack"] if r["stack"] in ("megatron", "torchtitan", "deepspeed", "automodel") else None
     if stack:
         kw["stack"] = stack
+    if r["tp_comm_overlap"] == "yes" and kw["tp"] > 1:  # Megatron's --tp-comm-overlap, torchtitan's async TP
+        kw["tp_overlap"] = True
+    kernel = attention_kernel_of(r, stack)
+    if kernel:
+        kw["attention_kernel"] = kernel
     if r["reduce_dtype"] in ("fp32", "bf16"):
         kw["reduce_dtype"] = r["reduce_dtype"]
     return JobSpec(**kw)
@@ -184,7 +221,8 @@ def main() -> None:
         print(f"  {x['signed']:+6.1f}%  pred {x['pred']:8.0f}  meas {x['meas']:8.0f}  peak {x['peak_gib']:5.1f}/"
               f"{x['gpu_gib']:.0f}  {r['id']}: {r['model']} {s.n_gpus}x{s.gpu.name} tp{s.tp} pp{s.pp}"
               f"{'x' + str(s.pp_virtual) if s.pp_virtual > 1 else ''} cp{s.cp} ep{s.ep} mb{s.micro_batch} "
-              f"gb{s.global_batch} s{s.seq_len} {r['precision']} {s.checkpointing} {s.stack}")
+              f"gb{s.global_batch} s{s.seq_len} {r['precision']} {s.checkpointing} {s.stack}"
+              + ("" if s.attention_kernel == "sdpa" else f" attention {s.attention_kernel}"))
     print(f"\nLeft out ({len(left_out)}: included in the file, but the planner cannot express them):")
     for x in left_out:
         print(f"    {x['row']['id']}: {x['why_not']}")

@@ -63,7 +63,7 @@ def titan_config(args: list[str]):
     into torchtitan's config dataclasses: the sections of Trainer.Config the recipe sets."""
     import tyro
     from torchtitan.components.checkpoint import CheckpointManager
-    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.config.manager import ConfigManager, custom_registry
     from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
 
@@ -72,6 +72,7 @@ def titan_config(args: list[str]):
         training: TrainingConfig = field(default_factory=TrainingConfig)
         parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
         checkpoint: CheckpointManager.Config = field(default_factory=CheckpointManager.Config)
+        compile: CompileConfig = field(default_factory=CompileConfig)  # its __post_init__ checks async TP's needs
         activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
 
     ConfigManager()  # registers torchtitan's tyro rules on custom_registry

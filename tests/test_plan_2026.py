@@ -198,3 +198,111 @@ def test_the_2024_2026_accuracy_bench_runs():
     assert out.returncode == 0, out.stderr
     assert re.search(r"target dense\s+median\s+[\d.]+%", out.stdout)
     assert re.search(r"target fit: \d+ of \d+ published runs fit", out.stdout)
+
+
+# --- which attention kernel "sdpa" means ----------------------------------------------------------------
+
+def test_sdpa_on_hopper_states_the_torch_release_it_assumes(catalog):
+    def said(**kw):
+        a = estimate_setup(_setup(catalog, model="llama-3.1-8b", gpus=8, seq_len=8192, **kw)).assumptions
+        return [x for x in a if "SDPA" in x]
+
+    note = said(gpu="h100-80gb")
+    assert len(note) == 1 and "torch 2.11" in note[0] and "--attention-kernel flash2" in note[0]
+    assert said(gpu="b200")  # Blackwell too
+    assert not said(gpu="a100-80gb")  # FlashAttention-2 is SDPA's Ampere kernel on every release
+    assert not said(gpu="h100-80gb", stack="megatron")  # Transformer Engine calls cuDNN itself
+    assert not said(gpu="h100-80gb", attention_kernel="flash2")
+
+
+def test_flash2_on_hopper_is_about_half_the_attention_speed(catalog):
+    from trainready.plan import efficiency as eff
+    from trainready.plan.performance import attention_efficiency
+
+    s = {k: _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", gpus=8, seq_len=4608, attention_kernel=k)
+         for k in ("sdpa", "flash2")}
+    e = eff.arch_efficiency("hopper")
+    peak = s["sdpa"].gpu.peak_tflops("bf16")
+    sdpa, fa2 = (attention_efficiency(s[k], e, peak * 1e12) * peak for k in ("sdpa", "flash2"))
+    # pytorch/pytorch#142132 (H100, head dim 128, 4,608 tokens): cuDNN 631 TFLOP/s, SDPA's FlashAttention-2 329
+    assert 0.4 < fa2 / sdpa < 0.65
+    assert fa2 == pytest.approx(329, rel=0.15)
+
+
+# --- tensor-parallel communication overlap --------------------------------------------------------------
+
+def _tp_job(**kw):
+    return dict(model="llama-3.1-70b", instance="p5.48xlarge", gpus=64, tp=8, seq_len=8192, micro_batch=1,
+                global_batch=256, strategy="zero1", stack="megatron", **kw)
+
+
+def test_tp_overlap_leaves_a_quarter_of_the_tp_collectives_exposed(catalog):
+    from trainready.plan import efficiency as eff
+    from trainready.plan.performance import estimate_step
+
+    plain, over = (estimate_step(_setup(catalog, **_tp_job(tp_overlap=o))) for o in (False, True))
+    assert over.tokens_per_s > plain.tokens_per_s
+    assert over.comm_s == pytest.approx(plain.comm_s, rel=1e-9)  # the same bytes move either way
+    # one TP rank: the flag changes nothing
+    one = [estimate_step(_setup(catalog, **{**_tp_job(tp_overlap=o), "tp": 1})) for o in (False, True)]
+    assert one[0].tokens_per_s == pytest.approx(one[1].tokens_per_s)
+    assert 0 < eff.TP_OVERLAP_EXPOSED < 1
+
+
+def test_tp_overlap_predicts_torchtitans_async_tp_gain(catalog):
+    # benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (H100, bf16, same layout with and without async TP):
+    # 70B FSDP32 TP8 full AC lbs16: 597.3 -> 652.4 (1.09x); 8B FSDP8 TP8 op-SAC lbs12: 4378 -> 4809.4 (1.10x)
+    from trainready.plan.performance import estimate_step
+
+    for model, gpus, ck, mb, measured in (("llama-3.1-70b", 256, "full", 16, 652.4 / 597.3),
+                                          ("llama-3.1-8b", 64, "selective-op", 12, 4809.4 / 4378)):
+        kw = dict(model=model, gpu="h100-80gb", gpus=gpus, inter_node_gbps=3200, tp=8, seq_len=8192,
+                  micro_batch=mb, global_batch=mb * gpus // 8, precision="bf16", activation_checkpointing=ck,
+                  stack="torchtitan", attention_kernel="flash2")
+        plain, over = (estimate_step(_setup(catalog, **kw, tp_overlap=o)).tokens_per_s for o in (False, True))
+        assert over / plain == pytest.approx(measured, abs=0.04)
+
+
+def test_tp_overlap_reaches_the_launch_or_is_refused(catalog):
+    mega = _setup(catalog, **_tp_job(tp_overlap=True))
+    assert "--tp-comm-overlap" in recipe_for(mega, "megatron").config
+    titan = mega.with_(stack="torchtitan", strategy="zero3")
+    cfg = recipe_for(titan, "torchtitan").config
+    assert re.search(r"^--compile\.enable$", cfg, re.M) and "--compile.enable_async_tensor_parallel" in cfg
+    assert "no overlap" in framework_for(mega.with_(stack="hf-trainer", strategy="zero3"), "deepspeed")[1]
+    assert "--tp-comm-overlap" not in recipe_for(mega.with_(tp_overlap=False), "megatron").config
+
+
+def test_tp_overlap_flag_on_the_command_line(tmp_path):
+    from cloud_stubs import invoke
+
+    base = ["estimate", "--model", "llama-3.1-70b", "--instance", "p5.48xlarge", "--gpus", "64", "--tp", "8",
+            "--stack", "megatron", "--strategy", "zero1", "--micro-batch", "1", "--global-batch", "256", "--json"]
+    code, out, err = invoke(*base, "--tp-overlap", "--save", str(tmp_path / "job.toml"))
+    assert code == 0, err
+    assert '"tp_overlap": true' in out
+    assert "tp_overlap = true" in (tmp_path / "job.toml").read_text()
+    code, out, _ = invoke(*base)
+    assert code == 0 and '"tp_overlap": false' in out
+
+
+# --- LoRA adapters as each stack keeps them -------------------------------------------------------------
+
+def test_lora_adapters_in_the_model_dtype_save_no_copy(catalog):
+    kw = dict(model="llama-3.1-8b", gpu="h100-80gb", gpus=1, method="lora", strategy="ddp", micro_batch=2,
+              global_batch=32, seq_len=4096)
+    peft, auto = (estimate_memory(_setup(catalog, **kw, stack=st)) for st in ("hf-trainer", "automodel"))
+    # PEFT saves an fp32 copy of every adapted linear's input, 4 x (6 x 4096 + 14336) bytes per token and layer,
+    # while the bf16 tensors only frozen linears read go (two norm outputs, eager's copy before o_proj, the
+    # SwiGLU product): 2 x (2 x 4096 + 4096 + 14336)
+    per_token_layer = 4 * (6 * 4096 + 14336) - 2 * (2 * 4096 + 4096 + 14336)
+    assert peft.activations - auto.activations == pytest.approx(per_token_layer * 8192 * 32, rel=1e-6)
+    # the same tensors as full fine-tuning (both sharded, so both keep a bf16 residual stream)
+    lora, full = (estimate_memory(_setup(catalog, **{**kw, "method": m, "strategy": "zero3"}, stack="automodel"))
+                  for m in ("lora", "full"))
+    assert lora.activations == pytest.approx(full.activations, rel=1e-9)
+
+
+def test_automodel_stack_is_estimate_only(catalog):
+    with pytest.raises(UsageError, match="estimate --stack automodel"):
+        plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", stack="automodel", tokens=1e9)), catalog)

@@ -65,6 +65,10 @@ CASES = {
                                                            strategy="zero1", pp=4, pp_virtual=8, ep=64, gpus=256,
                                                            ep_dispatcher="deepep", ep_overlap=True,
                                                            activation_checkpointing="selective-attn"),
+    "zero1 tp4 x 2 nodes, tp overlap": dict(model="llama-3.1-70b", strategy="zero1", tp=4, gpus=16, tp_overlap=True,
+                                            activation_checkpointing="selective-attn"),
+    "zero3 tp8 x 2 nodes, async tp": dict(model="llama-3.1-70b", strategy="zero3", tp=8, gpus=16, tp_overlap=True,
+                                          activation_checkpointing="selective-op"),
     "lora zero2": dict(model="llama-2-13b", method="lora", strategy="zero2"),
     "qlora zero3 x 2 nodes": dict(model="llama-3.1-70b", method="qlora", strategy="zero3", gpus=16),
     "gpt3 layernorm, learned positions": dict(model="gpt3-1.3b", strategy="zero1"),
@@ -115,6 +119,7 @@ def check_torchtitan(s, r):
     else:
         assert t.global_batch_size // (t.local_batch_size * s.dp) == s.grad_accum
     assert t.enable_cpu_offload == (s.offload == "optimizer+params")
+    assert cfg.compile.enable_async_tensor_parallel == (s.tp > 1 and s.tp_overlap)
     # Trainer.Config.__post_init__ (torchtitan/trainer.py; importing it needs tensorboard, datasets and
     # triton): CUDA graphs are refused with PP and with the default expert-parallel token dispatcher
     if p.pipeline_parallel_degree > 1 or p.expert_parallel_degree > 1:

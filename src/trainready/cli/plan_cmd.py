@@ -57,6 +57,7 @@ def plan(
     attention_kernel: o.AttentionOpt = None,
     stack: o.StackOpt = None,
     expert_load_imbalance: o.LoadImbalance = None,
+    tp_overlap: o.TpOverlap = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
     framework: Annotated[Framework, typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it.", rich_help_panel=C)] = "auto",
     top: Annotated[int, typer.Option("--top", parser=o.number("5", lo=1, lo_open=False, hi=100, whole=True), help="Rows to show, 1 to 100.", rich_help_panel=C)] = 5,
@@ -87,7 +88,7 @@ def plan(
                       lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
-                      spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      tp_overlap=tp_overlap, spot=spot, region=region, usd_per_hour=usd_per_hour)
     catalog = load_catalog(catalog_file)
     cal, cal_line = resolve_calibration(calibrate, calibration, catalog, None)
     if cal is not None:
@@ -112,7 +113,8 @@ def plan(
             "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
             "offload": best.offload, "ep": best.ep,
             "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
-            "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp})
+            "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
+            "tp_overlap": best.tp_overlap})
         save_job(chosen, save)
     if html is not None:
         from .render_html import plan_html

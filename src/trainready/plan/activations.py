@@ -15,8 +15,11 @@ with dropout and without FlashAttention), adapted to what today's stacks run:
   input and the normalized value, and the attention output is copied once more (transpose +
   contiguous) before the output projection; "fused" kernels (Megatron, llm-foundry, TE)
   save only the norm input and output.
-* LoRA: frozen base linears save nothing for their weight gradient; each adapted linear
-  saves its own copy of its input in the adapter dtype (PEFT keeps adapters in fp32).
+* LoRA: frozen base linears save nothing for their weight gradient; under PEFT each adapted
+  linear saves its own copy of its input in the adapter dtype (PEFT keeps adapters in fp32);
+  stacks with adapters in the model's dtype (Megatron-Bridge, NeMo AutoModel) feed the adapter
+  the base linear's own input, saved once as in full fine-tuning (`fp32_adapters` False; the
+  rank-r intermediates, r x 2 bytes per linear, are left out).
 * fused SwiGLU (Megatron-Core's bias_swiglu, a compiled graph) saves only its input (gate and up,
   2 x ffn) and the down projection its own input (1 x ffn): 3 x ffn, where eager modules keep 4.
 * FP8 under Transformer Engine (`fp8_saved`): each linear saves its input as the FP8 tensor it cast
@@ -65,7 +68,7 @@ def _attention_saved(model: ModelSpec) -> int:
 
 def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                           method: str = "full", dropout: bool = False, flash: bool = True,
-                          seq_len: int = 0, fp8_saved: bool = False) -> float:
+                          seq_len: int = 0, fp8_saved: bool = False, fp32_adapters: bool = True) -> float:
     """Bytes of activations one transformer block saves per token (no recomputation)."""
     d, f = model.hidden_size, model.ffn_hidden_size
     a, out = act_bytes, attention_out_dim(model)
@@ -88,7 +91,7 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
     total = model.norms_per_layer * norm * d + attn + mlp
     if dropout:
         total += 2 * d  # masks after attention and after the MLP (1 byte each)
-    if method in ("lora", "qlora"):
+    if method in ("lora", "qlora") and fp32_adapters:
         total += _lora_delta(model, kernels, a)
     return float(total)
 
@@ -179,11 +182,12 @@ def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16,
 
 
 def op_sac_bytes_per_token(model: ModelSpec, *, residual_bytes: int, act_bytes: int, method: str = "full",
-                           lora_rank: int = 16, ffn: int | None = None) -> float:
+                           lora_rank: int = 16, ffn: int | None = None, fp32_adapters: bool = True) -> float:
     """Bytes one block keeps per token between forward and backward under the op policy: its
     input (what torch.utils.checkpoint keeps), the saved matmul outputs and the attention output
     with its log-sum-exp (`ffn`: as op_sac_matmuls)."""
-    saved = sum(dout * (ADAPTER_BYTES if adapter else act_bytes)
+    adapter_bytes = ADAPTER_BYTES if fp32_adapters else act_bytes
+    saved = sum(dout * (adapter_bytes if adapter else act_bytes)
                 for _, dout, keep, adapter in op_sac_matmuls(model, method, lora_rank, ffn) if keep)
     return float(residual_bytes * model.hidden_size + saved + act_bytes * attention_out_dim(model)
                  + LSE_BYTES * model.num_heads)

@@ -209,6 +209,16 @@ FRAGMENTATION = {"default": 0.05, "zero3": 0.15}
 CUDA_CONTEXT_GIB = 0.8
 NCCL_BUFFERS_GIB = 0.5
 
+# Tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap with Transformer Engine's userbuffers,
+# torchtitan's async TP): each all-gather / reduce-scatter of a block is split into chunks pipelined with the
+# GEMM beside it, and one chunk stays exposed. Megatron-Bridge's performance guide (docs/performance-guide.mdx,
+# "Tensor-parallel communication overlap"): num_split = 4 "generally provides the best performance", with one
+# chunk left exposed for GEMM -> ReduceScatter. The rest runs beside the GEMMs and is charged like any other
+# overlapped collective (OVERLAP_CONTENTION: the communication kernels take SMs, 16 by default). Check against
+# torchtitan's same-layout pairs (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, H100, bf16): async TP
+# measured 1.09x (70B, FSDP32 TP8) and 1.10x (8B, FSDP8 TP8) over plain TP; this model gives 1.08x and 1.08x.
+TP_OVERLAP_EXPOSED = 0.25
+
 # --- mixture of experts (plan/moe.py) --------------------------------------------------------
 # Grouped GEMMs (one kernel over all local experts: torch._grouped_mm, Transformer Engine's
 # GroupedLinear, DeepGEMM) with thousands of rows per expert run as fast as a dense GEMM of the

@@ -17,7 +17,7 @@ from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, estimate_memory
 from .performance import StepResult, estimate_step, host_cpu_cores
 from .setup import Setup
-from .stacks import resolve_stack
+from .stacks import attention_assumption, resolve_stack
 from .storage import StoragePlan, storage_plan
 
 ESTIMATE_SCHEMA_VERSION = 1
@@ -45,6 +45,8 @@ class SetupInfo(BaseModel):
     pp: int
     pp_virtual: int = Field(1, description="interleaved (virtual) pipeline stages per rank; 1: plain 1F1B")
     cp: int = Field(1, description="context-parallel size: each sequence split over cp GPUs (ring attention)")
+    tp_overlap: bool = Field(False, description="tensor-parallel communication pipelined with the GEMMs (--tp-overlap; "
+                                                "only with tp > 1)")
     ep: int = Field(1, description="expert-parallel size (MoE); ep x etp divides the tp x dp GPUs of a stage")
     etp: int = Field(1, description="expert tensor-parallel size (MoE): ranks each routed expert is split over "
                                     "(= tp for a dense model); etp != tp folds the expert grid over the attention "
@@ -246,9 +248,11 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     advice = batch_advice(s)
     if advice:
         warnings.append(advice)
+    resolved = resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
+                             reduce_dtype=s.reduce_dtype)
     assumptions = [
-        resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
-                      reduce_dtype=s.reduce_dtype).describe(named=s.stack_named),
+        resolved.describe(named=s.stack_named),
+        *filter(None, [attention_assumption(resolved, s.gpu.arch)]),
         f"efficiency factors: {s.efficiency.source}" if s.efficiency is not None else
         f"efficiency factors for {s.gpu.arch} (see docs/planner.md)",
         f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "
@@ -297,7 +301,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         setup=SetupInfo(instance=s.instance.name if s.instance else None, gpu=s.gpu.name, nodes=s.nodes,
                         gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
                         etp=s.expert_tp,
-                        pp_virtual=s.pp_virtual, cp=s.cp,
+                        pp_virtual=s.pp_virtual, cp=s.cp, tp_overlap=s.tp_overlap and s.tp > 1,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,

@@ -156,12 +156,15 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     a = 4 if s.precision == "fp32" else 2
     r = _residual_bytes(s)
     tokens = s.local_tokens  # context parallelism: each GPU holds its 1/cp of every sequence
-    fp8_saved = s.precision == "fp8" and get_stack(s.stack).fp8_saves_inputs
+    stack = get_stack(s.stack)
+    fp8_saved = s.precision == "fp8" and stack.fp8_saves_inputs
+    fp32_adapters = stack.lora_fp32_adapters
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
-        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved), lambda: layer_bytes_per_token(
-            shape, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, seq_len=s.seq_len,
-            fp8_saved=fp8_saved))
+        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters),
+                        lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
+                                                      method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
+                                                      fp32_adapters=fp32_adapters))
 
     layer = per_token(m) / s.tp * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
@@ -181,7 +184,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         kept, kept_stage = tokens / s.tp * max(kd, km), tokens / s.tp * moe.worst_stage(m, s.pp, kd, km, s.pp_virtual)
     elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
         kept = tokens * op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
-                                               lora_rank=s.lora_rank) / s.tp
+                                               lora_rank=s.lora_rank, fp32_adapters=fp32_adapters) / s.tp
     if kept is not None:
         kept_stage = kept_stage if kept_stage is not None else s.stage_layers * kept
         saved = in_flight * kept_stage

@@ -53,6 +53,7 @@ from . import efficiency as eff
 from .activations import op_sac_bytes_per_token, op_sac_matmuls
 from .model_spec import ModelSpec
 from .setup import Setup, pipeline_ranks
+from .stacks import get_stack
 
 PERMUTE_BYTES_PER_ROW = 16
 """HBM bytes per routed row and hidden unit (bf16) of token permutation and the weighted combine:
@@ -329,7 +330,8 @@ def op_sac_kept_per_token(s: Setup, residual_bytes: int, act_bytes: int) -> tupl
     its dispatch and combine all-to-alls (saved comm ops: all_to_all_single, deepep/hybridep
     dispatch and combine), rows of hidden size on the busiest rank."""
     m, moe = s.model, s.model.moe
-    kw = dict(residual_bytes=residual_bytes, act_bytes=act_bytes, method=s.method, lora_rank=s.lora_rank)
+    kw = dict(residual_bytes=residual_bytes, act_bytes=act_bytes, method=s.method, lora_rank=s.lora_rank,
+              fp32_adapters=get_stack(s.stack).lora_fp32_adapters)
     dense = op_sac_bytes_per_token(m, ffn=m.ffn_hidden_size, **kw)
     sparse = op_sac_bytes_per_token(m, ffn=moe.shared_width, **kw) + moe.experts_per_token * (4 + 8)
     if s.ep > 1:

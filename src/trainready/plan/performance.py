@@ -27,6 +27,7 @@ from .activations import op_sac_matmuls
 from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
 from .setup import Setup
+from .stacks import get_stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +152,15 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     fp32 matmuls (x A, then B) and adds the fp32 result to the bf16 base output before
     casting back: forward 6*in + 28*out bytes, backward 20*in + 24*out bytes per token
     (counted from PEFT's LoraLayer.forward and autograd), matmuls at the fp32 peak.
-    Fused (bf16 adapters, e.g. torchtune): scale-and-add only, 10*out + 15*out bytes.
+    Adapters in the model's dtype (stacks.Stack.lora_fp32_adapters False: Megatron-Bridge, NeMo AutoModel,
+    torchtune): bf16 matmuls, scale-and-add only, 10*out + 15*out bytes.
     """
     dims = s.model.linear_layer_dims()
     sum_in = sum(i for i, _ in dims) / s.tp
     sum_out = sum(o for _, o in dims) / s.tp
     flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)
     hbm = s.gpu.hbm_gbps * 1e9 * e.memory  # large contiguous elementwise kernels
-    if s.kernels == "eager":
+    if get_stack(s.stack).lora_fp32_adapters:
         rate = (s.gpu.peak_tflops("fp32") or peak / 1e12 / 16) * 1e12 * 0.9
         fwd_bytes, bwd_bytes = 6 * sum_in + 28 * sum_out, 20 * sum_in + 24 * sum_out
     else:
@@ -309,7 +311,7 @@ def _dp_layout(s: Setup) -> tuple[int, float]:
     return per_node, 1.0 / groups
 
 
-def _moe_tp_s(s: Setup, tokens: int, ln: Links) -> float:
+def _moe_tp_s(s: Setup, tokens: int, ln: Links, routed_experts: bool = True) -> float:
     """Tensor-parallel collectives of one micro-batch on the worst stage of a MoE model, per pass (forward,
     backward, the forward again under full recompute), as all-reduces (an all-gather and a reduce-scatter
     under sequence parallelism): attention and dense MLPs of the tokens over tp, as a dense block; a MoE layer's
@@ -317,7 +319,8 @@ def _moe_tp_s(s: Setup, tokens: int, ln: Links) -> float:
     m = s.model
     ar = collective_s("allreduce", tokens * m.hidden_size * 2, s.tp, s.tp, ln) if s.tp > 1 else 0.0
     etp = s.expert_tp
-    routed = collective_s("allreduce", moe.expert_tp_buffer_bytes(s, tokens), etp, etp, ln) if etp > 1 else 0.0
+    routed = (collective_s("allreduce", moe.expert_tp_buffer_bytes(s, tokens), etp, etp, ln)
+              if etp > 1 and routed_experts else 0.0)
     shared = ar if m.moe.shared_width else 0.0
     passes = 2 + (1 if s.checkpointing == "full" else 0)
     return passes * moe.worst_stage(m, s.pp, 2 * ar, ar + shared + routed, s.pp_virtual)
@@ -369,6 +372,10 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
         tp_s = layers * n_ar * ar
     elif m.is_moe and (s.tp > 1 or s.expert_tp > 1):  # MoE layers: shared experts over tp, routed over etp
         tp_s = _moe_tp_s(s, tokens, ln)
+    # pipelined with the GEMMs: the linear layers' collectives (a MoE model's routed experts' grouped GEMMs not)
+    overlappable = (tp_s if not m.is_moe else _moe_tp_s(s, tokens, ln, routed_experts=False)) if s.tp_overlap else 0.0
+    tp_hidden = overlappable * (1 - eff.TP_OVERLAP_EXPOSED)
+    tp_s -= tp_hidden
 
     cp_exposed, cp_total = _cp_s(s, tokens, ln, mb.attn_fwd_s)
     tp_s += cp_exposed
@@ -435,6 +442,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             p2p_hidden = min(p2p, mb.fwd_s + mb.bwd_s)
             p2p -= p2p_hidden
             overlapped_mb += p2p_hidden
+    overlapped_mb += tp_hidden
     contention = e.overlap_contention() * overlapped_mb
 
     compute_mb = mb.fwd_s + mb.bwd_s + cast + contention
@@ -472,7 +480,8 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     hfpt = mfpt + recompute_flops_per_token(s)
     hw_per_token = mb.hw_flops * s.grad_accum * s.n_gpus / tokens_step
     return StepResult(step_s=step, compute_s=compute, exposed_comm_s=exposed, other_s=other,
-                      comm_s=comm_total + s.grad_accum * (tp_s - cp_exposed + cp_total + p2p + p2p_hidden + a2a_hidden),
+                      comm_s=comm_total + s.grad_accum * (tp_s + tp_hidden - cp_exposed + cp_total + p2p + p2p_hidden
+                                                          + a2a_hidden),
                       hardware_flops_per_token=hw_per_token,
                       model_flops_per_token=mfpt, hfu_flops_per_token=hfpt, tokens_per_s=tps,
                       mfu=mfpt * tps / (s.n_gpus * peak), hfu=hfpt * tps / (s.n_gpus * peak),

@@ -65,6 +65,7 @@ class Setup:
     ep_overlap: bool = False  # MoE all-to-alls overlapped with another micro-batch's compute
     fp8_dispatch: bool = False  # dispatch in FP8 (precision fp8 only)
     pp_virtual: int = 1  # interleaved (virtual) pipeline stages per rank: 1 is plain 1F1B
+    tp_overlap: bool = False  # TP collectives pipelined with the GEMMs (efficiency.TP_OVERLAP_EXPOSED)
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
@@ -422,4 +423,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
-                 pp_virtual=v, cp=cp, **moe_comm(job, model, st.stack, precision))
+                 pp_virtual=v, cp=cp, tp_overlap=job.tp_overlap, **moe_comm(job, model, st.stack, precision))

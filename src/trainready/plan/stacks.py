@@ -20,6 +20,16 @@ Attention kernels are efficiency classes (efficiency.py): "sdpa" is today's kern
 architecture (PyTorch SDPA, Transformer Engine / cuDNN fused attention: FlashAttention-2 on
 Ampere, Hopper-native kernels on Hopper), "flash2" FlashAttention-2's Ampere kernels run as
 they are, "flash1" FlashAttention-1 / Triton (2022-2023).
+
+Which kernel PyTorch's SDPA runs on Hopper and Blackwell depends on the torch release: cuDNN's
+attention became SDPA's first choice in torch 2.5, was made opt-in again after its bugs
+(pytorch/pytorch#138522, #139298), and is preferred again only where the bundled cuDNN is newer
+than 9.15 on sm90/sm100 (`check_prefer_cudnn_attention` in aten sdp_utils.cpp, in 2.10; the wheels
+cross that threshold from torch 2.11: huggingface/transformers#48163). Before that SDPA runs
+FlashAttention-2 there: 329 TFLOP/s against cuDNN's 631 on an H100 at 4,608 tokens, head dim 128
+(pytorch/pytorch#142132, torch 2.6 nightly). Stacks whose attention goes through torch's SDPA
+(`torch_sdpa`) therefore state that "sdpa" means torch >= 2.11 there (`attention_assumption`);
+Transformer Engine calls cuDNN's fused attention itself, whatever the torch release.
 """
 
 from __future__ import annotations
@@ -69,6 +79,17 @@ class Stack:
     without EP (torchtitan 0.3, transformers, DeepSpeed AutoEP)."""
     etp_source: str = ""
     """Where expert_tp comes from."""
+    torch_sdpa: bool = True
+    """Attention runs through torch.nn.functional.scaled_dot_product_attention, whose kernel on Hopper and
+    Blackwell depends on the torch release (module docstring); False: the stack calls its kernel itself
+    (Transformer Engine's fused attention)."""
+    has_recipe: bool = True
+    """trainready emits a launch for it (plan/recipes); False: `estimate` only."""
+    lora_fp32_adapters: bool = True
+    """LoRA adapters as PEFT keeps them: fp32 weights, each adapted linear casting its input to fp32 (a copy saved
+    for backward) and running fp32 matmuls (plan/activations.py, performance._adapter_time); False: adapters in
+    the model's dtype reading the very tensor the frozen linear reads (saved once, nothing copied)."""
+    lora_source: str = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
     fp8_saves_inputs: bool = False
     """Under --precision fp8 each linear saves its input for backward in FP8 (Transformer Engine's Linear and
     LayerNormLinear keep the quantized input they cast; plan/activations.py); False: bf16 inputs are kept
@@ -123,16 +144,31 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "recipe sets alltoall), overlap_moe_expert_parallel_comm off by default; moe/fused_a2a.py: "
                     "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
                     "HybridEP 'does not support fp8 dispatch now'",
-          expert_tp="tp", fp8_saves_inputs=True,
+          expert_tp="tp", fp8_saves_inputs=True, torch_sdpa=False, lora_fp32_adapters=False,
+          lora_source="Megatron-Bridge peft/utils.py ParallelLinearAdapter: Megatron-Core parallel linears in the "
+                      "model's bf16 (self.bfloat16()); lora_layers.py LoRALinear.forward passes the base linear's "
+                      "own input (TE's layernorm output) to the adapter, no cast or copy",
           etp_source="megatron/training/arguments.py and ModelParallelConfig.__post_init__: "
                      "expert_tensor_parallel_size defaults to tensor_model_parallel_size; --expert-tensor-parallel-"
                      "size 1 with TP > 1 is MoE parallel folding (Liu et al. 2025, arXiv 2504.14960)"),
+    Stack("automodel", kernels="eager", attention_kernel="flash2", reduce_dtype="bf16", selective=None,
+          description="NVIDIA NeMo AutoModel: Hugging Face model classes under FSDP2, FlashAttention-2, adapters in "
+                      "the model's dtype",
+          source="NVIDIA-NeMo/Automodel @2013a4dd: components/distributed/config.py FSDP2Config MixedPrecisionPolicy "
+                 "(param and reduce bf16); _transformers/kernel_patches.py: attn_implementation flash_attention_2 "
+                 "when flash-attn is installed (it is in NVIDIA's containers; its kernels are FlashAttention-2's on "
+                 "Hopper too); activation checkpointing wraps whole layers",
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", torch_sdpa=False, lora_fp32_adapters=False,
+          has_recipe=False,
+          lora_source="Automodel components/_peft/lora.py: adapter dtype = lora_dtype or the base weight's dtype "
+                      "(bf16); lora_B(lora_A(x)) on the base linear's own x",
+          etp_source="assumed as torchtitan (FSDP2 + EP, experts whole under EP): not read in Automodel's source"),
     Stack("llm-foundry-2023", kernels="eager", attention_kernel="flash1", reduce_dtype="bf16", selective=None,
           description="MosaicML llm-foundry / Composer as in its 2023 throughput tables (torch 1.13)",
           source="llm-foundry scripts/train/benchmarking/README.md (tables predate torch 2.0 and "
                  "FlashAttention-2: Triton/FlashAttention-1 attention); Composer FSDP mixed precision DEFAULT "
                  "reduces in bf16; activation_checkpointing wraps whole blocks (no selective mode)",
-          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="tp",
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="tp", torch_sdpa=False,
           etp_source="no expert parallelism in these tables: experts assumed split like the dense MLP"),
 )}
 DEFAULT_STACK = "hf-trainer"
@@ -186,6 +222,20 @@ class Resolved:
                 f"selective = {'op-level' if s.selective == 'op' else 'attention core' if s.selective else 'none'}")
         over = f" ({', '.join(self.overridden)} set explicitly)" if self.overridden else ""
         return f"{head}: {vals}{over}"
+
+
+SDPA_CUDNN_TORCH = "2.11"
+"""The first torch release whose SDPA picks cuDNN's attention on Hopper and Blackwell (module docstring)."""
+
+
+def attention_assumption(r: Resolved, arch: str) -> str | None:
+    """What the attention figure assumes of the torch release, where it matters: the stack's own "sdpa"
+    through torch's SDPA on Hopper or Blackwell (None elsewhere)."""
+    if r.attention_kernel != "sdpa" or not r.stack.torch_sdpa or arch not in ("hopper", "blackwell"):
+        return None
+    return (f"attention on Hopper/Blackwell: PyTorch SDPA with cuDNN's kernels, its choice from torch "
+            f"{SDPA_CUDNN_TORCH}; torch 2.4-2.10 (2.5.0 aside) run FlashAttention-2 there, about half the attention "
+            f"speed (pytorch/pytorch#142132): give --attention-kernel flash2 for those")
 
 
 def resolve_stack(name: str | None, *, kernels: str | None = None, attention_kernel: str | None = None,

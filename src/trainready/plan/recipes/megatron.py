@@ -40,7 +40,7 @@ FLAGS: dict[str, str | None] = {
     "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
     "--num-virtual-stages-per-pipeline-rank": None, "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
     "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
-    "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
+    "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel", "--tp-comm-overlap": "tp_comm_overlap",
     "--expert-tensor-parallel-size": "expert_tensor_parallel_size",
     "--use-distributed-optimizer": None, "--optimizer-cpu-offload": None, "--optimizer-offload-fraction": None,
     "--use-precision-aware-optimizer": None,
@@ -178,6 +178,8 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
         a.append(("--context-parallel-size", s.cp))
     if s.tp > 1:
         a.append(("--sequence-parallel", True))
+        if s.tp_overlap:  # TE userbuffers: TP all-gathers/reduce-scatters pipelined with the GEMMs (needs SP)
+            a.append(("--tp-comm-overlap", True))
     if s.strategy == "zero1":
         a.append(("--use-distributed-optimizer", True))
     if s.dp > 1:  # validate_args: --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce
