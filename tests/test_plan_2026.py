@@ -282,8 +282,22 @@ def test_tp_overlap_flag_on_the_command_line(tmp_path):
     assert code == 0, err
     assert '"tp_overlap": true' in out
     assert "tp_overlap = true" in (tmp_path / "job.toml").read_text()
-    code, out, _ = invoke(*base)
+    code, out, _ = invoke(*base, "--save", str(tmp_path / "plain.toml"))
     assert code == 0 and '"tp_overlap": false' in out
+    assert "tp_overlap" not in (tmp_path / "plain.toml").read_text()  # unused: not written (older releases read it)
+    code, out, _ = invoke(*[a for a in base if a != "--json"], "--tp-overlap")
+    assert code == 0 and "TP communication overlapped" in " ".join(out.split())  # the setup line says so
+
+
+def test_tp_overlap_is_ignored_with_a_reason_where_it_cannot_apply(catalog):
+    ds = _setup(catalog, **{**_tp_job(tp_overlap=True), "stack": "deepspeed", "strategy": "zero3"})
+    assert not ds.tp_overlap and any("--tp-overlap ignored: stack deepspeed" in n for n in ds.notes)
+    one = _setup(catalog, **{**_tp_job(tp_overlap=True), "tp": 1})
+    assert not one.tp_overlap and "--tp-overlap has no effect with --tp 1" in one.notes
+    r = plan(PlanRequest(job=JobSpec(model="llama-3.1-70b", tokens=1e9, tp_overlap=True),
+                         instances=["p5.48xlarge"], top=2), catalog)
+    assert any("--tp-overlap ignored: stack hf-trainer" in n for n in r.notes)
+    assert not any(row.estimate.setup.tp_overlap for row in r.rows)
 
 
 # --- LoRA adapters as each stack keeps them -------------------------------------------------------------

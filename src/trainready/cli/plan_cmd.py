@@ -114,7 +114,7 @@ def plan(
             "offload": best.offload, "ep": best.ep,
             "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
             "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
-            "tp_overlap": best.tp_overlap})
+            "tp_overlap": best.tp_overlap or None})  # None: off, and a file older releases read
         save_job(chosen, save)
     if html is not None:
         from .render_html import plan_html

@@ -90,6 +90,7 @@ def _setup_line(e: EstimateResult) -> str:
     if s.tp > 1 or s.pp > 1 or s.cp > 1:
         par += f", tp {s.tp} x pp {s.pp}" + (f" x cp {s.cp}" if s.cp > 1 else "") + f" x dp {s.dp}"
         par += f" (interleaved: {s.pp_virtual} virtual stages per rank)" if s.pp_virtual > 1 else ""
+        par += " (TP communication overlapped)" if s.tp_overlap else ""
     if s.ep > 1 or s.etp != s.tp:
         par += f", ep {s.ep} x etp {s.etp}"
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
@@ -170,6 +171,7 @@ def _how(e: EstimateResult) -> str:
     how = s.strategy + (f" + offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1:
         how += f", tp {s.tp} x pp {s.pp}" + (f" x {s.pp_virtual} virtual" if s.pp_virtual > 1 else "")
+        how += " (TP overlap)" if s.tp_overlap else ""
     if s.cp > 1:
         how += f", cp {s.cp}"
     if s.ep > 1 or s.etp != s.tp:

@@ -80,7 +80,8 @@ class Fit:
             return f"does not fit: {self.gpu_text()}"
         if not self.fits_with_margin:
             return (f"fits only inside the safety margin: {self.gpu_text()}; "
-                    f"--memory-margin {math.floor(max(0.0, 1 - self.gpu_need_gib / self.gpu_gib) * 100) / 100:.2f} would accept it")
+                    f"--memory-margin {math.floor(max(0.0, 1 - self.gpu_need_gib / self.gpu_gib) * 100) / 100:.2f} "
+                    f"would accept it")
         if self.host_fits is False:
             return f"too little host RAM: {self.host_text()}"
         return None

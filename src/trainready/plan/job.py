@@ -91,9 +91,9 @@ class JobSpec(BaseModel):
                           "per GPU and per node); None: the stack's")
     ep_overlap: bool | None = Field(None, description="MoE all-to-alls hidden behind another micro-batch's compute "
                                                       "(DualPipe, 1F1B A2A overlap); None: the stack's")
-    tp_overlap: bool = Field(False, description="tensor-parallel communication overlapped with the GEMMs (Megatron's "
-                                                 "--tp-comm-overlap, torchtitan's async TP); off by default, as in "
-                                                 "both frameworks")
+    tp_overlap: bool | None = Field(None, description="tensor-parallel communication overlapped with the GEMMs (Megatron's "
+                                                 "--tp-comm-overlap, torchtitan's async TP) where the stack has it; "
+                                                 "None: off, as in both frameworks")
     fp8_dispatch: bool | None = Field(None, description="with precision fp8, dispatch in FP8 (combine stays BF16); "
                                                         "None: the stack's")
     tokens: float | None = Field(None, gt=0, description="training tokens")

@@ -35,7 +35,7 @@ from .setup import (
     resolve_model,
     tp_splits_heads,
 )
-from .stacks import STACKS, attention_assumption, default_etp, get_stack
+from .stacks import STACKS, attention_assumption, default_etp, get_stack, tp_overlap_of
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -180,7 +180,8 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  lora_rank=job.lora_rank, kernels=st.kernels, attention_kernel=st.attention_kernel,
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
-                 stack=st.stack.name, stack_named=job.stack is not None, tp_overlap=job.tp_overlap,
+                 stack=st.stack.name, stack_named=job.stack is not None,
+                 tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
                  **moe_comm(job, model, st.stack, precision))
     return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
 
@@ -600,7 +601,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         raise UsageError(f"--stack {stack.stack.name} estimates runs of {stack.stack.description.split(':')[0]}, "
                          f"which trainready does not launch (no recipe): use `trainready estimate --stack "
                          f"{stack.stack.name}` for one setup, or plan with --stack "
-                         f"{', '.join(n for n, s in STACKS.items() if s.has_recipe and n != 'llm-foundry-2023')}")
+                         f"{', '.join(n for n, s in STACKS.items() if s.has_recipe)}")
     seq_len = job.seq_len or default_seq_len(model)
     gb = _global_batch(job, seq_len)
     wanted = None
@@ -671,6 +672,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         said = attention_assumption(stack, arch)
         if said and said not in notes:
             notes.append(said)
+    if job.tp_overlap and stack.stack.tp_overlap is None:
+        notes.append(tp_overlap_of(True, stack.stack, 2)[1])
     advice = batch_advice(ranked[0].setup) if ranked else None
     if advice:
         notes.append(f"best row: {advice}")

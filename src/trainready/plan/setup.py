@@ -17,7 +17,7 @@ from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
 from .presets import generic_model, preset
-from .stacks import DEFAULT_STACK, Resolved, Stack, checkpointing_kind, default_etp, resolve_stack
+from .stacks import DEFAULT_STACK, Resolved, Stack, checkpointing_kind, default_etp, resolve_stack, tp_overlap_of
 
 MIXED = ("bf16", "fp16", "fp8")
 TOKENS_PER_STEP_TARGET = 1_048_576  # default global batch: ~1M tokens per optimizer step
@@ -410,6 +410,9 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     _check_virtual(model, job.pp, v, micro, dp, global_batch, accum)
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
+    overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)
+    if why:
+        notes.append(why)
     inter = job.inter_node_gbps or (inst.network_gbps if inst else None)
     if nodes > 1 and inter is None:
         raise UsageError(f"{nodes} nodes need an inter-node bandwidth: the catalog does not know it for "
@@ -423,4 +426,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
-                 pp_virtual=v, cp=cp, tp_overlap=job.tp_overlap, **moe_comm(job, model, st.stack, precision))
+                 pp_virtual=v, cp=cp, tp_overlap=overlap, **moe_comm(job, model, st.stack, precision))

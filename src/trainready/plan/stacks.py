@@ -83,6 +83,9 @@ class Stack:
     """Attention runs through torch.nn.functional.scaled_dot_product_attention, whose kernel on Hopper and
     Blackwell depends on the torch release (module docstring); False: the stack calls its kernel itself
     (Transformer Engine's fused attention)."""
+    tp_overlap: str | None = None
+    """How the framework overlaps tensor-parallel communication with the GEMMs (--tp-overlap); None: it has no
+    such mode (DeepSpeed AutoTP and transformers' TP plans run each collective after its GEMM)."""
     has_recipe: bool = True
     """trainready emits a launch for it (plan/recipes); False: `estimate` only."""
     lora_fp32_adapters: bool = True
@@ -129,7 +132,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "'standard' (PyTorch all-to-all of per-expert rows) unless deepep/hybridep is chosen; EP "
                     "overlap only with the DualPipeV schedule (pipeline_parallel_expert_parallel_overlap); "
                     "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16",
-          expert_tp="whole-under-ep",
+          expert_tp="whole-under-ep", tp_overlap="async TP (--compile.enable_async_tensor_parallel)",
           etp_source="torchtitan 0.3.0 distributed/parallel_dims.py: the sparse mesh (pp, dp_replicate, efsdp, ep) "
                      "with efsdp = dp_shard x cp x tp / ep ('EP borrows ranks from FSDP and TP'); "
                      "models/common/moe_sharding.py shards routed experts on EP only, on TP when EP is off; 0.3 "
@@ -145,6 +148,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
                     "HybridEP 'does not support fp8 dispatch now'",
           expert_tp="tp", fp8_saves_inputs=True, torch_sdpa=False, lora_fp32_adapters=False,
+          tp_overlap="--tp-comm-overlap (Transformer Engine userbuffers)",
           lora_source="Megatron-Bridge peft/utils.py ParallelLinearAdapter: Megatron-Core parallel linears in the "
                       "model's bf16 (self.bfloat16()); lora_layers.py LoRALinear.forward passes the base linear's "
                       "own input (TE's layernorm output) to the adapter, no cast or copy",
@@ -158,7 +162,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "(param and reduce bf16); _transformers/kernel_patches.py: attn_implementation flash_attention_2 "
                  "when flash-attn is installed (it is in NVIDIA's containers; its kernels are FlashAttention-2's on "
                  "Hopper too); activation checkpointing wraps whole layers",
-          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", torch_sdpa=False, lora_fp32_adapters=False,
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", lora_fp32_adapters=False,
           has_recipe=False,
           lora_source="Automodel components/_peft/lora.py: adapter dtype = lora_dtype or the base weight's dtype "
                       "(bf16); lora_B(lora_A(x)) on the base linear's own x",
@@ -236,6 +240,18 @@ def attention_assumption(r: Resolved, arch: str) -> str | None:
     return (f"attention on Hopper/Blackwell: PyTorch SDPA with cuDNN's kernels, its choice from torch "
             f"{SDPA_CUDNN_TORCH}; torch 2.4-2.10 (2.5.0 aside) run FlashAttention-2 there, about half the attention "
             f"speed (pytorch/pytorch#142132): give --attention-kernel flash2 for those")
+
+
+def tp_overlap_of(asked: bool | None, stack: Stack, tp: int) -> tuple[bool, str | None]:
+    """(whether TP communication is overlapped, a note when the job asked for it and does not get it)."""
+    if not asked:
+        return False, None
+    if tp == 1:
+        return False, "--tp-overlap has no effect with --tp 1"
+    if stack.tp_overlap is None:
+        return False, (f"--tp-overlap ignored: stack {stack.name} has no tensor-parallel communication overlap; "
+                       f"megatron (--tp-comm-overlap) and torchtitan (async TP) have it (--stack)")
+    return True, None
 
 
 def resolve_stack(name: str | None, *, kernels: str | None = None, attention_kernel: str | None = None,

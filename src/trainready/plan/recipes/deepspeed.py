@@ -28,7 +28,7 @@ AUTOEP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek
 
 def reason(s: Setup) -> str | None:
     if s.tp > 1 and s.tp_overlap:
-        return ("DeepSpeed AutoTP run the tensor-parallel collectives after each GEMM, with no overlap (--tp-overlap); "
+        return ("DeepSpeed AutoTP runs the tensor-parallel collectives after each GEMM, with no overlap (--tp-overlap); "
                 "use --framework megatron (--tp-comm-overlap) or torchtitan (async TP)")
     if s.cp > 1:
         return ("DeepSpeed's sequence parallelism is Ulysses (an all-to-all of attention heads), not the ring "
