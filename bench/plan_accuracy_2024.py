@@ -120,6 +120,8 @@ def job_of(r: dict[str, str]) -> JobSpec:
     stack = r["stack"] if r["stack"] in ("megatron", "torchtitan", "deepspeed", "automodel") else None
     if stack:
         kw["stack"] = stack
+    if "force-balanced" in r["notes"]:  # the benchmark forced an even token spread over the experts
+        kw["expert_load_imbalance"] = 1.0
     if r["tp_comm_overlap"] == "yes" and kw["tp"] > 1:  # Megatron's --tp-comm-overlap, torchtitan's async TP
         kw["tp_overlap"] = True
     kernel = attention_kernel_of(r, stack)

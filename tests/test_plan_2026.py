@@ -320,3 +320,40 @@ def test_lora_adapters_in_the_model_dtype_save_no_copy(catalog):
 def test_automodel_stack_is_estimate_only(catalog):
     with pytest.raises(UsageError, match="estimate --stack automodel"):
         plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", stack="automodel", tokens=1e9)), catalog)
+
+
+# --- MoE routing: dropless or token-drop at a capacity factor ------------------------------------------
+
+def _moe_job(**kw):
+    return dict(model="mixtral-8x7b", instance="p5.48xlarge", gpus=16, ep=8, strategy="zero1", micro_batch=1,
+                stack="megatron", **kw)
+
+
+def test_moe_routing_sets_the_busiest_ranks_load(catalog):
+    from trainready.plan import moe
+    from trainready.plan.performance import estimate_step
+
+    drop, cap, wide = (_setup(catalog, **_moe_job(**kw)) for kw in (
+        dict(moe_routing="dropless"), dict(moe_routing="capacity"), dict(moe_routing="capacity", capacity_factor=1.25)))
+    k = drop.model.moe.experts_per_token
+    assert moe.busy_rows(drop) == pytest.approx(k * moe.load_imbalance(drop))  # dropless: the busiest rank
+    assert moe.busy_rows(cap) == pytest.approx(k * 1.0) and moe.busy_rows(wide) == pytest.approx(k * 1.25)
+    t = {n: estimate_step(s).tokens_per_s for n, s in (("drop", drop), ("cap", cap), ("wide", wide))}
+    assert t["cap"] > t["drop"] > t["wide"]  # padding to 1.25 computes more rows than a 1.15 busiest rank
+    assert estimate_memory(wide).peak > estimate_memory(cap).peak
+
+
+def test_moe_routing_errors_name_the_way_out(catalog):
+    with pytest.raises(UsageError, match="is dense"):
+        _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", moe_routing="capacity")
+    with pytest.raises(UsageError, match="--moe-routing capacity"):
+        _setup(catalog, **_moe_job(moe_routing="dropless", capacity_factor=2.0))
+
+
+def test_token_drop_routing_reaches_megatron_and_is_refused_elsewhere(catalog):
+    s = _setup(catalog, **_moe_job(moe_routing="capacity", capacity_factor=1.25))
+    cfg = recipe_for(s, "megatron").config
+    assert "--moe-expert-capacity-factor 1.25" in cfg and "--moe-pad-expert-input-to-capacity" in cfg
+    titan = s.with_(stack="torchtitan", strategy="zero3")
+    assert "dropless" in framework_for(titan, "torchtitan")[1]
+    assert "--moe-expert-capacity-factor" not in recipe_for(_setup(catalog, **_moe_job()), "megatron").config

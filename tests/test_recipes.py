@@ -69,6 +69,8 @@ CASES = {
                                             activation_checkpointing="selective-attn"),
     "zero3 tp8 x 2 nodes, async tp": dict(model="llama-3.1-70b", strategy="zero3", tp=8, gpus=16, tp_overlap=True,
                                           activation_checkpointing="selective-op"),
+    "mixtral ep8 zero1, token-drop capacity 1.25": dict(model="mixtral-8x7b", strategy="zero1", ep=8,
+                                                        moe_routing="capacity", capacity_factor=1.25),
     "lora zero2": dict(model="llama-2-13b", method="lora", strategy="zero2"),
     "qlora zero3 x 2 nodes": dict(model="llama-3.1-70b", method="qlora", strategy="zero3", gpus=16),
     "gpt3 layernorm, learned positions": dict(model="gpt3-1.3b", strategy="zero1"),

@@ -94,6 +94,13 @@ class JobSpec(BaseModel):
     tp_overlap: bool | None = Field(None, description="tensor-parallel communication overlapped with the GEMMs (Megatron's "
                                                  "--tp-comm-overlap, torchtitan's async TP) where the stack has it; "
                                                  "None: off, as in both frameworks")
+    moe_routing: Literal["dropless", "capacity"] | None = Field(
+        None, description="MoE: dropless (every token reaches its k experts; the busiest rank sets the pace) or "
+                          "capacity (token-drop: each expert's buffer padded to capacity_factor x its mean share, "
+                          "Megatron's --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity); "
+                          "None: the model's config (dropless unless it names a capacity factor)")
+    capacity_factor: float | None = Field(None, gt=0, le=64, description="MoE capacity factor with moe_routing "
+                                                                         "capacity; None: the model's, else 1.0")
     fp8_dispatch: bool | None = Field(None, description="with precision fp8, dispatch in FP8 (combine stays BF16); "
                                                         "None: the stack's")
     tokens: float | None = Field(None, gt=0, description="training tokens")

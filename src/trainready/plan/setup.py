@@ -135,6 +135,27 @@ def job_stack(job: JobSpec) -> Resolved:
 
 
 def resolve_model(job: JobSpec) -> ModelSpec:
+    """The job's model, with its MoE routing as the job asks (`with_routing`)."""
+    return with_routing(_model_of(job), job)
+
+
+def with_routing(model: ModelSpec, job: JobSpec) -> ModelSpec:
+    """`model` routed as `job.moe_routing` / `job.capacity_factor` say (None: as its config says)."""
+    routing, factor = job.moe_routing, job.capacity_factor
+    if routing is None and factor is None:
+        return model
+    flags = " / ".join(f for f, v in (("--moe-routing", routing), ("--capacity-factor", factor)) if v is not None)
+    if model.moe is None:
+        verb = "apply" if routing is not None and factor is not None else "applies"
+        raise UsageError(f"{flags} {verb} to mixture-of-experts models; {model.name} is dense")
+    if routing == "dropless" and factor is not None:
+        raise UsageError(f"--capacity-factor {factor:g} sizes token-drop routing: give --moe-routing capacity, or drop "
+                         f"--capacity-factor for dropless routing")
+    cf = None if routing == "dropless" else (factor or model.moe.capacity_factor or 1.0)
+    return model.model_copy(update={"moe": model.moe.model_copy(update={"capacity_factor": cf})})
+
+
+def _model_of(job: JobSpec) -> ModelSpec:
     given = [x for x in (job.model, job.model_config_path, job.params) if x is not None]
     if job.model_spec is not None and not given:
         return job.model_spec

@@ -27,6 +27,9 @@ AUTOEP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek
 
 
 def reason(s: Setup) -> str | None:
+    if s.model.moe is not None and s.model.moe.capacity_factor is not None:
+        return ("DeepSpeed AutoEP routes dropless (auto_ep_config.py: no capacity factor); token-drop routing at a "
+                "capacity factor: --framework megatron, or --moe-routing dropless")
     if s.tp > 1 and s.tp_overlap:
         return ("DeepSpeed AutoTP runs the tensor-parallel collectives after each GEMM, with no overlap (--tp-overlap); "
                 "use --framework megatron (--tp-comm-overlap) or torchtitan (async TP)")

@@ -42,6 +42,8 @@ FLAGS: dict[str, str | None] = {
     "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
     "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
     "--tp-comm-overlap": "tp_comm_overlap",
+    "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
+    "--moe-pad-expert-input-to-capacity": "moe_pad_expert_input_to_capacity",
     "--expert-tensor-parallel-size": "expert_tensor_parallel_size",
     "--use-distributed-optimizer": None, "--optimizer-cpu-offload": None, "--optimizer-offload-fraction": None,
     "--use-precision-aware-optimizer": None,
@@ -173,6 +175,9 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
         a.append(("--num-virtual-stages-per-pipeline-rank", v))
     if s.model.is_moe:  # the expert grid etp x ep x edp over the stage's tp x dp GPUs (MoE parallel folding)
         a += [("--expert-model-parallel-size", s.ep), ("--expert-tensor-parallel-size", s.expert_tp)]
+        if s.model.moe.capacity_factor is not None:  # token-drop routing, buffers padded to capacity (moe.busy_rows)
+            a += [("--moe-expert-capacity-factor", s.model.moe.capacity_factor),
+                  ("--moe-pad-expert-input-to-capacity", True)]
         if s.ep > 1 and s.ep_overlap:  # dispatch/combine beside another micro-batch's compute
             a.append(("--overlap-moe-expert-parallel-comm", True))
     if s.cp > 1:  # ring attention over cp ranks (TE's p2p context parallelism)
