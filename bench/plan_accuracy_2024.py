@@ -13,8 +13,8 @@ margin), and every row.
 Inclusion rule (fixed before the rows were compared with the planner): `included` = yes in the file (the
 layout is published in full and the row measures training steps), and the planner can express it: a model
 preset exists, the GPU is in the catalog, the precision is bf16 or FP8 (tensor-wise or row-wise scaling,
-or MXFP8, all estimated as `--precision fp8`; NVFP4 is not modelled), and the layout resolves. Rows left
-out are listed with the reason.
+or MXFP8, estimated as `--precision fp8` with the row's `--fp8-recipe`; NVFP4 is not modelled), and the
+layout resolves. Rows left out are listed with the reason.
 
 Attention kernel: where a row's attention went through torch's SDPA (torchtitan, torchao, Hugging Face
 stacks) on a torch release the source names and that release predates cuDNN as SDPA's choice on
@@ -120,6 +120,10 @@ def job_of(r: dict[str, str]) -> JobSpec:
     stack = r["stack"] if r["stack"] in ("megatron", "torchtitan", "deepspeed", "automodel") else None
     if stack:
         kw["stack"] = stack
+    recipe = r["fp8_recipe"].lower()
+    if precision == "fp8" and recipe:  # the row's scaling recipe; unpublished: the stack's default
+        kw["fp8_recipe"] = next((n for n in ("mxfp8", "rowwise", "blockwise", "delayed", "tensorwise") if n in recipe),
+                                None)
     if "force-balanced" in r["notes"]:  # the benchmark forced an even token spread over the experts
         kw["expert_load_imbalance"] = 1.0
     if r["tp_comm_overlap"] == "yes" and kw["tp"] > 1:  # Megatron's --tp-comm-overlap, torchtitan's async TP

@@ -357,3 +357,42 @@ def test_token_drop_routing_reaches_megatron_and_is_refused_elsewhere(catalog):
     titan = s.with_(stack="torchtitan", strategy="zero3")
     assert "dropless" in framework_for(titan, "torchtitan")[1]
     assert "--moe-expert-capacity-factor" not in recipe_for(_setup(catalog, **_moe_job()), "megatron").config
+
+
+# --- FP8 recipes -----------------------------------------------------------------------------------------
+
+def _fp8_job(**kw):
+    return dict(model="llama-3.1-70b", instance="p5.48xlarge", gpus=64, tp=4, pp=4, strategy="zero1",
+                precision="fp8", micro_batch=1, global_batch=256, stack="megatron", **kw)
+
+
+def test_fp8_recipes_order_as_their_casts_and_gemms(catalog):
+    from trainready.plan import efficiency as eff
+    from trainready.plan.performance import estimate_step
+
+    tps = {r: estimate_step(_setup(catalog, **_fp8_job(fp8_recipe=r))).tokens_per_s
+           for r in ("delayed", "tensorwise", "rowwise", "blockwise")}
+    # delayed reads each operand once (4 bytes), current scaling twice (6); row-wise casts 8 bytes and its
+    # CUTLASS GEMM is a little slower; block-scaled GEMMs are software-emulated on Hopper
+    assert tps["delayed"] > tps["tensorwise"] > tps["rowwise"] > tps["blockwise"]
+    assert eff.FP8_RECIPES["delayed"].cast_bytes < eff.FP8_RECIPES["tensorwise"].cast_bytes
+    assert _setup(catalog, **_fp8_job()).fp8_recipe == "delayed"  # Megatron-Core's default
+    assert _setup(catalog, **{**_fp8_job(), "stack": "torchtitan", "strategy": "zero3"}).fp8_recipe == "tensorwise"
+
+
+def test_fp8_recipe_errors_and_launch(catalog):
+    with pytest.raises(UsageError, match="Blackwell GPUs only"):
+        _setup(catalog, **_fp8_job(fp8_recipe="mxfp8"))
+    with pytest.raises(UsageError, match="needs --precision fp8"):
+        _setup(catalog, **{**_fp8_job(fp8_recipe="delayed"), "precision": "bf16"})
+    with pytest.raises(UsageError, match="needs --precision fp8"):
+        plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", fp8_recipe="delayed", tokens=1e9)), catalog)
+    b = _setup(catalog, model="llama-3.1-8b", gpu="b200", gpus=8, precision="fp8", fp8_recipe="mxfp8",
+               strategy="zero1", micro_batch=1, stack="megatron")
+    assert "--fp8-recipe mxfp8" in recipe_for(b, "megatron").config
+    row = _setup(catalog, **_fp8_job(fp8_recipe="rowwise"))
+    assert "row-wise scaling is torchao's" in framework_for(row, "megatron")[1]
+    # plan with a Blackwell-only recipe keeps to Blackwell instances
+    r = plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", precision="fp8", fp8_recipe="mxfp8", tokens=1e9,
+                                     stack="megatron"), top=3), catalog)
+    assert r.rows and all(row.estimate.setup.gpu == "b200" for row in r.rows)

@@ -45,6 +45,8 @@ CASES = {
     "zero1 offload, fp16 V100": dict(model="llama-2-7b", instance="p3dn.24xlarge", strategy="zero1",
                                      offload="optimizer", precision="fp16"),
     "fp8 H100": dict(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1", precision="fp8"),
+    "fp8 blockwise H100": dict(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1", precision="fp8",
+                               fp8_recipe="blockwise"),
     "pure bf16": dict(model="llama-3.1-8b", strategy="zero3", optimizer_dtype="bf16"),
     "mixtral ep8 x 2 nodes": dict(model="mixtral-8x7b", strategy="zero3", ep=8, gpus=16),
     "qwen3 moe ep4 tp2": dict(model="qwen3-30b-a3b", strategy="zero3", ep=4, tp=2),

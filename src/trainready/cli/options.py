@@ -78,6 +78,17 @@ class Kernels(str, Enum):
     fused = "fused"
 
 
+class Fp8RecipeMode(str, Enum):
+    tensorwise = "tensorwise"
+    delayed = "delayed"
+    blockwise = "blockwise"
+    rowwise = "rowwise"
+    mxfp8 = "mxfp8"
+
+
+Fp8RecipeLabel = labelled(Fp8RecipeMode, "RECIPE")
+
+
 class MoeRoutingMode(str, Enum):
     dropless = "dropless"
     capacity = "capacity"
@@ -155,6 +166,7 @@ KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager:
 AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: the stack's]", rich_help_panel=NUM)]
 StackOpt = Annotated[Optional[str], typer.Option("--stack", metavar="NAME", help=f"Training stack whose defaults set kernels, attention kernel, reduce dtype and what selective recompute means: {', '.join(STACKS)}. Explicit flags win. [default: {DEFAULT_STACK}]", rich_help_panel=NUM)]
 TpOverlap = Annotated[Optional[bool], typer.Option("--tp-overlap", help="Tensor-parallel communication pipelined with the GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP): a quarter of it stays exposed. [default: off, as in both frameworks]", rich_help_panel=PAR)]
+Fp8RecipeOpt = Annotated[Optional[Fp8RecipeLabel], typer.Option("--fp8-recipe", show_choices=False, help="FP8 scaling with --precision fp8: tensorwise (current scaling), delayed, blockwise, rowwise (torchao) or mxfp8 (Blackwell). [default: the stack's: megatron delayed, else tensorwise]", rich_help_panel=NUM)]
 MoeRouting = Annotated[Optional[MoeRoutingMode], typer.Option("--moe-routing", help="Mixture-of-experts: dropless (the busiest rank sets the pace) or capacity (token-drop, expert buffers padded to --capacity-factor x the mean). [default: the model's config, dropless unless it names a capacity factor]", rich_help_panel=PAR)]
 CapacityFactor = Annotated[Optional[float], typer.Option("--capacity-factor", parser=number("1.0", hi=64), help="MoE capacity factor for --moe-routing capacity. [default: the model's, else 1.0]", rich_help_panel=PAR)]
 LoadImbalance = Annotated[Optional[float], typer.Option("--expert-load-imbalance", parser=number("1.0", lo=1.0, lo_open=False, hi=64), help="Mixture-of-experts: routed tokens on the busiest expert-parallel rank over the mean; 1.0 for forced-balance benchmarks. [default: 1.15, an assumption]", rich_help_panel=PAR)]

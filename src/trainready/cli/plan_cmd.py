@@ -59,6 +59,7 @@ def plan(
     expert_load_imbalance: o.LoadImbalance = None,
     tp_overlap: o.TpOverlap = None,
     moe_routing: o.MoeRouting = None,
+    fp8_recipe: o.Fp8RecipeOpt = None,
     capacity_factor: o.CapacityFactor = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
     framework: Annotated[Framework, typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it.", rich_help_panel=C)] = "auto",
@@ -90,7 +91,8 @@ def plan(
                       lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
-                      tp_overlap=tp_overlap, moe_routing=moe_routing, capacity_factor=capacity_factor, spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      tp_overlap=tp_overlap, moe_routing=moe_routing, capacity_factor=capacity_factor,
+                      fp8_recipe=fp8_recipe, spot=spot, region=region, usd_per_hour=usd_per_hour)
     catalog = load_catalog(catalog_file)
     cal, cal_line = resolve_calibration(calibrate, calibration, catalog, None)
     if cal is not None:

@@ -291,7 +291,46 @@ FP8_GEMM_K0_SCALE = 650 / 170
 FP8_CAST_BYTES = 6
 
 
-def fp8_gemm(e: ArchEfficiency) -> ArchEfficiency:
-    """`e` with its GEMM factors as FP8 GEMMs reach them (FP8_GEMM_SCALE, FP8_GEMM_K0_SCALE)."""
-    return replace(e, gemm=e.gemm * FP8_GEMM_SCALE, gemm_k0=e.gemm_k0 * FP8_GEMM_K0_SCALE,
-                   gemm_range=None if e.gemm_range is None else tuple(g * FP8_GEMM_SCALE for g in e.gemm_range))
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """How one FP8 scaling recipe casts GEMM operands and how fast its GEMMs run, against tensor-wise scaling."""
+
+    name: str
+    cast_bytes: float
+    """HBM bytes per element to cast an operand (an input forward, an output gradient backward)."""
+    gemm_scale: float
+    """The FP8 GEMM efficiency relative to tensor-wise scaling's (cuBLAS, one scale per tensor)."""
+    source: str
+    blackwell_only: bool = False
+
+
+FP8_RECIPES = {r.name: r for r in (
+    Fp8Recipe("tensorwise", FP8_CAST_BYTES, 1.0,
+              "current (per-tensor) scaling: amax read, scale-and-cast read, row-wise and transposed FP8 copies, "
+              "2 + 2 + 1 + 1 bytes (TE fp8_current_scaling docs; torchao float8 tensorwise alike)"),
+    Fp8Recipe("delayed", 4, 1.0,
+              "delayed scaling: the scale comes from the amax history, so one read per quantization (TE "
+              "fp8_delayed_scaling docs), 2 + 1 + 1 bytes; the GEMM is the same cuBLAS per-tensor one"),
+    Fp8Recipe("blockwise", FP8_CAST_BYTES, 1.40 / 1.58,
+              "1x128 / 128x128 blocks (DeepSeek-V3's): row-wise and column-wise copies each quantized from high "
+              "precision, 2 + 2 + 1 + 1 bytes; on Hopper block-scaled GEMMs are software-emulated: TE's GEMM "
+              "profiling (H200, 5B-model shapes, quantization included) 1.40x bf16 against current scaling's "
+              "1.58x (docs/examples/gemm_profiling)"),
+    Fp8Recipe("rowwise", 8, 0.95,
+              "torchao row-wise scaling: casts of 5N + 3N bytes per operand (torchao testing/training/"
+              "roofline_utils.py); its CUTLASS row-wise scaled GEMM reaches 90-100% of cuBLAS tensor-wise for "
+              "most shapes with a tail to 50% (pytorch/pytorch#147971): 0.95 taken"),
+    Fp8Recipe("mxfp8", FP8_CAST_BYTES, 1.0,
+              "MX FP8 (1x32 blocks, E8M0 scales; Blackwell only, TE mxfp8 docs): row-wise and column-wise copies "
+              "each quantized from high precision, 2 + 2 + 1 + 1 bytes (the 1/32-byte scales not counted); GEMM "
+              "with quantization within 2% of current scaling on B300 (TE GEMM profiling: 1.44x vs 1.41x bf16)",
+              blackwell_only=True),
+)}
+
+
+def fp8_gemm(e: ArchEfficiency, recipe: str = "tensorwise") -> ArchEfficiency:
+    """`e` with its GEMM factors as FP8 GEMMs of `recipe` reach them (FP8_GEMM_SCALE, FP8_GEMM_K0_SCALE,
+    Fp8Recipe.gemm_scale)."""
+    scale = FP8_GEMM_SCALE * FP8_RECIPES[recipe].gemm_scale
+    return replace(e, gemm=e.gemm * scale, gemm_k0=e.gemm_k0 * FP8_GEMM_K0_SCALE,
+                   gemm_range=None if e.gemm_range is None else tuple(g * scale for g in e.gemm_range))

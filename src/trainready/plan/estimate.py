@@ -45,6 +45,7 @@ class SetupInfo(BaseModel):
     pp: int
     pp_virtual: int = Field(1, description="interleaved (virtual) pipeline stages per rank; 1: plain 1F1B")
     cp: int = Field(1, description="context-parallel size: each sequence split over cp GPUs (ring attention)")
+    fp8_recipe: str | None = Field(None, description="FP8 scaling recipe (precision fp8); None: not fp8")
     capacity_factor: float | None = Field(None, description="MoE token-drop routing at this capacity factor (expert "
                                                             "buffers padded to it); None: dropless, or a dense model")
     tp_overlap: bool = Field(False, description="tensor-parallel communication pipelined with the GEMMs (--tp-overlap; "
@@ -305,6 +306,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         etp=s.expert_tp,
                         pp_virtual=s.pp_virtual, cp=s.cp, tp_overlap=s.tp_overlap and s.tp > 1,
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
+                        fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,

@@ -94,6 +94,9 @@ class JobSpec(BaseModel):
     tp_overlap: bool | None = Field(None, description="tensor-parallel communication overlapped with the GEMMs (Megatron's "
                                                  "--tp-comm-overlap, torchtitan's async TP) where the stack has it; "
                                                  "None: off, as in both frameworks")
+    fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "rowwise", "mxfp8"] | None = Field(
+        None, description="FP8 scaling recipe with precision fp8 (plan/efficiency.py FP8_RECIPES); None: the "
+                          "stack's (megatron: delayed, Megatron-Core's default; others: tensorwise)")
     moe_routing: Literal["dropless", "capacity"] | None = Field(
         None, description="MoE: dropless (every token reaches its k experts; the busiest rank sets the pace) or "
                           "capacity (token-drop: each expert's buffer padded to capacity_factor x its mean share, "

@@ -278,10 +278,10 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
         if not frozen:
             bwd += gemm_time(g.flops, g.rows, peak, e)  # weight gradient: K = rows
             flops += g.mean_flops
-        if s.precision == "fp8" and g.fp8:  # operand casts (efficiency.FP8_CAST_BYTES): rows x (K in, N out)
-            rows = g.flops / (2 * g.k * g.n)
-            fwd += eff.FP8_CAST_BYTES * rows * g.k / hbm_bps
-            bwd += eff.FP8_CAST_BYTES * rows * g.n / hbm_bps
+        if s.precision == "fp8" and g.fp8:  # operand casts (Fp8Recipe.cast_bytes): rows x (K in, N out)
+            rows, cast = g.flops / (2 * g.k * g.n), eff.FP8_RECIPES[s.fp8_recipe].cast_bytes
+            fwd += cast * rows * g.k / hbm_bps
+            bwd += cast * rows * g.n / hbm_bps
     elem = _mlp_elementwise_bytes(s, tokens, moe_layer, act_coef) / hbm_bps
     fwd += 0.4 * elem
     bwd += 0.6 * elem

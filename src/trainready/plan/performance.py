@@ -197,7 +197,8 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     peak = (gpu.peak_tflops("tf32" if prec == "fp32" else prec) or 1.0) * 1e12
     fp8 = s.precision == "fp8"
     gemm_peak = (gpu.peak_tflops("fp8") or peak / 1e12) * 1e12 if fp8 else peak
-    ge = eff.fp8_gemm(e) if fp8 else e  # the blocks' GEMMs (FP8 under fp8; the head stays bf16)
+    ge = eff.fp8_gemm(e, s.fp8_recipe) if fp8 else e  # the blocks' GEMMs (FP8 under fp8; the head stays bf16)
+    cast = eff.FP8_RECIPES[s.fp8_recipe].cast_bytes
     tokens = s.local_tokens  # its 1/cp of each sequence; attention still spans the whole sequence
     layers = s.stage_layers  # the largest pipeline stage
     frozen = s.method != "full"
@@ -212,9 +213,9 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
         if not frozen:
             bwd += _gemm_time(f_flops, tokens, gemm_peak, ge)  # weight gradient: K = tokens
             flops += f_flops
-        if fp8:  # each GEMM's input cast forward, its output gradient backward (efficiency.FP8_CAST_BYTES per element)
-            fwd += eff.FP8_CAST_BYTES * tokens * k * count / hbm_bps
-            bwd += eff.FP8_CAST_BYTES * tokens * n * count / hbm_bps
+        if fp8:  # each GEMM's input cast forward, its output gradient backward (Fp8Recipe.cast_bytes per element)
+            fwd += cast * tokens * k * count / hbm_bps
+            bwd += cast * tokens * n * count / hbm_bps
     if frozen:
         a_fwd, a_bwd, a_flops = _adapter_time(s, tokens, peak, e)
         fwd += a_fwd

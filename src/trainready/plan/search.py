@@ -28,6 +28,7 @@ from .setup import (
     Setup,
     default_precision,
     default_seq_len,
+    fp8_recipe_of,
     job_stack,
     layout_text,
     moe_comm,
@@ -173,6 +174,10 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
     if not gpu.peak_tflops(precision) and precision != "fp32":
         return None
     st = job_stack(job)
+    try:
+        fp8_recipe = fp8_recipe_of(job, st.stack, gpu, precision)
+    except UsageError:  # a Blackwell-only recipe on another GPU: this instance cannot run the job
+        return None
     setup = Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
                  tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
                  precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=st.reduce_dtype,
@@ -182,6 +187,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  stack=st.stack.name, stack_named=job.stack is not None,
                  tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
+                 fp8_recipe=fp8_recipe,
                  **moe_comm(job, model, st.stack, precision))
     return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
 
@@ -597,6 +603,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     job = req.job
     model = resolve_model(job)
     stack = job_stack(job)  # an unknown --stack is exit 2 before any search
+    if job.fp8_recipe is not None and job.precision != "fp8":
+        raise UsageError(f"--fp8-recipe {job.fp8_recipe} needs --precision fp8")
     if not stack.stack.has_recipe:
         raise UsageError(f"--stack {stack.stack.name} estimates runs of {stack.stack.description.split(':')[0]}, "
                          f"which trainready does not launch (no recipe): use `trainready estimate --stack "

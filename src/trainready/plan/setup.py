@@ -12,7 +12,7 @@ from functools import lru_cache
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.errors import UsageError, printable
 
-from .efficiency import ArchEfficiency
+from .efficiency import FP8_RECIPES, ArchEfficiency
 from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
@@ -65,6 +65,7 @@ class Setup:
     ep_overlap: bool = False  # MoE all-to-alls overlapped with another micro-batch's compute
     fp8_dispatch: bool = False  # dispatch in FP8 (precision fp8 only)
     pp_virtual: int = 1  # interleaved (virtual) pipeline stages per rank: 1 is plain 1F1B
+    fp8_recipe: str = "tensorwise"  # FP8 scaling recipe (efficiency.FP8_RECIPES); read only under precision fp8
     tp_overlap: bool = False  # TP collectives pipelined with the GEMMs (efficiency.TP_OVERLAP_EXPOSED)
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
@@ -137,6 +138,18 @@ def job_stack(job: JobSpec) -> Resolved:
 def resolve_model(job: JobSpec) -> ModelSpec:
     """The job's model, with its MoE routing as the job asks (`with_routing`)."""
     return with_routing(_model_of(job), job)
+
+
+def fp8_recipe_of(job: JobSpec, stack: Stack, gpu: Gpu, precision: str) -> str:
+    """The job's FP8 recipe, else the stack's; a usage error where it cannot run."""
+    if job.fp8_recipe is not None and precision != "fp8":
+        raise UsageError(f"--fp8-recipe {job.fp8_recipe} needs --precision fp8 (this job runs {precision})")
+    recipe = job.fp8_recipe or stack.fp8_recipe
+    if FP8_RECIPES[recipe].blackwell_only and gpu.arch != "blackwell" and precision == "fp8":
+        valid = ", ".join(n for n, r in FP8_RECIPES.items() if not r.blackwell_only)
+        raise UsageError(f"--fp8-recipe {recipe} runs on Blackwell GPUs only (Transformer Engine); {gpu.name} is "
+                         f"{gpu.arch}: use {valid}")
+    return recipe
 
 
 def with_routing(model: ModelSpec, job: JobSpec) -> ModelSpec:
@@ -447,4 +460,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
-                 pp_virtual=v, cp=cp, tp_overlap=overlap, **moe_comm(job, model, st.stack, precision))
+                 pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=fp8_recipe_of(job, st.stack, gpu, precision),
+                 **moe_comm(job, model, st.stack, precision))

@@ -83,6 +83,8 @@ class Stack:
     """Attention runs through torch.nn.functional.scaled_dot_product_attention, whose kernel on Hopper and
     Blackwell depends on the torch release (module docstring); False: the stack calls its kernel itself
     (Transformer Engine's fused attention)."""
+    fp8_recipe: str = "tensorwise"
+    """The FP8 scaling recipe a job with --precision fp8 and no --fp8-recipe gets (efficiency.FP8_RECIPES)."""
     tp_overlap: str | None = None
     """How the framework overlaps tensor-parallel communication with the GEMMs (--tp-overlap); None: it has no
     such mode (DeepSpeed AutoTP and transformers' TP plans run each collective after its GEMM)."""
@@ -149,6 +151,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "HybridEP 'does not support fp8 dispatch now'",
           expert_tp="tp", fp8_saves_inputs=True, torch_sdpa=False, lora_fp32_adapters=False,
           tp_overlap="--tp-comm-overlap (Transformer Engine userbuffers)",
+          fp8_recipe="delayed",  # Megatron-Core TransformerConfig.fp8_recipe default
           lora_source="Megatron-Bridge peft/utils.py ParallelLinearAdapter: Megatron-Core parallel linears in the "
                       "model's bf16 (self.bfloat16()); lora_layers.py LoRALinear.forward passes the base linear's "
                       "own input (TE's layernorm output) to the adapter, no cast or copy",

@@ -50,7 +50,7 @@ FLAGS: dict[str, str | None] = {
     "--micro-batch-size": None, "--global-batch-size": None,
     "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
     "--recompute-num-layers": "recompute_num_layers",
-    "--bf16": "bf16", "--fp16": "fp16", "--fp8-format": "fp8", "--grad-reduce-in-bf16": None,
+    "--bf16": "bf16", "--fp16": "fp16", "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--grad-reduce-in-bf16": None,
     "--overlap-grad-reduce": None, "--overlap-param-gather": None,
     "--save": None, "--load": None, "--save-interval": None,
 }
@@ -58,6 +58,9 @@ FLAGS: dict[str, str | None] = {
 
 def reason(s: Setup) -> str | None:
     m = s.model
+    if s.precision == "fp8" and s.fp8_recipe == "rowwise":  # TransformerConfig.fp8_recipe's choices
+        return ("Megatron-Core's FP8 recipes are tensorwise, delayed, blockwise and mxfp8; row-wise scaling is "
+                "torchao's: --fp8-recipe blockwise (per-block scales) or tensorwise")
     if s.method != "full":
         return f"Megatron-LM trains all weights: no {s.method} (NeMo adds PEFT on top); use --framework deepspeed"
     if s.strategy in ("zero2", "zero3"):
@@ -206,7 +209,7 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
     elif s.precision == "fp16":
         a.append(("--fp16", True))
     if s.precision == "fp8":
-        a.append(("--fp8-format", "hybrid"))
+        a += [("--fp8-format", "hybrid"), ("--fp8-recipe", s.fp8_recipe)]
     if s.reduce_dtype == "bf16" and s.precision != "fp32":
         a.append(("--grad-reduce-in-bf16", True))
     a += [("--save", "checkpoints"), ("--load", "checkpoints"), ("--save-interval", 500)]
