@@ -396,3 +396,42 @@ def test_fp8_recipe_errors_and_launch(catalog):
     r = plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", precision="fp8", fp8_recipe="mxfp8", tokens=1e9,
                                      stack="megatron"), top=3), catalog)
     assert r.rows and all(row.estimate.setup.gpu == "b200" for row in r.rows)
+
+
+def test_estimates_chosen_micro_batch_says_margin_or_card(catalog):
+    from trainready.plan.search import largest_fitting_micro_batch
+
+    s = _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", gpus=8, seq_len=4096)
+    _, said = largest_fitting_micro_batch(s, 0.4)  # fits the card, not the 40% margin
+    assert "leaves less than the 40% margin" in said
+    big = _setup(catalog, model="llama-3.1-70b", gpu="h100-80gb", gpus=8, seq_len=4096)
+    _, said = largest_fitting_micro_batch(big, 0.1)
+    assert said.endswith("even that does not fit")
+
+
+def test_cp_error_offers_only_sizes_the_gpus_allow():
+    from trainready.plan.setup import _check_cp
+
+    with pytest.raises(UsageError) as err:
+        _check_cp(16, 65544, gpus=16, tp_pp=2)  # 65544 = 8 x 8193: cp 2 and 4 split it; 8 x 2 = 16 GPUs too
+    assert err.value.args[0].endswith("allows --cp 2, 4")
+    with pytest.raises(UsageError) as err:
+        _check_cp(16, 65544, gpus=0)
+    assert err.value.args[0].endswith("allows --cp 2, 4")
+    with pytest.raises(UsageError) as err:
+        _check_cp(16, 65544, gpus=8, tp_pp=4)  # tp x pp 4 leaves 2 ranks: cp 2 only
+    assert err.value.args[0].endswith("allows --cp 2")
+
+
+def test_a_saved_job_keeps_its_memory_margin(tmp_path):
+    from cloud_stubs import invoke
+
+    job = tmp_path / "j.toml"
+    code, _, err = invoke("plan", "--model", "llama-3.1-8b", "--tokens", "1e9", "--memory-margin", "0.25",
+                          "--save", str(job))
+    assert code == 0, err
+    assert "memory_margin = 0.25" in job.read_text()
+    code, out, _ = invoke("estimate", "--job", str(job), "--json")
+    assert code == 0 and '"margin": 0.25' in out
+    code, out, _ = invoke("estimate", "--job", str(job), "--memory-margin", "0.05", "--json")
+    assert code == 0 and '"margin": 0.05' in out

@@ -72,7 +72,7 @@ def estimate(
     save: o.Save = None,
     calibrate: o.Calibrate = None,
     calibration: o.CalibrationRef = None,
-    memory_margin: Annotated[float, typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free by the fit rule (the same rule and default as plan), 0 to 0.5.", rich_help_panel=o.MEM)] = GPU_MARGIN,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free by the fit rule (the same rule and default as plan), 0 to 0.5. [default: the --job file's, else 0.1]", rich_help_panel=o.MEM)] = None,
     json_out: o.Json = False,
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
@@ -80,7 +80,7 @@ def estimate(
                       gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps, strategy=strategy, tp=tp,
                       pp=pp, pp_virtual=pp_virtual, cp=cp, ep=ep, etp=etp, expert_load_imbalance=expert_load_imbalance,
                       tp_overlap=tp_overlap, moe_routing=moe_routing, capacity_factor=capacity_factor,
-                      fp8_recipe=fp8_recipe,
+                      fp8_recipe=fp8_recipe, memory_margin=memory_margin,
                       micro_batch=micro_batch,
                       global_batch=global_batch, seq_len=seq_len,
                       precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
@@ -92,6 +92,7 @@ def estimate(
     cal, cal_line = resolve_calibration(calibrate, calibration, catalog, setup if job.micro_batch else None)
     if cal is not None:
         setup = applied(cal, setup)
+    memory_margin = GPU_MARGIN if job.memory_margin is None else job.memory_margin
     chosen_note = None
     if job.micro_batch is None:
         setup, chosen_note = largest_fitting_micro_batch(setup, memory_margin)

@@ -10,6 +10,7 @@ import typer
 
 from trainready.catalog import load_catalog
 from trainready.plan.calibration_file import check_stack
+from trainready.plan.fit import GPU_MARGIN
 from trainready.plan.job import save_job
 from trainready.plan.recipes import CHOICES
 from trainready.plan.search import PlanRequest
@@ -71,7 +72,7 @@ def plan(
     max_nodes: Annotated[int, typer.Option("--max-nodes", parser=o.number("16", lo=1, lo_open=False, hi=1024, whole=True), help="Most nodes per job, 1 to 1024.", rich_help_panel=C)] = 16,
     min_gpu_mem: Annotated[Optional[float], typer.Option("--min-gpu-mem", parser=o.number("80"), help="Least GPU memory, GiB.", rich_help_panel=C)] = None,
     optimistic: Annotated[bool, typer.Option("--optimistic", help="Rank GPUs whose efficiency is assumed (B200, L4/L40S, V100) by their point estimate, not the pessimistic end of their range.", rich_help_panel=C)] = False,
-    memory_margin: Annotated[float, typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free, 0 to 0.5.", rich_help_panel=C)] = 0.10,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free, 0 to 0.5. [default: the --job file's, else 0.1]", rich_help_panel=C)] = None,
     spot: o.Spot = None,
     region: o.Region = None,
     usd_per_hour: o.UsdPerHour = None,
@@ -92,7 +93,8 @@ def plan(
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
                       tp_overlap=tp_overlap, moe_routing=moe_routing, capacity_factor=capacity_factor,
-                      fp8_recipe=fp8_recipe, spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      fp8_recipe=fp8_recipe, memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)
+    memory_margin = GPU_MARGIN if job.memory_margin is None else job.memory_margin
     catalog = load_catalog(catalog_file)
     cal, cal_line = resolve_calibration(calibrate, calibration, catalog, None)
     if cal is not None:

@@ -97,6 +97,8 @@ class JobSpec(BaseModel):
     fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "rowwise", "mxfp8"] | None = Field(
         None, description="FP8 scaling recipe with precision fp8 (plan/efficiency.py FP8_RECIPES); None: the "
                           "stack's (megatron: delayed, Megatron-Core's default; others: tensorwise)")
+    memory_margin: float | None = Field(None, ge=0, le=0.5, description="fraction of GPU memory the fit rule keeps "
+                                                                       "free (plan/fit.py); None: 0.10")
     moe_routing: Literal["dropless", "capacity"] | None = Field(
         None, description="MoE: dropless (every token reaches its k experts; the busiest rank sets the pace) or "
                           "capacity (token-drop: each expert's buffer padded to capacity_factor x its mean share, "

@@ -327,6 +327,9 @@ def largest_fitting_micro_batch(s: Setup, memory_margin: float = GPU_MARGIN) -> 
     if fits:
         return chosen, (f"micro-batch {chosen.micro_batch}: the largest that fits with the {memory_margin:.0%} margin "
                         f"(no --micro-batch given)")
+    if estimate_memory(chosen).peak / GiB <= chosen.gpu.memory_gib:  # on the card, inside the margin only
+        return chosen, (f"micro-batch 1 (no --micro-batch given): even that leaves less than the {memory_margin:.0%} "
+                        f"margin free")
     return chosen, "micro-batch 1 (no --micro-batch given): even that does not fit"
 
 

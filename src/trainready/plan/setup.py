@@ -275,11 +275,12 @@ def _check_parallel(model: ModelSpec, tp: int, pp: int, gpus_per_node: int, node
                          f"every pipeline stage needs a layer (--pp 1..{model.num_layers})")
 
 
-def _check_cp(cp: int, seq_len: int) -> None:
+def _check_cp(cp: int, seq_len: int, gpus: int = 0, tp_pp: int = 1) -> None:
     """Context parallelism splits each sequence into 2 x cp chunks, two per rank (the load-balanced causal
-    split of Megatron-Core's and torchtitan's ring attention), so 2 x cp must divide the length."""
+    split of Megatron-Core's and torchtitan's ring attention), so 2 x cp must divide the length; the values
+    offered also divide the GPUs with tp x pp (`gpus`; 0: not known)."""
     if cp > 1 and seq_len % (2 * cp):
-        valid = [c for c in (2, 4, 8, 16, 32) if seq_len % (2 * c) == 0]
+        valid = [c for c in (2, 4, 8, 16, 32) if seq_len % (2 * c) == 0 and (not gpus or gpus % (tp_pp * c) == 0)]
         raise UsageError(f"--cp {cp} needs a sequence length divisible by 2 x cp = {2 * cp} (each rank takes two "
                          f"chunks of every sequence); --seq-len {seq_len} allows --cp "
                          f"{', '.join(map(str, valid)) or '1 only'}")
@@ -427,7 +428,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     _check_precision(gpu, precision, job.optimizer_dtype)
     _check_offload(strategy, job.offload, job.method)
     seq_len = job.seq_len or default_seq_len(model)
-    _check_cp(cp, seq_len)
+    _check_cp(cp, seq_len, n_gpus, job.tp * job.pp)
     notes: list[str] = []
     if model.position == "learned" and model.max_seq_len and seq_len > model.max_seq_len:
         raise UsageError(f"--seq-len {seq_len} exceeds {model.name}'s learned position table ({model.max_seq_len})")
