@@ -435,3 +435,39 @@ def test_a_saved_job_keeps_its_memory_margin(tmp_path):
     assert code == 0 and '"margin": 0.25' in out
     code, out, _ = invoke("estimate", "--job", str(job), "--memory-margin", "0.05", "--json")
     assert code == 0 and '"margin": 0.05' in out
+
+
+def test_command_line_routing_recipe_and_model_override_a_job_file(tmp_path):
+    from cloud_stubs import invoke
+
+    job = tmp_path / "moe.toml"
+    code, _, err = invoke("estimate", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--gpus", "8", "--ep", "8",
+                          "--micro-batch", "1", "--stack", "megatron", "--strategy", "zero1", "--precision", "fp8",
+                          "--fp8-recipe", "blockwise", "--moe-routing", "capacity", "--capacity-factor", "1.25",
+                          "--save", str(job))
+    assert code == 0, err
+    code, out, err = invoke("estimate", "--job", str(job), "--moe-routing", "dropless", "--json")
+    assert code == 0, err
+    assert '"capacity_factor": null' in out
+    code, out, err = invoke("estimate", "--job", str(job), "--precision", "bf16", "--json")
+    assert code == 0, err
+    assert '"fp8_recipe": null' in out
+    code, _, err = invoke("estimate", "--job", str(job), "--model", "llama-3-8b", "--ep", "1")
+    assert code == 0, err
+    code, out, _ = invoke("estimate", "--job", str(job))  # the human setup line names recipe and routing
+    flat = " ".join(out.split())
+    assert code == 0 and "fp8 (blockwise scaling)" in flat and "token-drop routing at capacity 1.25" in flat
+
+
+def test_routing_and_recipe_combinations_a_framework_cannot_run(catalog):
+    with pytest.raises(Exception, match="greater than or equal to 1"):
+        JobSpec(model="mixtral-8x7b", moe_routing="capacity", capacity_factor=0.5)
+    s = _setup(catalog, **_moe_job(moe_routing="capacity", ep_dispatcher="deepep"))
+    assert "flex (DeepEP) dispatcher" in framework_for(s, "megatron")[1]
+    titan = _setup(catalog, **{**_moe_job(moe_routing="capacity"), "stack": "torchtitan", "strategy": "zero3"})
+    assert any("routes dropless" in n for n in titan.notes)
+    rowwise = _setup(catalog, **_fp8_job(fp8_recipe="rowwise"))
+    assert any("has no rowwise FP8 recipe" in n for n in rowwise.notes)
+    r = plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", precision="fp8", fp8_recipe="mxfp8", tokens=1e9,
+                                     stack="megatron"), instances=["p5.48xlarge", "p6-b200.48xlarge"]), catalog)
+    assert any("Blackwell GPUs only" in x.reason for x in r.excluded if x.instance == "p5.48xlarge")

@@ -168,7 +168,7 @@ StackOpt = Annotated[Optional[str], typer.Option("--stack", metavar="NAME", help
 TpOverlap = Annotated[Optional[bool], typer.Option("--tp-overlap", help="Tensor-parallel communication pipelined with the GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP): a quarter of it stays exposed. [default: off, as in both frameworks]", rich_help_panel=PAR)]
 Fp8RecipeOpt = Annotated[Optional[Fp8RecipeLabel], typer.Option("--fp8-recipe", show_choices=False, help="FP8 scaling with --precision fp8: tensorwise (current scaling), delayed, blockwise, rowwise (torchao) or mxfp8 (Blackwell). [default: the stack's: megatron delayed, else tensorwise]", rich_help_panel=NUM)]
 MoeRouting = Annotated[Optional[MoeRoutingMode], typer.Option("--moe-routing", help="Mixture-of-experts: dropless (the busiest rank sets the pace) or capacity (token-drop, expert buffers padded to --capacity-factor x the mean). [default: the model's config, dropless unless it names a capacity factor]", rich_help_panel=PAR)]
-CapacityFactor = Annotated[Optional[float], typer.Option("--capacity-factor", parser=number("1.0", hi=64), help="MoE capacity factor for --moe-routing capacity. [default: the model's, else 1.0]", rich_help_panel=PAR)]
+CapacityFactor = Annotated[Optional[float], typer.Option("--capacity-factor", parser=number("1.25", lo=1.0, lo_open=False, hi=64), help="MoE capacity factor for --moe-routing capacity, 1 to 64. [default: the model's, else 1.0]", rich_help_panel=PAR)]
 LoadImbalance = Annotated[Optional[float], typer.Option("--expert-load-imbalance", parser=number("1.0", lo=1.0, lo_open=False, hi=64), help="Mixture-of-experts: routed tokens on the busiest expert-parallel rank over the mean; 1.0 for forced-balance benchmarks. [default: 1.15, an assumption]", rich_help_panel=PAR)]
 Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price on spot (with expected interruption rework) or on-demand.", rich_help_panel=COST)]
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
@@ -188,8 +188,12 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
     if isinstance(given.get("model_config_path"), Path):
         given["model_config_path"] = str(given["model_config_path"])
     if any(k in given for k in ("model", "model_config_path", "params")):
-        for k in ("model", "model_config_path", "params", "model_spec"):
+        for k in ("model", "model_config_path", "params", "model_spec", "moe_routing", "capacity_factor"):
             base.pop(k, None)
+    if "moe_routing" in given:  # the file's capacity factor belonged to the file's routing
+        base.pop("capacity_factor", None)
+    if given.get("precision") not in (None, "fp8"):  # a recipe only means something under fp8
+        base.pop("fp8_recipe", None)
     if "instance" in given:
         base.pop("gpu", None)
     if "gpu" in given:

@@ -95,7 +95,9 @@ def _setup_line(e: EstimateResult) -> str:
         par += f", ep {s.ep} x etp {s.etp}"
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
-            f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}, "
+            f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}"
+            + (f" ({s.fp8_recipe} scaling)" if s.fp8_recipe else "")
+            + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "") + ", "
             f"{'no' if s.activation_checkpointing == 'none' else s.activation_checkpointing} recompute")
 
 
@@ -179,6 +181,10 @@ def _how(e: EstimateResult) -> str:
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
     if s.activation_checkpointing != "none":
         how += f", {s.activation_checkpointing} recompute"
+    if s.fp8_recipe:
+        how += f", fp8 {s.fp8_recipe}"
+    if s.capacity_factor:
+        how += f", capacity {s.capacity_factor:g}"
     return how
 
 

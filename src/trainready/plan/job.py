@@ -104,8 +104,10 @@ class JobSpec(BaseModel):
                           "capacity (token-drop: each expert's buffer padded to capacity_factor x its mean share, "
                           "Megatron's --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity); "
                           "None: the model's config (dropless unless it names a capacity factor)")
-    capacity_factor: float | None = Field(None, gt=0, le=64, description="MoE capacity factor with moe_routing "
-                                                                         "capacity; None: the model's, else 1.0")
+    capacity_factor: float | None = Field(None, ge=1.0, le=64, description="MoE capacity factor with moe_routing "
+                                                                           "capacity, 1 to 64 (below 1 drops tokens "
+                                                                           "even when balanced); None: the model's, "
+                                                                           "else 1.0")
     fp8_dispatch: bool | None = Field(None, description="with precision fp8, dispatch in FP8 (combine stays BF16); "
                                                         "None: the stack's")
     tokens: float | None = Field(None, gt=0, description="training tokens")

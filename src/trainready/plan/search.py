@@ -18,6 +18,7 @@ from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
 from .estimate import EstimateResult, assemble, run_cost
+from .efficiency import FP8_RECIPES
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
@@ -350,7 +351,10 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
     log = _InstanceLog()
     base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
     if base is None:
-        log.batch = f"--precision {req.job.precision} is not supported on {inst.gpu}"
+        recipe, arch = req.job.fp8_recipe, catalog.gpu_of(inst).arch
+        log.batch = (f"--fp8-recipe {recipe} runs on Blackwell GPUs only; {inst.gpu} is {arch}"
+                     if recipe and FP8_RECIPES[recipe].blackwell_only and arch != "blackwell" else
+                     f"--precision {req.job.precision} is not supported on {inst.gpu}")
         return [], log, 0
     limit = _limit_gib(req, base.gpu)
     results: list[_Best] = []

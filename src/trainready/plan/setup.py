@@ -17,7 +17,16 @@ from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
 from .presets import generic_model, preset
-from .stacks import DEFAULT_STACK, Resolved, Stack, checkpointing_kind, default_etp, resolve_stack, tp_overlap_of
+from .stacks import (
+    DEFAULT_STACK,
+    Resolved,
+    Stack,
+    checkpointing_kind,
+    default_etp,
+    resolve_stack,
+    stack_warnings,
+    tp_overlap_of,
+)
 
 MIXED = ("bf16", "fp16", "fp8")
 TOKENS_PER_STEP_TARGET = 1_048_576  # default global batch: ~1M tokens per optimizer step
@@ -448,6 +457,10 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)
     if why:
         notes.append(why)
+    recipe = fp8_recipe_of(job, st.stack, gpu, precision)
+    notes += stack_warnings(st.stack, fp8_recipe=recipe if precision == "fp8" else None,
+                            token_drop=model.moe is not None and model.moe.capacity_factor is not None
+                            and (job.moe_routing == "capacity" or job.capacity_factor is not None))
     inter = job.inter_node_gbps or (inst.network_gbps if inst else None)
     if nodes > 1 and inter is None:
         raise UsageError(f"{nodes} nodes need an inter-node bandwidth: the catalog does not know it for "
@@ -461,5 +474,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
-                 pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=fp8_recipe_of(job, st.stack, gpu, precision),
+                 pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=recipe,
                  **moe_comm(job, model, st.stack, precision))

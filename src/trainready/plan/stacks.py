@@ -85,6 +85,10 @@ class Stack:
     (Transformer Engine's fused attention)."""
     fp8_recipe: str = "tensorwise"
     """The FP8 scaling recipe a job with --precision fp8 and no --fp8-recipe gets (efficiency.FP8_RECIPES)."""
+    fp8_recipes: tuple[str, ...] = ()
+    """The FP8 recipes the framework has (empty: not stated); another one is estimated with a warning."""
+    token_drop: bool = False
+    """The framework can drop tokens at a capacity factor (--moe-routing capacity); False: dropless only."""
     tp_overlap: str | None = None
     """How the framework overlaps tensor-parallel communication with the GEMMs (--tp-overlap); None: it has no
     such mode (DeepSpeed AutoTP and transformers' TP plans run each collective after its GEMM)."""
@@ -135,6 +139,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "overlap only with the DualPipeV schedule (pipeline_parallel_expert_parallel_overlap); "
                     "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16",
           expert_tp="whole-under-ep", tp_overlap="async TP (--compile.enable_async_tensor_parallel)",
+          fp8_recipes=("tensorwise", "rowwise", "mxfp8"),  # torchao Float8LinearConfig recipes, MX for Blackwell
           etp_source="torchtitan 0.3.0 distributed/parallel_dims.py: the sparse mesh (pp, dp_replicate, efsdp, ep) "
                      "with efsdp = dp_shard x cp x tp / ep ('EP borrows ranks from FSDP and TP'); "
                      "models/common/moe_sharding.py shards routed experts on EP only, on TP when EP is off; 0.3 "
@@ -152,6 +157,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           expert_tp="tp", fp8_saves_inputs=True, torch_sdpa=False, lora_fp32_adapters=False,
           tp_overlap="--tp-comm-overlap (Transformer Engine userbuffers)",
           fp8_recipe="delayed",  # Megatron-Core TransformerConfig.fp8_recipe default
+          fp8_recipes=("tensorwise", "delayed", "blockwise", "mxfp8"), token_drop=True,
           lora_source="Megatron-Bridge peft/utils.py ParallelLinearAdapter: Megatron-Core parallel linears in the "
                       "model's bf16 (self.bfloat16()); lora_layers.py LoRALinear.forward passes the base linear's "
                       "own input (TE's layernorm output) to the adapter, no cast or copy",
@@ -255,6 +261,18 @@ def tp_overlap_of(asked: bool | None, stack: Stack, tp: int) -> tuple[bool, str 
         return False, (f"--tp-overlap ignored: stack {stack.name} has no tensor-parallel communication overlap; "
                        f"megatron (--tp-comm-overlap) and torchtitan (async TP) have it (--stack)")
     return True, None
+
+
+def stack_warnings(stack: Stack, *, fp8_recipe: str | None, token_drop: bool) -> list[str]:
+    """What the job asks that the stack's framework cannot run: estimated as asked, said as a warning."""
+    out = []
+    if fp8_recipe and stack.fp8_recipes and fp8_recipe not in stack.fp8_recipes:
+        out.append(f"stack {stack.name} has no {fp8_recipe} FP8 recipe ({', '.join(stack.fp8_recipes)}): "
+                   f"estimated as asked")
+    if token_drop and not stack.token_drop:
+        out.append(f"stack {stack.name} routes dropless (no capacity factor): token-drop routing estimated as asked; "
+                   f"Megatron runs it (--stack megatron)")
+    return out
 
 
 def resolve_stack(name: str | None, *, kernels: str | None = None, attention_kernel: str | None = None,

@@ -76,7 +76,10 @@ def front_label(k: int) -> str:
 
 
 def memory_chart(row: Any, memory_margin: float) -> tuple[str | None, Any]:
+    """The row's memory per GPU against its card and the fit rule's limit (the row's own margin and limit, as
+    the table judged it; `memory_margin` where a row carries none)."""
     mem = row.estimate.memory
+    memory_margin = mem.margin if getattr(mem, "margin", None) is not None else memory_margin
     parts = mem.per_gpu_gib
     fig = matplotlib_figure(WIDTH, 2.2, left=0.4, bottom=0.6, right=0.4, top=0.55)
     ax = fig.add_subplot()
@@ -90,7 +93,7 @@ def memory_chart(row: Any, memory_margin: float) -> tuple[str | None, Any]:
     ax.axvline(mem.gpu_gib, color="#222", linewidth=1.5, gid="mark-mem-gpu")
     ax.annotate(f"GPU {mem.gpu_gib:,.1f} GiB", (mem.gpu_gib, 0.3), xytext=(-4, 0), textcoords="offset points",
                 ha="right", fontsize=8)
-    usable = mem.gpu_gib * (1 - memory_margin)
+    usable = mem.limit_gib if getattr(mem, "limit_gib", None) is not None else mem.gpu_gib * (1 - memory_margin)
     if memory_margin > 0:
         ax.axvline(usable, color="#222", linewidth=1.0, linestyle="--")
     ax.set_yticks([])

@@ -58,6 +58,9 @@ FLAGS: dict[str, str | None] = {
 
 def reason(s: Setup) -> str | None:
     m = s.model
+    if m.moe is not None and m.moe.capacity_factor is not None and s.ep > 1 and s.ep_dispatcher == "deepep":
+        return ("Megatron's flex (DeepEP) dispatcher does not pad experts to capacity (TransformerConfig refuses "
+                "moe_pad_expert_input_to_capacity with it): the alltoall dispatcher, or --moe-routing dropless")
     if s.precision == "fp8" and s.fp8_recipe == "rowwise":  # TransformerConfig.fp8_recipe's choices
         return ("Megatron-Core's FP8 recipes are tensorwise, delayed, blockwise and mxfp8; row-wise scaling is "
                 "torchao's: --fp8-recipe blockwise (per-block scales) or tensorwise")
