@@ -22,18 +22,21 @@ from trainready.store.manifest import MANIFEST, FileEntry, Manifest, checkpoint_
 
 FILES = {"__0_0.distcp": 3000, "__1_0.distcp": 2500, ".metadata": 300, "state/rank-00000.json": 120}
 CORRUPT_FILE = "__1_0.distcp"
-NOBODY = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+# Root ignores file permissions through two capabilities; without them, as the owner of the files the tests
+# make, it is held to their mode bits. Dropping them (and not the uid) keeps the checkout readable: a clone in a
+# private directory (mktemp -d, mode 0700) is out of another user's reach, its .venv and sources included.
+NO_DAC_OVERRIDE = ["--bounding-set=-dac_override,-dac_read_search"]
 
 
 def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNULL, cwd=None):
-    """Run `trainready ckpt ARGS` (stdin not a terminal, output in pipes). `unprivileged`: as a
-    user file permissions apply to (root ignores them: then as nobody, through setpriv)."""
+    """Run `trainready ckpt ARGS` (stdin not a terminal, output in pipes). `unprivileged`: with file
+    permissions in force (root ignores them: then without its DAC-override capabilities, through setpriv)."""
     prefix = []
     if unprivileged and os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
         if setpriv is None:
             pytest.skip("running as root without setpriv: file permissions cannot be tested")
-        prefix = [setpriv, *NOBODY]
+        prefix = [setpriv, *NO_DAC_OVERRIDE]
     proc = subprocess.run([*prefix, sys.executable, "-m", "trainready", "ckpt", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, stdin=stdin, cwd=cwd,
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
