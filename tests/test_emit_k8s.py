@@ -488,3 +488,31 @@ def test_docs_examples_match_the_code():
     pc = EmitSpec(**base, region="us-east-1", hot="/scratch", shared_fs="new",
                   capacity_reservation="cr-0123456789abcdef0")
     assert emit("pcluster", pc) in doc, "docs/emit.md: the pcluster example is out of date"
+
+
+@pytest.mark.parametrize("kind", ["k8s", "jobset"])
+def test_env_values_and_odd_words_come_back_as_written(kind):
+    """Kubernetes expands $(VAR) in env[].value as in args: a value must not pull in another variable (a
+    Secret-backed one included); and U+0085/U+2028 must not come back from the YAML as line breaks."""
+    spec = EmitSpec(command=["python", "tr\u0085ain.py", "--tag", "a\u2028b"], nnodes=2, instance="p4d.24xlarge",
+                    env={"LEAK": "$(AWS_SECRET_ACCESS_KEY)", "PLAIN": "1"})
+    docs = [d for d in yaml.safe_load_all(emit(kind, spec)) if d]
+
+    def strings(node):
+        if isinstance(node, dict):
+            return [s for v in node.values() for s in strings(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    found = strings(docs)
+    assert "$$(AWS_SECRET_ACCESS_KEY)" in found and "$(AWS_SECRET_ACCESS_KEY)" not in found
+    assert "tr\x85ain.py" in found and "a\u2028b" in found
+
+
+@pytest.mark.parametrize("kind", ["slurm", "skypilot", "torchrun", "k8s", "jobset", "pcluster"])
+def test_paths_with_control_characters_are_refused_by_every_engine(kind):
+    for field in ("hot", "run_dir", "archive"):
+        value = "/scratch\nrm -rf /" if field != "archive" else "s3://bucket/a\u0085b"
+        with pytest.raises(UsageError, match="control characters"):
+            emit(kind, EmitSpec(command=["python", "train.py"], nnodes=2, instance="p4d.24xlarge", **{field: value}))

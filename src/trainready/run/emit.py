@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 from .settings import node_run_dir
 
@@ -216,6 +216,9 @@ def _validate(spec: EmitSpec) -> None:
                         ("--run-dir", spec.run_dir), ("workdir", spec.workdir)):
         if value is not None and not value:
             raise UsageError(f"{flag} must not be empty")
+        if value is not None and not value.isprintable():  # a newline would break out of a header comment
+            raise UsageError(f"{flag} {printable(value)!r} holds control characters (a line break, a tab, ...): "
+                             f"give a path without them")
     derived = spec.worker_env
     for name in spec.env:
         if not _ENV_NAME_RE.fullmatch(name):

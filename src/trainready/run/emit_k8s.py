@@ -125,7 +125,9 @@ def _args(spec: EmitSpec, *, nnodes: str, rank: str, procs: str, endpoint: str) 
 
 
 def _env(spec: EmitSpec) -> list[dict]:
-    env: list[dict] = [{"name": k, "value": spec.env[k]} for k in sorted(spec.env)]
+    # Kubernetes expands $(VAR) in env[].value too (a value could pull in another variable, a Secret-backed one
+    # included): escaped as the command words are
+    env: list[dict] = [{"name": k, "value": _k8s_word(spec.env[k])} for k in sorted(spec.env)]
     if spec.aws_secret is not None:  # credentials by reference: the Secret's keys, never their values
         for key, optional in (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False),
                               ("AWS_SESSION_TOKEN", True)):
@@ -289,6 +291,14 @@ def dump_yaml(docs: list[dict]) -> str:
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data: object) -> bool:
             return True
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        # PyYAML writes U+0085, U+2028 and U+2029 raw in plain and single-quoted scalars, where a YAML reader
+        # takes them for line breaks: such words, and any with control characters, go double-quoted with escapes
+        quoted = any(c in "\x85\u2028\u2029" or not c.isprintable() for c in value)
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if quoted else None)
+
+    Dumper.add_representer(str, text)
 
     return yaml.dump_all(docs, Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
                          width=1000, explicit_start=True)
