@@ -123,10 +123,12 @@ def test_slurm_command_round_trips_through_shlex():
     assert shlex.split(srun.split(" -- ", 1)[1]) == command
 
 
-def test_slurm_unknown_gpu_count_leaves_it_to_the_launcher(tmp_path):
+def test_slurm_unknown_gpu_count_starts_a_worker_per_gpu_found(tmp_path):
+    """With no GPU count known, each node's launcher starts one worker per GPU it finds ('gpu'), not the
+    single worker of a local `trainready run` (7 GPUs idle on an 8-GPU node)."""
     text = emit("slurm", EmitSpec(command=["python", "t.py"], nnodes=3, instance="some.custom-type"))
     bash_syntax_ok(text, tmp_path)
-    assert "--gpus-per-node" not in text and "--nproc-per-node" not in text and "GRES" not in text
+    assert "--gpus-per-node" not in text and "GRES" not in text and "--nproc-per-node gpu" in text
     assert "#SBATCH --nodes=3" in text and "--instance some.custom-type" in text
 
 
@@ -342,3 +344,17 @@ def test_torchrun_refuses_script_arguments_that_torchrun_itself_would_reject():
         assert args.training_script == "train.py" and args.training_script_args[-2:] == ok[-2:]
     # slurm and skypilot go through `trainready run` (its shim): not affected
     assert "--d 64" in emit("slurm", EmitSpec(command=command))
+
+
+@pytest.mark.parametrize("kind", ["slurm", "torchrun", "k8s", "jobset"])  # pcluster: the cluster, its job is slurm's
+def test_emit_on_the_command_line_uses_every_gpu_of_the_instance(kind, tmp_path):
+    """`run --emit KIND --instance p4d.24xlarge` as docs/emit.md writes it (no --nproc-per-node): 8 workers
+    per node; `run`'s local default of 1 stays for launches on this machine."""
+    from cloud_stubs import invoke
+
+    code, out, err = invoke("run", "--emit", kind, "--instance", "p4d.24xlarge", "--nnodes", "2", "--", "python",
+                            "train.py")
+    assert code == 0, err
+    want = {"k8s": r"numProcPerNode: 8\b", "jobset": r"- --nproc-per-node\n\s+- '8'"}.get(kind, r"--nproc-per-node 8\b")
+    assert re.search(want, out), out
+    assert not re.search(r"--nproc-per-node\s+1\b|numProcPerNode: 1\b|- '1'", out)

@@ -30,7 +30,7 @@ CLUSTER = "Cluster (--emit k8s, jobset, pcluster)"
 
 
 def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMAND...", help="The training command, after `--`.", show_default=False)] = None,
-        nproc_per_node: Annotated[str, typer.Option("--nproc-per-node", help="Worker processes on this node: a number or 'gpu'.", rich_help_panel=LAUNCH)] = "1",
+        nproc_per_node: Annotated[Optional[str], typer.Option("--nproc-per-node", help="Worker processes on this node: a number or 'gpu'. [default: 1; with --emit, one per GPU of --instance]", rich_help_panel=LAUNCH)] = None,
         nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes in the job.", rich_help_panel=LAUNCH)] = 1,
         node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank (0 on the first node).", rich_help_panel=LAUNCH)] = 0,
         rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1.", rich_help_panel=LAUNCH)] = None,

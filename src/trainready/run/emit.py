@@ -385,8 +385,8 @@ def _slurm(spec: EmitSpec) -> str:
         "# SLURM_NODEID differs from node to node, so it is expanded on each node (inside bash -c).",
     ]
     rest = []
-    if nproc is not None:
-        rest.append(f"--nproc-per-node {nproc}")
+    # unknown GPU count: one worker per GPU the node has ('gpu'), never trainready run's local default of 1
+    rest.append(f"--nproc-per-node {nproc if nproc is not None else 'gpu'}")
     rest += [f'--rdzv-endpoint "$head_node:{spec.rdzv_port}"', f"--rdzv-id {rdzv_id}"]
     rest += _pairs(spec.run_options)
     rest.append("-- " + _sh_join(spec.command))

@@ -38,7 +38,8 @@ def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
         from trainready.catalog import load_catalog
 
         load_catalog().instance(opts.instance)  # unknown -> "did you mean"
-    nproc = int(opts.nproc_per_node) if opts.nproc_per_node.isdigit() else None
+    # not given, or 'gpu': one worker per GPU of the instance (emit._nproc), not the single worker of a local run
+    nproc = int(opts.nproc_per_node) if opts.nproc_per_node and opts.nproc_per_node.isdigit() else None
     spec = build_spec(command=opts.command, nnodes=opts.nnodes, nproc_per_node=nproc, rdzv_port=port,
                       rdzv_id=opts.rdzv_id, head_host=host, instance=opts.instance, spot=opts.spot,
                       region=opts.region, job=str(opts.job) if opts.job else None, max_restarts=opts.max_restarts,
