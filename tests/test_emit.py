@@ -358,3 +358,16 @@ def test_emit_on_the_command_line_uses_every_gpu_of_the_instance(kind, tmp_path)
     want = {"k8s": r"numProcPerNode: 8\b", "jobset": r"- --nproc-per-node\n\s+- '8'"}.get(kind, r"--nproc-per-node 8\b")
     assert re.search(want, out), out
     assert not re.search(r"--nproc-per-node\s+1\b|numProcPerNode: 1\b|- '1'", out)
+
+
+def test_emit_refuses_a_worker_count_it_cannot_use_and_control_characters_only(tmp_path):
+    from cloud_stubs import invoke
+
+    code, _, err = invoke("run", "--emit", "slurm", "--nproc-per-node", "foo", "--nnodes", "2", "--", "python", "t.py")
+    assert code == 2 and "--nproc-per-node 'foo': a number >= 1, or 'gpu'" in err
+    # no-break spaces, joiners and other scripts are fine in a path; line breaks and bidi overrides are not
+    text = emit("slurm", EmitSpec(command=["python", "t.py"], nnodes=2, instance="p5.48xlarge",
+                                  hot="/mnt/数据/a\u00a0b/\U0001F469\u200d\U0001F4BB"))
+    assert "--hot" in text
+    with pytest.raises(UsageError, match=r"--hot '/mnt/\\u202eabc' holds a control character"):
+        emit("slurm", EmitSpec(command=["python", "t.py"], nnodes=2, instance="p5.48xlarge", hot="/mnt/\u202eabc"))

@@ -147,12 +147,12 @@ def configure(opts: RunOptions) -> Configured:
         keep_hot=opts.keep_hot, budget_usd=opts.budget_usd, usd_per_hour=price.usd_per_hour, nnodes=opts.nnodes,
         instance=opts.instance, spot=opts.spot, mtbf_h=opts.mtbf_hours, flops_per_token=flops, grace_s=opts.grace_s)
     config: dict[str, Any] = {
-        "nproc_per_node": opts.nproc_per_node or "1", "nnodes": opts.nnodes, "node_rank": opts.node_rank,
+        "nproc_per_node": "1" if opts.nproc_per_node is None else opts.nproc_per_node, "nnodes": opts.nnodes, "node_rank": opts.node_rank,
         "rdzv_endpoint": opts.rdzv_endpoint, "max_restarts": opts.max_restarts, "hot": settings.hot_dir,
         "archive": opts.archive, "ckpt_every": settings.ckpt_every, "instance": opts.instance, "spot": opts.spot,
         "usd_per_hour": price.usd_per_hour, "price_source": price.source, "budget_usd": opts.budget_usd,
         "job": str(opts.job) if opts.job else None, "prediction": prediction}
-    nproc = _nproc(opts.nproc_per_node or "1", gpus_per_node)
+    nproc = _nproc("1" if opts.nproc_per_node is None else opts.nproc_per_node, gpus_per_node)
     preflight.check_torch(nproc)
     spec = LaunchSpec(command=opts.command, settings=settings, nproc_per_node=nproc,
                       nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import unicodedata
 from pathlib import Path
 from typing import Literal
 
@@ -216,9 +217,9 @@ def _validate(spec: EmitSpec) -> None:
                         ("--run-dir", spec.run_dir), ("workdir", spec.workdir)):
         if value is not None and not value:
             raise UsageError(f"{flag} must not be empty")
-        if value is not None and not value.isprintable():  # a newline would break out of a header comment
-            raise UsageError(f"{flag} {printable(value)!r} holds control characters (a line break, a tab, ...): "
-                             f"give a path without them")
+        if value is not None and _has_control(value):  # a newline would break out of a header comment
+            raise UsageError(f"{flag} '{printable(value)}' holds a control character (a line break, a tab, a "
+                             f"bidirectional override): give a path without one")
     derived = spec.worker_env
     for name in spec.env:
         if not _ENV_NAME_RE.fullmatch(name):
@@ -229,6 +230,16 @@ def _validate(spec: EmitSpec) -> None:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _has_control(text: str) -> bool:
+    """Control characters (C0, C1 with U+0085), line and paragraph separators, and bidirectional overrides
+    (which make a path read differently from what it is); other Unicode, no-break spaces and joiners included,
+    is fine in a path."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI_CONTROLS for c in text)
 
 
 def _number(value: float) -> str:

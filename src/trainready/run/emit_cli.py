@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainready.errors import UsageError, closest
+from trainready.errors import UsageError, closest, printable
 
 from . import preflight
 from .configure import RunOptions, default_run_dir
@@ -39,7 +39,10 @@ def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
 
         load_catalog().instance(opts.instance)  # unknown -> "did you mean"
     # not given, or 'gpu': one worker per GPU of the instance (emit._nproc), not the single worker of a local run
-    nproc = int(opts.nproc_per_node) if opts.nproc_per_node and opts.nproc_per_node.isdigit() else None
+    given = opts.nproc_per_node
+    if given is not None and given != "gpu" and not (given.isascii() and given.isdigit()):
+        raise UsageError(f"--nproc-per-node '{printable(given)}': a number >= 1, or 'gpu'")
+    nproc = int(given) if given is not None and given != "gpu" else None
     spec = build_spec(command=opts.command, nnodes=opts.nnodes, nproc_per_node=nproc, rdzv_port=port,
                       rdzv_id=opts.rdzv_id, head_host=host, instance=opts.instance, spot=opts.spot,
                       region=opts.region, job=str(opts.job) if opts.job else None, max_restarts=opts.max_restarts,
