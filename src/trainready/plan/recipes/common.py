@@ -46,6 +46,23 @@ def collective_a2a_reason(s: Setup, who: str) -> str | None:
             f"all-to-all overlap; use --framework megatron")
 
 
+def dropless_reason(s: Setup, who: str) -> str | None:
+    """Frameworks whose MoE routes dropless cannot run a row with token-drop routing at a capacity factor."""
+    if s.model.moe is None or s.model.moe.capacity_factor is None:
+        return None
+    return (f"{who} route dropless; token-drop routing at a capacity factor: --framework megatron, "
+            f"or --moe-routing dropless")
+
+
+def no_tp_overlap_reason(s: Setup, who: str) -> str | None:
+    """Frameworks that run each tensor-parallel collective after its GEMM cannot run a row estimated with it
+    overlapped (--tp-overlap)."""
+    if s.tp == 1 or not s.tp_overlap:
+        return None
+    return (f"{who} run the tensor-parallel collectives after each GEMM, with no overlap (--tp-overlap); "
+            f"use --framework megatron (--tp-comm-overlap) or torchtitan (async TP)")
+
+
 def checkpointing(s: Setup) -> str:
     """none | selective-op | selective-attn | full ("selective" from before stacks existed meant
     Megatron's attention recompute)."""

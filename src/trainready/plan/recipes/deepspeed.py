@@ -13,8 +13,10 @@ from .common import (
     batch_note,
     checkpointing,
     collective_a2a_reason,
+    dropless_reason,
     environment,
     expert_tp_reason,
+    no_tp_overlap_reason,
     torchrun,
 )
 
@@ -27,12 +29,10 @@ AUTOEP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek
 
 
 def reason(s: Setup) -> str | None:
-    if s.model.moe is not None and s.model.moe.capacity_factor is not None:
-        return ("DeepSpeed AutoEP routes dropless (auto_ep_config.py: no capacity factor); token-drop routing at a "
-                "capacity factor: --framework megatron, or --moe-routing dropless")
-    if s.tp > 1 and s.tp_overlap:
-        return ("DeepSpeed AutoTP runs the tensor-parallel collectives after each GEMM, with no overlap (--tp-overlap); "
-                "use --framework megatron (--tp-comm-overlap) or torchtitan (async TP)")
+    why = (dropless_reason(s, "DeepSpeed AutoEP's experts (auto_ep_config.py: no capacity factor)")
+           or no_tp_overlap_reason(s, "DeepSpeed AutoTP's layers"))
+    if why:
+        return why
     if s.cp > 1:
         return ("DeepSpeed's sequence parallelism is Ulysses (an all-to-all of attention heads), not the ring "
                 "context parallelism this row models; use --framework megatron or torchtitan")

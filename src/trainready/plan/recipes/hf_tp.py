@@ -17,8 +17,10 @@ from .common import (
     batch_note,
     checkpointing,
     collective_a2a_reason,
+    dropless_reason,
     environment,
     expert_tp_reason,
+    no_tp_overlap_reason,
     torchrun,
 )
 
@@ -34,12 +36,9 @@ EP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 def reason(s: Setup) -> str | None:
     fam = s.model.family
-    if s.model.moe is not None and s.model.moe.capacity_factor is not None:
-        return ("transformers' MoE blocks route dropless; token-drop routing at a "
-                "capacity factor: --framework megatron, or --moe-routing dropless")
-    if s.tp > 1 and s.tp_overlap:
-        return ("transformers' TP plans run the tensor-parallel collectives after each GEMM, with no overlap "
-                "(--tp-overlap); use --framework megatron (--tp-comm-overlap) or torchtitan (async TP)")
+    why = dropless_reason(s, "transformers' MoE blocks") or no_tp_overlap_reason(s, "transformers' TP plans")
+    if why:
+        return why
     if s.cp > 1:
         return "transformers' TP/FSDP plans have no context parallelism; use --framework megatron or torchtitan"
     if s.method != "full":

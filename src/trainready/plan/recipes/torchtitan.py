@@ -14,7 +14,16 @@ from __future__ import annotations
 import re
 
 from ..setup import Setup
-from .common import Recipe, args_lines, batch_note, checkpointing, environment, expert_tp_reason, torchrun
+from .common import (
+    Recipe,
+    args_lines,
+    batch_note,
+    checkpointing,
+    dropless_reason,
+    environment,
+    expert_tp_reason,
+    torchrun,
+)
 
 NAME = "torchtitan"
 VERSION = "0.3.0"
@@ -35,9 +44,9 @@ CONFIGS: dict[str, tuple[str, str]] = {
 
 def reason(s: Setup) -> str | None:
     m = s.model
-    if s.model.moe is not None and s.model.moe.capacity_factor is not None:
-        return ("torchtitan 0.3's MoE routes dropless (no dispatcher drops tokens); token-drop routing at a "
-                "capacity factor: --framework megatron, or --moe-routing dropless")
+    why = dropless_reason(s, "torchtitan 0.3's MoE dispatchers (none drops tokens)")
+    if why:
+        return why
     if s.method != "full":
         return (f"torchtitan 0.3 has no {s.method} on its command line (LoRA is a model converter in a "
                 f"Python config; no 4-bit base); use --framework deepspeed (PEFT)")
