@@ -18,7 +18,6 @@ from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
 from .estimate import EstimateResult, assemble, run_cost
-from .efficiency import FP8_RECIPES
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
@@ -28,8 +27,10 @@ from .recipes import Recipe, framework_for, framework_reason, recipe_for
 from .setup import (
     Setup,
     default_precision,
+    check_fp8_recipe_precision,
     default_seq_len,
     fp8_recipe_of,
+    fp8_recipe_problem,
     job_stack,
     layout_text,
     moe_comm,
@@ -175,10 +176,9 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
     if not gpu.peak_tflops(precision) and precision != "fp32":
         return None
     st = job_stack(job)
-    try:
-        fp8_recipe = fp8_recipe_of(job, st.stack, gpu, precision)
-    except UsageError:  # a Blackwell-only recipe on another GPU: this instance cannot run the job
-        return None
+    if precision == "fp8" and fp8_recipe_problem(job.fp8_recipe or st.stack.fp8_recipe, gpu):
+        return None  # a Blackwell-only recipe on another GPU: _evaluate_instance says why
+    fp8_recipe = fp8_recipe_of(job, st.stack, gpu, precision)
     setup = Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
                  tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
                  precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=st.reduce_dtype,
@@ -351,10 +351,9 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
     log = _InstanceLog()
     base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
     if base is None:
-        recipe, arch = req.job.fp8_recipe, catalog.gpu_of(inst).arch
-        log.batch = (f"--fp8-recipe {recipe} runs on Blackwell GPUs only; {inst.gpu} is {arch}"
-                     if recipe and FP8_RECIPES[recipe].blackwell_only and arch != "blackwell" else
-                     f"--precision {req.job.precision} is not supported on {inst.gpu}")
+        recipe = req.job.fp8_recipe or job_stack(req.job).stack.fp8_recipe
+        log.batch = ((req.job.precision == "fp8" and fp8_recipe_problem(recipe, catalog.gpu_of(inst)))
+                     or f"--precision {req.job.precision} is not supported on {inst.gpu}")
         return [], log, 0
     limit = _limit_gib(req, base.gpu)
     results: list[_Best] = []
@@ -610,8 +609,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     job = req.job
     model = resolve_model(job)
     stack = job_stack(job)  # an unknown --stack is exit 2 before any search
-    if job.fp8_recipe is not None and job.precision != "fp8":
-        raise UsageError(f"--fp8-recipe {job.fp8_recipe} needs --precision fp8")
+    check_fp8_recipe_precision(job, job.precision)
     if not stack.stack.has_recipe:
         raise UsageError(f"--stack {stack.stack.name} estimates runs of {stack.stack.description.split(':')[0]}, "
                          f"which trainready does not launch (no recipe): use `trainready estimate --stack "

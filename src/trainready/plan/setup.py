@@ -149,15 +149,29 @@ def resolve_model(job: JobSpec) -> ModelSpec:
     return with_routing(_model_of(job), job)
 
 
+def check_fp8_recipe_precision(job: JobSpec, precision: str | None) -> None:
+    """A recipe only means something under fp8: a usage error otherwise."""
+    if job.fp8_recipe is not None and precision != "fp8":
+        runs = f"this job runs {precision}" if precision else "no --precision given"
+        raise UsageError(f"--fp8-recipe {job.fp8_recipe} needs --precision fp8 ({runs})")
+
+
+def fp8_recipe_problem(recipe: str, gpu: Gpu) -> str | None:
+    """Why `gpu` cannot run FP8 recipe `recipe` (None: it can)."""
+    if not FP8_RECIPES[recipe].blackwell_only or gpu.arch == "blackwell":
+        return None
+    valid = ", ".join(n for n, r in FP8_RECIPES.items() if not r.blackwell_only)
+    return (f"--fp8-recipe {recipe} runs on Blackwell GPUs only (Transformer Engine); {gpu.name} is {gpu.arch}: "
+            f"use {valid}")
+
+
 def fp8_recipe_of(job: JobSpec, stack: Stack, gpu: Gpu, precision: str) -> str:
     """The job's FP8 recipe, else the stack's; a usage error where it cannot run."""
-    if job.fp8_recipe is not None and precision != "fp8":
-        raise UsageError(f"--fp8-recipe {job.fp8_recipe} needs --precision fp8 (this job runs {precision})")
+    check_fp8_recipe_precision(job, precision)
     recipe = job.fp8_recipe or stack.fp8_recipe
-    if FP8_RECIPES[recipe].blackwell_only and gpu.arch != "blackwell" and precision == "fp8":
-        valid = ", ".join(n for n, r in FP8_RECIPES.items() if not r.blackwell_only)
-        raise UsageError(f"--fp8-recipe {recipe} runs on Blackwell GPUs only (Transformer Engine); {gpu.name} is "
-                         f"{gpu.arch}: use {valid}")
+    problem = fp8_recipe_problem(recipe, gpu) if precision == "fp8" else None
+    if problem:
+        raise UsageError(problem)
     return recipe
 
 
