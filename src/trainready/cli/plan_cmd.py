@@ -125,7 +125,7 @@ def plan(
     if html is not None:
         from .render_html import plan_html
 
-        plan_html(result, html, console=err if json_out else out, memory_margin=memory_margin)
+        plan_html(result, html, console=err if json_out else out)
     if json_out:
         emit_json(result)
     else:

@@ -64,9 +64,9 @@ def report_html(run_dir: Path, html: Path | None, *, live: bool, console: Consol
     return summary
 
 
-def plan_html(result: Any, html: Path, *, console: Console, memory_margin: float) -> None:
+def plan_html(result: Any, html: Path, *, console: Console) -> None:
     from trainready.report.plan_page import write_plan_page
 
     path = output_file(html, "--html", "report.html")
-    _write(lambda: write_plan_page(result, path, memory_margin=memory_margin), path)
+    _write(lambda: write_plan_page(result, path), path)
     _wrote(console, path, "plan")

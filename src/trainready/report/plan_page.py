@@ -75,11 +75,11 @@ def front_label(k: int) -> str:
     return chr(ord("A") + k) if k < 26 else f"A{k}"
 
 
-def memory_chart(row: Any, memory_margin: float) -> tuple[str | None, Any]:
+def memory_chart(row: Any) -> tuple[str | None, Any]:
     """The row's memory per GPU against its card and the fit rule's limit (the row's own margin and limit, as
-    the table judged it; `memory_margin` where a row carries none)."""
+    the table judged it)."""
     mem = row.estimate.memory
-    memory_margin = mem.margin if getattr(mem, "margin", None) is not None else memory_margin
+    margin = mem.margin
     parts = mem.per_gpu_gib
     fig = matplotlib_figure(WIDTH, 2.2, left=0.4, bottom=0.6, right=0.4, top=0.55)
     ax = fig.add_subplot()
@@ -93,9 +93,8 @@ def memory_chart(row: Any, memory_margin: float) -> tuple[str | None, Any]:
     ax.axvline(mem.gpu_gib, color="#222", linewidth=1.5, gid="mark-mem-gpu")
     ax.annotate(f"GPU {mem.gpu_gib:,.1f} GiB", (mem.gpu_gib, 0.3), xytext=(-4, 0), textcoords="offset points",
                 ha="right", fontsize=8)
-    usable = mem.limit_gib if getattr(mem, "limit_gib", None) is not None else mem.gpu_gib * (1 - memory_margin)
-    if memory_margin > 0:
-        ax.axvline(usable, color="#222", linewidth=1.0, linestyle="--")
+    if margin > 0:
+        ax.axvline(mem.limit_gib, color="#222", linewidth=1.0, linestyle="--")
     ax.set_yticks([])
     ax.set_xlim(0, max(mem.gpu_gib, left) * 1.05)
     style_axes(ax, xlabel="GiB per GPU", ylabel="")
@@ -104,7 +103,7 @@ def memory_chart(row: Any, memory_margin: float) -> tuple[str | None, Any]:
     notes = [f"row #{row.rank}: {s.instance or s.gpu} x {s.nodes} node(s), {s.strategy}, tp {s.tp} pp {s.pp}, "
              f"micro-batch {s.micro_batch}, activation checkpointing {s.activation_checkpointing}; "
              f"peak {parts.peak:,.1f} GiB at {mem.peak_phase}, {mem.headroom_gib:,.1f} GiB free"
-             + (f"; dashed: the {memory_margin:.0%} kept free (--memory-margin)" if memory_margin > 0 else "")]
+             + (f"; dashed: the {margin:.0%} kept free (--memory-margin)" if margin > 0 else "")]
     return to_svg(fig, "memory"), notes
 
 
@@ -117,7 +116,7 @@ def _row_cells(row: Any) -> list[object]:
             "-" if c.total_usd is None else f"${c.total_usd:,.0f}", row.framework, row.why]
 
 
-def plan_page(result: Any, *, memory_margin: float = 0.10) -> str:
+def plan_page(result: Any) -> str:
     require_matplotlib()
     tokens = f"{count_text(result.tokens)} tokens" if result.tokens else "no --tokens (costs per 1B tokens)"
     page = Page(title=f"trainready plan: {result.model}, {result.method}",
@@ -137,7 +136,7 @@ def plan_page(result: Any, *, memory_margin: float = 0.10) -> str:
     if result.rows:
         page.table(["#", "instance", "nodes x GPUs", "strategy", "parallel", "micro-batch", "act. ckpt", "tokens/s",
                     "hours", "cost", "framework", "why"], [_row_cells(r) for r in result.rows], numeric={0, 5, 7, 8, 9})
-        svg, notes = memory_chart(result.rows[0], memory_margin)
+        svg, notes = memory_chart(result.rows[0])
         page.chart("memory", f"Memory per GPU, row #{result.rows[0].rank}", svg, notes)
     else:
         page.unavailable("memory", "Memory per GPU", "nothing fits the constraints: no row to show")
@@ -158,7 +157,7 @@ def plan_page(result: Any, *, memory_margin: float = 0.10) -> str:
     return page.render()
 
 
-def write_plan_page(result: Any, out: Path, *, memory_margin: float = 0.10) -> None:
+def write_plan_page(result: Any, out: Path) -> None:
     from trainready.io import replace_durable
 
-    replace_durable(out, plan_page(result, memory_margin=memory_margin).encode())
+    replace_durable(out, plan_page(result).encode())
