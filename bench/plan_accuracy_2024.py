@@ -8,7 +8,7 @@ estimated (GPU, GPU count, TP, PP, virtual stages, CP, EP, micro-batch, global b
 precision, recompute, stack) and the script prints, per source and overall: the median and 90th-percentile
 absolute error of tokens/s/GPU, the signed median (positive: the planner is optimistic), how many rows the
 memory model says fit (peak <= the card, no margin) and how many pass `plan`'s fit rule (with its default
-margin), and every row.
+margin), the memory model's error against every peak a source publishes, and every row.
 
 Inclusion rule (fixed before the rows were compared with the planner): `included` = yes in the file (the
 layout is published in full and the row measures training steps), and the planner can express it: a model
@@ -148,6 +148,10 @@ def evaluate(r: dict[str, str]) -> dict:
     out["setup"] = setup
     out["pred"] = step.tokens_per_s / setup.n_gpus
     out["peak_gib"] = mem.peak / GiB
+    if r["peak_mem_gib"]:  # the published peak, compared with the same quantity the source reports
+        kind = r["mem_kind"]
+        ours = mem.reserved_peak if kind == "reserved" else mem.allocated_peak if kind == "allocated" else mem.peak
+        out["mem_signed"] = (ours / GiB / float(r["peak_mem_gib"]) - 1) * 100
     out["gpu_gib"] = setup.gpu.memory_gib
     if setup.gpu.name == "h100-80gb" and any(k in r["notes"] for k in ("96 GB", "96GB")):
         # Meta's benchmark H100s are 96 GB HBM2e parts (the row's notes; their published peaks exceed 80 GiB):
@@ -214,6 +218,17 @@ def main() -> None:
     unfit = [x for x in results if x["peak_gib"] > x["gpu_gib"]]
     print(f"  target fit: {len(results) - len(unfit)} of {len(results)} published runs fit by the memory model "
           f"{'PASS' if not unfit else 'MISS'}")
+    print("\nPeak memory against the published peaks (torch's max reserved or allocated, as the source reports)")
+    for name in FILES:
+        sel = [x for x in results if x["row"]["_file"] == name and "mem_signed" in x]
+        if sel:
+            e = [abs(x["mem_signed"]) for x in sel]
+            print(f"  {name:34s} median {statistics.median(e):5.1f}%  p90 {p90(e):5.1f}%  signed median "
+                  f"{statistics.median(x['mem_signed'] for x in sel):+5.1f}%  worst "
+                  f"{max(sel, key=lambda x: abs(x['mem_signed']))['mem_signed']:+5.1f}%  (n={len(sel)})")
+    for x in sorted((x for x in results if "mem_signed" in x), key=lambda x: -abs(x["mem_signed"])):
+        print(f"    {x['mem_signed']:+6.1f}%  published {float(x['row']['peak_mem_gib']):6.1f} GiB "
+              f"{x['row']['mem_kind']:9s} {x['row']['id']}")
     print("\nRows said not to fit (peak > the card):")
     for x in unfit:
         r = x["row"]

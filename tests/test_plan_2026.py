@@ -305,13 +305,15 @@ def test_tp_overlap_is_ignored_with_a_reason_where_it_cannot_apply(catalog):
 def test_lora_adapters_in_the_model_dtype_save_no_copy(catalog):
     kw = dict(model="llama-3.1-8b", gpu="h100-80gb", gpus=1, method="lora", strategy="ddp", micro_batch=2,
               global_batch=32, seq_len=4096)
-    peft, auto = (estimate_memory(_setup(catalog, **kw, stack=st)) for st in ("hf-trainer", "automodel"))
+    peft, auto = (estimate_memory(_setup(catalog, **kw, stack=st, kernels="eager"))
+                  for st in ("hf-trainer", "automodel"))
     # PEFT saves an fp32 copy of every adapted linear's input, 4 x (6 x 4096 + 14336) bytes per token and layer,
-    # while the bf16 tensors only frozen linears read go (two norm outputs, eager's copy before o_proj, the
-    # SwiGLU product): 2 x (2 x 4096 + 4096 + 14336)
-    per_token_layer = 4 * (6 * 4096 + 14336) - 2 * (2 * 4096 + 4096 + 14336)
+    # while the bf16 tensors only frozen linears read go (two norm outputs, the SwiGLU product): 2 x (2 x 4096 +
+    # 14336). SDPA's copy before o_proj goes too, and AutoModel's flash_attention_2 never makes it
+    per_token_layer = 4 * (6 * 4096 + 14336) - 2 * (2 * 4096 + 14336)
     assert peft.activations - auto.activations == pytest.approx(per_token_layer * 8192 * 32, rel=1e-6)
-    # the same tensors as full fine-tuning (both sharded, so both keep a bf16 residual stream)
+    # the same tensors as full fine-tuning under its fused (Liger) norms, which keep their input either way (both
+    # sharded, so both keep a bf16 residual stream)
     lora, full = (estimate_memory(_setup(catalog, **{**kw, "method": m, "strategy": "zero3"}, stack="automodel"))
                   for m in ("lora", "full"))
     assert lora.activations == pytest.approx(full.activations, rel=1e-9)
@@ -471,3 +473,93 @@ def test_routing_and_recipe_combinations_a_framework_cannot_run(catalog):
     r = plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", precision="fp8", fp8_recipe="mxfp8", tokens=1e9,
                                      stack="megatron"), instances=["p5.48xlarge", "p6-b200.48xlarge"]), catalog)
     assert any("Blackwell GPUs only" in x.reason for x in r.excluded if x.instance == "p5.48xlarge")
+
+
+# --- memory as the frameworks allocate it ------------------------------------------------------------------
+
+def _saved_bytes(fn, *args) -> int:
+    """Bytes autograd saves for backward while `fn` runs (each tensor once)."""
+    import torch
+    seen = {}
+
+    def pack(t):
+        seen[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sum(seen.values())
+
+
+def test_a_frozen_norm_weight_saves_no_normalized_copy():
+    """Hugging Face's RMSNorm (fp32 upcast, weight * normalized.to(bf16)) run through autograd: with the weight
+    frozen (LoRA) the bf16 normalized tensor is not saved, as activations._norm_bytes says."""
+    import torch
+    from trainready.plan.activations import _norm_bytes
+    from trainready.plan.presets import preset
+
+    tokens, h = 16, 256
+    x = torch.randn(tokens, h, dtype=torch.bfloat16, requires_grad=True)
+    measured = {}
+    for frozen in (False, True):
+        w = torch.ones(h, dtype=torch.bfloat16, requires_grad=not frozen)
+
+        def rms(x, w=w):
+            hs = x.to(torch.float32)
+            hs = hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return w * hs.to(torch.bfloat16)
+        # less the per-row rsqrt and the weight itself (saved for the input's gradient): bytes per token and unit
+        measured[frozen] = (_saved_bytes(rms, x) - tokens * 4 - h * 2) / (tokens * h)
+    model = preset("llama-3.1-8b")
+    # _norm_bytes also counts the output, which the next linear saves (2 bytes)
+    assert measured[False] + 2 == _norm_bytes(model, "eager", 2, 2, frozen=False) == 8
+    assert measured[True] + 2 == _norm_bytes(model, "eager", 2, 2, frozen=True) == 6
+
+
+def test_torchtitan_drops_the_logits_before_backward(catalog):
+    """torchtitan's train step deletes the model output before loss.backward(): 12 bytes x vocab per token at the
+    peak, where a Hugging Face loop that keeps the output holds the bf16 logits too (14)."""
+    kw = dict(model="llama-3.1-8b", gpu="h100-80gb", gpus=8, strategy="zero3", micro_batch=1, global_batch=8,
+              seq_len=8192, activation_checkpointing="full", kernels="eager", attention_kernel="sdpa",
+              reduce_dtype="fp32")
+    titan, hf = (estimate_memory(_setup(catalog, **kw, stack=st)) for st in ("torchtitan", "hf-trainer"))
+    assert hf.activations - titan.activations == pytest.approx(2 * 128256 * 8192, rel=1e-6)
+
+
+def test_torchtitan_pipeline_stages_stay_gathered_with_unsharded_gradients(catalog):
+    """With PP, torchtitan's FSDP keeps each stage gathered for the whole step (reshard_after_forward False) and
+    accumulates unsharded fp32 gradients until torch.distributed.pipelining's one REDUCE_GRAD: on Llama 3.1 405B,
+    TP 8 PP 8 FSDP 8, the published peak (72.7-84.9 GiB, torchtitan benchmarks 2024-12) is what this model gives,
+    where resharding per block would give half of it."""
+    from trainready.plan.memory import param_counts
+    kw = dict(model="llama-3.1-405b", gpu="h100-80gb", gpus=512, gpus_per_node=8, inter_node_gbps=3200, tp=8, pp=8,
+              strategy="zero3", micro_batch=4, global_batch=256, seq_len=8192, precision="fp8",
+              activation_checkpointing="full")
+    titan, other = (_setup(catalog, **kw, stack=st) for st in ("torchtitan", "hf-trainer"))
+    assert titan.pp_stage_gathered and not other.pp_stage_gathered
+    assert not _setup(catalog, **{**kw, "pp": 1, "global_batch": 256}, stack="torchtitan").pp_stage_gathered
+    local = param_counts(titan).local
+    m_titan, m_other = estimate_memory(titan), estimate_memory(other)
+    assert m_titan.weights - m_other.weights == pytest.approx(2 * local - 2 * 2 * param_counts(titan).block
+                                                             - 2 * param_counts(titan).largest_embedding, rel=1e-6)
+    assert m_titan.gradients == pytest.approx(4 * local, rel=1e-6)
+    assert 72.7 * 0.85 < m_titan.reserved_peak / GiB < 84.9 * 1.1
+    # and the stage is gathered once per step: less FSDP traffic than per micro-batch
+    from trainready.plan.performance import estimate_step
+    assert estimate_step(titan).step_s < estimate_step(titan.with_(stack="hf-trainer")).step_s
+
+
+def test_automodel_trains_in_bf16_and_keeps_ep_split_experts_out_of_fsdp(catalog):
+    """NeMo AutoModel builds models in bf16 (from_config torch_dtype 'auto' -> bf16) and leaves routed experts that
+    PP x EP already split out of FSDP: DeepSeek-V3 on 256 H100 (PP 4, EP 64), as published, fits."""
+    s = _setup(catalog, model="deepseek-v3", gpu="h100-80gb", gpus=256, gpus_per_node=8, inter_node_gbps=3200,
+               pp=4, pp_virtual=8, ep=64, strategy="zero3", micro_batch=1, global_batch=512, seq_len=4096,
+               activation_checkpointing="full", stack="automodel", precision="bf16")
+    assert s.optimizer_dtype == "bf16" and s.expert_dp == 1 and s.pp_stage_gathered
+    assert estimate_memory(s).peak <= s.gpu.memory_gib * GiB
+    fp32 = s.with_(optimizer_dtype="fp32")
+    assert estimate_memory(fp32).peak > estimate_memory(s).peak
+    # an explicit --optimizer-dtype wins, and FP8 keeps fp32 masters
+    assert _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", gpus=8, stack="automodel",
+                  optimizer_dtype="fp32").optimizer_dtype == "fp32"
+    assert _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", gpus=8, stack="automodel",
+                  precision="fp8").optimizer_dtype == "fp32"

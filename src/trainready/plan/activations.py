@@ -38,14 +38,18 @@ from .model_spec import ModelSpec
 ADAPTER_BYTES = 4  # PEFT casts adapter inputs to the adapter dtype, fp32 by default
 
 
-def _norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int, fp8_saved: bool = False) -> int:
-    """Saved by one norm plus its output as the next linear's input (bytes per hidden unit)."""
+def _norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int, fp8_saved: bool = False,
+                frozen: bool = False) -> int:
+    """Saved by one norm plus its output as the next linear's input (bytes per hidden unit). `frozen`: the
+    norm's weight takes no gradient (LoRA), so `weight * normalized` keeps only the weight (autograd saves an
+    operand only for the other operand's gradient)."""
     if fp8_saved:  # TE LayerNormLinear: the norm's input and the FP8 normalized input of the GEMM
         return residual_bytes + 1
     if kernels == "eager" and model.norm == "rmsnorm":
         if residual_bytes == 4:  # autocast: fp32 input, fp32 normalized, bf16 copy for the linear
             return 4 + 4 + act_bytes
-        return 4 + act_bytes + act_bytes  # fp32 upcast, normalized in bf16, weighted output
+        # fp32 upcast, normalized in bf16 (for the weight's gradient), weighted output
+        return 4 + (0 if frozen else act_bytes) + act_bytes
     return residual_bytes + act_bytes
 
 
@@ -68,14 +72,18 @@ def _attention_saved(model: ModelSpec) -> int:
 
 def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                           method: str = "full", dropout: bool = False, flash: bool = True,
-                          seq_len: int = 0, fp8_saved: bool = False, fp32_adapters: bool = True) -> float:
-    """Bytes of activations one transformer block saves per token (no recomputation)."""
+                          seq_len: int = 0, fp8_saved: bool = False, fp32_adapters: bool = True,
+                          attention_copy: bool = True) -> float:
+    """Bytes of activations one transformer block saves per token (no recomputation). `attention_copy`: eager
+    modules copy the attention output (SDPA's batch x heads x seq layout, transposed and made contiguous) for the
+    output projection; False where the kernel returns batch x seq x heads (flash-attn's flash_attn_func, as
+    Hugging Face's flash_attention_2 calls it), which the projection reads as a view."""
     d, f = model.hidden_size, model.ffn_hidden_size
     a, out = act_bytes, attention_out_dim(model)
     fp8_saved = fp8_saved and method == "full"
-    norm = _norm_bytes(model, kernels, residual_bytes, a, fp8_saved)
+    norm = _norm_bytes(model, kernels, residual_bytes, a, fp8_saved, frozen=method in ("lora", "qlora"))
     attn = a * _attention_saved(model) + a * out  # Q, K, V (MLA: and latents) and the output (saved by Flash)
-    if kernels == "eager":
+    if kernels == "eager" and attention_copy:
         attn += a * out  # transpose + contiguous copy fed to the output projection
     if fp8_saved:
         attn += out  # the output projection's FP8 copy of its input
@@ -111,15 +119,19 @@ def layer_input_bytes(model: ModelSpec, residual_bytes: int) -> int:
     return residual_bytes * model.hidden_size
 
 
-def final_norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int) -> int:
-    return _norm_bytes(model, kernels, residual_bytes, act_bytes) * model.hidden_size if model.final_norm else 0
+def final_norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_bytes: int, method: str = "full") -> int:
+    if not model.final_norm:
+        return 0
+    return _norm_bytes(model, kernels, residual_bytes, act_bytes, frozen=method in ("lora", "qlora")) * model.hidden_size
 
 
-def loss_bytes_per_token(model: ModelSpec, act_bytes: int) -> int:
-    """Peak of the logits and cross-entropy buffers per token: low-precision logits kept for
-    the output, fp32 log-softmax saved for backward, and two fp32 gradient buffers while the
-    loss is differentiated (measured on H200: 14 bytes x vocab with bf16)."""
-    return (act_bytes + 12) * model.vocab_size
+def loss_bytes_per_token(model: ModelSpec, act_bytes: int, keeps_logits: bool = True) -> int:
+    """Peak of the logits and cross-entropy buffers per token, reached as the loss is differentiated:
+    the fp32 log-softmax saved for backward and two fp32 gradient buffers (12 bytes x vocab), plus the
+    low-precision logits where the train step still holds them (measured on H200 with a Hugging Face
+    model: 14 bytes x vocab with bf16). The forward's own peak, logits + fp32 copy + log-softmax
+    (act_bytes + 8), is below either."""
+    return ((act_bytes if keeps_logits else 0) + 12) * model.vocab_size
 
 
 def korthikanti_layer_bytes(model: ModelSpec, seq_len: int) -> float:

@@ -69,7 +69,9 @@ class JobSpec(BaseModel):
     global_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per optimizer step")
     seq_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN)
     precision: Precision | None = None
-    optimizer_dtype: Literal["fp32", "bf16"] = "fp32"
+    optimizer_dtype: Literal["fp32", "bf16"] | None = Field(None, description="master weights and Adam states: "
+                                                                        "fp32, or bf16 (pure bf16); None: the "
+                                                                        "stack's (fp32 but for automodel's bf16)")
     reduce_dtype: Literal["fp32", "bf16"] | None = Field(None, description="None: the stack's")
     gather_dtype: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: Checkpointing = "none"

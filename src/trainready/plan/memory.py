@@ -111,6 +111,12 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         linear_per_block = pc.quantized / s.stage_layers
         block_bytes = NF4_BYTES * linear_per_block + 2.0 * (pc.block - linear_per_block)
     units = (2 * block_bytes + 2.0 * pc.largest_embedding) if z3 else 0.0
+    stage_gathered = s.pp_stage_gathered
+    # routed experts outside FSDP (Stack.plain_unsharded_experts): never gathered, gradients in their own dtype
+    plain_experts = pc.expert if (s.expert_dp == 1 and get_stack(s.stack).plain_unsharded_experts) else 0.0
+    if stage_gathered:  # the whole stage stays gathered through the step (Stack.pp_gathers_stage)
+        gathered = pc.local - plain_experts
+        units = block_bytes * gathered / pc.block if s.method == "qlora" and pc.block else 2.0 * gathered
     if s.method != "full":
         base_linear_bytes = NF4_BYTES if s.method == "qlora" else 2.0
         base = pc.quantized * base_linear_bytes + (pc.local - pc.quantized) * 2.0
@@ -127,6 +133,11 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
     weights = _per_gpu(s, pc, w_b, shard_w) + working + units
     grads = _per_gpu(s, pc, g_b, shard_grad)
+    if stage_gathered and s.grad_accum > 1:
+        # unsharded gradients accumulated over the micro-batches (FSDP2 upcasts them to the reduce dtype); the
+        # sharded ones exist only after the step's one reduce-scatter, when these are freed
+        accumulated = (4.0 if s.reduce_dtype == "fp32" else 2.0) * (pc.local - plain_experts) + g_b * plain_experts
+        grads = max(grads, accumulated)
     optim = _per_gpu(s, pc, o_b, shard_opt)
     if s.offload == "none":
         return weights, grads, optim, 0.0
@@ -161,10 +172,12 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     fp32_adapters = stack.lora_fp32_adapters
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
-        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters),
+        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters,
+                                 stack.attention_copy),
                         lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                                       method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
-                                                      fp32_adapters=fp32_adapters))
+                                                      fp32_adapters=fp32_adapters,
+                                                      attention_copy=stack.attention_copy))
 
     layer = per_token(m) / s.tp * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
@@ -190,7 +203,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         saved = in_flight * kept_stage
     else:  # with FlashAttention, selective-attn recompute saves nothing more (no s x s scores)
         saved = layers * layer if not m.is_moe else in_flight * stage
-    loss = tokens * (loss_bytes_per_token(m, a) + final_norm_bytes(m, s.kernels, r, a)) / s.tp
+    loss = tokens * (loss_bytes_per_token(m, a, stack.keeps_logits) + final_norm_bytes(m, s.kernels, r, a, s.method)) / s.tp
     if s.pp > 1:  # the loss lives on the last rank, which holds one micro-batch (interleaved: (v-1) pp + 1 of v)
         n_last = len(pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)[-1])  # uneven stages: the last may be smaller
         last_in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum, rank=s.pp - 1)

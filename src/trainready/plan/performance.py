@@ -417,6 +417,15 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             exposed_mb += max(0.0, rs - mb.bwd_s) + rs / max(1, layers)
             overlapped_mb += min(rs, mb.bwd_s)
             exposed_step += ag
+        elif s.pp_stage_gathered:
+            # the stage is gathered once, behind the first micro-batch's forward, and its gradients reduced once,
+            # after the last backward (torch.distributed.pipelining's REDUCE_GRAD action, perform_reduce_grad):
+            # nothing is left to hide that reduce-scatter behind
+            ag = coll("allgather", gather_bytes)
+            rs = coll("reducescatter", g_bytes * train)
+            comm_total += ag + rs
+            exposed_step += max(0.0, ag - mb.fwd_s) + ag / max(1, layers) + rs
+            overlapped_mb += min(ag, mb.fwd_s) / s.grad_accum
         else:  # zero3 / FSDP: gather before forward and backward, reduce-scatter grads
             ag = coll("allgather", gather_bytes)
             rs = coll("reducescatter", g_bytes * train)

@@ -38,7 +38,7 @@ from .setup import (
     resolve_model,
     tp_splits_heads,
 )
-from .stacks import STACKS, attention_assumption, default_etp, get_stack, tp_overlap_of
+from .stacks import STACKS, attention_assumption, default_etp, get_stack, optimizer_dtype_of, tp_overlap_of
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -181,7 +181,8 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
     fp8_recipe = fp8_recipe_of(job, st.stack, gpu, precision)
     setup = Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
                  tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
-                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=st.reduce_dtype,
+                 precision=precision, optimizer_dtype=optimizer_dtype_of(job.optimizer_dtype, st.stack, precision),
+                 reduce_dtype=st.reduce_dtype,
                  gather_dtype=job.gather_dtype, checkpointing="none", offload="none", method=job.method,
                  lora_rank=job.lora_rank, kernels=st.kernels, attention_kernel=st.attention_kernel,
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,

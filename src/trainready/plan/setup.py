@@ -23,6 +23,8 @@ from .stacks import (
     Stack,
     checkpointing_kind,
     default_etp,
+    get_stack,
+    optimizer_dtype_of,
     resolve_stack,
     stack_warnings,
     tp_overlap_of,
@@ -90,6 +92,13 @@ class Setup:
         dp x cp (context-parallel ranks hold the same weights: Megatron's data-parallel-with-context group,
         torchtitan's FSDP mesh dp_shard x cp)."""
         return self.dp * self.cp
+
+    @property
+    def pp_stage_gathered(self) -> bool:
+        """ZeRO-3/FSDP under pipeline stages on a stack that keeps each stage's parameters gathered through the
+        step and reduces gradients once, after the last micro-batch (Stack.pp_gathers_stage; torchtitan)."""
+        return (self.strategy == "zero3" and self.pp > 1 and self.offload == "none"
+                and get_stack(self.stack).pp_gathers_stage)
 
     @property
     def local_tokens(self) -> int:
@@ -448,7 +457,8 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     etp = job.etp if job.etp is not None else default_etp(st.stack, job.tp, job.ep)
     _check_ep(model, job.ep, etp, job.tp, dp, per_node)
     precision = job.precision or default_precision(gpu)
-    _check_precision(gpu, precision, job.optimizer_dtype)
+    optimizer_dtype = optimizer_dtype_of(job.optimizer_dtype, st.stack, precision)
+    _check_precision(gpu, precision, optimizer_dtype)
     _check_offload(strategy, job.offload, job.method)
     seq_len = job.seq_len or default_seq_len(model)
     _check_cp(cp, seq_len, n_gpus, job.tp * job.pp)
@@ -481,7 +491,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                          f"{inst.name if inst else gpu.name}; give --inter-node-gbps")
     return Setup(model=model, gpu=gpu, instance=inst, nodes=nodes, gpus_per_node=per_node, dp=dp, tp=job.tp,
                  pp=job.pp, strategy=strategy, micro_batch=micro, grad_accum=accum, seq_len=seq_len,
-                 precision=precision, optimizer_dtype=job.optimizer_dtype, reduce_dtype=st.reduce_dtype,
+                 precision=precision, optimizer_dtype=optimizer_dtype, reduce_dtype=st.reduce_dtype,
                  gather_dtype=job.gather_dtype,
                  checkpointing=ckpt, offload=job.offload, method=job.method,
                  lora_rank=job.lora_rank, kernels=st.kernels,

@@ -99,6 +99,23 @@ class Stack:
     for backward) and running fp32 matmuls (plan/activations.py, performance._adapter_time); False: adapters in
     the model's dtype reading the very tensor the frozen linear reads (saved once, nothing copied)."""
     lora_source: str = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
+    param_dtype: Literal["fp32", "bf16"] = "fp32"
+    """The dtype the framework builds parameters in for a bf16 job that gives no --optimizer-dtype: fp32 master
+    weights under autocast or FSDP mixed precision, or bf16 parameters with bf16 Adam states (pure bf16)."""
+    pp_gathers_stage: bool = False
+    """With pipeline stages, ZeRO-3/FSDP keeps the stage's parameters gathered from the first micro-batch's forward
+    to the end of the step and accumulates unsharded gradients (in the reduce dtype) over the micro-batches,
+    reducing them once (plan/memory.py); False: parameters are resharded after each use."""
+    plain_unsharded_experts: bool = False
+    """Routed experts that EP and PP alone already split (expert data-parallel size 1) are left out of FSDP: no
+    gathered copy, gradients kept in the parameters' dtype; False: FSDP wraps them over a mesh of one."""
+    attention_copy: bool = True
+    """Eager modules copy the attention output before the output projection (SDPA's layout, transposed and made
+    contiguous: saved twice); False: the kernel's output is read as a view (plan/activations.py)."""
+    keeps_logits: bool = True
+    """The train step holds the model's low-precision logits while the loss is differentiated (Hugging Face
+    models return them in their output, which the training loop keeps); False: the loop drops them before
+    backward, leaving the fp32 log-softmax and its gradients (plan/activations.loss_bytes_per_token)."""
     fp8_saves_inputs: bool = False
     """Under --precision fp8 each linear saves its input for backward in FP8 (Transformer Engine's Linear and
     LayerNormLinear keep the quantized input they cast; plan/activations.py); False: bf16 inputs are kept
@@ -140,6 +157,13 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16",
           expert_tp="whole-under-ep", tp_overlap="async TP (--compile.enable_async_tensor_parallel)",
           fp8_recipes=("tensorwise", "rowwise", "mxfp8"),  # torchao Float8LinearConfig recipes, MX for Blackwell
+          # train.py (Dec 2024, 9dec370ad26b) and trainer.py (2026): "del pred" before loss.backward(); loss_fn
+          # upcasts the logits with .float() in eager mode
+          keeps_logits=False,
+          # parallelize_llama.py apply_fsdp (9dec370ad26b) and distributed/fsdp.py (2026): reshard_after_forward is
+          # False when PP is enabled, "to avoid per-microbatch all-gathers"; the pipeline schedule turns gradient
+          # sync off until the last micro-batch, so FSDP2 accumulates unsharded gradients in the reduce dtype
+          pp_gathers_stage=True,
           etp_source="torchtitan 0.3.0 distributed/parallel_dims.py: the sparse mesh (pp, dp_replicate, efsdp, ep) "
                      "with efsdp = dp_shard x cp x tp / ep ('EP borrows ranks from FSDP and TP'); "
                      "models/common/moe_sharding.py shards routed experts on EP only, on TP when EP is off; 0.3 "
@@ -164,15 +188,31 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           etp_source="megatron/training/arguments.py and ModelParallelConfig.__post_init__: "
                      "expert_tensor_parallel_size defaults to tensor_model_parallel_size; --expert-tensor-parallel-"
                      "size 1 with TP > 1 is MoE parallel folding (Liu et al. 2025, arXiv 2504.14960)"),
-    Stack("automodel", kernels="eager", attention_kernel="flash2", reduce_dtype="bf16", selective=None,
-          description="NVIDIA NeMo AutoModel: Hugging Face model classes under FSDP2, FlashAttention-2, adapters in "
+    Stack("automodel", kernels="fused", attention_kernel="flash2", reduce_dtype="bf16", selective=None,
+          description="NVIDIA NeMo AutoModel: Hugging Face model classes with Liger's fused kernels (or its own "
+                      "models with Transformer Engine's) under FSDP2, FlashAttention-2, bf16 parameters, adapters in "
                       "the model's dtype",
           source="NVIDIA-NeMo/Automodel @2013a4dd: components/distributed/config.py FSDP2Config MixedPrecisionPolicy "
                  "(param and reduce bf16); _transformers/kernel_patches.py: attn_implementation flash_attention_2 "
                  "when flash-attn is installed (it is in NVIDIA's containers; its kernels are FlashAttention-2's on "
-                 "Hopper too); activation checkpointing wraps whole layers",
+                 "Hopper too), and _patch_liger_kernel (use_liger_kernel=True by default) swaps a Hugging Face "
+                 "model's RMSNorm, SwiGLU MLP and RoPE for Liger's fused kernels (liger-kernel is in the dev group "
+                 "that docker/Dockerfile installs with uv sync --all-groups); its own models take rms_norm/linear "
+                 "'te'; activation checkpointing wraps whole layers",
           ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", lora_fp32_adapters=False,
           has_recipe=False,
+          # _transformers/auto_model.py: from_pretrained/from_config torch_dtype "auto" -> the checkpoint's dtype,
+          # bf16 for a config; FSDP2 casts nothing up, so torch.optim.AdamW keeps its states in bf16 too
+          param_dtype="bf16",
+          # components/distributed/parallelizer.py (dense: reshard_after_forward = False with PP) and
+          # components/moe/config.py (reshard_after_forward: False); PP through torch.distributed.pipelining
+          pp_gathers_stage=True,
+          # components/moe/parallelizer.py apply_fsdp (79d0ccfd, 2025-10): "If FSDP is disabled for grouped experts
+          # because the parameters are already fully sharded by PP and EP ... remove the parameters from FSDP"
+          plain_unsharded_experts=True,
+          # transformers integrations/flash_attention.py returns flash_attn_func's batch x seq x heads output, which
+          # the attention module reshapes (a view) for o_proj; sdpa_attention_forward transposes and copies
+          attention_copy=False,
           lora_source="Automodel components/_peft/lora.py: adapter dtype = lora_dtype or the base weight's dtype "
                       "(bf16); lora_B(lora_A(x)) on the base linear's own x",
           etp_source="assumed as torchtitan (FSDP2 + EP, experts whole under EP): not read in Automodel's source"),
@@ -261,6 +301,14 @@ def tp_overlap_of(asked: bool | None, stack: Stack, tp: int) -> tuple[bool, str 
         return False, (f"--tp-overlap ignored: stack {stack.name} has no tensor-parallel communication overlap; "
                        f"megatron (--tp-comm-overlap) and torchtitan (async TP) have it (--stack)")
     return True, None
+
+
+def optimizer_dtype_of(asked: str | None, stack: Stack, precision: str) -> str:
+    """The master-weight and Adam dtype: the job's, else the stack's for bf16 jobs (pure bf16 has no FP8 or
+    fp16 variant: their runs keep fp32 masters)."""
+    if asked is not None:
+        return asked
+    return stack.param_dtype if precision == "bf16" else "fp32"
 
 
 def stack_warnings(stack: Stack, *, fp8_recipe: str | None, token_drop: bool) -> list[str]:
