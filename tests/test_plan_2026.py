@@ -563,3 +563,17 @@ def test_automodel_trains_in_bf16_and_keeps_ep_split_experts_out_of_fsdp(catalog
                   optimizer_dtype="fp32").optimizer_dtype == "fp32"
     assert _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", gpus=8, stack="automodel",
                   precision="fp8").optimizer_dtype == "fp32"
+
+
+def test_megatron_keeps_its_gradients_in_the_reduce_dtype(catalog):
+    """Megatron-Core's contiguous gradient buffer is fp32 only with grad_reduce_in_fp32 (else the bf16 param dtype):
+    Llama 3.1 405B on 128 B200 (TP4 PP8 VP8 CP2, distributed optimizer, bf16 reduce) ran as Megatron-Bridge 25.11
+    published it, and fits; FSDP keeps fp32 gradient shards whatever it reduces in (without PP)."""
+    kw = dict(model="llama-3.1-405b", gpu="b200", gpus=128, gpus_per_node=8, inter_node_gbps=3200, tp=4, pp=8,
+              pp_virtual=8, cp=2, strategy="zero1", micro_batch=1, global_batch=64, seq_len=8192, precision="fp8")
+    bf16, fp32 = (estimate_memory(_setup(catalog, **kw, stack="megatron", reduce_dtype=r)) for r in ("bf16", "fp32"))
+    assert fp32.gradients == pytest.approx(2 * bf16.gradients, rel=1e-9)
+    assert bf16.peak <= catalog.gpu("b200").memory_gib * GiB < fp32.peak
+    fsdp = dict(model="llama-3.1-8b", gpu="h100-80gb", gpus=8, strategy="zero3", micro_batch=1, global_batch=16)
+    titan = {r: estimate_memory(_setup(catalog, **fsdp, stack="torchtitan", reduce_dtype=r)) for r in ("bf16", "fp32")}
+    assert titan["bf16"].gradients == pytest.approx(titan["fp32"].gradients, rel=1e-9)

@@ -127,6 +127,8 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     pure = s.optimizer_dtype == "bf16"
     mixed = s.precision in MIXED
     w_b, g_b, o_b = (2, 2, 4) if pure else (4, 4, 8)  # master/param, grad, Adam states
+    if not pure and s.reduce_dtype == "bf16" and get_stack(s.stack).grads_in_reduce_dtype:
+        g_b = 2  # a bf16 gradient buffer beside fp32 masters (Stack.grads_in_reduce_dtype)
     working = 2.0 * pc.local if (mixed and not pure and not z3) else 0.0
     shard_opt = dp if s.strategy != "ddp" else 1
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1

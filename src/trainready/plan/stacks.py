@@ -102,6 +102,9 @@ class Stack:
     param_dtype: Literal["fp32", "bf16"] = "fp32"
     """The dtype the framework builds parameters in for a bf16 job that gives no --optimizer-dtype: fp32 master
     weights under autocast or FSDP mixed precision, or bf16 parameters with bf16 Adam states (pure bf16)."""
+    grads_in_reduce_dtype: bool = False
+    """Full fine-tuning keeps its gradients in a buffer of the reduce dtype (bf16 when the job reduces in bf16);
+    False: in fp32, as autocast's fp32 parameters and FSDP's fp32 shards have them."""
     pp_gathers_stage: bool = False
     """With pipeline stages, ZeRO-3/FSDP keeps the stage's parameters gathered from the first micro-batch's forward
     to the end of the step and accumulates unsharded gradients (in the reduce dtype) over the micro-batches,
@@ -187,7 +190,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                       "own input (TE's layernorm output) to the adapter, no cast or copy",
           etp_source="megatron/training/arguments.py and ModelParallelConfig.__post_init__: "
                      "expert_tensor_parallel_size defaults to tensor_model_parallel_size; --expert-tensor-parallel-"
-                     "size 1 with TP > 1 is MoE parallel folding (Liu et al. 2025, arXiv 2504.14960)"),
+                     "size 1 with TP > 1 is MoE parallel folding (Liu et al. 2025, arXiv 2504.14960)",
+          # megatron/core/distributed/distributed_data_parallel.py: grad_dtype = torch.float if
+          # ddp_config.grad_reduce_in_fp32 else param.dtype (the contiguous grad buffer)
+          grads_in_reduce_dtype=True),
     Stack("automodel", kernels="fused", attention_kernel="flash2", reduce_dtype="bf16", selective=None,
           description="NVIDIA NeMo AutoModel: Hugging Face model classes with Liger's fused kernels (or its own "
                       "models with Transformer Engine's) under FSDP2, FlashAttention-2, bf16 parameters, adapters in "
