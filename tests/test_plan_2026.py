@@ -473,6 +473,11 @@ def test_routing_and_recipe_combinations_a_framework_cannot_run(catalog):
     r = plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", precision="fp8", fp8_recipe="mxfp8", tokens=1e9,
                                      stack="megatron"), instances=["p5.48xlarge", "p6-b200.48xlarge"]), catalog)
     assert any("Blackwell GPUs only" in x.reason for x in r.excluded if x.instance == "p5.48xlarge")
+    # a framework that refuses the recipe on every GPU that has FP8 is a usage error, whatever the GPUs without FP8
+    # (which form no configuration) say
+    with pytest.raises(UsageError, match="--framework megatron cannot run this job: Megatron-Core's FP8 recipes"):
+        plan(PlanRequest(job=JobSpec(model="llama-3.1-8b", precision="fp8", fp8_recipe="rowwise", tokens=1e9),
+                         framework="megatron"), catalog)
 
 
 # --- memory as the frameworks allocate it ------------------------------------------------------------------

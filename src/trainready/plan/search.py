@@ -596,7 +596,9 @@ def _framework_only(log: _InstanceLog) -> str | None:
 
 def _refuse_static_conflict(req: PlanRequest, rows: list, whys: list[str | None]) -> None:
     """--framework X with a job X can never run (e.g. megatron with LoRA) is a usage error, not
-    "nothing fits": every instance was excluded by the framework alone, for one and the same reason."""
+    "nothing fits": every instance that formed configurations was excluded by the framework alone, for one and
+    the same reason."""
+    whys = [w for w in whys if w != ""]
     if rows or req.framework == "auto" or not whys:
         return
     distinct = set(whys)
@@ -649,7 +651,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         searched += n
         if not found:
             excluded.append(Exclusion(instance=inst.name, reason=_exclusion_reason(req, inst, log, model, catalog)))
-            framework_whys.append(_framework_only(log))
+            # "": no configuration formed at all (the GPU cannot run the precision): no say either way
+            framework_whys.append(_framework_only(log) if n or log.framework else "")
         candidates.extend(found)
     # best configuration per (instance, nodes), then the top rows overall
     # ranked with the handicap for machinery (COMPLEXITY), so a simpler setup within it comes first

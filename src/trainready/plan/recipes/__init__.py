@@ -23,8 +23,7 @@ CHOICES: tuple[str, ...] = ("auto", *FRAMEWORKS)
 # PEFT); torchtitan for what it alone has here (op-level selective recompute, pure bf16, tp x pp
 # with FSDP); Megatron for its attention recompute and fp8; transformers' plans last.
 AUTO_ORDER: tuple[str, ...] = ("deepspeed", "torchtitan", "megatron", "hf-tp")
-_STACK_FRAMEWORK = {"torchtitan": "torchtitan", "torchtitan-compile": "torchtitan", "megatron": "megatron",
-                    "deepspeed": "deepspeed"}
+_STACK_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron", "deepspeed": "deepspeed"}
 _OWN_STACK = {"torchtitan": "torchtitan", "megatron": "megatron", "deepspeed": "deepspeed", "hf-tp": "hf-trainer"}
 
 __all__ = ["AUTO_ORDER", "CHOICES", "FRAMEWORKS", "Recipe", "framework_for", "framework_reason", "recipe_for"]
