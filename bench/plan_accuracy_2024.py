@@ -14,7 +14,12 @@ Inclusion rule (fixed before the rows were compared with the planner): `included
 layout is published in full and the row measures training steps), and the planner can express it: a model
 preset exists, the GPU is in the catalog, the precision is bf16 or FP8 (tensor-wise or row-wise scaling,
 or MXFP8, estimated as `--precision fp8` with the row's `--fp8-recipe`; NVFP4 is not modelled), and the
-layout resolves. Rows left out are listed with the reason.
+layout resolves. Two clauses were added on 2026-12-06, when GB200 entered the catalog, for what the model
+has no shape for: a GB200 run within one NVL72 rack is one 72-GPU NVLink domain, and one across racks is
+left out (decided before any GB200 row was compared); a run that offloads activations to host memory
+(Megatron's activation CPU offloading, MoE paged stash) is left out (added after the first comparison put
+two GB200 rows at 389 and 212 GiB on 185 GiB cards: their recipes turn those offloads on). Rows left out
+are listed with the reason.
 
 Attention kernel: where a row's attention went through torch's SDPA (torchtitan, torchao, Hugging Face
 stacks) on a torch release the source names and that release predates cuDNN as SDPA's choice on
@@ -52,6 +57,7 @@ FILES = ("megatron_bridge.csv", "published_2024_2026.csv")
 CATALOG = load_catalog()
 DENSE_TARGET, MOE_TARGET = (5.0, 12.0), (10.0, 20.0)
 H100_96GB_GIB = 96e9 / 2**30
+NVL72 = 72  # GPUs in one GB200 NVL72 NVLink domain
 
 
 def _checkpointing(recompute: str) -> str:
@@ -101,10 +107,19 @@ def job_of(r: dict[str, str]) -> JobSpec:
         preset(r["model"])
     except UsageError:
         raise UsageError(f"no preset for {r['model']}") from None
+    offload = re.search(r"cpu_offloading_num_layers|moe_paged_stash", r["notes"])
+    if offload:  # Megatron's activation CPU offloading / MoE paged stash with a host tier
+        raise UsageError(f"activations offloaded to host memory ({offload.group(0)}) are not modelled")
     if r["gpu"] not in CATALOG.gpus:
         raise UsageError(f"GPU {r['gpu'] or '(not published)'} is not in the catalog")
     n = int(r["num_gpus"])
     per_node = int(r["gpus_per_node"] or 8)
+    if r["gpu"] == "gb200":
+        # a GB200 NVL72 rack is one NVLink domain of 72 GPUs (18 trays of 4): a run inside one rack is one "node"
+        # here; one across racks mixes the NVLink domain with the racks' network, which the model has no shape for
+        if n > NVL72:
+            raise UsageError(f"{n} GB200 GPUs span NVL72 racks (NVLink inside, InfiniBand between): not modelled")
+        per_node = n
     kw: dict = dict(model=r["model"], gpu=r["gpu"], gpus=n, gpus_per_node=min(per_node, n),
                     strategy=r["sharding"] or "zero1", tp=int(r["tp"] or 1), pp=int(r["pp"] or 1),
                     cp=int(r["cp"] or 1), ep=int(r["ep"] or 1), micro_batch=int(r["micro_batch"]),

@@ -152,3 +152,16 @@ def test_hf_config_name_with_control_characters_is_escaped(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**CONFIGS["llama"][0], "_name_or_path": "evil\x1b]0;owned\x07\nmodel"}))
     assert load_hf_config(path).name == "evil\\x1b]0;owned\\x07\\x0amodel"
+
+
+def test_nemotron_4_presets_match_their_reports():
+    """Nemotron-4 340B Technical Report (arXiv 2406.11704), Sec. 2.1: 9.4 billion embedding and 331.6 billion
+    non-embedding parameters; Nemotron-4 15B Technical Report (arXiv 2402.16819), Sec. 2: 12.5 billion
+    non-embedding parameters (its 3.2B embedding figure is 256,000 x 6,144 x 2 = 3.15B rounded up)."""
+    big, small = preset("nemotron-4-340b"), preset("nemotron-4-15b")
+    assert round(big.embedding_params() / 1e9, 1) == 9.4
+    assert round((big.param_count() - big.embedding_params()) / 1e9, 1) == 331.6
+    assert round((small.param_count() - small.embedding_params()) / 1e9, 1) == 12.5
+    assert 3.1e9 < small.embedding_params() < 3.2e9
+    # squared ReLU, not gated: two matrices per MLP, and LayerNorm
+    assert not big.gated_mlp and big.norm == "layernorm"

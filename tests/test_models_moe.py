@@ -271,3 +271,12 @@ def test_catalog_models_table_shows_active_parameters_at_80_columns():
         row = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
         assert f"{m.param_count() / 1e9:,.2f}B" in row and f"{m.active_param_count() / 1e9:,.2f}B" in row
     assert json.loads(_cli("catalog", "models", "--json"))["schema_version"] == 1
+
+
+def test_kimi_k2_is_deepseek_v3_with_384_experts():
+    """moonshotai/Kimi-K2 model card: 1T total, 32B activated (the K2 report, arXiv 2507.20534, prints 1.04T,
+    which this shape without a multi-token-prediction layer does not reach: 1.026T)."""
+    m = preset("kimi-k2")
+    assert m.mla is not None and m.moe.num_experts == 384 and m.moe.first_dense_layers == 1
+    assert 1.0e12 < m.param_count() < 1.04e12
+    assert _within_printed_digit(m.active_param_count(), "32")

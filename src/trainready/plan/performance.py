@@ -401,7 +401,10 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     exposed_mb = overlapped_mb = exposed_step = comm_total = 0.0
     if dp > 1:
         if s.strategy in ("ddp", "zero1"):
-            ar = coll("allreduce", g_bytes * train)
+            # DDP all-reduces the gradients; ZeRO-1 reduce-scatters them to the optimizer shards and all-gathers the
+            # updated 16-bit parameters: DP's volume (Rajbhandari et al. 2020, Sec. 7.2.1; Megatron's distributed
+            # optimizer), reduced during the last micro-batch's backward
+            ar = coll("allreduce" if s.strategy == "ddp" else "reducescatter", g_bytes * train)
             comm_total += ar
             exposed_step += max(0.0, ar - mb.bwd_s) + ar / max(1, layers)
             overlapped_step = min(ar, mb.bwd_s)
@@ -409,7 +412,11 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             if s.strategy == "zero1":
                 ag = coll("allgather", 2.0 * train)
                 comm_total += ag
-                exposed_step += ag
+                if get_stack(s.stack).param_gather_overlap:  # behind the next step's first forward
+                    exposed_step += max(0.0, ag - mb.fwd_s) + ag / max(1, layers)
+                    overlapped_mb += min(ag, mb.fwd_s) / s.grad_accum
+                else:
+                    exposed_step += ag
         elif s.strategy == "zero2":
             rs = coll("reducescatter", g_bytes * train)
             ag = coll("allgather", 2.0 * train)

@@ -485,11 +485,11 @@ def _way_forward(req: PlanRequest, model, gpu) -> str:
 
 
 def _over_limits(req: PlanRequest, over: list[_Best]) -> str:
-    """Why no setup of an instance meets --max-usd / --deadline-hours, in the figures the rows
-    would show: its cheapest and its fastest setup as the unconstrained plan picks them."""
-    priced = _best_per_nodes([c for c in over if c.usd is not None], lambda c: c.usd).values()
-    cheapest = min(priced, key=lambda c: (_adjusted(c, c.usd), c.hours)) if priced else None  # as plan ranks
-    fastest = min(_best_per_nodes(over, lambda c: c.hours).values(), key=lambda c: c.hours)
+    """Why no setup of an instance meets --max-usd / --deadline-hours: its cheapest and its fastest setup, the
+    very ones the limits were compared with (not the simpler setups the ranking may prefer within its margin)."""
+    priced = [c for c in over if c.usd is not None]
+    cheapest = min(priced, key=lambda c: (c.usd, c.hours)) if priced else None
+    fastest = min(over, key=lambda c: (c.hours, c.usd if c.usd is not None else float("inf")))
     what = "costs" if req.job.tokens else "costs per 1B tokens"
     parts = []
     if req.max_usd is not None and cheapest is not None and cheapest.usd > req.max_usd:

@@ -105,6 +105,9 @@ class Stack:
     grads_in_reduce_dtype: bool = False
     """Full fine-tuning keeps its gradients in a buffer of the reduce dtype (bf16 when the job reduces in bf16);
     False: in fp32, as autocast's fp32 parameters and FSDP's fp32 shards have them."""
+    param_gather_overlap: bool = False
+    """ZeRO-1's all-gather of the updated parameters runs behind the next step's first forward (Megatron's
+    --overlap-param-gather); False: it runs after the optimizer step, exposed."""
     pp_gathers_stage: bool = False
     """With pipeline stages, ZeRO-3/FSDP keeps the stage's parameters gathered from the first micro-batch's forward
     to the end of the step and accumulates unsharded gradients (in the reduce dtype) over the micro-batches,
@@ -193,7 +196,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                      "size 1 with TP > 1 is MoE parallel folding (Liu et al. 2025, arXiv 2504.14960)",
           # megatron/core/distributed/distributed_data_parallel.py: grad_dtype = torch.float if
           # ddp_config.grad_reduce_in_fp32 else param.dtype (the contiguous grad buffer)
-          grads_in_reduce_dtype=True),
+          grads_in_reduce_dtype=True,
+          # Megatron-Bridge recipes/common.py DistributedDataParallelConfig(overlap_grad_reduce=True,
+          # overlap_param_gather=True); trainready's megatron recipe passes --overlap-param-gather with dp > 1
+          param_gather_overlap=True),
     Stack("automodel", kernels="fused", attention_kernel="flash2", reduce_dtype="bf16", selective=None,
           description="NVIDIA NeMo AutoModel: Hugging Face model classes with Liger's fused kernels (or its own "
                       "models with Transformer Engine's) under FSDP2, FlashAttention-2, bf16 parameters, adapters in "
