@@ -51,6 +51,12 @@ class ParamCounts:
 
 
 def param_counts(s: Setup) -> ParamCounts:
+    """The parameter counts of `s`'s worst stage (memoised: the same for every micro-batch and strategy)."""
+    return moe._memo(s.model, ("param_counts", s.tp, s.pp, s.pp_virtual, s.ep, s.expert_tp, s.method, s.lora_rank),
+                     lambda: _param_counts(s))
+
+
+def _param_counts(s: Setup) -> ParamCounts:
     m = s.model
     layers = s.stage_layers  # the largest pipeline stage (setup.pipeline_split)
     block = m.block_params() / s.tp if not m.is_moe else 0.0  # MoE: moe.stage_params below

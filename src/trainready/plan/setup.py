@@ -34,7 +34,7 @@ MIXED = ("bf16", "fp16", "fp8")
 TOKENS_PER_STEP_TARGET = 1_048_576  # default global batch: ~1M tokens per optimizer step
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Setup:
     """One concrete configuration: everything the memory and speed models need."""
 
@@ -139,8 +139,10 @@ class Setup:
         if unknown:
             raise TypeError(f"Setup has no field(s) {', '.join(sorted(unknown))}")
         new = object.__new__(Setup)
-        for name in _SETUP_FIELDS:
-            object.__setattr__(new, name, changes[name] if name in changes else getattr(self, name))
+        # a frozen instance's fields live in its __dict__: copied and updated without its __setattr__
+        fields_of = new.__dict__
+        fields_of.update(self.__dict__)
+        fields_of.update(changes)
         return new
 
 
