@@ -138,8 +138,26 @@ def test_small_global_batch_for_a_pipeline_is_flagged_with_the_value(catalog):
     assert advice and "--global-batch 2,400" in advice
     fixed = _setup(catalog, model="deepseek-r1", instance="p5.48xlarge", gpus=256, pp=16, ep=16, strategy="zero1",
                    precision="fp8", micro_batch=1, global_batch=2400)
-    assert bubble_fraction(fixed) <= BUBBLE_TARGET and batch_advice(fixed) is None
+    assert bubble_fraction(fixed) <= BUBBLE_TARGET
     assert advice in estimate_setup(s).warnings
+    # the bubble is fine now, but 9.8M tokens per step is below the 12.6M DeepSeek-V3 started from
+    scale = batch_advice(fixed)
+    assert "DeepSeek-V3: 3,072 x 4,096 tokens" in scale and "--global-batch 3,072 (12.6M tokens per step)" in scale
+    assert batch_advice(fixed.with_(grad_accum=3072 // 16)) is None
+
+
+def test_a_batch_below_published_pretraining_of_that_size_is_flagged(catalog):
+    """The default ~1M tokens per step for DeepSeek-R1 (671B) is a twelfth of what DeepSeek-V3 started from; Llama 3
+    405B started at 4M; below 175B (GPT-3) no published start is known, and fine-tuning (LoRA) is not flagged."""
+    r1 = plan(PlanRequest(job=JobSpec(model="deepseek-r1", tokens=1e9), instances=["p5.48xlarge"]), catalog)
+    assert any("below what published pre-training of models this size started from (DeepSeek-V3" in n
+               for n in r1.notes)
+    big = _setup(catalog, model="llama-3.1-405b", instance="p5.48xlarge", gpus=128, micro_batch=1, global_batch=256)
+    assert "Llama 3 405B: 4M tokens" in batch_advice(big) and "--global-batch 1,024 " in batch_advice(big)
+    assert batch_advice(_setup(catalog, model="llama-3.1-70b", instance="p5.48xlarge", gpus=64, micro_batch=1,
+                               global_batch=256)) is None
+    assert batch_advice(_setup(catalog, model="llama-3.1-405b", instance="p5.48xlarge", gpus=128, micro_batch=1,
+                               global_batch=256, method="lora")) is None
 
 
 # --- context parallelism ------------------------------------------------------------------------------
