@@ -361,6 +361,13 @@ def test_moe_routing_sets_the_busiest_ranks_load(catalog):
     t = {n: estimate_step(s).tokens_per_s for n, s in (("drop", drop), ("cap", cap), ("wide", wide))}
     assert t["cap"] > t["drop"] > t["wide"]  # padding to 1.25 computes more rows than a 1.15 busiest rank
     assert estimate_memory(wide).peak > estimate_memory(cap).peak
+    # HFU counts the padded rows the GPUs compute (0.25 x k extra rows of each MoE layer's experts, forward and
+    # two backward GEMMs); MFU does not
+    st = {n: estimate_step(s) for n, s in (("cap", cap), ("wide", wide))}
+    m = wide.model
+    assert st["wide"].model_flops_per_token == st["cap"].model_flops_per_token
+    assert st["wide"].hfu_flops_per_token - st["cap"].hfu_flops_per_token == pytest.approx(
+        m.num_moe_layers * k * 0.25 * 3 * 2 * m.expert_params(), rel=1e-9)
 
 
 def test_moe_routing_errors_name_the_way_out(catalog):

@@ -154,6 +154,18 @@ def mean_rows(s: Setup) -> float:
     return moe.experts_per_token * (moe.capacity_factor or 1.0)
 
 
+def padding_flops_per_token(s: Setup) -> float:
+    """FLOPs per token the padded capacity rows add (token-drop routing pads every expert to capacity factor x
+    its mean share): counted by HFU, which is the hardware's work, not by MFU. Forward and the input gradient,
+    the weight gradient for full training, the forward again under full recompute."""
+    m = s.model
+    if m.moe is None or m.moe.capacity_factor is None or m.moe.capacity_factor <= 1.0:
+        return 0.0
+    passes = (3 if s.method == "full" else 2) + (1 if s.checkpointing == "full" else 0)
+    extra_rows = m.moe.experts_per_token * (m.moe.capacity_factor - 1.0)
+    return m.num_moe_layers * extra_rows * passes * 2 * m.expert_params()
+
+
 # --- memory --------------------------------------------------------------------------------
 def moe_layer_bytes_per_token(s: Setup, dense_layer_bytes: Callable[[ModelSpec], float], act_bytes: int) -> float:
     """Activation bytes a MoE layer saves per token (before the 1/tp split), on the busiest rank.

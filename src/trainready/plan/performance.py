@@ -39,7 +39,7 @@ class StepResult:
     comm_s: float  # total communication time (overlapped or not)
     hardware_flops_per_token: float  # all GPUs, FLOPs executed (causal attention, recompute, TP splits)
     model_flops_per_token: float  # MFU numerator per token (6N + attention, PaLM/MosaicML)
-    hfu_flops_per_token: float  # MFU's count plus recomputation (Korthikanti/MosaicML HFU)
+    hfu_flops_per_token: float  # MFU's count plus recomputation and padded expert rows (Korthikanti/MosaicML HFU)
     tokens_per_s: float
     mfu: float
     hfu: float
@@ -494,7 +494,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     prec = {"fp32": "tf32"}.get(s.precision, s.precision)
     peak = (gpu.peak_tflops(prec) or gpu.peak_tflops("bf16") or gpu.peak_tflops("fp16")) * 1e12
     mfpt = model_flops_per_token(s)
-    hfpt = mfpt + recompute_flops_per_token(s)
+    hfpt = mfpt + recompute_flops_per_token(s) + moe.padding_flops_per_token(s)
     hw_per_token = mb.hw_flops * s.grad_accum * s.n_gpus / tokens_step
     return StepResult(step_s=step, compute_s=compute, exposed_comm_s=exposed, other_s=other,
                       comm_s=comm_total + s.grad_accum * (tp_s + tp_hidden - cp_exposed + cp_total + p2p + p2p_hidden
