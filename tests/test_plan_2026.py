@@ -607,3 +607,17 @@ def test_megatron_keeps_its_gradients_in_the_reduce_dtype(catalog):
     fsdp = dict(model="llama-3.1-8b", gpu="h100-80gb", gpus=8, strategy="zero3", micro_batch=1, global_batch=16)
     titan = {r: estimate_memory(_setup(catalog, **fsdp, stack="torchtitan", reduce_dtype=r)) for r in ("bf16", "fp32")}
     assert titan["bf16"].gradients == pytest.approx(titan["fp32"].gradients, rel=1e-9)
+
+
+def test_torchtitan_loss_parallel_peaks_at_16_bytes_a_logit(catalog):
+    """With TP torchtitan runs the loss through torch's loss_parallel on vocabulary-sharded logits: its backward
+    builds the gradient in fresh fp32 buffers beside the saved log-softmax (16 bytes a logit, 1/tp of the vocab
+    per rank); without TP, 12 (the logits dropped before backward)."""
+    from trainready.plan.memory import activation_parts
+    kw = dict(model="llama-3.1-8b", gpu="h100-80gb", gpus=8, strategy="zero3", micro_batch=1, global_batch=4,
+              seq_len=8192, activation_checkpointing="full", stack="torchtitan")
+    tp2 = activation_parts(_setup(catalog, **kw, tp=2))[2]
+    tp1 = activation_parts(_setup(catalog, **{**kw, "global_batch": 8}))[2]
+    final_norm = (4 + 2 + 2) * 4096  # the final eager RMSNorm: fp32 input, bf16 normalized and output
+    assert tp2 == pytest.approx(8192 * (16 * 128256 + final_norm) / 2, rel=1e-9)
+    assert tp1 == pytest.approx(8192 * (12 * 128256 + final_norm), rel=1e-9)

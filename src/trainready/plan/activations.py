@@ -125,13 +125,16 @@ def final_norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_by
     return _norm_bytes(model, kernels, residual_bytes, act_bytes, frozen=method in ("lora", "qlora")) * model.hidden_size
 
 
-def loss_bytes_per_token(model: ModelSpec, act_bytes: int, keeps_logits: bool = True) -> int:
+def loss_bytes_per_token(model: ModelSpec, act_bytes: int, keeps_logits: bool = True,
+                         loss_parallel: bool = False) -> int:
     """Peak of the logits and cross-entropy buffers per token, reached as the loss is differentiated:
     the fp32 log-softmax saved for backward and two fp32 gradient buffers (12 bytes x vocab), plus the
     low-precision logits where the train step still holds them (measured on H200 with a Hugging Face
     model: 14 bytes x vocab with bf16). The forward's own peak, logits + fp32 copy + log-softmax
-    (act_bytes + 8), is below either."""
-    return ((act_bytes if keeps_logits else 0) + 12) * model.vocab_size
+    (act_bytes + 8), is below either. torch's loss_parallel (vocabulary-sharded logits, per TP rank: the
+    caller divides by tp) builds its backward in fresh fp32 buffers (zeros, exp of the log-softmax, their
+    sum, the product): 16 bytes x vocab beside the saved log-softmax."""
+    return ((act_bytes if keeps_logits else 0) + (16 if loss_parallel else 12)) * model.vocab_size
 
 
 def korthikanti_layer_bytes(model: ModelSpec, seq_len: int) -> float:

@@ -211,7 +211,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         saved = in_flight * kept_stage
     else:  # with FlashAttention, selective-attn recompute saves nothing more (no s x s scores)
         saved = layers * layer if not m.is_moe else in_flight * stage
-    loss = tokens * (loss_bytes_per_token(m, a, stack.keeps_logits) + final_norm_bytes(m, s.kernels, r, a, s.method)) / s.tp
+    loss = tokens * (loss_bytes_per_token(m, a, stack.keeps_logits, stack.tp_loss_parallel and s.tp > 1) + final_norm_bytes(m, s.kernels, r, a, s.method)) / s.tp
     if s.pp > 1:  # the loss lives on the last rank, which holds one micro-batch (interleaved: (v-1) pp + 1 of v)
         n_last = len(pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)[-1])  # uneven stages: the last may be smaller
         last_in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum, rank=s.pp - 1)

@@ -115,6 +115,10 @@ class Stack:
     plain_unsharded_experts: bool = False
     """Routed experts that EP and PP alone already split (expert data-parallel size 1) are left out of FSDP: no
     gathered copy, gradients kept in the parameters' dtype; False: FSDP wraps them over a mesh of one."""
+    tp_loss_parallel: bool = False
+    """With TP the loss runs on vocabulary-sharded logits through torch's loss_parallel, whose log-softmax keeps
+    its fp32 input and the shifted logits beside the output and whose backward builds the gradient in fresh fp32
+    buffers: 16 bytes per logit at the peak instead of 12 (plan/activations.loss_bytes_per_token)."""
     attention_copy: bool = True
     """Eager modules copy the attention output before the output projection (SDPA's layout, transposed and made
     contiguous: saved twice); False: the kernel's output is read as a view (plan/activations.py)."""
@@ -166,6 +170,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # train.py (Dec 2024, 9dec370ad26b) and trainer.py (2026): "del pred" before loss.backward(); loss_fn
           # upcasts the logits with .float() in eager mode
           keeps_logits=False,
+          # train.py enable_loss_parallel = not training.disable_loss_parallel (on with TP); torch
+          # distributed/tensor/parallel/loss.py _log_softmax (x, shifted, exp(shifted), result in fp32) and
+          # _nll_loss_and_log_softmax_backward (zeros_like(x), exp(x), their sum, the product)
+          tp_loss_parallel=True,
           # parallelize_llama.py apply_fsdp (9dec370ad26b) and distributed/fsdp.py (2026): reshard_after_forward is
           # False when PP is enabled, "to avoid per-microbatch all-gathers"; the pipeline schedule turns gradient
           # sync off until the last micro-batch, so FSDP2 accumulates unsharded gradients in the reduce dtype
