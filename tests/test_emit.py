@@ -371,3 +371,29 @@ def test_emit_refuses_a_worker_count_it_cannot_use_and_control_characters_only(t
     assert "--hot" in text
     with pytest.raises(UsageError, match=r"--hot '/mnt/\\u202eabc' holds a control character"):
         emit("slurm", EmitSpec(command=["python", "t.py"], nnodes=2, instance="p5.48xlarge", hot="/mnt/\u202eabc"))
+
+
+def test_one_module_per_engine_in_a_registry_without_an_import_circle():
+    """run/emit/: every --emit kind has its renderer in ENGINES; the engines and their shared modules (spec, node,
+    text) never import the package itself, so importing any one of them first works and nothing is circular."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import trainready.run.emit as package
+    from trainready.run.emit import EMIT_KINDS, ENGINES
+
+    assert set(ENGINES) == set(EMIT_KINDS)
+    folder = Path(package.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        if path.name in ("__init__.py", "cli.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.level == 1 and node.module is None), f"{path.name} imports the emit package"
+                assert node.module != "trainready.run.emit", f"{path.name} imports the emit package"
+    for name in ("spec", "node", "text", "slurm", "skypilot", "torchrun", "k8s", "pcluster", "cli"):
+        out = subprocess.run([sys.executable, "-c", f"import trainready.run.emit.{name}"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, (name, out.stderr[-500:])

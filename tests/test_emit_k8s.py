@@ -25,7 +25,7 @@ import yaml
 
 from trainready.errors import UsageError
 from trainready.run.emit import EmitSpec, emit
-from trainready.run.emit_k8s import HUGEPAGES, IMAGE_PLACEHOLDER, QUEUE_LABEL
+from trainready.run.emit.k8s import HUGEPAGES, IMAGE_PLACEHOLDER, QUEUE_LABEL
 from trainready.run.launcher import LaunchSpec, torchrun_argv
 from trainready.run.settings import RunSettings
 

@@ -90,7 +90,7 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         given = next(k for k, v in cluster_opts.items() if v is not None)
         raise UsageError(f"{given} goes with --emit (k8s, jobset, pcluster): it describes the cluster, not this machine")
     if emit is not None:
-        from trainready.run.emit_cli import emit_for
+        from trainready.run.emit.cli import emit_for
 
         text = emit_for(emit, opts, image=image, queue=queue, service_account=service_account, aws_secret=aws_secret,
                         shared_fs=shared_fs, capacity_reservation=capacity_reservation)

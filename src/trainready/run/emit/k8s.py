@@ -12,9 +12,10 @@ import re
 
 from trainready.errors import UsageError, printable
 
-from .emit import EmitSpec
-from .emit_node import Node, node_of, nproc, only_for, suggest_name
-from .settings import RunSettings
+from ..settings import RunSettings
+from .node import Node, node_of, nproc, only_for, suggest_name
+from .spec import EmitSpec
+from .text import dump_yaml
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"  # Kubeflow Trainer v2.3.0 CRDs (tests/fixtures/crds/README.md)
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"  # JobSet v0.12.0
@@ -55,7 +56,7 @@ _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 
 
-def emit_k8s(kind: str, spec: EmitSpec) -> str:
+def render(kind: str, spec: EmitSpec) -> str:
     node = _check(kind, spec)
     name = spec.job_name
     hot = spec.hot or HOT_DEFAULT
@@ -279,29 +280,6 @@ def _jobset(spec: EmitSpec, node: Node, name: str) -> dict:
             "replicatedJobs": [{"name": NAME, "replicas": 1, "template": {"spec": job}}],
         },
     }
-
-
-# ---------------------------------------------------------------- text
-
-
-def dump_yaml(docs: list[dict]) -> str:
-    """YAML documents by PyYAML, in the order built, without anchors (a shared selector is written out twice)."""
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        def ignore_aliases(self, data: object) -> bool:
-            return True
-
-    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-        # PyYAML writes U+0085, U+2028 and U+2029 raw in plain and single-quoted scalars, where a YAML reader
-        # takes them for line breaks: such words, and any with control characters, go double-quoted with escapes
-        quoted = any(c in "\x85\u2028\u2029" or not c.isprintable() for c in value)
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if quoted else None)
-
-    Dumper.add_representer(str, text)
-
-    return yaml.dump_all(docs, Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
-                         width=1000, explicit_start=True)
 
 
 def _header(kind: str, spec: EmitSpec, node: Node, name: str) -> str:

@@ -1,13 +1,13 @@
-"""`trainready run --emit KIND`: the same options, rendered as a launch file (emit.py)."""
+"""`trainready run --emit KIND`: the same options, rendered as a launch file (emit/__init__.py)."""
 
 from __future__ import annotations
 
 from trainready.errors import UsageError, closest, printable
 
-from . import preflight
-from .configure import RunOptions, default_run_dir
-from .emit import EMIT_KINDS, build_spec, emit
-from .emit_node import suggest_name
+from .. import preflight
+from ..configure import RunOptions, default_run_dir
+from . import EMIT_KINDS, build_spec, emit
+from .node import suggest_name
 
 CLUSTER_KINDS = ("k8s", "jobset", "pcluster")
 # which kinds take each cluster option (docs/emit.md's table): named in the message for a kind that does not
@@ -38,7 +38,7 @@ def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
         from trainready.catalog import load_catalog
 
         load_catalog().instance(opts.instance)  # unknown -> "did you mean"
-    # not given, or 'gpu': one worker per GPU of the instance (emit._nproc), not the single worker of a local run
+    # not given, or 'gpu': one worker per GPU of the instance (node.procs_per_node), not the single worker of a local run
     given = opts.nproc_per_node
     if given is not None and given != "gpu" and not (given.isascii() and given.isdigit()):
         raise UsageError(f"--nproc-per-node '{printable(given)}': a number >= 1, or 'gpu'")

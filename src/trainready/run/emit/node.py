@@ -1,7 +1,6 @@
-"""What the cluster kinds of `--emit` (k8s, jobset, pcluster) need to know about one node, from the catalog,
-and the checks they share: an instance the catalog knows, processes it can hold, EFA for more than one node.
-
-Pure functions over an EmitSpec; emit_k8s.py and emit_pcluster.py render the result."""
+"""What the engines need to know about one node: its GPU count and workers (every engine), and for the cluster
+kinds (k8s, jobset, pcluster) the catalog's facts and the checks they share: an instance the catalog knows,
+processes it can hold, EFA for more than one node. Pure functions over an EmitSpec."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 
 from trainready.errors import UsageError, closest
 
-from .emit import EmitSpec
+from .spec import EmitSpec
 
 
 @dataclass(frozen=True)
@@ -78,3 +77,25 @@ def suggest_name(text: str, limit: int, fallback: str = "job") -> str:
     out = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
     out = out.lstrip("0123456789-") or fallback
     return out[:max(limit, 1)].rstrip("-") or fallback
+
+
+def gpus_per_node(spec: EmitSpec) -> int | None:
+    """GPUs on one node: as given, else the instance's count from the catalog, else unknown."""
+    if spec.gpus_per_node is not None:
+        return spec.gpus_per_node
+    if spec.instance is None:
+        return None
+    from trainready.catalog import load_catalog
+
+    try:
+        return load_catalog().instance(spec.instance).gpu_count
+    except UsageError:  # not in the catalog: SkyPilot or the cluster may still know it
+        return None
+
+
+def procs_per_node(spec: EmitSpec) -> int | None:
+    return spec.nproc_per_node if spec.nproc_per_node is not None else gpus_per_node(spec)
+
+
+def user_env(spec: EmitSpec) -> dict[str, str]:
+    return {name: spec.env[name] for name in sorted(spec.env)}

@@ -9,8 +9,9 @@ import re
 
 from trainready.errors import UsageError, printable
 
-from .emit import EmitSpec
-from .emit_node import Node, node_of, only_for, suggest_name
+from .node import Node, node_of, only_for, suggest_name
+from .spec import EmitSpec
+from .text import dump_yaml
 
 # Queue and compute-resource names: aws-parallelcluster 3.16.1, pcluster/validators/cluster_validators.py
 # (NAME_REGEX, NAME_MAX_LENGTH, and "default" is forbidden).
@@ -32,10 +33,8 @@ _FSX_ID = re.compile(r"fs-[0-9a-z]{17}")  # ParallelCluster's FsxLustreSettings 
 _CR_ID = re.compile(r"cr-[0-9a-f]{17}")  # EC2 Capacity Reservation ids (a Capacity Block's too)
 
 
-def emit_pcluster(spec: EmitSpec) -> str:
+def render(spec: EmitSpec) -> str:
     node = _check(spec)
-    from .emit_k8s import dump_yaml
-
     return _header(spec, node) + dump_yaml([_config(spec, node)])
 
 
