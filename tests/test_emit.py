@@ -397,3 +397,46 @@ def test_one_module_per_engine_in_a_registry_without_an_import_circle():
         out = subprocess.run([sys.executable, "-c", f"import trainready.run.emit.{name}"], capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 0, (name, out.stderr[-500:])
+
+
+SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot" / "task_schema-0.14.1.json"
+
+
+def skypilot_errors(text: str) -> list[str]:
+    """What SkyPilot 0.14.1's own task schema says of an emitted task (tests/fixtures/skypilot/README.md): Draft 7
+    with its case_insensitive_enum / case_sensitive_enum keywords, None fields dropped as validate_schema does."""
+    import hashlib
+    import json
+
+    import jsonschema
+
+    raw = SKYPILOT_SCHEMA.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == "ddafeab5b81bf1248feae6664f9f5ed90ec723db9b68243f266e97ab99c86e83"
+
+    def enum_of(case_sensitive):
+        def check(validator, enums, instance, schema):
+            seen = instance if case_sensitive else str(instance).lower()
+            if seen not in (enums if case_sensitive else [e.lower() for e in enums]):
+                yield jsonschema.ValidationError(f"{instance!r} is not one of {enums!r}")
+        return check
+
+    validator = jsonschema.validators.extend(jsonschema.Draft7Validator, validators={
+        "case_insensitive_enum": enum_of(False), "case_sensitive_enum": enum_of(True)})(json.loads(raw))
+    doc = {k: v for k, v in yaml.safe_load(text).items() if v is not None}
+    return [e.message for e in validator.iter_errors(doc)]
+
+
+@pytest.mark.parametrize("case", ["p4d-2-spot", "one-node-no-resources", "workdir-env-awkward", "instance-only"])
+def test_skypilot_task_validates_with_skypilots_schema(case):
+    spec = {"p4d-2-spot": p4d_spec(),
+            "one-node-no-resources": EmitSpec(command=["python", "t.py"]),
+            "workdir-env-awkward": p4d_spec(workdir="~/code", env={"A": "x: y # z", "B": "true", "C": "${HOME} $$"}),
+            "instance-only": EmitSpec(command=["python", "t.py"], instance="p5.48xlarge", nnodes=4)}[case]
+    assert skypilot_errors(emit("skypilot", spec)) == []
+
+
+def test_skypilots_schema_is_live():
+    """The validator refuses what SkyPilot refuses (an unknown field, a num_nodes of the wrong type)."""
+    text = emit("skypilot", p4d_spec())
+    assert skypilot_errors(text + "not_a_field: 1\n")
+    assert skypilot_errors(text.replace("num_nodes: 2", "num_nodes: two"))
