@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 
 import torch
@@ -88,6 +89,9 @@ def main() -> None:
                     handle.write(str(step))
             if mgr.should_save(step):
                 mgr.save(step, state, metadata={"loss": loss.item()})
+            if mgr.reached_preemption(step):  # saved, uploaded and closed: the process decides how to exit
+                logging.info("preempted: stopping after step %d", step)
+                sys.exit(mgr.PREEMPTION_EXIT_CODE)
         mgr.save(args.steps, state)
     if args.out and rank == 0:
         inner = model.module if hasattr(model, "module") else model

@@ -125,7 +125,9 @@ def main() -> int:
                 open(args.ready, "w").close()
             time.sleep(0.02)
             if mgr.should_save(step):
-                mgr.save(step, state)  # after a SIGTERM: save, upload, exit 143
+                mgr.save(step, state)  # after a SIGTERM: save and upload, then the loop exits 143
+            if mgr.reached_preemption(step):
+                sys.exit(mgr.PREEMPTION_EXIT_CODE)
             continue
         if step % args.save_every == 0:
             mgr.save(step, state)

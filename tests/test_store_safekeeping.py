@@ -256,10 +256,33 @@ def test_preempted_is_what_the_ranks_agreed_not_what_one_rank_saw(tmp_path):
 
     try:
         with CheckpointManager(tmp_path / "hot", async_save=False, save_interval_steps=100) as mgr:
-            mgr.install_preemption_handler(exit_code=None)
+            mgr.install_preemption_handler()
             STOP.request(signal.SIGTERM)  # as the handler does when the signal arrives
             assert not mgr.preempted      # seen here, not yet agreed
             assert mgr.should_save(1)     # the agreement
             assert mgr.preempted
+            assert not mgr.reached_preemption(1)  # agreed, not yet saved: the loop must not leave now
+    finally:
+        STOP.reset()
+
+
+def test_the_preemption_save_returns_and_the_caller_decides_how_to_exit(tmp_path):
+    """save() never exits the process (issue 25): after the stop's synchronous save it returns, the manager is
+    closed, reached_preemption is true, and a loop that goes on saves nothing more and raises nothing."""
+    import signal
+
+    from trainready.dist import STOP
+
+    try:
+        mgr = CheckpointManager(tmp_path / "hot", async_save=True, save_interval_steps=100)
+        mgr.install_preemption_handler(deadline_s=5)
+        STOP.request(signal.SIGTERM)
+        assert mgr.should_save(7)
+        assert mgr.save(7, {"model": {"w": torch.ones(3)}}) is True  # returned: no SystemExit
+        assert mgr.reached_preemption(7) and mgr.preempted
+        assert [c.name for c in list_checkpoints(str(tmp_path / "hot")).checkpoints if c.status == "committed"] == [
+            checkpoint_name(7, mgr.generation)]
+        assert not mgr.should_save(8) and mgr.save(8, {"model": {"w": torch.ones(3)}}) is False
+        assert mgr.PREEMPTION_EXIT_CODE == 143
     finally:
         STOP.reset()

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -93,6 +92,8 @@ class CheckpointManager:
         self._retention_lock = threading.Lock()
         self._saved: set[int] = set()
         self._preempt: dict[str, Any] | None = None
+        self._stopped_at: int | None = None  # the step the preemption save committed (then closed)
+        self._said_stopped = False
         self.dropped_unarchived: list[str] = []
         self.last_commit: tuple[int, float] | None = None  # (step, seconds) of the newest hot commit
         self._closed = False
@@ -253,6 +254,8 @@ class CheckpointManager:
     def should_save(self, step: int) -> bool:
         """True on every `save_interval_steps`-th step, and (with install_preemption_handler) once a
         stop signal reached any rank: agreed by all ranks, on the training thread."""
+        if self._stopped_at is not None:  # stopped for preemption: nothing more to save
+            return False
         if self._preempt is not None:
             (stop,) = self.ctx.any_true(STOP.requested)
             if stop:
@@ -268,6 +271,13 @@ class CheckpointManager:
         """Checkpoint `state` as of `step`. Returns once the state is staged (async) or committed
         on the hot tier (sync); False when skipped (this step already saved, or busy with
         when_busy='skip'). Collective: every rank calls it with the same step."""
+        if self._stopped_at is not None:  # the loop went on after the preemption save: say how to leave it, once
+            if not self._said_stopped:
+                self._said_stopped = True
+                log.warning("checkpoint manager stopped for preemption after step %d: leave the training loop when "
+                            "mgr.reached_preemption(step) is true (and exit with mgr.PREEMPTION_EXIT_CODE)",
+                            self._stopped_at)
+            return False
         self._check_open()
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise BadStateError(f"step must be a non-negative int, got {step!r}")
@@ -297,7 +307,7 @@ class CheckpointManager:
         else:
             self._inflight = self._executor.submit(self._commit_in_background, snap)
         if stopping:
-            self._finish_preemption()
+            self._finish_preemption(step)
         return True
 
     def _commit(self, snap: Any) -> Manifest:
@@ -516,14 +526,26 @@ class CheckpointManager:
 
     # ---- preemption --------------------------------------------------------------------------
 
-    def install_preemption_handler(self, deadline_s: float = 100.0, exit_code: int | None = 143,
+    PREEMPTION_EXIT_CODE = 143
+    """What a preempted process conventionally exits with (128 + SIGTERM): the caller's to use."""
+
+    def install_preemption_handler(self, deadline_s: float = 100.0,
                                    signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
         """On a stop signal (spot gives ~2 minutes) make `should_save` true on every rank; the
-        next `save` is synchronous, then waits for its upload until `deadline_s` after the signal,
-        closes, and exits with `exit_code` (None: return and let the loop stop on `preempted`).
-        The signals go through trainready's one signal path (trainready.dist.STOP)."""
-        self._preempt = {"agreed": False, "deadline_s": deadline_s, "exit_code": exit_code}
+        next `save` is synchronous, then waits for its upload until `deadline_s` after the signal
+        and closes. It never exits the process: the loop stops when `reached_preemption(step)` is
+        true, and the caller decides how to exit (Orbax's `reached_preemption`; conventionally
+        with PREEMPTION_EXIT_CODE). The signals go through trainready's one signal path
+        (trainready.dist.STOP)."""
+        self._preempt = {"agreed": False, "deadline_s": deadline_s}
         STOP.install(signals)
+
+    def reached_preemption(self, step: int | None = None) -> bool:
+        """Whether the training loop should stop for preemption: the ranks agreed to stop and the stop's
+        checkpoint is committed (and uploaded, or the deadline passed); the same on every rank. Before that
+        save it is False, so checking it first never leaves the loop unsaved. `step` is accepted as Orbax's
+        `reached_preemption(step)` takes it."""
+        return self._stopped_at is not None
 
     @property
     def preempted(self) -> bool:
@@ -531,15 +553,14 @@ class CheckpointManager:
         has seen does not count until then, so every rank leaves its loop at the same step."""
         return bool(self._preempt and self._preempt["agreed"])
 
-    def _finish_preemption(self) -> None:
+    def _finish_preemption(self, step: int) -> None:
         started = STOP.at or time.monotonic()
         remaining = max(1.0, self._preempt["deadline_s"] - (time.monotonic() - started))
+        self._stopped_at = step
         try:
             self.close(timeout_s=remaining)
         except ArchiveUnavailableError as exc:
             log.error("preemption: %s", exc)
-        if self._preempt["exit_code"] is not None:
-            sys.exit(self._preempt["exit_code"])
 
 
 def _fence_map(refs: list[Ref], run_id: str, leases: list[Lease]) -> dict[int, int]:
