@@ -63,7 +63,7 @@ def test_a_bucket_with_default_kms_encryption_archives_and_restores(tmp_path, s3
             for step in (1, 2, 3):
                 mgr.save(step, {"model": {"w": torch.full((1000,), float(step))}})
                 mgr.wait(timeout_s=30)
-            assert mgr.status()["upload_check"] == "sha256"
+            assert mgr.status().upload_check == "sha256"
     assert "failed" not in caplog.text, caplog.text
     assert f"run/{checkpoint_name(3, 1)}/{MANIFEST}" in _objects(moto.url, s3_bucket)
     loaded = {"model": {"w": torch.zeros(1000)}}
@@ -140,7 +140,7 @@ def test_a_mismatching_upload_is_retried_and_never_stops_training(tmp_path, s3_b
         mgr.wait(timeout_s=30)
         mgr.save(2, {"model": {"w": torch.ones(10)}})  # a fatal upload error used to be raised here
         mgr.wait(timeout_s=30)
-    assert len(failures) == 4 and mgr.status()["archived_step"] == 2
+    assert len(failures) == 4 and mgr.status().archived_step == 2
 
 
 def test_two_writers_racing_for_a_prefix_never_share_a_generation(tmp_path, s3_bucket, monkeypatch):
@@ -229,9 +229,9 @@ def test_archive_outage_training_goes_on_and_uploads_catch_up(tmp_path, s3_bucke
                 mgr.save(step, {"model": {"w": torch.full((100,), float(step))}})
             assert time.monotonic() - started < 10, "saves must not wait for the archive"
             deadline = time.monotonic() + 30
-            while mgr.status()["upload_failures"] < 2 and time.monotonic() < deadline:
+            while mgr.status().upload_failures < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert mgr.status()["upload_failures"] >= 2
+            assert mgr.status().upload_failures >= 2
             with pytest.raises(Exception, match="not finished"):
                 mgr.wait(timeout_s=1)
             proxy.up()

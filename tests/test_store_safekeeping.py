@@ -50,7 +50,7 @@ def test_an_archive_outage_keeps_the_newest_archived_and_keep_hot_and_says_what_
             # the newest archived (1), the one being uploaded, and the newest keep_hot=2 (7, 8)
             assert checkpoint_name(1, 1) in kept and {checkpoint_name(7, 1), checkpoint_name(8, 1)} <= set(kept)
             assert len(kept) <= 4
-            dropped = mgr.status()["dropped_unarchived"]
+            dropped = list(mgr.status().dropped_unarchived)
             assert dropped and set(dropped).isdisjoint(kept) and checkpoint_name(3, 1) in dropped
             assert "before it reached the archive" in caplog.text
             proxy.up()
@@ -286,3 +286,20 @@ def test_the_preemption_save_returns_and_the_caller_decides_how_to_exit(tmp_path
         assert mgr.PREEMPTION_EXIT_CODE == 143
     finally:
         STOP.reset()
+
+
+def test_status_is_a_typed_snapshot(tmp_path):
+    """status() returns a frozen ManagerStatus (issue 25), with as_dict() for JSON."""
+    import dataclasses
+
+    from trainready.store import ManagerStatus
+
+    with CheckpointManager(tmp_path / "hot", async_save=False) as mgr:
+        mgr.save(1, {"model": {"w": torch.ones(2)}})
+        st = mgr.status()
+        assert isinstance(st, ManagerStatus) and st.saving is False and st.archived_step is None
+        assert st.run_id == mgr.run_id and st.dropped_unarchived == () and st.unarchivable == ()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            st.saving = True
+        assert st.as_dict()["dropped_unarchived"] == [] and set(st.as_dict()) == {
+            f.name for f in dataclasses.fields(ManagerStatus)}

@@ -236,7 +236,7 @@ class Session:
             commit = self.manager.last_commit
             if commit is not None:
                 self._last_saved = commit[0]
-            archived = self.manager.status()["archived_step"] if self.settings.archive else None
+            archived = self.manager.status().archived_step if self.settings.archive else None
             self.telemetry.write("end", last_step=self._next_step - 1, steps_this_launch=self._steps_this_launch,
                                  last_saved=self._last_saved, archived=archived)
             self.telemetry.close()
@@ -344,10 +344,10 @@ class Session:
             mfu = tokens_per_s * self.flops_per_token / (self.world_size * self.peak_flops)
         view = self.budget.assess(col["billed_s"][0], pace, 0.0, self._remaining_after(step), peek=True)
         status = self.manager.status()
-        dropped = status["dropped_unarchived"]
+        dropped = list(status.dropped_unarchived)
         if len(dropped) > self._dropped_seen:
             self._warn("ckpt_dropped", f"checkpoint(s) {', '.join(dropped[self._dropped_seen:])} dropped from the hot tier "
-                       f"before reaching the archive (last upload error: {status['last_upload_error'] or 'none'})",
+                       f"before reaching the archive (last upload error: {status.last_upload_error or 'none'})",
                        names=dropped[self._dropped_seen:])
             self._dropped_seen = len(dropped)
         split = split_fields(col, self._marks.source, self._rank_every)
@@ -355,8 +355,8 @@ class Session:
             "step", step=step, step_s=_r(_finite(col["step_s"][0])), interval_s=_r(interval), **split,
             tokens=tokens, tokens_per_s=_r(tokens_per_s), mfu=_r(mfu),
             cost_usd=_r(view.spent_usd), projected_usd=_r(view.projected_usd), eta_s=_r(view.eta_s),
-            ckpt={"last_saved": self._last_saved, "saving": status["saving"], "uploading": status["uploading"],
-                  "archived": status["archived_step"], "dropped_unarchived": len(dropped)},
+            ckpt={"last_saved": self._last_saved, "saving": status.saving, "uploading": status.uploading,
+                  "archived": status.archived_step, "dropped_unarchived": len(dropped)},
             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None})
 
     def _warn(self, kind: str, message: str, **fields: Any) -> None:

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 from .errors import ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, StorageFullError
 
 if TYPE_CHECKING:
-    from .manager import CheckpointManager, RestoreResult
+    from .manager import CheckpointManager, ManagerStatus, RestoreResult
     from .state import ModelState, OptimizerState, Position, RNGState, training_state
 
 _LAZY = {
-    "CheckpointManager": "manager", "RestoreResult": "manager", "training_state": "state", "ModelState": "state",
+    "CheckpointManager": "manager", "ManagerStatus": "manager", "RestoreResult": "manager", "training_state": "state", "ModelState": "state",
     "OptimizerState": "state", "Position": "state", "RNGState": "state",
 }
 
 __all__ = [
-    "CheckpointManager", "RestoreResult", "training_state", "ModelState", "OptimizerState", "Position", "RNGState",
+    "CheckpointManager", "ManagerStatus", "RestoreResult", "training_state", "ModelState", "OptimizerState", "Position", "RNGState",
     "CheckpointError", "StorageFullError", "FencedError", "ArchiveUnavailableError", "BadStateError",
 ]
 

@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import asdict, dataclass
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
@@ -40,6 +41,32 @@ CLAIM_ATTEMPTS = 5
 
 __all__ = ["CheckpointManager", "RestoreResult"]
 
+
+
+@dataclass(frozen=True)
+class ManagerStatus:
+    """CheckpointManager.status(): where saving and uploading stand."""
+
+    run_id: str
+    generation: int
+    saving: bool
+    """A save is being written in the background."""
+    uploading: str | None
+    """The checkpoint being uploaded to the archive, if any."""
+    upload_failures: int
+    """Failed upload attempts so far."""
+    last_upload_error: str
+    archived_step: int | None
+    """The newest step in the archive."""
+    upload_check: str
+    """How the last upload was proven: "sha256" or "size" ("" before any)."""
+    dropped_unarchived: tuple[str, ...]
+    """Hot checkpoints retention removed before they reached the archive."""
+    unarchivable: tuple[str, ...]
+    """Checkpoints given up on: their hot copy changed."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 class CheckpointManager:
     """Tiered checkpoints: `hot` is a local directory (the node's NVMe), `archive` any fsspec URL
@@ -473,14 +500,16 @@ class CheckpointManager:
         # on every rank, even where this node's upload failed: the collectives must pair up
         raise_agreed(error, self.ctx.all_gather(describe(error)))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ManagerStatus:
+        """Where saving and uploading stand now (a snapshot: it does not change afterwards)."""
         rep = self._replicator.status if self._replicator else None
         saving = bool(self._inflight and not self._inflight.done())
-        return {"run_id": self.run_id, "generation": self.generation, "saving": saving,
-                "uploading": rep.pending if rep else None, "upload_failures": rep.attempts if rep else 0,
-                "last_upload_error": rep.last_error if rep else "", "archived_step": rep.newest_step if rep else None,
-                "upload_check": rep.checked if rep else "", "dropped_unarchived": list(self.dropped_unarchived),
-                "unarchivable": list(rep.unarchivable) if rep else []}
+        return ManagerStatus(run_id=self.run_id, generation=self.generation, saving=saving,
+                             uploading=rep.pending if rep else None, upload_failures=rep.attempts if rep else 0,
+                             last_upload_error=rep.last_error if rep else "",
+                             archived_step=rep.newest_step if rep else None, upload_check=rep.checked if rep else "",
+                             dropped_unarchived=tuple(self.dropped_unarchived),
+                             unarchivable=tuple(rep.unarchivable) if rep else ())
 
     def close(self, timeout_s: float | None = 600.0) -> None:
         if self._closed:
