@@ -32,7 +32,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -51,11 +51,34 @@ from .watchdog import start_watch
 
 log = logging.getLogger("trainready.run")
 
-# per-rank numbers exchanged after every step, in this order. step_s: the host's time inside the step;
-# split_of: the step the split (split_s = the time it covers, data_s, comm_s, optimizer_s) describes, one step
-# behind with CUDA events; NaN = unknown (not measured, or not resolved yet)
-_FIELDS = ("step_s", "split_of", "split_s", "data_s", "comm_s", "optimizer_s", "tokens", "interval_s", "signal", "now",
-           "commit_s", "stall_s", "billed_s")
+class RankNumbers(NamedTuple):
+    """What every rank reports after every step, exchanged as one float64 tensor in this field order; NaN =
+    unknown (not measured, or not resolved yet)."""
+
+    step_s: float
+    """The host's time inside the step."""
+    split_of: float
+    """The step the split below describes (one step behind with CUDA events)."""
+    split_s: float
+    """The time the split covers."""
+    data_s: float
+    comm_s: float
+    optimizer_s: float
+    tokens: float
+    interval_s: float
+    """Since the previous step ended on this rank."""
+    signal: float
+    """The stop signal this rank has seen (0: none)."""
+    now: float
+    """This rank's wall clock (time.time())."""
+    commit_s: float
+    """Seconds the newest checkpoint commit took (0: none yet)."""
+    stall_s: float
+    billed_s: float
+    """Billed seconds by this rank's clock."""
+
+
+_FIELDS = RankNumbers._fields
 _PACE_WINDOW = 20
 RANK_LISTS_MAX = 64  # per-rank times go into about this many ranks' worth of step records (every k-th step)
 
@@ -256,15 +279,21 @@ class Session:
         if commit is not None:
             self._last_saved = commit[0]
         now = time.time()
-        mine = [finished.host_s if finished else math.nan, math.nan if split_of is None else float(split_of),
-                *(math.nan if v is None else v for v in (split.step_s, split.data_s, split.comm_s, split.optimizer_s)),
-                finished.tokens if finished else 0.0, interval, float(STOP.signum or 0), now,
-                commit[1] if commit else 0.0, self._local_stall, self.budget.clock.billed_s(now)]
+        unknown = math.nan
+
+        def known(value: float | None) -> float:
+            return unknown if value is None else value
+        mine = RankNumbers(step_s=finished.host_s if finished else unknown,
+                           split_of=unknown if split_of is None else float(split_of), split_s=known(split.step_s),
+                           data_s=known(split.data_s), comm_s=known(split.comm_s), optimizer_s=known(split.optimizer_s),
+                           tokens=finished.tokens if finished else 0.0, interval_s=interval,
+                           signal=float(STOP.signum or 0), now=now, commit_s=commit[1] if commit else 0.0,
+                           stall_s=self._local_stall, billed_s=self.budget.clock.billed_s(now))
         rows = self._exchange(mine)
         self._next_step += 1
         self._steps_this_launch += 1
         self._since_save += 1
-        col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
+        col = {name: [getattr(r, name) for r in rows] for name in _FIELDS}
         if self._steps_this_launch == 2:
             self._pace.clear()  # the first interval of a launch holds start-up and restore, not a step
         self._pace.append(col["interval_s"][0])  # rank 0's
@@ -272,13 +301,14 @@ class Session:
         self._decision = self._decide(step, col, pace)
         self._record_step(step, col, pace, metrics)
 
-    def _exchange(self, values: list[float]) -> list[list[float]]:
+    def _exchange(self, values: RankNumbers) -> list[RankNumbers]:
+        """Every rank's numbers, in rank order (one all_gather of a float64 tensor)."""
         if self._group is None:
             return [values]
         mine = torch.tensor(values, dtype=torch.float64)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(out, mine, group=self._group)
-        return [t.tolist() for t in out]
+        return [RankNumbers(*t.tolist()) for t in out]
 
     def _decide(self, step: int, col: dict[str, list[float]], pace: float) -> Decision:
         """The same inputs (every rank's numbers, by field) on every rank give the same decision."""
