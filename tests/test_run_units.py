@@ -423,3 +423,18 @@ def test_emitted_launches_checkpoint_by_default():
     assert spec.ckpt_every == "auto"
     assert spec.worker_env["TRAINREADY_CKPT_EVERY"] == "auto"
     assert spec.run_options[spec.run_options.index("--ckpt-every") + 1] == "auto"
+
+
+def test_the_launcher_failure_and_session_modules_import_no_circle():
+    """launch_spec.py holds LaunchSpec, LaunchResult and the exit codes (issue 25): failure.py and session.py take
+    them from there, not from the launcher, so no module of run/ imports the launcher back."""
+    import ast
+    from pathlib import Path
+
+    import trainready.run as run
+
+    folder = Path(run.__file__).parent
+    for name in ("failure.py", "session.py", "launch_spec.py", "configure.py"):
+        for node in ast.walk(ast.parse((folder / name).read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ("launcher", "trainready.run.launcher"), f"{name} imports the launcher"

@@ -13,7 +13,7 @@ from typing import Any
 from trainready.errors import UsageError
 
 from . import preflight
-from .launcher import LaunchSpec
+from .launch_spec import LaunchSpec
 from .settings import RunSettings, node_run_dir
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from trainready.io import redact
 
-from .launcher import EXIT_FAILED, LaunchResult, LaunchSpec
+from .launch_spec import EXIT_FAILED, LaunchResult, LaunchSpec
 from .log_rules_torch import signal_name
 
 TAIL_LINES = 25  # shown for the failing ranks

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,47 +28,17 @@ from trainready import parent_death
 from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv, replace_durable
 
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings
-from .settings import STOP_FILE, RunSettings
-from .summary import RunSummary, billed_seconds, launches_from_telemetry, redact_values, summarize
+from .failure import explain_failure
+from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, LaunchSpec
+from .settings import STOP_FILE
+from .summary import billed_seconds, launches_from_telemetry, redact_values, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
 from .watchdog import children, process_start_ticks
 
 RUN_SCHEMA_VERSION = 1
-EXIT_OK, EXIT_FAILED, EXIT_INTERNAL, EXIT_BUDGET = 0, 1, 3, 4  # 2 (usage) is UsageError's
 PYTHONS = ("python", "python3", sys.executable, os.path.basename(sys.executable))
 SHIM = Path(__file__).with_name("shim.py")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the ssh session closed
-
-
-@dataclass
-class LaunchSpec:
-    command: list[str]
-    settings: RunSettings
-    nproc_per_node: int | str = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    max_restarts: int = 0
-    show_ranks: str = "0"  # local ranks echoed to the console (all go to the logs)
-    config: dict[str, Any] = field(default_factory=dict)  # what the user asked for, for run.json
-    resume: bool = False  # --resume: continue the run in run_dir even with a changed command
-
-    @property
-    def run_dir(self) -> Path:
-        assert self.settings.run_dir is not None
-        return self.settings.run_dir
-
-
-@dataclass
-class LaunchResult:
-    exit_code: int
-    reason: str  # finished | failed | budget | signal | max_steps
-    message: str
-    failed_ranks: list[dict[str, Any]] = field(default_factory=list)
-    log_tail: dict[str, list[str]] = field(default_factory=dict)
-    log_files: list[str] = field(default_factory=list)
-    summary: RunSummary | None = None  # what summary.json holds, set when the launch ends
 
 
 def torchrun_argv(spec: LaunchSpec) -> list[str]:
@@ -472,7 +441,6 @@ class Launcher:
                                 "the newest committed checkpoint is intact and the next run resumes from it")
         if returncode == 0:
             return LaunchResult(EXIT_OK, "finished", "training finished")
-        from .failure import explain_failure
 
         return explain_failure(self.spec, self.output_tail, returncode)
 

@@ -43,7 +43,7 @@ from trainready.io import redact, replace_durable
 
 from .budget import EXIT_S_DEFAULT, BudgetGuard, CostClock
 from .interval import IntervalChoice, choose_interval, job_mtbf
-from .launcher import EXIT_BUDGET
+from .launch_spec import EXIT_BUDGET
 from .settings import STOP_FILE, RunSettings
 from .telemetry import TelemetryWriter
 from .timing import CommWatch, CudaMarks, FinishedStep, HostMarks, Marks, SplitQueue, StepTimer, StepTimes
