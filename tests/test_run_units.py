@@ -438,3 +438,20 @@ def test_the_launcher_failure_and_session_modules_import_no_circle():
         for node in ast.walk(ast.parse((folder / name).read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert node.module not in ("launcher", "trainready.run.launcher"), f"{name} imports the launcher"
+
+
+def test_the_billing_formula_is_written_once():
+    """price per node-hour x nodes / 3600 lives in budget.usd_per_second (issue 25): no other module of run/
+    writes it again."""
+    import re
+    from pathlib import Path
+
+    import trainready.run as run
+    from trainready.run.budget import usd_per_second
+
+    assert usd_per_second(36.0, 2) == pytest.approx(0.02) and usd_per_second(None, 2) is None
+    folder = Path(run.__file__).parent
+    formula = re.compile(r"(usd_per_hour|price)\b[^\n#]*\*[^\n#]*/\s*3600")
+    offenders = [f"{p.name}:{i}" for p in folder.rglob("*.py") if p.name != "budget.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if formula.search(line)]
+    assert offenders == []

@@ -20,6 +20,12 @@ EXIT_JITTER = 1.5  # on the slowest shutdown measured: seen to vary by 30% betwe
 KILL_S = 2.0  # the launcher ending workers that have nothing to save: kill, their watchdog, run.json
 
 
+def usd_per_second(usd_per_hour: float | None, nnodes: int) -> float | None:
+    """What the job costs per second of wall time: the price per node-hour x nodes (None: no price). The one
+    billing formula: the budget guard, the launcher's announcements, preflight, the summary and goodput use it."""
+    return None if usd_per_hour is None else usd_per_hour * nnodes / 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class CostClock:
     usd_per_hour: float | None  # per node
@@ -29,7 +35,7 @@ class CostClock:
 
     @property
     def usd_per_s(self) -> float | None:
-        return None if self.usd_per_hour is None else self.usd_per_hour * self.nnodes / 3600.0
+        return usd_per_second(self.usd_per_hour, self.nnodes)
 
     def billed_s(self, now: float) -> float:
         return self.prior_s + max(0.0, now - self.launch_unix)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+from .budget import usd_per_second
 from .goodput_model import BadputCause, GoodputReport, LaunchGoodput, RankStats, RankWindow
 
 MAX_S = 1e6  # a duration above 11.6 days in one record is not a measurement: skipped as malformed
@@ -586,7 +587,7 @@ def compute_goodput(launches: list[dict[str, Any]], records: list[dict[str, Any]
     price = next((r["usd_per_hour"] for r in reversed(starts) if r.get("usd_per_hour")), None) or usd_per_hour
     nodes = next((r["nnodes"] for r in reversed(starts) if r.get("nnodes")), None) or nnodes or 1
     world = next((r["world_size"] for r in reversed(starts) if r.get("world_size")), None)
-    usd_per_s = None if price is None else price * nodes / 3600.0
+    usd_per_s = usd_per_second(price, nodes)
     billed = sum(la.end - la.start for la in windows)
     total: Counter = Counter()
     for la in windows:

@@ -27,7 +27,7 @@ from typing import Any
 from trainready import parent_death
 from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv, replace_durable
 
-from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings
+from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
 from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, LaunchSpec
 from .settings import STOP_FILE
@@ -218,7 +218,7 @@ class Launcher:
             "launcher_start_ticks": process_start_ticks(os.getpid()), "exit_s": exit_s})
         s = self.settings
         if s.budget_usd is not None and s.usd_per_hour is not None:
-            self._spend = SpendWarnings(s.budget_usd, s.usd_per_hour * s.nnodes / 3600 * prior)
+            self._spend = SpendWarnings(s.budget_usd, usd_per_second(s.usd_per_hour, s.nnodes) * prior)
 
     def _check_same_run(self, info: dict[str, Any], command: list[str]) -> None:
         """Another command in this run directory is another experiment: resuming its weights silently
@@ -247,7 +247,7 @@ class Launcher:
         s = self.spec.settings
         if s.budget_usd is None or s.usd_per_hour is None:
             return
-        per_s = s.usd_per_hour * s.nnodes / 3600
+        per_s = usd_per_second(s.usd_per_hour, s.nnodes)
         spent = prior_s * per_s
         left = max(0.0, s.budget_usd - spent)
         earlier = (f"earlier launches spent ${spent:.2f} ({spent / s.budget_usd:.0%}), " if prior_s > 0 else "")
@@ -280,7 +280,7 @@ class Launcher:
             return
         from trainready.errors import UsageError
 
-        per_s = s.usd_per_hour * s.nnodes / 3600
+        per_s = usd_per_second(s.usd_per_hour, s.nnodes)
         spent = prior_s * per_s
         need_s, why = measured_relaunch_s(records)
         need_s = max(need_s, KILL_S * MARGIN)  # at the very least, starting and being stopped again
@@ -405,7 +405,7 @@ class Launcher:
         s = self.settings
         if self._spend is None or s.usd_per_hour is None or s.budget_usd is None or self._budget_stop:
             return
-        per_s = s.usd_per_hour * s.nnodes / 3600
+        per_s = usd_per_second(s.usd_per_hour, s.nnodes)
         spent = per_s * (s.prior_s + time.time() - self.start_unix)
         crossed = self._spend.crossed(spent)
         if crossed:  # as telemetry: the live view shows it (once), report lists it

@@ -87,8 +87,9 @@ def check_budget(budget_usd: float | None, price: Price, nnodes: int, step_s: fl
         return
     if price.usd_per_hour is None:
         raise UsageError("--budget-usd needs a price: give --instance TYPE (catalog price) or --usd-per-hour X")
-    per_s = price.usd_per_hour * nnodes / 3600
-    from .budget import KILL_S, MARGIN
+    from .budget import KILL_S, MARGIN, usd_per_second
+
+    per_s = usd_per_second(price.usd_per_hour, nnodes)
 
     if step_s is not None and budget_usd < per_s * step_s:
         raise UsageError(f"--budget-usd {budget_usd:g} is below the cost of one step: {step_s:.2f} s/step ({step_source}) "

@@ -24,6 +24,7 @@ from trainready.errors import UsageError, printable
 from trainready.io import read_regular, redact, redact_argv
 from trainready.plan.divergence import PlanCheck
 
+from .budget import usd_per_second
 from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
 from .records import finite
@@ -439,7 +440,7 @@ def _cost(starts: list[dict[str, Any]], steps: list[dict[str, Any]], stop: dict[
         spent = max(spent or 0.0, stop["cost_usd"])
     price, nnodes = latest.get("usd_per_hour"), latest.get("nnodes") or 1
     if price is not None and launches:  # the billed wall time of every launch: start-up and shutdown included
-        spent = max(spent or 0.0, price * nnodes / 3600 * billed_seconds(launches, records))
+        spent = max(spent or 0.0, usd_per_second(price, nnodes) * billed_seconds(launches, records))
     return CostSummary(spent_usd=_r4(spent), projected_usd=steps[-1].get("projected_usd") if steps else None,
                        budget_usd=latest.get("budget_usd"), usd_per_hour=price, nnodes=nnodes)
 
