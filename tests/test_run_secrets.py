@@ -241,11 +241,11 @@ def test_run_files_are_private_and_follow_trainready_file_mode(tmp_path, monkeyp
 
 
 def test_run_json_is_replaced_durably(tmp_path, monkeypatch):
-    import trainready.run.launcher as launcher_module
+    import trainready.run.run_dir as run_dir_module  # RunDir writes every file of a run directory
 
     calls = []
-    real = launcher_module.replace_durable
-    monkeypatch.setattr(launcher_module, "replace_durable", lambda path, data: (calls.append(Path(path).name), real(path, data)))
+    real = run_dir_module.replace_durable
+    monkeypatch.setattr(run_dir_module, "replace_durable", lambda path, data: (calls.append(Path(path).name), real(path, data)))
     launcher = _launcher(tmp_path / "run")
     launcher._begin()
     launcher._end(LaunchResult(0, "finished", "training finished"))

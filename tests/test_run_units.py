@@ -455,3 +455,34 @@ def test_the_billing_formula_is_written_once():
     offenders = [f"{p.name}:{i}" for p in folder.rglob("*.py") if p.name != "budget.py"
                  for i, line in enumerate(p.read_text().splitlines(), 1) if formula.search(line)]
     assert offenders == []
+
+
+def test_run_dir_owns_its_files_and_reads_them_as_hostile(tmp_path):
+    """RunDir names run.json, telemetry.jsonl, stop.json, summary.json and logs/ once, and reads them through the
+    bounded regular-file reader: a FIFO in place of stop.json or run.json neither hangs the launcher nor
+    crashes it (stop.json: unknown; run.json: a usage error naming it)."""
+    import os
+
+    from trainready.errors import UsageError
+    from trainready.run.run_dir import RunDir
+
+    rd = RunDir(tmp_path)
+    assert not rd.holds_a_run() and rd.read_run_info() == {} and rd.read_stop() is None
+    rd.write_stop({"reason": "signal", "exit_code": 143})
+    assert rd.read_stop() == {"reason": "signal", "exit_code": 143}
+    rd.clear_stop()
+    assert rd.read_stop() is None
+    os.mkfifo(rd.stop_json)
+    assert rd.read_stop() is None  # returned at once: the FIFO is not opened for a blocking read
+    rd.stop_json.unlink()
+    rd.stop_json.write_text("[1, 2]")
+    assert rd.read_stop() is None  # not an object: unknown
+    os.mkfifo(rd.run_json)
+    with pytest.raises(UsageError, match="run.json.*not a regular file"):
+        rd.read_run_bytes()
+    with pytest.raises(UsageError, match="not a regular file"):
+        rd.read_run_info()
+    rd.run_json.unlink()
+    rd.write_run_info({"launches": []})
+    assert rd.holds_a_run() and rd.read_run_info() == {"launches": []}
+    assert (rd.telemetry.name, rd.summary_json.name, rd.logs.name) == ("telemetry.jsonl", "summary.json", "logs")

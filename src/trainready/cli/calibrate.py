@@ -24,10 +24,10 @@ from .options import output_file
 
 # --- what a run measured ------------------------------------------------------------------------
 def _is_run_dir(path: Path) -> bool:
+    from trainready.run.run_dir import RunDir
     from trainready.run.settings import node_run_dirs
-    from trainready.run.telemetry import FILE
 
-    return (path / "run.json").exists() or (path / FILE).exists() or bool(node_run_dirs(path))
+    return RunDir(path).holds_a_run() or bool(node_run_dirs(path))
 
 
 def _job_of_run(run_dir: Path, info: dict[str, Any]) -> Path | None:

@@ -33,7 +33,8 @@ from typing import Any
 from trainready.errors import UsageError, closest, printable
 from trainready.io import make_dir, read_regular, replace_durable
 
-from .telemetry import FILE, read_records
+from .run_dir import RunDir
+from .telemetry import read_records
 
 STATE_FILE = "exporters.json"
 FLUSH_EVERY_S = 2.0  # flush each backend and save exporters.json at most this often
@@ -324,7 +325,7 @@ class _Lane(threading.Thread):
         try:
             if self.sink.eager:  # rank 0 runs here: open now, while the workers start (MLflow's first open is slow)
                 self._open()
-            backlog, _ = read_records(self.sink.run_dir / FILE)
+            backlog, _ = read_records(RunDir(self.sink.run_dir).telemetry)
             self._take(backlog)
             flushed = time.monotonic()
             while True:

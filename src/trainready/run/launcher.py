@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from trainready import parent_death
-from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv, replace_durable
+from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv
 
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
 from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, LaunchSpec
-from .settings import STOP_FILE
+from .run_dir import RunDir
 from .summary import billed_seconds, launches_from_telemetry, redact_values, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
 from .watchdog import children, process_start_ticks
@@ -138,7 +138,7 @@ class Launcher:
     # ---- run.json ----------------------------------------------------------------------------
 
     def _run_json(self) -> Path:
-        return self.spec.run_dir / "run.json"
+        return RunDir(self.spec.run_dir).run_json
 
     def _load_info(self, records: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
         """run.json of earlier launches, and whether it had to be rebuilt. One that cannot be parsed
@@ -146,14 +146,9 @@ class Launcher:
         telemetry.jsonl: an empty record would reset the budget's count of what was spent."""
         path = self._run_json()
         try:
-            raw = path.read_bytes()
+            raw = RunDir(self.spec.run_dir).read_run_bytes()  # bounded: a FIFO or a symlink is a usage error
         except FileNotFoundError:
             return {}, False
-        except OSError as exc:
-            from trainready.errors import UsageError
-
-            raise UsageError(f"cannot read {path} ({exc.strerror or exc}): fix its permissions or use another "
-                             "--run-dir") from None
         try:
             info = json.loads(raw)
             if not isinstance(info, dict) or not isinstance(info.get("launches", []), list) or \
@@ -177,7 +172,7 @@ class Launcher:
         return {"launches": launches}, True
 
     def _write_info(self, info: dict[str, Any]) -> None:
-        replace_durable(self._run_json(), json.dumps(info, indent=2, default=str).encode())
+        RunDir(self.spec.run_dir).write_run_info(info)
 
     def _begin(self) -> None:
         run_dir = self.spec.run_dir
@@ -212,7 +207,7 @@ class Launcher:
             "prior_billed_s": round(prior, 3)})
         self._write_info(info)
         self._info = info
-        (run_dir / STOP_FILE).unlink(missing_ok=True)
+        RunDir(run_dir).clear_stop()
         self.settings = self.spec.settings.model_copy(update={
             "prior_s": prior, "launch_unix": self.start_unix, "launcher_pid": os.getpid(),
             "launcher_start_ticks": process_start_ticks(os.getpid()), "exit_s": exit_s})
@@ -304,7 +299,7 @@ class Launcher:
         writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
         writer.close()
         result.summary = summarize(self.spec.run_dir)
-        replace_durable(self.spec.run_dir / "summary.json", result.summary.model_dump_json(indent=2).encode())
+        RunDir(self.spec.run_dir).write_summary(result.summary.model_dump_json(indent=2))
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -445,11 +440,7 @@ class Launcher:
         return explain_failure(self.spec, self.output_tail, returncode)
 
     def _read_stop(self) -> dict[str, Any] | None:
-        path = self.spec.run_dir / STOP_FILE
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
+        return RunDir(self.spec.run_dir).read_stop()
 
 
 def _clock(seconds: float) -> str:

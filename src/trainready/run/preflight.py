@@ -101,9 +101,10 @@ def check_budget(budget_usd: float | None, price: Price, nnodes: int, step_s: fl
 
 def measured_step_s(run_dir: Path) -> float | None:
     """Median step time of this run's earlier launches, if any."""
-    from .telemetry import FILE, median_step_s, read_records
+    from .run_dir import RunDir
+    from .telemetry import median_step_s, read_records
 
-    return median_step_s(read_records(run_dir / FILE)[0])
+    return median_step_s(read_records(RunDir(run_dir).telemetry)[0])
 
 
 def check_archive(url: str | None) -> None:

@@ -20,7 +20,6 @@ Contract: one session per process, used from the training thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -39,12 +38,13 @@ import torch.distributed as dist
 
 from trainready.dist import STOP, DistContext, identity
 from trainready.errors import UsageError
-from trainready.io import redact, replace_durable
+from trainready.io import redact
 
 from .budget import EXIT_S_DEFAULT, BudgetGuard, CostClock
 from .interval import IntervalChoice, choose_interval, job_mtbf
 from .launch_spec import EXIT_BUDGET
-from .settings import STOP_FILE, RunSettings
+from .run_dir import RunDir
+from .settings import RunSettings
 from .telemetry import TelemetryWriter
 from .timing import CommWatch, CudaMarks, FinishedStep, HostMarks, Marks, SplitQueue, StepTimer, StepTimes
 from .watchdog import start_watch
@@ -450,7 +450,7 @@ class Session:
         self.telemetry.write("stop", **info)
         self._say(message)  # under the launcher: its result line
         if self.local_rank == 0 and self.settings.run_dir is not None:  # every node's launcher reads its own
-            replace_durable(self.settings.run_dir / STOP_FILE, json.dumps(info, indent=2).encode())
+            RunDir(self.settings.run_dir).write_stop(info)
         try:
             self.finish(timeout_s=max(1.0, self.settings.grace_s - 5.0 - (time.monotonic() - started)))
         except Exception as exc:  # never trade a clean stop for a traceback: what is committed is intact

@@ -9,9 +9,7 @@ Time shares are of the wall time between step ends, so they add up to 1 with `ot
 from __future__ import annotations
 
 import contextlib
-import errno
 import gc
-import json
 import os
 import stat
 import statistics
@@ -21,13 +19,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError, printable
-from trainready.io import read_regular, redact, redact_argv
+from trainready.io import redact, redact_argv
 from trainready.plan.divergence import PlanCheck
 
 from .budget import usd_per_second
 from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
 from .records import finite
+from .run_dir import RunDir
 from .settings import node_run_dirs
 from .telemetry import FILE, read_records
 
@@ -129,29 +128,10 @@ def gc_paused():
             gc.enable()
 
 
-RUN_INFO_LIMIT = 64 << 20
-"""run.json holds the command, settings and one entry per launch: a few KB; past this it is not ours."""
-
-
 def load_run_info(run_dir: Path) -> dict[str, Any]:
-    """run.json: {} when absent. Read as a hostile file: opened without following a symlink or blocking on a
-    FIFO swapped in after a check, size-capped; anything else it could be is a UsageError naming it."""
-    path = run_dir / "run.json"
-    try:
-        info = json.loads(read_regular(path, RUN_INFO_LIMIT))
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        why = ("not a regular file" if exc.errno in (errno.ELOOP, errno.EINVAL, errno.EISDIR)
-               else f"more than {RUN_INFO_LIMIT >> 20} MiB" if exc.errno == errno.EFBIG else exc.strerror)
-        raise UsageError(f"{printable(path)}: unreadable ({why})") from None
-    except ValueError as exc:
-        raise UsageError(f"{printable(path)}: unreadable ({printable(str(exc))})") from None
-    except RecursionError:  # nested deeper than json's parser goes
-        raise UsageError(f"{printable(path)}: unreadable (JSON nested too deep)") from None
-    if not isinstance(info, dict):
-        raise UsageError(f"{printable(path)}: unreadable (a JSON {type(info).__name__}, not an object)")
-    return info
+    """run.json: {} when absent. Read as a hostile file (run_dir.RunDir.read_run_info): opened without following
+    a symlink or blocking on a FIFO swapped in after a check, size-capped; anything else is a UsageError naming it."""
+    return RunDir(run_dir).read_run_info()
 
 
 def _read_telemetry(run_dir: Path, skipped: dict[str, int]) -> list[dict[str, Any]]:
@@ -174,9 +154,9 @@ def _lead_node(run_dir: Path) -> tuple[Path, tuple[list[dict[str, Any]], dict[st
     """_lead_node_dir's answer and, when finding it read the lead's telemetry, those records and what reading
     skipped (summarize reads the file once). The answer is kept while no node's telemetry changes: `report`
     asks again for its plan check, and every node's file would be parsed anew."""
-    if (run_dir / "run.json").exists() or (run_dir / FILE).exists():
+    if RunDir(run_dir).holds_a_run():
         return run_dir, None
-    nodes = [p for p in node_run_dirs(run_dir) if (p / "run.json").exists()]
+    nodes = [p for p in node_run_dirs(run_dir) if RunDir(p).run_json.exists()]
     state = tuple((st.st_size, st.st_mtime_ns) if (st := _stat(n / FILE)) else None for n in nodes)
     known = _LEADS.get(run_dir)
     if known is not None and known[0] == state:

@@ -1,0 +1,116 @@
+"""One run directory and the files in it, named once: run.json (the command, settings and one entry per launch),
+telemetry.jsonl (the records), stop.json (why the workers stopped on purpose), summary.json and logs/.
+
+Every file here may have been edited, torn by a crash or replaced by an attacker: reads go through the bounded
+regular-file reader (no symlink followed, no FIFO blocking us, size-capped), and what cannot be read is a
+UsageError naming the file, or "unknown" (None) where the caller can go on without it. Writes are durable and
+private (replace_durable)."""
+
+from __future__ import annotations
+
+import errno
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainready.errors import UsageError, printable
+from trainready.io import read_regular, replace_durable
+
+from .settings import STOP_FILE
+from .telemetry import FILE as TELEMETRY_FILE
+
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+LOGS_DIR = "logs"
+RUN_INFO_LIMIT = 64 << 20
+"""run.json holds the command, settings and one entry per launch: a few KB; past this it is not ours."""
+STOP_LIMIT = 1 << 20
+"""stop.json is one small object."""
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN_FILE
+
+    @property
+    def telemetry(self) -> Path:
+        return self.path / TELEMETRY_FILE
+
+    @property
+    def stop_json(self) -> Path:
+        return self.path / STOP_FILE
+
+    @property
+    def summary_json(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
+    def logs(self) -> Path:
+        return self.path / LOGS_DIR
+
+    def holds_a_run(self) -> bool:
+        """Whether a launch has written here (run.json or telemetry)."""
+        return self.run_json.exists() or self.telemetry.exists()
+
+    def read_run_info(self) -> dict[str, Any]:
+        """run.json: {} when absent; anything that is not a JSON object in a regular file of at most
+        RUN_INFO_LIMIT bytes is a UsageError naming it."""
+        path = self.run_json
+        try:
+            info = json.loads(read_regular(path, RUN_INFO_LIMIT))
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise UsageError(f"{printable(path)}: unreadable ({_why(exc, RUN_INFO_LIMIT)})") from None
+        except ValueError as exc:
+            raise UsageError(f"{printable(path)}: unreadable ({printable(str(exc))})") from None
+        except RecursionError:  # nested deeper than json's parser goes
+            raise UsageError(f"{printable(path)}: unreadable (JSON nested too deep)") from None
+        if not isinstance(info, dict):
+            raise UsageError(f"{printable(path)}: unreadable (a JSON {type(info).__name__}, not an object)")
+        return info
+
+    def read_run_bytes(self) -> bytes:
+        """run.json's bytes for the launcher, which rebuilds a torn one from telemetry: FileNotFoundError when
+        absent; a file that is not regular or too large is a UsageError naming it."""
+        try:
+            return read_regular(self.run_json, RUN_INFO_LIMIT)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise UsageError(f"cannot read {printable(self.run_json)} ({_why(exc, RUN_INFO_LIMIT)}): fix it or use "
+                             "another --run-dir") from None
+
+    def write_run_info(self, info: dict[str, Any]) -> None:
+        replace_durable(self.run_json, json.dumps(info, indent=2, default=str).encode())
+
+    def read_stop(self) -> dict[str, Any] | None:
+        """stop.json as the workers wrote it; None (unknown) when absent, not a regular file, too large or not a
+        JSON object: the launcher then explains the exit from the exit status alone."""
+        try:
+            info = json.loads(read_regular(self.stop_json, STOP_LIMIT))
+        except (OSError, ValueError, RecursionError):
+            return None
+        return info if isinstance(info, dict) else None
+
+    def write_stop(self, info: dict[str, Any]) -> None:
+        replace_durable(self.stop_json, json.dumps(info, indent=2).encode())
+
+    def clear_stop(self) -> None:
+        self.stop_json.unlink(missing_ok=True)
+
+    def write_summary(self, text: str) -> None:
+        replace_durable(self.summary_json, text.encode())
+
+
+def _why(exc: OSError, limit: int) -> str:
+    if exc.errno in (errno.ELOOP, errno.EINVAL, errno.EISDIR):
+        return "not a regular file"
+    if exc.errno == errno.EFBIG:
+        return f"more than {limit >> 20} MiB"
+    return exc.strerror or str(exc)
