@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from trainready.store import CheckpointManager
+from trainready.store import CheckpointManager, PreemptedError
 from trainready.store.inspect import list_checkpoints, prune, verify_checkpoints
 from trainready.store.manifest import LEASE, MANIFEST, checkpoint_name
 
@@ -268,7 +268,8 @@ def test_preempted_is_what_the_ranks_agreed_not_what_one_rank_saw(tmp_path):
 
 def test_the_preemption_save_returns_and_the_caller_decides_how_to_exit(tmp_path):
     """save() never exits the process (issue 25): after the stop's synchronous save it returns, the manager is
-    closed, reached_preemption is true, and a loop that goes on saves nothing more and raises nothing."""
+    closed and reached_preemption is true; a loop that goes on saves nothing more, and its next save raises
+    PreemptedError (a quiet return would let a final save 'succeed' and the process exit 0 on an older step)."""
     import signal
 
     from trainready.dist import STOP
@@ -282,8 +283,15 @@ def test_the_preemption_save_returns_and_the_caller_decides_how_to_exit(tmp_path
         assert mgr.reached_preemption(7) and mgr.preempted
         assert [c.name for c in list_checkpoints(str(tmp_path / "hot")).checkpoints if c.status == "committed"] == [
             checkpoint_name(7, mgr.generation)]
-        assert not mgr.should_save(8) and mgr.save(8, {"model": {"w": torch.ones(3)}}) is False
+        assert not mgr.should_save(8)
+        with pytest.raises(PreemptedError, match="stopped for preemption after step 7.*reached_preemption"):
+            mgr.save(8, {"model": {"w": torch.ones(3)}})
         assert mgr.PREEMPTION_EXIT_CODE == 143
+        old_style = CheckpointManager(tmp_path / "hot2", async_save=False)
+        with pytest.warns(DeprecationWarning, match="no longer exits"):
+            old_style.install_preemption_handler(exit_code=137)
+        assert old_style.PREEMPTION_EXIT_CODE == 137
+        old_style.close()
     finally:
         STOP.reset()
 

@@ -52,6 +52,8 @@ class Gpu(_Strict):
     gpu_gpu_gbps_bidir: float | None = Field(None, gt=0, description="GPU-GPU bandwidth per GPU, both directions, GB/s")
     nvlink_links: int | None = Field(None, ge=0)
     nvlink_link_gbps: float | None = Field(None, gt=0, description="per link and direction, GB/s")
+    nvlink_domain: int | None = Field(None, gt=0, description="GPUs one NVLink domain joins across servers (GB200 "
+                                                               "NVL72: 72); None: the server's own GPUs")
     pcie_gen: int | None = Field(None, ge=1)
     pcie_gbps_per_dir: float | None = Field(None, gt=0)
     uncertain: str | None = None

@@ -37,7 +37,7 @@ def estimate(
     lora_rank: o.LoraRank = None,
     tokens: o.Tokens = None,
     instance: Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type, e.g. p4d.24xlarge.", rich_help_panel=HW)] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU when no instance is given: a100-40gb, a100-80gb, h100-80gb, h200, b200, v100-16gb, v100-32gb, a10g, l4, l40s.", rich_help_panel=HW)] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU when no instance is given: a100-40gb, a100-80gb, h100-80gb, h200, b200, gb200, v100-16gb, v100-32gb, a10g, l4, l40s.", rich_help_panel=HW)] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", parser=o.number("16", hi=MAX_GPUS, whole=True), help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", parser=o.number("8", hi=1024, whole=True), help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
     inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", parser=o.number("400"), help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,

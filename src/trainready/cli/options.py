@@ -160,7 +160,7 @@ Tokens = Annotated[Optional[float], typer.Option("--tokens", parser=number("2e9"
 SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number("4096", hi=MAX_SEQ_LEN, whole=True), help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
 GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", parser=number("256", hi=MAX_BATCH, whole=True), help="Sequences per optimizer step. [default: ~1M tokens]", rich_help_panel=PAR)]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Compute precision. [default: bf16, fp16 on V100]", rich_help_panel=NUM)]
-OptimDType = Annotated[Optional[DType], typer.Option("--optimizer-dtype", help="fp32: fp32 master weights and Adam states (mixed precision); bf16: pure bf16 training. [default: fp32]", rich_help_panel=NUM)]
+OptimDType = Annotated[Optional[DType], typer.Option("--optimizer-dtype", help="fp32: fp32 master weights and Adam states (mixed precision); bf16: pure bf16 training. [default: fp32; the automodel stack: bf16 for a bf16 job]", rich_help_panel=NUM)]
 ReduceDType = Annotated[Optional[DType], typer.Option("--reduce-dtype", help="Gradient reduction dtype. [default: the stack's]", rich_help_panel=NUM)]
 KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager: plain PyTorch modules (Hugging Face style); fused: fused norm/activation kernels (Megatron, torch.compile). [default: the stack's]", rich_help_panel=NUM)]
 AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: the stack's]", rich_help_panel=NUM)]

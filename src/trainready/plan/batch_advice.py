@@ -44,7 +44,7 @@ def published_scale_advice(s: Setup) -> str | None:
     _, tokens, source = known[-1]
     if s.tokens_per_step >= tokens:
         return None
-    unit = s.dp * s.micro_batch
+    unit = s.dp * s.micro_batch * (s.pp if s.pp_virtual > 1 else 1)  # interleaved: micro-batches in groups of pp
     need = -(-math.ceil(tokens / s.seq_len) // unit) * unit
     return (f"global batch {s.tokens_per_step / 1e6:,.1f}M tokens is below what published pre-training of models "
             f"this size started from ({source}): --global-batch {need:,} ({need * s.seq_len / 1e6:,.1f}M tokens "

@@ -141,11 +141,12 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
     weights = _per_gpu(s, pc, w_b, shard_w) + working + units
     grads = _per_gpu(s, pc, g_b, shard_grad)
-    if stage_gathered and s.grad_accum > 1:
-        # unsharded gradients accumulated over the micro-batches (FSDP2 upcasts them to the reduce dtype); the
-        # sharded ones exist only after the step's one reduce-scatter, when these are freed
-        accumulated = (4.0 if s.reduce_dtype == "fp32" else 2.0) * (pc.local - plain_experts) + g_b * plain_experts
-        grads = max(grads, accumulated)
+    # unsharded gradients kept over the micro-batches, one as well (torch.distributed.pipelining turns gradient
+    # sync off for every backward and reduces once after the last; FSDP2 keeps them in the reduce dtype): the
+    # sharded ones exist only after that reduce-scatter, when these are freed
+    accumulated = ((4.0 if s.reduce_dtype == "fp32" else 2.0) * (pc.local - plain_experts) + g_b * plain_experts
+                   if stage_gathered else 0.0)
+    grads = max(grads, accumulated)
     optim = _per_gpu(s, pc, o_b, shard_opt)
     if s.offload == "none":
         return weights, grads, optim, 0.0
@@ -156,8 +157,8 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         host += _per_gpu(s, pc, 2.0, dp)
     if s.offload == "optimizer":
         gpu_weights = (2.0 * pc.local if not z3 else _per_gpu(s, pc, 2.0, dp) + units)
-        return gpu_weights, _per_gpu(s, pc, 2.0, dp), 0.0, host
-    return units, 2.0 * pc.block, 0.0, host  # optimizer+params: only gathered units stay
+        return gpu_weights, max(_per_gpu(s, pc, 2.0, dp), accumulated), 0.0, host
+    return units, max(2.0 * pc.block, accumulated), 0.0, host  # optimizer+params: only gathered units stay
 
 
 def _residual_bytes(s: Setup) -> int:
@@ -178,14 +179,17 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     stack = get_stack(s.stack)
     fp8_saved = s.precision == "fp8" and stack.fp8_saves_inputs
     fp32_adapters = stack.lora_fp32_adapters
+    # the stack's layout (flash_attention_2's batch x seq x heads) only with the stack's own kernel; another
+    # kernel goes through SDPA, whose output is transposed and copied
+    attention_copy = stack.attention_copy or s.attention_kernel != stack.attention_kernel
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
         return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters,
-                                 stack.attention_copy),
+                                 attention_copy),
                         lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                                       method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
                                                       fp32_adapters=fp32_adapters,
-                                                      attention_copy=stack.attention_copy))
+                                                      attention_copy=attention_copy))
 
     layer = per_token(m) / s.tp * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
@@ -211,7 +215,10 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         saved = in_flight * kept_stage
     else:  # with FlashAttention, selective-attn recompute saves nothing more (no s x s scores)
         saved = layers * layer if not m.is_moe else in_flight * stage
-    loss = tokens * (loss_bytes_per_token(m, a, stack.keeps_logits, stack.tp_loss_parallel and s.tp > 1) + final_norm_bytes(m, s.kernels, r, a, s.method)) / s.tp
+    # torch.distributed.pipelining keeps the last stage's output (the logits) until that micro-batch's backward
+    keeps_logits = stack.keeps_logits or (s.pp > 1 and stack.torch_pipelining)
+    loss_bytes = loss_bytes_per_token(m, a, keeps_logits, stack.tp_loss_parallel and s.tp > 1)
+    loss = tokens * (loss_bytes + final_norm_bytes(m, s.kernels, r, a, s.method)) / s.tp
     if s.pp > 1:  # the loss lives on the last rank, which holds one micro-batch (interleaved: (v-1) pp + 1 of v)
         n_last = len(pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)[-1])  # uneven stages: the last may be smaller
         last_in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum, rank=s.pp - 1)

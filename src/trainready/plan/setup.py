@@ -96,9 +96,9 @@ class Setup:
     @property
     def pp_stage_gathered(self) -> bool:
         """ZeRO-3/FSDP under pipeline stages on a stack that keeps each stage's parameters gathered through the
-        step and reduces gradients once, after the last micro-batch (Stack.pp_gathers_stage; torchtitan)."""
-        return (self.strategy == "zero3" and self.pp > 1 and self.offload == "none"
-                and get_stack(self.stack).pp_gathers_stage)
+        step and reduces gradients once, after the last micro-batch (Stack.pp_gathers_stage; torchtitan), with or
+        without CPU offload (torchtitan's reshard_after_forward ignores it)."""
+        return self.strategy == "zero3" and self.pp > 1 and get_stack(self.stack).pp_gathers_stage
 
     @property
     def local_tokens(self) -> int:
@@ -411,6 +411,15 @@ def _check_offload(strategy: str, offload: str, method: str) -> None:
         raise UsageError("--offload optimizer+params needs --strategy zero3 (or fsdp)")
 
 
+def _default_per_node(gpu: Gpu, total: int | None) -> int:
+    """GPUs per "node" (the NVLink domain the model treats as one) for --gpu without --gpus-per-node: 8 (an HGX
+    server), or for a GPU whose NVLink spans servers (GB200 NVL72) the largest part of --gpus that one domain holds."""
+    if gpu.nvlink_domain is None:
+        return min(8, total or 8)
+    total = total or gpu.nvlink_domain
+    return max(d for d in range(1, min(total, gpu.nvlink_domain) + 1) if total % d == 0)
+
+
 def _placement(job: JobSpec, catalog: Catalog) -> tuple[Gpu, Instance | None, int, int]:
     """(gpu, instance, gpus_per_node, nodes) from --instance/--gpu, --gpus, --gpus-per-node."""
     if job.instance and job.gpu:
@@ -428,7 +437,7 @@ def _placement(job: JobSpec, catalog: Catalog) -> tuple[Gpu, Instance | None, in
     elif job.gpu:
         inst = None
         gpu = catalog.gpu(job.gpu)
-        per_node = job.gpus_per_node or min(8, job.gpus or 8)
+        per_node = job.gpus_per_node or _default_per_node(gpu, job.gpus)
     else:
         raise UsageError("no hardware given: use --instance TYPE or --gpu NAME (see `trainready catalog`)")
     total = job.gpus or per_node
@@ -478,6 +487,11 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                          f"size {dp} = {micro * dp}; nearest valid: {nearest_multiples(global_batch, micro * dp)}")
     accum = global_batch // (micro * dp)
     _check_virtual(model, job.pp, v, micro, dp, global_batch, accum)
+    if job.pp > 1 and accum < job.pp and st.stack.torch_pipelining:
+        need = micro * dp * job.pp
+        raise UsageError(f"{accum} micro-batch(es) per step for --pp {job.pp}: stack {st.stack.name} pipelines with "
+                         f"torch.distributed.pipelining, whose Schedule1F1B needs at least as many micro-batches as "
+                         f"stages; --global-batch {need} (or more) or a smaller --micro-batch")
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
     overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)

@@ -108,6 +108,9 @@ class Stack:
     param_gather_overlap: bool = False
     """ZeRO-1's all-gather of the updated parameters runs behind the next step's first forward (Megatron's
     --overlap-param-gather); False: it runs after the optimizer step, exposed."""
+    torch_pipelining: bool = False
+    """Pipeline stages run on torch.distributed.pipelining, whose Schedule1F1B refuses fewer micro-batches per step
+    than stages and whose last stage keeps its output (the logits) until that micro-batch's backward."""
     pp_gathers_stage: bool = False
     """With pipeline stages, ZeRO-3/FSDP keeps the stage's parameters gathered from the first micro-batch's forward
     to the end of the step and accumulates unsharded gradients (in the reduce dtype) over the micro-batches,
@@ -177,7 +180,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # parallelize_llama.py apply_fsdp (9dec370ad26b) and distributed/fsdp.py (2026): reshard_after_forward is
           # False when PP is enabled, "to avoid per-microbatch all-gathers"; the pipeline schedule turns gradient
           # sync off until the last micro-batch, so FSDP2 accumulates unsharded gradients in the reduce dtype
-          pp_gathers_stage=True,
+          pp_gathers_stage=True, torch_pipelining=True,
           etp_source="torchtitan 0.3.0 distributed/parallel_dims.py: the sparse mesh (pp, dp_replicate, efsdp, ep) "
                      "with efsdp = dp_shard x cp x tp / ep ('EP borrows ranks from FSDP and TP'); "
                      "models/common/moe_sharding.py shards routed experts on EP only, on TP when EP is off; 0.3 "
@@ -226,7 +229,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           param_dtype="bf16",
           # components/distributed/parallelizer.py (dense: reshard_after_forward = False with PP) and
           # components/moe/config.py (reshard_after_forward: False); PP through torch.distributed.pipelining
-          pp_gathers_stage=True,
+          pp_gathers_stage=True, torch_pipelining=True,
           # components/moe/parallelizer.py apply_fsdp (79d0ccfd, 2025-10): "If FSDP is disabled for grouped experts
           # because the parameters are already fully sharded by PP and EP ... remove the parameters from FSDP"
           plain_unsharded_experts=True,

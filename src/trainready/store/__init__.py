@@ -8,7 +8,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, StorageFullError
+from .errors import (ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, PreemptedError,
+                     StorageFullError)
 
 if TYPE_CHECKING:
     from .manager import CheckpointManager, ManagerStatus, RestoreResult
@@ -21,7 +22,7 @@ _LAZY = {
 
 __all__ = [
     "CheckpointManager", "ManagerStatus", "RestoreResult", "training_state", "ModelState", "OptimizerState", "Position", "RNGState",
-    "CheckpointError", "StorageFullError", "FencedError", "ArchiveUnavailableError", "BadStateError",
+    "CheckpointError", "StorageFullError", "FencedError", "ArchiveUnavailableError", "BadStateError", "PreemptedError",
 ]
 
 

@@ -21,6 +21,10 @@ class ArchiveUnavailableError(CheckpointError):
     """The archive could not be reached."""
 
 
+class PreemptedError(CheckpointError):
+    """save() after the manager stopped for preemption: the loop should have left on reached_preemption."""
+
+
 class BadStateError(UsageError):
     """The state passed to save/restore cannot be checkpointed as given."""
 

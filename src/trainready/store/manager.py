@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,7 +30,8 @@ from trainready.dist import STOP, DistContext
 from trainready.io import PreconditionFailed, redact
 
 from . import retention
-from .errors import ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, describe, raise_agreed
+from .errors import (ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, PreemptedError, describe,
+                     raise_agreed)
 from .manifest import Lease, Manifest, checkpoint_name
 from .replicator import Replicator
 from .restore import RestoreResult, restore_newest
@@ -74,7 +76,7 @@ class CheckpointManager:
 
     keep_hot / keep_archive: committed checkpoints to keep per tier (None: keep all). The hot tier
       also keeps the newest archived checkpoint; during an archive outage older unarchived ones are
-      dropped (status()["dropped_unarchived"]) rather than filling the disk.
+      dropped (status().dropped_unarchived) rather than filling the disk.
     async_save: stage to host memory and write in the background.
     when_busy: a save while one is still being written either "wait"s for it or is "skip"ped
       (agreed by all ranks).
@@ -120,7 +122,6 @@ class CheckpointManager:
         self._saved: set[int] = set()
         self._preempt: dict[str, Any] | None = None
         self._stopped_at: int | None = None  # the step the preemption save committed (then closed)
-        self._said_stopped = False
         self.dropped_unarchived: list[str] = []
         self.last_commit: tuple[int, float] | None = None  # (step, seconds) of the newest hot commit
         self._closed = False
@@ -298,13 +299,12 @@ class CheckpointManager:
         """Checkpoint `state` as of `step`. Returns once the state is staged (async) or committed
         on the hot tier (sync); False when skipped (this step already saved, or busy with
         when_busy='skip'). Collective: every rank calls it with the same step."""
-        if self._stopped_at is not None:  # the loop went on after the preemption save: say how to leave it, once
-            if not self._said_stopped:
-                self._said_stopped = True
-                log.warning("checkpoint manager stopped for preemption after step %d: leave the training loop when "
-                            "mgr.reached_preemption(step) is true (and exit with mgr.PREEMPTION_EXIT_CODE)",
-                            self._stopped_at)
-            return False
+        if self._stopped_at is not None:
+            # the loop went on after the stop's save: whatever it trained since is lost on the reclaimed node, and a
+            # quiet return would let a final save 'succeed' and the process exit 0 with an older checkpoint
+            raise PreemptedError(f"the checkpoint manager stopped for preemption after step {self._stopped_at} "
+                                 f"(saved); save({step}) comes after it: leave the training loop when "
+                                 f"mgr.reached_preemption(step) is true and exit (mgr.PREEMPTION_EXIT_CODE, 143)")
         self._check_open()
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise BadStateError(f"step must be a non-negative int, got {step!r}")
@@ -558,7 +558,7 @@ class CheckpointManager:
     PREEMPTION_EXIT_CODE = 143
     """What a preempted process conventionally exits with (128 + SIGTERM): the caller's to use."""
 
-    def install_preemption_handler(self, deadline_s: float = 100.0,
+    def install_preemption_handler(self, deadline_s: float = 100.0, exit_code: int | None = None,
                                    signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
         """On a stop signal (spot gives ~2 minutes) make `should_save` true on every rank; the
         next `save` is synchronous, then waits for its upload until `deadline_s` after the signal
@@ -566,6 +566,11 @@ class CheckpointManager:
         true, and the caller decides how to exit (Orbax's `reached_preemption`; conventionally
         with PREEMPTION_EXIT_CODE). The signals go through trainready's one signal path
         (trainready.dist.STOP)."""
+        if exit_code is not None:  # the argument of the releases whose save() exited the process
+            warnings.warn("install_preemption_handler(exit_code=...) no longer exits the process: leave the loop when "
+                          "reached_preemption(step) is true and exit with it yourself", DeprecationWarning,
+                          stacklevel=2)
+            self.PREEMPTION_EXIT_CODE = exit_code
         self._preempt = {"agreed": False, "deadline_s": deadline_s}
         STOP.install(signals)
 

@@ -50,6 +50,9 @@ def reason(s: Setup) -> str | None:
     if s.method != "full":
         return (f"torchtitan 0.3 has no {s.method} on its command line (LoRA is a model converter in a "
                 f"Python config; no 4-bit base); use --framework deepspeed (PEFT)")
+    if s.pp > 1 and s.grad_accum < s.pp:
+        return (f"{s.grad_accum} micro-batch(es) per step for pp {s.pp}: torch.distributed.pipelining's Schedule1F1B "
+                f"needs at least as many as stages (a larger global batch), or --framework megatron")
     if m.norm != "rmsnorm" or m.position != "rope" or m.mlp != "swiglu" or m.qkv_bias:
         what = ("LayerNorm" if m.norm != "rmsnorm" else f"{m.position} positions" if m.position != "rope"
                 else f"a {m.mlp} MLP" if m.mlp != "swiglu" else "QKV biases")
