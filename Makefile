@@ -46,8 +46,10 @@ browser:
 
 # One worker per core, at most 4 (pytest-xdist): on 2 cores the suite takes about half the time it takes in one
 # process, as most tests wait on torchrun, moto or a subprocess. `pytest tests/x.py` alone still runs in one.
+# worksteal: a worker that runs out takes queued tests from the other, so the long torchrun tests do not leave
+# one core idle at the end (2 cores: 10 min 46 s with the default distribution, 9 min 59 s with this).
 test: $(VENV)/.dev $(if $(CI),browser)
-	$(BIN)/python -m pytest -q -n logical --maxprocesses=4
+	$(BIN)/python -m pytest -q -n logical --maxprocesses=4 --dist worksteal
 
 bench: $(VENV)/.dev
 	$(BIN)/python bench/plan_accuracy.py
