@@ -252,3 +252,23 @@ def test_run_json_is_replaced_durably(tmp_path, monkeypatch):
     _release(launcher)
     assert calls == ["run.json", "run.json", "summary.json"]
     assert not [p for p in (tmp_path / "run").iterdir() if ".tmp" in p.name]
+
+
+def test_a_hostile_stop_json_is_unknown_not_a_crash(tmp_path):
+    """stop.json is decoded into its documented shape (RunDir.read_stop): a wrong type or an exit code no process
+    can have makes it unknown, and the launcher explains the exit from the exit status alone. `int("x")` used to
+    raise inside the launcher's outcome (exit 3)."""
+    import os
+
+    launcher = _launcher(tmp_path / "run")
+    launcher._begin()
+    try:
+        for hostile in ('{"reason": "signal", "exit_code": "x", "message": "m"}', '{"exit_code": 1e400}', '[]', '{'):
+            (tmp_path / "run" / "stop.json").write_text(hostile)
+            result = launcher._outcome(0)
+            assert (result.exit_code, result.reason) == (0, "finished"), hostile
+        (tmp_path / "run" / "stop.json").unlink()
+        os.mkfifo(tmp_path / "run" / "stop.json")  # no hang either
+        assert launcher._outcome(0).reason == "finished"
+    finally:
+        _release(launcher)

@@ -468,8 +468,15 @@ def test_run_dir_owns_its_files_and_reads_them_as_hostile(tmp_path):
 
     rd = RunDir(tmp_path)
     assert not rd.holds_a_run() and rd.read_run_info() == {} and rd.read_stop() is None
-    rd.write_stop({"reason": "signal", "exit_code": 143})
-    assert rd.read_stop() == {"reason": "signal", "exit_code": 143}
+    good = {"schema_version": 1, "reason": "signal", "step": 5, "checkpoint": 5, "message": "stopped by SIGTERM",
+            "exit_code": 143, "upload_error": None, "cost_usd": 0.5}
+    rd.write_stop({**good, "a_field_of_a_newer_version": 1})
+    stop = rd.read_stop()
+    assert (stop.reason, stop.exit_code, stop.checkpoint) == ("signal", 143, 5)
+    for hostile in ({**good, "exit_code": "x"}, {**good, "exit_code": 10**30}, {**good, "exit_code": -1},
+                    {**good, "reason": "rm -rf"}, {**good, "message": 5}, {"reason": "signal"}):
+        rd.write_stop(hostile)
+        assert rd.read_stop() is None, hostile  # unknown, never a crash of the launcher's outcome
     rd.clear_stop()
     assert rd.read_stop() is None
     os.mkfifo(rd.stop_json)

@@ -30,6 +30,7 @@ from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_arg
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
 from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, LaunchSpec
+from .records import StopInfo
 from .run_dir import RunDir
 from .summary import billed_seconds, launches_from_telemetry, redact_values, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
@@ -424,8 +425,8 @@ class Launcher:
             return LaunchResult(EXIT_BUDGET, "budget", self._budget_stop)
         stop = self._read_stop()
         if stop is not None:
-            reason, code = stop.get("reason", "stopped"), int(stop.get("exit_code", 0))
-            message = redact(stop.get("message", ""))  # may quote an upload error: it goes to run.json and the console
+            reason, code = stop.reason, stop.exit_code
+            message = redact(stop.message)  # may quote an upload error: it goes to run.json and the console
             if reason == "signal" and self.signalled is not None:  # the workers only saw the SIGTERM we sent
                 code = 128 + self.signalled
                 message = message.replace("SIGTERM", signal.Signals(self.signalled).name, 1)
@@ -439,7 +440,7 @@ class Launcher:
 
         return explain_failure(self.spec, self.output_tail, returncode)
 
-    def _read_stop(self) -> dict[str, Any] | None:
+    def _read_stop(self) -> StopInfo | None:
         return RunDir(self.spec.run_dir).read_stop()
 
 

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from trainready.errors import UsageError, printable
 from trainready.io import read_regular, replace_durable
 
+from .records import StopInfo
 from .settings import STOP_FILE
 from .telemetry import FILE as TELEMETRY_FILE
 
@@ -89,14 +92,22 @@ class RunDir:
     def write_run_info(self, info: dict[str, Any]) -> None:
         replace_durable(self.run_json, json.dumps(info, indent=2, default=str).encode())
 
-    def read_stop(self) -> dict[str, Any] | None:
-        """stop.json as the workers wrote it; None (unknown) when absent, not a regular file, too large or not a
-        JSON object: the launcher then explains the exit from the exit status alone."""
+    def read_stop(self) -> StopInfo | None:
+        """stop.json as the workers wrote it, decoded into its documented shape (records.StopInfo; fields this
+        version does not know are ignored, as an older or newer writer may add some); None (unknown) when absent,
+        not a regular file, too large, not JSON, or not that shape (a wrong type, an exit code outside 0..255):
+        the launcher then explains the exit from the exit status alone."""
         try:
             info = json.loads(read_regular(self.stop_json, STOP_LIMIT))
         except (OSError, ValueError, RecursionError):
             return None
-        return info if isinstance(info, dict) else None
+        if not isinstance(info, dict):
+            return None
+        try:
+            stop = StopInfo.model_validate({k: v for k, v in info.items() if k in StopInfo.model_fields})
+        except ValidationError:
+            return None
+        return stop if 0 <= stop.exit_code <= 255 else None
 
     def write_stop(self, info: dict[str, Any]) -> None:
         replace_durable(self.stop_json, json.dumps(info, indent=2).encode())
