@@ -272,3 +272,31 @@ def test_a_hostile_stop_json_is_unknown_not_a_crash(tmp_path):
         assert launcher._outcome(0).reason == "finished"
     finally:
         _release(launcher)
+
+
+def test_hostile_run_json_is_exit_2_for_report_and_rebuilt_by_a_relaunch(tmp_path):
+    """issue 26: `"command": 5` in run.json gave report an internal error (exit 3), and JSON nested past the
+    parser's depth crashed a relaunch. report now says which field of which file; the launcher moves such a file
+    aside and rebuilds its launches from telemetry, as it does a torn one."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cloud_stubs import invoke
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text('{"schema_version": 1, "command": 5, "launches": []}')
+    code, out, err = invoke("report", str(run_dir))
+    assert code == 2 and "run.json: unreadable ('command' is a JSON number, not a list of strings)" in err, err
+    deep = '{"x": ' * 100_000 + "1" + "}" * 100_000
+    for hostile in (deep, '{"schema_version": 1, "command": 5, "launches": []}'):
+        (run_dir / "run.json").write_text(hostile)
+        said: list[str] = []
+        launcher = _launcher(run_dir, said=said)
+        try:
+            launcher._begin()
+        finally:
+            _release(launcher)
+        assert any("was unreadable (moved to run.json.corrupt-" in line for line in said), said
+        for aside in run_dir.glob("run.json.corrupt-*"):
+            aside.unlink()

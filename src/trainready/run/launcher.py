@@ -31,7 +31,7 @@ from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
 from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, LaunchSpec
 from .records import StopInfo
-from .run_dir import RunDir
+from .run_dir import RunDir, run_info_problem
 from .summary import billed_seconds, launches_from_telemetry, redact_values, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
 from .watchdog import children, process_start_ticks
@@ -152,11 +152,10 @@ class Launcher:
             return {}, False
         try:
             info = json.loads(raw)
-            if not isinstance(info, dict) or not isinstance(info.get("launches", []), list) or \
-                    not all(isinstance(launch, dict) for launch in info.get("launches", [])):
+            if not isinstance(info, dict) or run_info_problem(info, every_launch=True):
                 raise ValueError("not a run.json object")
             return info, False
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past json's parser
             pass
         aside = path.with_name(f"run.json.corrupt-{int(time.time())}")
         os.replace(path, aside)

@@ -76,6 +76,9 @@ class RunDir:
             raise UsageError(f"{printable(path)}: unreadable (JSON nested too deep)") from None
         if not isinstance(info, dict):
             raise UsageError(f"{printable(path)}: unreadable (a JSON {type(info).__name__}, not an object)")
+        problem = run_info_problem(info)
+        if problem:
+            raise UsageError(f"{printable(path)}: unreadable ({problem})")
         return info
 
     def read_run_bytes(self) -> bytes:
@@ -117,6 +120,30 @@ class RunDir:
 
     def write_summary(self, text: str) -> None:
         replace_durable(self.summary_json, text.encode())
+
+
+def run_info_problem(info: dict[str, Any], every_launch: bool = False) -> str | None:
+    """What makes a run.json object unusable, by the fields its readers rely on (records.RunInfo's types); None:
+    usable. Unknown fields and missing ones are left to the readers (an older version wrote fewer), and so are
+    launch entries that are not objects (report leaves them out) unless `every_launch` (the launcher, which
+    rebuilds such a file from telemetry rather than lose what a launch spent)."""
+    command = info.get("command", [])
+    if not isinstance(command, list) or not all(isinstance(word, str) for word in command):
+        return f"'command' is a JSON {_kind(command)}, not a list of strings"
+    for name in ("config", "environment"):
+        if name in info and not isinstance(info[name], dict):
+            return f"'{name}' is a JSON {_kind(info[name])}, not an object"
+    launches = info.get("launches", [])
+    if not isinstance(launches, list):
+        return f"'launches' is a JSON {_kind(launches)}, not an array"
+    if every_launch and not all(isinstance(launch, dict) for launch in launches):
+        return "'launches' is not a list of objects"
+    return None
+
+
+def _kind(value: object) -> str:
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object",
+            type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _why(exc: OSError, limit: int) -> str:
