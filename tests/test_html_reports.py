@@ -340,3 +340,28 @@ def test_the_heatmap_after_a_crash_shows_the_relaunchs_windows_where_they_redo_s
         return [int(row[int((a + b) / 2 * 10)]) for a, b in zip(xs[:-1], xs[1:], strict=True)]
 
     assert drawn(fast=True) == drawn(fast=False)
+
+
+def test_html_never_replaces_a_file_it_did_not_write(tmp_path):
+    """issue 26: `report R --html R/telemetry.jsonl` destroyed the run's telemetry, and `--html FILE` replaced any
+    file. A path inside the run directory is refused; an existing file is replaced only when it is a page
+    trainready wrote (its generator tag), or with --force."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cloud_stubs import invoke
+
+    run = make_run_dir(tmp_path / "run", steps=12, ranks=1, ckpt_every=5, prediction=PREDICTION)
+    telemetry = (run / "telemetry.jsonl").read_bytes()
+    code, _, err = invoke("report", str(run), "--html", str(run / "telemetry.jsonl"))
+    assert code == 2 and "inside the run directory" in err, err
+    code, _, err = invoke("report", str(run), "--html", str(run / "page.html"), "--force")
+    assert code == 2 and "inside the run directory" in err  # --force does not lift this one
+    assert (run / "telemetry.jsonl").read_bytes() == telemetry
+    precious = tmp_path / "notes.txt"
+    precious.write_text("mine")
+    code, _, err = invoke("report", str(run), "--html", str(precious))
+    assert code == 2 and "not a page trainready wrote" in err and precious.read_text() == "mine"
+    page = tmp_path / "page.html"
+    assert invoke("report", str(run), "--html", str(page))[0] == 0
+    assert invoke("report", str(run), "--html", str(page))[0] == 0  # ours: rewritten
+    assert invoke("report", str(run), "--html", str(precious), "--force")[0] == 0
+    assert '<meta name="generator" content="trainready">' in precious.read_text()

@@ -83,6 +83,7 @@ def plan(
     calibration: o.CalibrationRef = None,
     json_out: o.Json = False,
     html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write every candidate (cost vs time, Pareto front), the rows, the excluded instances and the best row's memory per GPU as one self-contained HTML page (needs trainready[report]).", rich_help_panel=o.OUT)] = None,
+    force: Annotated[bool, typer.Option("--force", help="With --html: replace FILE even when it is not a page trainready wrote.", rich_help_panel=o.OUT)] = False,
     live: Annotated[bool, typer.Option("--live", help="Check each row against your AWS account now: quota, offering, permissions, live prices; rows that cannot launch are excluded (docs/account.md).", rich_help_panel="Live")] = False,
     regions: Annotated[Optional[str], typer.Option("--regions", metavar="REGIONS", help="With --live: regions to try, comma-separated, or all. [default: each row's price region]", rich_help_panel="Live")] = None,
     data: Annotated[Optional[str], typer.Option("--data", metavar="S3URL", help="With --live: the dataset, s3://bucket/prefix; other regions pay to move it.", rich_help_panel="Live")] = None,
@@ -125,7 +126,7 @@ def plan(
     if html is not None:
         from .render_html import plan_html
 
-        plan_html(result, html, console=err if json_out else out)
+        plan_html(result, html, console=err if json_out else out, force=force)
     if json_out:
         emit_json(result)
     else:

@@ -118,6 +118,7 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
 def report(run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory (--run-dir of trainready run).", show_default=False)],
            html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write the report as one self-contained HTML page with charts (opens offline; needs trainready[report]).")] = None,
            live: Annotated[bool, typer.Option("--live", help="With --html: rewrite the page every 15 s while the run is going (the page reloads itself); ends when the run does.")] = False,
+           force: Annotated[bool, typer.Option("--force", help="With --html: replace FILE even when it is not a page trainready wrote.")] = False,
            json_out: o.Json = False) -> None:
     from trainready.run.summary import summarize
 
@@ -126,7 +127,7 @@ def report(run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A ru
     if html is not None or live:
         from .render_html import report_html
 
-        summary = report_html(run_dir, html, live=live, console=err if json_out else out)
+        summary = report_html(run_dir, html, live=live, console=err if json_out else out, force=force)
     else:
         summary = summarize(run_dir)
     from .calibrate import plan_check

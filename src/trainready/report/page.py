@@ -8,6 +8,9 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+GENERATOR = '<meta name="generator" content="trainready">'
+"""In every page we write: `--html` replaces a file only when it carries this (html_target in cli/render_html.py)."""
+
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;
 padding:0 16px}
@@ -65,6 +68,6 @@ class Page:
         refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
         sub = "".join(f'<p class="sub">{esc(s)}</p>' for s in self.subtitle)
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">{refresh}"
+                f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">{GENERATOR}{refresh}"
                 f"<title>{esc(self.title)}</title><style>{CSS}</style></head><body>"
                 f"<h1>{esc(self.title)}</h1>{sub}{''.join(self.parts)}</body></html>\n")
