@@ -457,3 +457,18 @@ def test_region_spelled_as_plan_accepts_it():
     catalog = load_catalog()
     assert parse_regions("US_East_1, us-west-2,us-east-1", catalog, None) == ["us-east-1", "us-west-2"]
     assert parse_regions("ALL", catalog, None) is None  # was "unknown region 'ALL'" while US-EAST-1 passed
+
+
+def test_nothing_checked_is_not_a_yes(env, monkeypatch):
+    """issue 26: with STS answering and every other call unreachable, account said 'can launch now' and exit 0.
+    Unknown is not yes: exit 1, saying what could not be checked."""
+    for service in ("EC2", "SERVICE_QUOTAS", "BUDGETS", "S3"):
+        monkeypatch.setenv(f"AWS_ENDPOINT_URL_{service}", "http://127.0.0.1:9")  # nothing listens: refused at once
+    code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1", "--json")
+    assert code == 1 and "Traceback" not in err, err
+    doc = json.loads(out)
+    assert doc["status"] == "unknown" and doc["usable_regions"] == []
+    assert doc["reason"].startswith("whether 1 x p4d.24xlarge can launch could not be checked in any region asked: "
+                                    "us-east-1: "), doc["reason"]
+    code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1")
+    assert code == 1 and "could not be checked" in out + err

@@ -20,7 +20,7 @@ Example: trainready account --instance p5.48xlarge --nodes 2 --region us-east-1,
 
 Credentials come from the usual AWS places (AWS_PROFILE, AWS_ACCESS_KEY_ID, an instance role); AWS_ENDPOINT_URL points every call elsewhere. Nothing is changed unless --request-quota or --create-budget is given.
 
-Exit codes: 0 the job can launch in at least one region asked, 1 something blocks it everywhere asked (or the archive bucket is unusable), 2 usage error (also: no credentials, boto3 missing), 3 internal error."""
+Exit codes: 0 the job can launch in at least one region asked, 1 something blocks it everywhere asked (or the archive bucket is unusable, or nothing could be checked), 2 usage error (also: no credentials, boto3 missing), 3 internal error."""
 
 A = "Account"
 W = "Job"
@@ -184,7 +184,7 @@ def account(
         from .render_account import render_account
 
         render_account(out, report)
-    if report.status == "fail":
+    if report.status == "fail" or not report.usable_regions:  # none usable: blocked, or nothing could be checked
         raise typer.Exit(1)
 
 

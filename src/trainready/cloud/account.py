@@ -75,7 +75,7 @@ def check_account(provider: AwsProvider, ask: Ask) -> AccountReport:
         budget = budget_f.result()
         archive = archive_f.result() if archive_f else []
     requests = _file_requests(provider, regions) if ask.request_quota else []
-    usable = [r.region for r in regions if r.status != "fail"]
+    usable = [r.region for r in regions if r.status != "fail" and _checked(r)]  # unknown everywhere is not usable
     status, reason = _verdict(ask, regions, usable, budget, archive)
     c = provider.cache
     return AccountReport(
@@ -422,6 +422,10 @@ def _verdict(ask: Ask, regions: list[RegionReport], usable: list[str], budget: B
     what = f"{ask.nodes} x {ask.instance.name}{' spot' if ask.spot else ''}"
     blocked_archive = [p for p in archive if p.status == "fail"]
     if not usable:
+        unchecked = [r for r in regions if r.status != "fail"]
+        if unchecked:  # every line of those regions unknown (unreachable, not answered): unknown is not yes
+            why = "; ".join(f"{r.region}: {_first_unknown(r)}" for r in unchecked)
+            return "unknown", f"whether {what} can launch could not be checked in any region asked: {why}"
         why = "; ".join(f"{r.region}: {_first_fail(r)}" for r in regions)
         return "fail", f"{what} cannot launch now in any region asked: {why}"
     if blocked_archive:
@@ -431,11 +435,25 @@ def _verdict(ask: Ask, regions: list[RegionReport], usable: list[str], budget: B
     return status, f"{what} can launch now in: {', '.join(usable)}"
 
 
+def _lines(r: RegionReport) -> list:
+    return [*r.quotas, r.offerings, *r.permissions, r.spot, r.capacity]
+
+
+def _checked(r: RegionReport) -> bool:
+    """Whether anything about launching in the region is known: a quota, the offerings, spot or capacity answered,
+    or the launch's own permission decided (ec2:RunInstances' dry run; a denied read only says that read was
+    denied, and other services' answers say nothing of the launch)."""
+    facts = [*r.quotas, r.offerings, r.spot, r.capacity]
+    return any(line.status != "unknown" for line in facts) or any(
+        p.action == "ec2:RunInstances" and p.status in ("ok", "fail") for p in r.permissions)
+
+
+def _first_unknown(r: RegionReport) -> str:
+    return next((line.reason for line in _lines(r) if line.status == "unknown"), "?")
+
+
 def _first_fail(r: RegionReport) -> str:
-    for line in [*r.quotas, r.offerings, *r.permissions, r.spot, r.capacity]:
-        if line.status == "fail":
-            return line.reason
-    return "?"
+    return next((line.reason for line in _lines(r) if line.status == "fail"), "?")
 
 
 def _vcpus(inst: Instance, regions: list[RegionReport]) -> int | None:
