@@ -73,3 +73,22 @@ def test_progress_is_silent_off_a_terminal(monkeypatch):
     with progress("pulling", total=10) as sink:
         sink.advance(10)
     assert "pulling" in buffer.getvalue()
+
+
+def test_bidi_overrides_and_line_separators_never_reach_the_terminal():
+    """issue 26: U+202E from an endpoint reached the terminal in `account`, reordering what followed it. Bidi marks,
+    embeddings, overrides and isolates and the line/paragraph separators are escaped like control characters,
+    in plain strings, in Text built elsewhere and in the account report's lines; joiners (emoji) stay."""
+    from trainready.cli.render_account import _Lines
+
+    hostile = "quota exe\u202etxt.\u2066x\u2069\u2028y \U0001F468\u200D\U0001F469"
+    # strings and styled pieces show the code point; a Text built elsewhere gets the replacement character
+    for renderable, shown in ((hostile, "\\u202e"), (styled(hostile, "bold"), "\\u202e"), (Text(hostile), "\ufffd")):
+        out = printed(renderable, terminal=False)
+        assert not any(c in out for c in "\u202e\u2066\u2069\u2028"), repr(out)
+        assert shown in out and "\u200d" in out
+    rows = _Lines(indent=0)
+    rows.add("unknown", f"offerings: {hostile}")
+    buffer = io.StringIO()
+    rows.print(make_console(file=buffer, width=100))
+    assert "\u202e" not in buffer.getvalue() and "\\u202e" in buffer.getvalue()

@@ -14,13 +14,17 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.text import Text
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
+# all C0/C1 controls but tab and newline, and the characters that reorder or break what follows them on a
+# terminal: bidirectional marks, embeddings, overrides and isolates (U+202E makes "exe.txt" read "txt.exe"),
+# and the line and paragraph separators
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def visible(text: str) -> str:
     """Control characters (a terminal escape in a file name, a log line, a catalog entry) shown as
     \\xNN instead of acting on the terminal."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                        text)
 
 
 class _Console(Console):

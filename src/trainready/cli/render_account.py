@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainready.cloud.report import AccountReport, RegionReport, Status
+from trainready.errors import printable
 from trainready.plan.search import PlanResult
 from trainready.plan.units import hours_text, usd_text
 
@@ -32,7 +33,9 @@ class _Lines:
         self.indent = indent
 
     def add(self, status: Status, text: str | Text) -> None:
-        cells = [_status(status), text if isinstance(text, Text) else Text(text)]
+        # the reasons quote what an endpoint answered: control and bidi characters go escaped (errors.printable)
+        cells = [_status(status), Text(printable(text.plain), style=text.style) if isinstance(text, Text)
+                 else Text(printable(text))]
         self.grid.add_row(*([""] if self.indent else []), *cells)
 
     def print(self, con: Console) -> None:
@@ -46,7 +49,8 @@ def _command(con: Console, command: str, indent: str = "    ") -> None:
 
 
 def render_account(con: Console, r: AccountReport) -> None:
-    con.print(line(("account ", "bold"), (r.identity.account or "?", "bold"), f"  {r.identity.arn or ''}"))
+    con.print(line(("account ", "bold"), (printable(r.identity.account or "?"), "bold"),
+                   f"  {printable(r.identity.arn or '')}"))
     need = f"{r.vcpus_needed:,} vCPUs ({r.vcpus_per_instance} per instance)" if r.vcpus_needed else "vCPUs unknown"
     length = f", {hours_text(r.hours)}" if r.hours else ""
     con.print(f"{r.nodes} x {r.instance} {r.purchase}{length}: {need}")
@@ -68,7 +72,7 @@ def render_account(con: Console, r: AccountReport) -> None:
     if r.budget.command:
         _command(con, r.budget.command, indent="    ")
     for n in [*r.notes, *r.cache.notes]:
-        con.print(styled(n, "dim"))
+        con.print(styled(printable(n), "dim"))
     cached = f"; {r.cache.hits} answer(s) from the cache" if r.cache.hits else ""
     verdict = _Lines(indent=0)
     verdict.add(r.status, Text(r.reason, style="bold"))
