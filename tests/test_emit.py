@@ -440,3 +440,20 @@ def test_skypilots_schema_is_live():
     text = emit("skypilot", p4d_spec())
     assert skypilot_errors(text + "not_a_field: 1\n")
     assert skypilot_errors(text.replace("num_nodes: 2", "num_nodes: two"))
+
+
+@pytest.mark.parametrize("field, value", [("archive", "s3://AKIAXXXXXXXXXXXXXXXX:wJalrSECRET@bucket/run"),
+                                          ("hot", "user:pw@nas/ckpt"), ("command", ["python", "t.py", "--db",
+                                                                                       "postgres://u:pw@db/x"]),
+                                          ("env", {"DATABASE_URL": "u:pw@db:5432/x"})])
+def test_credentials_in_urls_never_reach_a_launch_file(field, value):
+    """issue 26: s3://user:SECRET@bucket was copied into every launch file (k8s pod args included). Every engine
+    refuses credentials in a URL, with or without a scheme, and says how to pass a secret; the message itself
+    never repeats it."""
+    base = dict(command=["python", "t.py"], instance="p4d.24xlarge", nnodes=2)
+    for kind in ("slurm", "skypilot", "torchrun", "k8s", "jobset"):
+        with pytest.raises(UsageError, match="holds credentials .user:password@.: a launch file") as exc:
+            emit(kind, EmitSpec.model_construct(**{**EmitSpec(**base).model_dump(), field: value}))
+        assert "wJalrSECRET" not in str(exc.value) and ":pw@" not in str(exc.value)
+    assert "git@github.com:o/r" in emit("slurm", EmitSpec(**{**base, "command": ["python", "t.py", "--repo",
+                                                                                   "git@github.com:o/r"]}))

@@ -60,3 +60,15 @@ def test_part_size_grows_so_no_file_needs_more_than_s3s_10000_parts():
         assert part >= S3_PART and part % (1 << 20) == 0
         assert -(-size // part) <= S3_MAX_PARTS, size
     assert part_size_for(S3_PART * S3_MAX_PARTS) == S3_PART  # unchanged up to 625 GiB
+
+
+def test_credentials_before_an_at_are_masked_with_or_without_a_scheme():
+    """issue 26: a bucket named with credentials (s3://user:SECRET@bucket), and user:password@host written without a
+    scheme (AWS_ENDPOINT_URL values, database URLs in arguments); e-mail addresses and git@host:repo stay."""
+    from trainready.io import has_url_credentials, redact
+
+    for text, want in (("s3://AKIA:SECRET@bucket/x", "s3://***@bucket/x"), ("admin:hunter2@127.0.0.1:9000",
+                       "***@127.0.0.1:9000"), ("bucket 'u:pw@b' is bad", "bucket '***@b' is bad")):
+        assert redact(text) == want and has_url_credentials(text)
+    for text in ("ops@example.com", "git@github.com:org/repo.git", "s3://bucket/x"):
+        assert redact(text) == text and not has_url_credentials(text)

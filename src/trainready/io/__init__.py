@@ -25,7 +25,7 @@ from .files import (
     verify_file,
     write_synced,
 )
-from .redact import redact, redact_argv
+from .redact import has_url_credentials, redact, redact_argv
 from .urls import (
     S3_PART,
     IntegrityError,
@@ -43,7 +43,7 @@ from .urls import (
 __all__ = [
     "CHUNK", "HashingWriter", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file",
     "hash_stream", "local_tag", "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "replace_durable", "sha256_file",
-    "verify_file", "write_synced", "put_if_local", "read_regular", "redact", "redact_argv", "S3_PART", "IntegrityError",
+    "verify_file", "write_synced", "put_if_local", "read_regular", "redact", "redact_argv", "has_url_credentials", "S3_PART", "IntegrityError",
     "PreconditionFailed", "SourceChangedError", "is_local", "is_s3", "open_url", "protocols", "put_if",
     "read_versioned", "stored_matches", "upload_checked",
 ]

@@ -22,6 +22,9 @@ from collections.abc import Iterable
 
 MASK = "***"
 _USERINFO = re.compile(r"\b([a-zA-Z][\w+.-]*://)\S*@")
+# user:password@host without a scheme (a bucket name typed with credentials, `user:pw@db:5432`); a colon is needed,
+# so e-mail addresses and git@host:repo are left alone
+_USERINFO_BARE = re.compile(r"(?<![\w/:@.*-])[\w.+%~-]+:[^\s@/:]+@(?=[\w.-]+)")
 _QUERY = re.compile(r"(?i)([?&;](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
                     r"x-goog-credential|signature|awsaccesskeyid|sig|token|access_token|se|sv|skoid|sktid)=)[^&\s\"'#]+")
 _STRONG = (r"password|passwd|secret|secret[_-]?key|secret[_-]?access[_-]?key|client[_-]?secret|api[_-]?key|"
@@ -69,10 +72,16 @@ def redact(text: object) -> str:
         if value in out:
             out = out.replace(value, MASK)
     out = _USERINFO.sub(r"\1" + MASK + "@", out)
+    out = _USERINFO_BARE.sub(MASK + "@", out)
     out = _QUERY.sub(r"\1" + MASK, out)
     out = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", out)
     out = _PAIR.sub(_pair, out)
     return _KNOWN_TOKENS.sub(MASK, out)
+
+
+def has_url_credentials(text: str) -> bool:
+    """Whether `text` holds a user:password (or user) before an @ of a URL, with or without its scheme."""
+    return bool(_USERINFO.search(text) or _USERINFO_BARE.search(text))
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from trainready.errors import UsageError, printable
+from trainready.io import has_url_credentials, redact
 
 EmitKind = Literal["slurm", "skypilot", "torchrun", "k8s", "jobset", "pcluster"]
 EMIT_KINDS: tuple[str, ...] = ("slurm", "skypilot", "torchrun", "k8s", "jobset", "pcluster")
@@ -176,6 +177,20 @@ def validate(spec: EmitSpec) -> None:
         if value is not None and has_control(value):  # a newline would break out of a header comment
             raise UsageError(f"{flag} '{printable(value)}' holds a control character (a line break, a tab, a "
                              f"bidirectional override): give a path without one")
+    secret_advice = ("a launch file is kept, shared and committed: pass credentials as environment the cluster "
+                     "provides (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, an instance role, --aws-secret for k8s), "
+                     "not in a URL")
+    for flag, value in (("--archive", spec.archive), ("--hot", spec.hot), ("--job", spec.job),
+                        ("--run-dir", spec.run_dir), ("workdir", spec.workdir)):
+        if value is not None and has_url_credentials(value):
+            raise UsageError(f"{flag} '{printable(redact(value))}' holds credentials (user:password@): {secret_advice}")
+    for word in spec.command:
+        if has_url_credentials(word):
+            raise UsageError(f"the training command's word '{printable(redact(word))}' holds credentials "
+                             f"(user:password@): {secret_advice}")
+    for name, value in spec.env.items():
+        if has_url_credentials(value):
+            raise UsageError(f"environment variable {name} holds credentials (user:password@): {secret_advice}")
     derived = spec.worker_env
     for name in spec.env:
         if not _ENV_NAME_RE.fullmatch(name):
