@@ -472,3 +472,50 @@ def test_nothing_checked_is_not_a_yes(env, monkeypatch):
                                     "us-east-1: "), doc["reason"]
     code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1")
     assert code == 1 and "could not be checked" in out + err
+
+
+class _Trickle(BaseHTTPRequestHandler):
+    """An endpoint that answers a byte every 0.5 s and never finishes: botocore's read timeout is per read, and
+    it retries, so without a deadline a command would wait for ever."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/xml")
+        self.send_header("Content-Length", "1000000")
+        self.end_headers()
+        try:
+            for _ in range(600):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.5)
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_trickling_endpoint_ends_at_the_deadline(env, monkeypatch):
+    """issue 26: every live command has a total deadline (--deadline, TRAINREADY_LIVE_DEADLINE_S), after which each
+    unanswered line is unknown and the command returns."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        for service in ("EC2", "SERVICE_QUOTAS", "BUDGETS", "SSM", "PRICING", "CLOUDWATCH"):
+            monkeypatch.setenv(f"AWS_ENDPOINT_URL_{service}", f"http://127.0.0.1:{httpd.server_port}")
+        started = time.monotonic()
+        code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1", "--deadline", "3",
+                                "--json")
+        took = time.monotonic() - started
+    finally:
+        httpd.shutdown()
+    assert "Traceback" not in err and took < 15, (took, err[-500:])
+    doc = json.loads(out)
+    r = doc["regions"][0]
+    assert r["offerings"]["status"] == "unknown" and "3 s deadline" in r["offerings"]["reason"]
+    assert code == 1 and doc["status"] == "unknown"  # nothing about launching was answered
+    monkeypatch.setenv("TRAINREADY_LIVE_DEADLINE_S", "soon")
+    code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1")
+    assert code == 2 and "TRAINREADY_LIVE_DEADLINE_S='soon'" in err

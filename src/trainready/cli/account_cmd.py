@@ -144,6 +144,7 @@ def account(
     create_budget: Annotated[Optional[float], typer.Option("--create-budget", metavar="USD", parser=o.number("500", hi=1e9), help="Create a monthly cost budget of USD with e-mail alerts at 50/80/100% (needs --email).", rich_help_panel=A)] = None,
     email: Annotated[Optional[str], typer.Option("--email", metavar="ADDR", help="Where --create-budget sends its alerts.", rich_help_panel=A)] = None,
     max_age: Annotated[str, typer.Option("--max-age", metavar="AGE", help="Reuse cached answers younger than this: 1h, 30m, 0 (ask again).", rich_help_panel=A)] = MAX_AGE_DEFAULT,
+    deadline: Annotated[Optional[float], typer.Option("--deadline", metavar="SECONDS", parser=o.number("60", hi=24 * 3600), help="All AWS calls together end within this; what has no answer by then is unknown. [default: 60, or TRAINREADY_LIVE_DEADLINE_S]", rich_help_panel=A)] = None,
     catalog_file: o.CatalogFile = None,
     json_out: o.Json = False,
 ) -> None:
@@ -177,7 +178,8 @@ def account(
         raise UsageError(f"`account` asks AWS: {why}")
     report = run_account(inst, nodes or 1, bool(spot), hours or job_hours, regions, archive=archive,
                          request_quota=request_quota,
-                         create_budget=(create_budget, email) if create_budget is not None else None, max_age_s=age)
+                         create_budget=(create_budget, email) if create_budget is not None else None, max_age_s=age,
+                         deadline_s=deadline)
     if json_out:
         emit_json(report)
     else:
@@ -194,7 +196,11 @@ def run_account(inst: Instance, nodes: int, spot: bool, hours: float | None, reg
     from trainready.cloud.aws import AwsProvider, CallFailed
     from trainready.cloud.cache import Cache
 
-    provider = AwsProvider(Cache(max_age_s=kw.pop("max_age_s")))
+    from trainready.cloud.aws import deadline_s_from_env
+
+    deadline_s = kw.pop("deadline_s", None)
+    provider = AwsProvider(Cache(max_age_s=kw.pop("max_age_s")),
+                           deadline_s=deadline_s if deadline_s is not None else deadline_s_from_env())
     if regions is None:  # all: ask who we are first (a clear exit 2 without credentials), then which regions
         provider.identity()
         try:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -27,6 +29,25 @@ from .report import CapacityBlock, Reservation
 
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 20.0
+DEADLINE_S = 60.0
+"""The whole of one command's AWS calls (account, plan --live): after it every unanswered line is unknown and the
+command returns. botocore's timeouts are per connection attempt and per read, and it retries, so an endpoint that
+hangs or sends a byte every few seconds would otherwise hold a command for minutes or for ever.
+TRAINREADY_LIVE_DEADLINE_S or `account --deadline` sets it."""
+
+
+def deadline_s_from_env() -> float:
+    """TRAINREADY_LIVE_DEADLINE_S as seconds (> 0), else DEADLINE_S; a bad value is a UsageError naming it."""
+    text = os.environ.get("TRAINREADY_LIVE_DEADLINE_S")
+    if text is None or not text.strip():
+        return DEADLINE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < 24 * 3600):
+        raise UsageError(f"TRAINREADY_LIVE_DEADLINE_S={printable(text)!r}: seconds, more than 0 (e.g. 60)")
+    return value
 SPOT_HISTORY_DAYS = 7
 SPOT_HISTORY_MAX_ITEMS = 20_000  # a week of changes for one type in one region is a few hundred
 BUCKET_LIST_MAX_OBJECTS = 200_000  # size of a dataset prefix: past this, "at least"
@@ -216,7 +237,7 @@ class AwsProvider:
 
     name = "aws"
 
-    def __init__(self, cache: Cache, session: Any = None):
+    def __init__(self, cache: Cache, session: Any = None, deadline_s: float | None = None):
         import boto3
         from botocore.exceptions import BotoCoreError
 
@@ -233,6 +254,8 @@ class AwsProvider:
         self.calls: dict[str, dict[str, tuple[str, str]]] = {}  # scope -> action -> (kind, reason)
         self._memo: dict[str, Any] = {}  # this run's answers (or failures) by question
         self._key_locks: dict[str, threading.Lock] = {}
+        self.deadline_s = deadline_s
+        self._deadline = None if deadline_s is None else time.monotonic() + deadline_s
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def client(self, service: str, region: str) -> Any:
@@ -248,9 +271,39 @@ class AwsProvider:
             if kind != "allowed" or action not in seen:
                 seen[action] = (kind, reason)
 
+    def _bounded(self, ask: Callable[[], Any], action: str) -> Any:
+        """ask() within what is left of the command's deadline: past it, or with no answer by then, a CallFailed
+        ('unreachable': the line is unknown). The call goes on in a daemon thread the process does not wait for."""
+        if self._deadline is None:
+            return ask()
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise CallFailed(action, "unreachable", f"not asked: the {self.deadline_s:g} s deadline for AWS calls "
+                                                    f"had passed (TRAINREADY_LIVE_DEADLINE_S)")
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["answer"] = ask()
+            except BaseException as exc:  # handed to the caller's thread as it is
+                box["error"] = exc
+            finally:
+                done.set()
+        threading.Thread(target=run, daemon=True, name="trainready-aws-call").start()
+        if not done.wait(left):
+            raise CallFailed(action, "unreachable", f"no answer within the {self.deadline_s:g} s deadline for AWS "
+                                                    f"calls (TRAINREADY_LIVE_DEADLINE_S)")
+        if "error" in box:
+            raise box["error"]
+        return box["answer"]
+
     def _call(self, scope: str, service: str, region: str, op: str, action: str, **params: Any) -> dict:
         try:
-            answer = getattr(self.client(service, region), op)(**params)
+            answer = self._bounded(lambda: getattr(self.client(service, region), op)(**params), action)
+        except CallFailed as failed:
+            self._log(scope, action, failed.kind, failed.reason)
+            raise
         except Exception as exc:
             failed = classify(exc, action)
             self._log(scope, action, failed.kind, failed.reason)
@@ -261,13 +314,16 @@ class AwsProvider:
     def _pages(self, scope: str, service: str, region: str, op: str, action: str, max_items: int,
                **params: Any) -> Iterator[dict]:
         try:
-            pages = self.client(service, region).get_paginator(op).paginate(
-                **params, PaginationConfig={"MaxItems": max_items})
-            yield from pages
+            pages = self._bounded(lambda: list(self.client(service, region).get_paginator(op).paginate(
+                **params, PaginationConfig={"MaxItems": max_items})), action)
+        except CallFailed as failed:
+            self._log(scope, action, failed.kind, failed.reason)
+            raise
         except Exception as exc:
             failed = classify(exc, action)
             self._log(scope, action, failed.kind, failed.reason)
             raise failed from None
+        yield from pages
         self._log(scope, action, "allowed", "allowed")
 
     def _cached(self, scope: str, question: list[Any], model: type[F], ask: Callable[[], F],

@@ -30,7 +30,7 @@ from trainready.plan.worst_case import worst_case_hours
 
 from . import OFFLINE
 from .account import Ask, _scores, region_report
-from .aws import AwsProvider, CallFailed, NoAccess, missing_boto
+from .aws import AwsProvider, CallFailed, NoAccess, deadline_s_from_env, missing_boto
 from .cache import Cache
 from .report import RegionReport
 
@@ -69,7 +69,7 @@ def annotate(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: A
     account = None
     if why_not is None:
         try:
-            provider = provider or AwsProvider(Cache(max_age_s=req.max_age_s))
+            provider = provider or AwsProvider(Cache(max_age_s=req.max_age_s), deadline_s=deadline_s_from_env())
             account, _ = provider.identity()
         except NoAccess as exc:
             why_not = str(exc)
