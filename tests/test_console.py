@@ -92,3 +92,18 @@ def test_bidi_overrides_and_line_separators_never_reach_the_terminal():
     buffer = io.StringIO()
     rows.print(make_console(file=buffer, width=100))
     assert "\u202e" not in buffer.getvalue() and "\\u202e" in buffer.getvalue()
+
+
+def test_every_error_message_is_redacted_in_text_and_json(capsys):
+    """issue 26: `s3://user:SECRET@bucket` was quoted raw by the bucket-name errors of run, account, ckpt and data,
+    in text and --json. Every error goes through one printer (console.error), which redacts."""
+    from trainready.cli.console import error
+
+    for as_json in (False, True):
+        error("s3://AKIA:wJalrSECRET@Bad_Bucket/x: invalid bucket name; endpoint admin:hunter2@10.0.0.1:9000",
+              as_json=as_json, exit_code=2)
+        captured = capsys.readouterr()
+        both = captured.out + captured.err
+        assert "wJalrSECRET" not in both and "hunter2" not in both and "s3://***@Bad_Bucket/x" in both
+        if as_json:
+            assert json.loads(captured.out)["error"]["message"].startswith("s3://***@Bad_Bucket/x")

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.text import Text
 
+from trainready.io import redact
+
 # all C0/C1 controls but tab and newline, and the characters that reorder or break what follows them on a
 # terminal: bidirectional marks, embeddings, overrides and isolates (U+202E makes "exe.txt" read "txt.exe"),
 # and the line and paragraph separators
@@ -89,6 +91,9 @@ def _write_all(text: str) -> None:
 def error(message: str, *, as_json: bool, exit_code: int) -> None:
     # never wrapped: an error is copied, grepped and read in logs whole
     # one line: a library's message may span several ("Parameter validation failed:\n...")
+    # redacted: a message may quote what the user typed or an endpoint answered (s3://KEY:SECRET@bucket in a
+    # bucket-name error, user:password@host of an AWS_ENDPOINT_URL), in the text and in --json alike
+    message = redact(message)
     err.print(line(("error:", "bold red"), " ", visible(" ".join(message.split()))), soft_wrap=True)
     if as_json:
         emit_json({"schema_version": 1, "error": {"message": message, "exit_code": exit_code}})
