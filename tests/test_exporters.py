@@ -109,6 +109,8 @@ if sys.orig_argv[1:4] == ["-m", "trainready", "run"]:  # the launcher only
 
 def test_every_step_once_in_each_backend_across_a_resume_and_a_failing_exporter(tmp_path):
     run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o755)  # a --run-dir the user made, readable by all
+    os.chmod(run_dir, 0o755)
     cmd = run_cmd(run_dir, "--ckpt-every", "4", "--log-to", "tensorboard,mlflow,wandb", steps=8, script_args=TINY)
     # launch 1 stops after 6 steps (0..5) with its newest checkpoint at step 3, and its W&B exporter fails
     # at step 4 (an injected disk-full error); launch 2 restores step 3, computes 4 and 5 again, then 6, 7
@@ -151,6 +153,15 @@ def test_every_step_once_in_each_backend_across_a_resume_and_a_failing_exporter(
     assert [row["train/loss"] for _, rows in runs for row in rows] == expected
     assert all(json.loads((run_dir / "exporters.json").read_text())[b]["last_step"] == 7
                for b in ("tensorboard", "mlflow", "wandb"))
+    # issue 26: W&B records no metadata (the launcher's command line), git remote or code; the exporters'
+    # directories are private even inside a 0755 --run-dir
+    for path in (run_dir / "wandb").rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert b"--log-to" not in data and b"--ckpt-every" not in data, path
+    assert not list((run_dir / "wandb").rglob("wandb-metadata.json"))
+    for name in ("wandb", "tensorboard", "mlflow"):
+        assert (run_dir / name).stat().st_mode & 0o077 == 0, name
 
 
 def test_unknown_backend_is_refused_before_anything_starts(tmp_path):

@@ -130,7 +130,9 @@ class TensorBoardExporter(Exporter):
         from torch.utils.tensorboard import SummaryWriter
 
         purge = resumed_after + 1 if resumed_after is not None else None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge, flush_secs=FLUSH_EVERY_S)
+        # its own directory, private (dir_mode) even inside a --run-dir the user made 0755: event files hold config
+        self.writer = SummaryWriter(log_dir=str(make_dir(run_dir / "tensorboard")), purge_step=purge,
+                                    flush_secs=FLUSH_EVERY_S)
 
     def config(self, info: dict[str, Any], step: int, wall: float) -> None:
         text = "\n".join(f"| {printable(k)} | {printable(v)} |" for k, v in info.items())
@@ -217,8 +219,15 @@ class WandbExporter(Exporter):
 
         run_id = state.get("run_id") or secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
         state["run_id"] = run_id
+        # wandb/ is made private here, even inside a --run-dir the user made 0755 (wandb would make it 0755). No
+        # metadata, git or code capture: W&B would record the launcher's whole command line (--hf-token ...,
+        # --password=...) and the git remote with its user name, and `wandb sync` uploads what it records
+        make_dir(run_dir / "wandb")
         self.run = wandb.init(project="trainready", name=run_dir.name, id=run_id, dir=str(run_dir), mode="offline",
-                              settings=wandb.Settings(console="off", silent=True))
+                              settings=wandb.Settings(console="off", silent=True, x_disable_meta=True,
+                                                      x_disable_machine_info=True, disable_git=True,
+                                                      disable_code=True, save_code=False, disable_job_creation=True,
+                                                      program="trainready"))
 
     def config(self, info: dict[str, Any], step: int, wall: float) -> None:
         self.run.config.update(info, allow_val_change=True)
