@@ -258,6 +258,13 @@ def test_live_page_refreshes_only_while_the_run_goes(tmp_path):
     (run / "run.json").write_text(json.dumps(info))
     text, summary = run_page(run, live=True)
     assert summary.status == "running" and '<meta http-equiv="refresh" content="15">' in text
+    # issue 26: a live pid without its start time (pid 1 in a crafted run.json) is not shown to be the launcher:
+    # the live view does not go on for ever
+    for pid, ticks in ((1, None), (os.getpid(), None), (os.getpid(), 12345), (True, None), ("1", None)):
+        info["launches"][-1].update(pid=pid, pid_start_ticks=ticks)
+        (run / "run.json").write_text(json.dumps(info))
+        text, summary = run_page(run, live=True)
+        assert summary.status == "unknown" and 'http-equiv="refresh"' not in text, (pid, ticks)
 
 
 def test_html_usage_errors(tmp_path):

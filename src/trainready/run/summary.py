@@ -286,9 +286,12 @@ def _launcher_alive(launch: dict[str, Any]) -> bool:
     from .watchdog import process_start_ticks
 
     pid = launch.get("pid")
-    now = process_start_ticks(pid) if pid else None  # None: no such process
+    now = process_start_ticks(pid) if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
     ticks = launch.get("pid_start_ticks")
-    return now is not None and (ticks is None or now == ticks)
+    # alive and shown to be that launcher: the same pid started at the same tick. Where start ticks can be read
+    # (Linux) our launcher records them, so a launch without them is not shown to be ours (pid 1 in a crafted
+    # run.json would keep `report --html --live` going for ever)
+    return now is not None and ticks is not None and now == ticks
 
 
 def _status(launch: dict[str, Any], records: list[dict[str, Any]]) -> str:
