@@ -72,3 +72,21 @@ def test_credentials_before_an_at_are_masked_with_or_without_a_scheme():
         assert redact(text) == want and has_url_credentials(text)
     for text in ("ops@example.com", "git@github.com:org/repo.git", "s3://bucket/x"):
         assert redact(text) == text and not has_url_credentials(text)
+
+
+def test_credentials_with_slashes_and_ats_are_masked_and_ordinary_words_are_not_credentials():
+    """Review of issue 26's redactor: AWS secret keys hold '/', passwords may hold '@'; a user alone (git@), an image
+    digest, mailto: and numbers around an @ are not credentials for a launch file."""
+    from trainready.io import has_url_credentials, redact
+
+    key = "AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@mybucket/x"
+    assert redact(key) == "***@mybucket/x" and has_url_credentials(key, any_host=True)
+    assert redact("user:p@ss@host") == "***@host" and redact("//user:pw@host/db") == "***@host/db"
+    assert has_url_credentials("user:pa/ss@host") and has_url_credentials("u:p@[::1]:5432")
+    for word in ("git+ssh://git@github.com/org/repo.git", "docker://nvcr.io/nvidia/pytorch:24.01-py3@sha256:abc",
+                 "ubuntu:22.04@sha256:abc", "cosine:0.1@1000", "mailto:me@example.com", "s3://bucket/runs@v2"):
+        assert not has_url_credentials(word), word
+    assert redact("ubuntu:22.04@sha256:abc") == "ubuntu:22.04@sha256:abc"
+    # an error's prose after "credentials:" is not a secret value
+    text = "AWS refused the credentials: credentials refused (InvalidClientTokenId): set AWS_PROFILE"
+    assert redact(text, pairs=False) == text

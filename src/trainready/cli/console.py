@@ -19,7 +19,7 @@ from trainready.io import redact
 # all C0/C1 controls but tab and newline, and the characters that reorder or break what follows them on a
 # terminal: bidirectional marks, embeddings, overrides and isolates (U+202E makes "exe.txt" read "txt.exe"),
 # and the line and paragraph separators
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def visible(text: str) -> str:
@@ -93,7 +93,7 @@ def error(message: str, *, as_json: bool, exit_code: int) -> None:
     # one line: a library's message may span several ("Parameter validation failed:\n...")
     # redacted: a message may quote what the user typed or an endpoint answered (s3://KEY:SECRET@bucket in a
     # bucket-name error, user:password@host of an AWS_ENDPOINT_URL), in the text and in --json alike
-    message = redact(message)
+    message = redact(message, pairs=False)
     err.print(line(("error:", "bold red"), " ", visible(" ".join(message.split()))), soft_wrap=True)
     if as_json:
         emit_json({"schema_version": 1, "error": {"message": message, "exit_code": exit_code}})

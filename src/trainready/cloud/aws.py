@@ -46,7 +46,8 @@ def deadline_s_from_env() -> float:
     except ValueError:
         value = float("nan")
     if not (value > 0 and value < 24 * 3600):
-        raise UsageError(f"TRAINREADY_LIVE_DEADLINE_S={printable(text)!r}: seconds, more than 0 (e.g. 60)")
+        raise UsageError(f"TRAINREADY_LIVE_DEADLINE_S={printable(text)!r}: seconds, more than 0 and less than 86400 "
+                         f"(e.g. 60)")
     return value
 SPOT_HISTORY_DAYS = 7
 SPOT_HISTORY_MAX_ITEMS = 20_000  # a week of changes for one type in one region is a few hundred
@@ -279,7 +280,7 @@ class AwsProvider:
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise CallFailed(action, "unreachable", f"not asked: the {self.deadline_s:g} s deadline for AWS calls "
-                                                    f"had passed (TRAINREADY_LIVE_DEADLINE_S)")
+                                                    f"had passed (--deadline, TRAINREADY_LIVE_DEADLINE_S)")
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -293,7 +294,7 @@ class AwsProvider:
         threading.Thread(target=run, daemon=True, name="trainready-aws-call").start()
         if not done.wait(left):
             raise CallFailed(action, "unreachable", f"no answer within the {self.deadline_s:g} s deadline for AWS "
-                                                    f"calls (TRAINREADY_LIVE_DEADLINE_S)")
+                                                    f"calls (--deadline, TRAINREADY_LIVE_DEADLINE_S)")
         if "error" in box:
             raise box["error"]
         return box["answer"]

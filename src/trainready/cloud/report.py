@@ -160,7 +160,7 @@ class AccountReport(BaseModel):
     budget: Budget
     permissions: list[Permission] = Field(description="account-wide: archive bucket, budgets")
     quota_requests: list[QuotaRequest] = Field(description="filed with --request-quota")
-    usable_regions: list[str] = Field(description="regions with no failing line")
+    usable_regions: list[str] = Field(description="regions with no failing line where something about launching was answered (a quota, the offerings, spot, capacity or the RunInstances dry run)")
     status: Status
     reason: str
     checked_at: str = Field(description="UTC, ISO 8601")

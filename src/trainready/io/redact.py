@@ -22,9 +22,15 @@ from collections.abc import Iterable
 
 MASK = "***"
 _USERINFO = re.compile(r"\b([a-zA-Z][\w+.-]*://)\S*@")
-# user:password@host without a scheme (a bucket name typed with credentials, `user:pw@db:5432`); a colon is needed,
-# so e-mail addresses and git@host:repo are left alone
-_USERINFO_BARE = re.compile(r"(?<![\w/:@.*-])[\w.+%~-]+:[^\s@/:]+@(?=[\w.-]+)")
+# user:password@host without a scheme (a bucket name typed with credentials, `user:pw@db:5432`, `//u:p@h`): a
+# colon is needed, so e-mail addresses and git@host:repo are left alone; the password runs to the last @ before a
+# host (secrets hold / and :, even @), and an image digest (`name:tag@sha256:...`) is not a host
+_USERINFO_BARE = re.compile(r"(?<![\w:@.*-])(?!mailto:)(?://)?[\w.+%~-]+:(?!//)\S*@(?!sha\d+:)(?=[\w.\[-])")
+# what makes a word a credential for a launch file: a URL's userinfo with a password (`scheme://user:pw@host`,
+# a user alone as in git@ or ssh:// is not one), or the bare form before a host with a dot, an IP or a port
+_URL_PASSWORD = re.compile(r"\b[a-zA-Z][\w+.-]*://[^/\s@]*:[^/\s]*@")
+_BARE_CREDENTIALS = re.compile(r"(?<![\w:@.*-])(?!mailto:)(?://)?[\w.+%~-]+:(?!//)\S*@(?!sha\d+:)"
+                               r"(?:[\w-]+\.[\w.-]+|\[[0-9a-fA-F:]+\]|[\w-]+:\d+|localhost)")
 _QUERY = re.compile(r"(?i)([?&;](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
                     r"x-goog-credential|signature|awsaccesskeyid|sig|token|access_token|se|sv|skoid|sktid)=)[^&\s\"'#]+")
 _STRONG = (r"password|passwd|secret|secret[_-]?key|secret[_-]?access[_-]?key|client[_-]?secret|api[_-]?key|"
@@ -65,8 +71,9 @@ def _pair(match: re.Match[str]) -> str:
     return f"{key}{sep}{MASK}"
 
 
-def redact(text: object) -> str:
-    """`text` with every secret we can recognise replaced by ***."""
+def redact(text: object, pairs: bool = True) -> str:
+    """`text` with every secret we can recognise replaced by ***. `pairs=False` leaves `key: value` text alone (an
+    error message's prose, "the credentials: refused"), masking only values that are secrets by their form."""
     out = str(text)
     for value in _secret_values():
         if value in out:
@@ -75,13 +82,23 @@ def redact(text: object) -> str:
     out = _USERINFO_BARE.sub(MASK + "@", out)
     out = _QUERY.sub(r"\1" + MASK, out)
     out = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", out)
-    out = _PAIR.sub(_pair, out)
+    if pairs:
+        out = _PAIR.sub(_pair, out)
     return _KNOWN_TOKENS.sub(MASK, out)
 
 
-def has_url_credentials(text: str) -> bool:
-    """Whether `text` holds a user:password (or user) before an @ of a URL, with or without its scheme."""
-    return bool(_USERINFO.search(text) or _USERINFO_BARE.search(text))
+def has_url_credentials(text: str, any_host: bool = False) -> bool:
+    """Whether `text` holds a password in a URL (`scheme://user:pw@host`) or a bare `user:pw@host` whose host has a
+    dot, is an IP or has a port; a user alone (git@github.com), an image digest or `cosine:0.1@1000` is not one.
+    `any_host`: a bare `user:pw@` before any name counts (a path or bucket, where an @ after a colon is no syntax)."""
+    if _URL_PASSWORD.search(text) or _BARE_CREDENTIALS.search(text):
+        return True
+    for match in _USERINFO_BARE.finditer(text):
+        user, _, password = match.group(0).removeprefix("//")[:-1].partition(":")
+        # before a bare name: a user with a letter and a password that is not a number (`12:30@home`, `0.1@1000`)
+        if any_host or (re.search(r"[A-Za-z]", user) and re.search(r"[^\d.]", password)):
+            return True
+    return False
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:

@@ -182,7 +182,7 @@ def validate(spec: EmitSpec) -> None:
                      "not in a URL")
     for flag, value in (("--archive", spec.archive), ("--hot", spec.hot), ("--job", spec.job),
                         ("--run-dir", spec.run_dir), ("workdir", spec.workdir)):
-        if value is not None and has_url_credentials(value):
+        if value is not None and has_url_credentials(value, any_host=True):
             raise UsageError(f"{flag} '{printable(redact(value))}' holds credentials (user:password@): {secret_advice}")
     for word in spec.command:
         if has_url_credentials(word):
