@@ -118,8 +118,9 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         block_bytes = NF4_BYTES * linear_per_block + 2.0 * (pc.block - linear_per_block)
     units = (2 * block_bytes + 2.0 * pc.largest_embedding) if z3 else 0.0
     stage_gathered = s.pp_stage_gathered
+    stack = get_stack(s.stack)
     # routed experts outside FSDP (Stack.plain_unsharded_experts): never gathered, gradients in their own dtype
-    plain_experts = pc.expert if (s.expert_dp == 1 and get_stack(s.stack).plain_unsharded_experts) else 0.0
+    plain_experts = pc.expert if (s.expert_dp == 1 and stack.plain_unsharded_experts) else 0.0
     if stage_gathered:  # the whole stage stays gathered through the step (Stack.pp_gathers_stage)
         gathered = pc.local - plain_experts
         units = block_bytes * gathered / pc.block if s.method == "qlora" and pc.block else 2.0 * gathered
@@ -133,7 +134,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     pure = s.optimizer_dtype == "bf16"
     mixed = s.precision in MIXED
     w_b, g_b, o_b = (2, 2, 4) if pure else (4, 4, 8)  # master/param, grad, Adam states
-    if not pure and s.reduce_dtype == "bf16" and get_stack(s.stack).grads_in_reduce_dtype:
+    if not pure and s.reduce_dtype == "bf16" and stack.grads_in_reduce_dtype:
         g_b = 2  # a bf16 gradient buffer beside fp32 masters (Stack.grads_in_reduce_dtype)
     working = 2.0 * pc.local if (mixed and not pure and not z3) else 0.0
     shard_opt = dp if s.strategy != "ddp" else 1

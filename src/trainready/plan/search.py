@@ -28,8 +28,8 @@ from .setup import (
     Setup,
     default_precision,
     check_fp8_recipe_precision,
+    chosen_fp8_recipe,
     default_seq_len,
-    fp8_recipe_of,
     fp8_recipe_problem,
     job_stack,
     layout_text,
@@ -176,9 +176,10 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
     if not gpu.peak_tflops(precision) and precision != "fp32":
         return None
     st = job_stack(job)
-    if precision == "fp8" and fp8_recipe_problem(job.fp8_recipe or st.stack.fp8_recipe, gpu):
+    fp8_recipe = chosen_fp8_recipe(job, st.stack)
+    if precision == "fp8" and fp8_recipe_problem(fp8_recipe, gpu):
         return None  # a Blackwell-only recipe on another GPU: _evaluate_instance says why
-    fp8_recipe = fp8_recipe_of(job, st.stack, gpu, precision)
+    check_fp8_recipe_precision(job, precision)
     setup = Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
                  tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
                  precision=precision, optimizer_dtype=optimizer_dtype_of(job.optimizer_dtype, st.stack, precision),
@@ -352,7 +353,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
     log = _InstanceLog()
     base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
     if base is None:
-        recipe = req.job.fp8_recipe or job_stack(req.job).stack.fp8_recipe
+        recipe = chosen_fp8_recipe(req.job, job_stack(req.job).stack)
         log.batch = ((req.job.precision == "fp8" and fp8_recipe_problem(recipe, catalog.gpu_of(inst)))
                      or f"--precision {req.job.precision} is not supported on {inst.gpu}")
         return [], log, 0

@@ -176,10 +176,15 @@ def fp8_recipe_problem(recipe: str, gpu: Gpu) -> str | None:
             f"use {valid}")
 
 
+def chosen_fp8_recipe(job: JobSpec, stack: Stack) -> str:
+    """The job's FP8 recipe, else the stack's default."""
+    return job.fp8_recipe or stack.fp8_recipe
+
+
 def fp8_recipe_of(job: JobSpec, stack: Stack, gpu: Gpu, precision: str) -> str:
     """The job's FP8 recipe, else the stack's; a usage error where it cannot run."""
     check_fp8_recipe_precision(job, precision)
-    recipe = job.fp8_recipe or stack.fp8_recipe
+    recipe = chosen_fp8_recipe(job, stack)
     problem = fp8_recipe_problem(recipe, gpu) if precision == "fp8" else None
     if problem:
         raise UsageError(problem)
