@@ -474,6 +474,22 @@ def test_nothing_checked_is_not_a_yes(env, monkeypatch):
     assert code == 1 and "could not be checked" in out + err
 
 
+def test_an_endpoint_password_never_reaches_any_output(env, monkeypatch, tmp_path):
+    """issue 26: a user:password in AWS_ENDPOINT_URL reached account's and plan --live's lines, --json and
+    plan --html (botocore quotes the endpoint in its errors). Every one of them goes through the redactor."""
+    for service in ("EC2", "SERVICE_QUOTAS", "BUDGETS", "S3", "PRICING", "SSM", "CLOUDWATCH"):
+        monkeypatch.setenv(f"AWS_ENDPOINT_URL_{service}", "http://admin:pwSECRET789@127.0.0.1:9")  # refused at once
+    page = tmp_path / "plan.html"
+    runs = [invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1", *extra) for extra in ((), ("--json",))]
+    plan = ("plan", "--model", "llama-2-7b", "--method", "lora", "--tokens", "1e8", "--instances", "p4d.24xlarge", "--live")
+    runs += [invoke(*plan), invoke(*plan, "--json"), invoke(*plan, "--html", str(page))]
+    leaks = [i for i, (_, out, err) in enumerate(runs) if "pwSECRET789" in out + err]
+    assert not leaks, leaks
+    said = "".join(out + err for _, out, err in runs) + page.read_text()
+    assert "127.0.0.1:9" in said  # the endpoint is named, so its password would have been there
+    assert "pwSECRET789" not in said and "Traceback" not in said
+
+
 class _Trickle(BaseHTTPRequestHandler):
     """An endpoint that answers a byte every 0.5 s and never finishes: botocore's read timeout is per read, and
     it retries, so without a deadline a command would wait for ever."""
@@ -509,9 +525,18 @@ def test_a_trickling_endpoint_ends_at_the_deadline(env, monkeypatch):
         code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1", "--deadline", "3",
                                 "--json")
         took = time.monotonic() - started
+        started = time.monotonic()
+        plan = invoke("plan", "--model", "llama-2-7b", "--method", "lora", "--tokens", "1e8", "--instances",
+                      "p4d.24xlarge", "--live-deadline", "3", "--json")
+        plan_took = time.monotonic() - started
     finally:
         httpd.shutdown()
     assert "Traceback" not in err and took < 15, (took, err[-500:])
+    # plan --live-deadline bounds plan --live the same way: its rows come back with their live lines unknown
+    assert plan[0] == 0 and "Traceback" not in plan[2] and plan_took < 20, (plan_took, plan[2][-500:])
+    doc = json.loads(plan[1])
+    assert doc["live"]["live"] is True and "launch now" in doc["live"]["reason"]
+    assert doc["rows"] and all("3 s deadline" in json.dumps(row["live"]) for row in doc["rows"]), doc["rows"][0]["live"]
     doc = json.loads(out)
     r = doc["regions"][0]
     assert r["offerings"]["status"] == "unknown" and "3 s deadline" in r["offerings"]["reason"]

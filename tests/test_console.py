@@ -107,3 +107,23 @@ def test_every_error_message_is_redacted_in_text_and_json(capsys):
         assert "wJalrSECRET" not in both and "hunter2" not in both and "s3://***@Bad_Bucket/x" in both
         if as_json:
             assert json.loads(captured.out)["error"]["message"].startswith("s3://***@Bad_Bucket/x")
+
+
+def test_credentials_in_a_bucket_url_never_leave_any_command(tmp_path, monkeypatch):
+    """issue 26, end to end: `s3://user:SECRET@bucket` given to run, ckpt, data and plan --live --data is quoted
+    masked by each command's own bucket-name error, in text and --json; nothing is launched or asked."""
+    from cloud_stubs import invoke
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    url = "s3://AKIA:wJalrSECRET@Bad_Bucket/x"
+    commands = [("run", "--run-dir", str(tmp_path / "r"), "--archive", url, "--", "python", "train.py"),
+                ("ckpt", "ls", url), ("data", "pack", str(tmp_path), "--out", url),
+                ("plan", "--model", "llama-2-7b", "--method", "lora", "--tokens", "1e8", "--live", "--data", url)]
+    for command in commands:
+        for extra in ((), ("--json",)):
+            at = 2 if command[0] in ("ckpt", "data") else 1  # after the subcommand, before run's `--`
+            code, out, err = invoke(*command[:at], *extra, *command[at:])
+            both = out + err
+            assert code == 2 and "wJalrSECRET" not in both and "AKIA" not in both, (command, extra, both[-400:])
+            assert "***@Bad_Bucket" in both and "Traceback" not in both, (command, both[-400:])

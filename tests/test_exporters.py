@@ -160,8 +160,11 @@ def test_every_step_once_in_each_backend_across_a_resume_and_a_failing_exporter(
             data = path.read_bytes()
             assert b"--log-to" not in data and b"--ckpt-every" not in data, path
     assert not list((run_dir / "wandb").rglob("wandb-metadata.json"))
-    for name in ("wandb", "tensorboard", "mlflow"):
+    for name in ("wandb", "tensorboard", "mlflow", "logs"):
         assert (run_dir / name).stat().st_mode & 0o077 == 0, name
+    # torchrun's per-rank logs (what the script prints) are private too, not 0755/0644 by the umask
+    logs = [p for p in (run_dir / "logs").rglob("*") if p.is_file()]
+    assert logs and all(p.stat().st_mode & 0o077 == 0 for p in logs), [(p, oct(p.stat().st_mode)) for p in logs]
 
 
 def test_unknown_backend_is_refused_before_anything_starts(tmp_path):

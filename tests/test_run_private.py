@@ -29,6 +29,13 @@ def modes(run_dir) -> dict[str, int]:
     return {str(p.relative_to(run_dir)): stat.S_IMODE(p.lstat().st_mode) for p in run_dir.iterdir()}
 
 
+def log_modes(run_dir) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = {"dir": set(), "file": set()}
+    for path in [run_dir / "logs", *(run_dir / "logs").rglob("*")]:
+        found["dir" if path.is_dir() else "file"].add(stat.S_IMODE(path.lstat().st_mode))
+    return found
+
+
 def test_run_dir_is_private_and_holds_no_secret(tmp_path):
     run_dir = tmp_path / "run"
     code, out = launch(tmp_path, run_dir, "--archive", "https://user:archSECRET000@host/x")
@@ -36,6 +43,8 @@ def test_run_dir_is_private_and_holds_no_secret(tmp_path):
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700  # what keeps torchrun's own logs/ private
     found = modes(run_dir)
     assert (run_dir / "logs").is_dir() and list((run_dir / "logs").rglob("stdout.log"))
+    # torchrun writes the per-rank logs under our umask, not the tester's 022 (issue 26)
+    assert log_modes(run_dir) == {"dir": {0o700}, "file": {0o600}}
     assert {name: mode for name, mode in found.items() if name != "logs"} == {
         name: 0o600 for name in (".lock", "run.json", "summary.json", "telemetry.jsonl", "launcher.log")}
     assert not [s for s in SECRETS if s in out]
@@ -57,6 +66,9 @@ def test_torn_run_json_between_launches_still_counts_the_first_launchs_spend(tmp
     assert first["reason"] == "budget" and first["end_unix"] - first["start_unix"] <= 10.0  # $1/s: within $10
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o750
     assert {mode for name, mode in modes(run_dir).items() if name != "logs"} == {0o640}
+    found = log_modes(run_dir)  # torchrun makes its own run-id directory with mkdtemp (0700): narrower is fine
+    assert stat.S_IMODE((run_dir / "logs").stat().st_mode) == 0o750 and found["dir"] <= {0o750, 0o700}
+    assert found["file"] == {0o640}
     whole = (run_dir / "run.json").read_bytes()
     (run_dir / "run.json").write_bytes(whole[: len(whole) // 2])  # torn, as by a crash mid-write
     code, out = launch(tmp_path, run_dir, *budget, env=group)

@@ -212,7 +212,7 @@ def run_account(inst: Instance, nodes: int, spot: bool, hours: float | None, reg
 
 
 def live_plan(result: Any, catalog: Catalog, *, regions: str | None, data: str | None, max_age: str, spot: bool,
-              spot_mtbf_h: float | None) -> Any:
+              spot_mtbf_h: float | None, deadline_s: float | None = None) -> Any:
     """`plan --live`: the plan's rows checked against the account (trainready.cloud.live); bad options are
     exit 2 before anything is asked, a missing account is one line in the plan."""
     from trainready.cloud.live import LiveRequest, annotate
@@ -229,4 +229,4 @@ def live_plan(result: Any, catalog: Catalog, *, regions: str | None, data: str |
             raise UsageError(f"--data '{printable(data)}': give an s3://bucket/prefix URL")
         validate_bucket(data)
     return annotate(result, catalog, LiveRequest(regions=asked, data_url=data, spot=spot, spot_mtbf_h=spot_mtbf_h,
-                                                 max_age_s=age))
+                                                 max_age_s=age, deadline_s=deadline_s))

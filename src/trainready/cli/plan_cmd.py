@@ -88,6 +88,7 @@ def plan(
     regions: Annotated[Optional[str], typer.Option("--regions", metavar="REGIONS", help="With --live: regions to try, comma-separated, or all. [default: each row's price region]", rich_help_panel="Live")] = None,
     data: Annotated[Optional[str], typer.Option("--data", metavar="S3URL", help="With --live: the dataset, s3://bucket/prefix; other regions pay to move it.", rich_help_panel="Live")] = None,
     max_age: Annotated[str, typer.Option("--max-age", metavar="AGE", help="With --live: reuse cached answers younger than this: 1h, 30m, 0.", rich_help_panel="Live")] = "1h",
+    live_deadline: Annotated[Optional[float], typer.Option("--live-deadline", metavar="SECONDS", parser=o.number("60", hi=24 * 3600), help="With --live: all AWS calls together end within this; what has no answer by then is unknown. [default: 60, or TRAINREADY_LIVE_DEADLINE_S]", rich_help_panel="Live")] = None,
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
                       lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
@@ -108,9 +109,9 @@ def plan(
     result = run_plan(req, catalog)
     if cal is not None:
         result.notes.insert(0, f"rows on {cal.gpu}: {cal.describe()}")
-    if live or regions or data:  # --regions/--data alone mean --live
+    if live or regions or data or live_deadline is not None:  # --regions/--data/--live-deadline alone mean --live
         result = live_plan(result, catalog, regions=regions, data=data, max_age=max_age, spot=bool(job.spot),
-                           spot_mtbf_h=spot_mtbf_hours)
+                           spot_mtbf_h=spot_mtbf_hours, deadline_s=live_deadline)
     if save is not None and result.rows:
         best = result.rows[0].estimate.setup
         chosen = job.model_copy(update={

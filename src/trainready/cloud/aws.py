@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError, printable
+from trainready.io import redact
 
 from .cache import Cache
 from .report import CapacityBlock, Reservation
@@ -33,7 +34,7 @@ DEADLINE_S = 60.0
 """The whole of one command's AWS calls (account, plan --live): after it every unanswered line is unknown and the
 command returns. botocore's timeouts are per connection attempt and per read, and it retries, so an endpoint that
 hangs or sends a byte every few seconds would otherwise hold a command for minutes or for ever.
-TRAINREADY_LIVE_DEADLINE_S or `account --deadline` sets it."""
+TRAINREADY_LIVE_DEADLINE_S, `account --deadline` or `plan --live-deadline` sets it."""
 
 
 def deadline_s_from_env() -> float:
@@ -78,6 +79,9 @@ class CallFailed(Exception):
     not-found or error; `action` the IAM action it needed."""
 
     def __init__(self, action: str, kind: str, reason: str, code: str = "", message: str = ""):
+        # botocore quotes the endpoint (AWS_ENDPOINT_URL may hold user:password) and AWS quotes what it was sent:
+        # redacted here, once, so no line, --json field or page built from a failed call can carry it
+        reason, message = redact(reason), redact(message)
         super().__init__(reason)
         self.action, self.kind, self.reason, self.code, self.message = action, kind, reason, code, message
 
@@ -280,7 +284,8 @@ class AwsProvider:
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise CallFailed(action, "unreachable", f"not asked: the {self.deadline_s:g} s deadline for AWS calls "
-                                                    f"had passed (--deadline, TRAINREADY_LIVE_DEADLINE_S)")
+                                                    f"had passed (account --deadline, plan --live-deadline, "
+                                                    f"TRAINREADY_LIVE_DEADLINE_S)")
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -294,7 +299,8 @@ class AwsProvider:
         threading.Thread(target=run, daemon=True, name="trainready-aws-call").start()
         if not done.wait(left):
             raise CallFailed(action, "unreachable", f"no answer within the {self.deadline_s:g} s deadline for AWS "
-                                                    f"calls (--deadline, TRAINREADY_LIVE_DEADLINE_S)")
+                                                    f"calls (account --deadline, plan --live-deadline, "
+                                                    f"TRAINREADY_LIVE_DEADLINE_S)")
         if "error" in box:
             raise box["error"]
         return box["answer"]

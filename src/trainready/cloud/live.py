@@ -45,6 +45,7 @@ class LiveRequest:
     spot: bool = False
     spot_mtbf_h: float | None = None
     max_age_s: float = 3600.0
+    deadline_s: float | None = None  # all AWS calls together; None: TRAINREADY_LIVE_DEADLINE_S, else 60 s
 
 
 @dataclass
@@ -69,7 +70,9 @@ def annotate(result: PlanResult, catalog: Catalog, req: LiveRequest, provider: A
     account = None
     if why_not is None:
         try:
-            provider = provider or AwsProvider(Cache(max_age_s=req.max_age_s), deadline_s=deadline_s_from_env())
+            provider = provider or AwsProvider(Cache(max_age_s=req.max_age_s),
+                                              deadline_s=req.deadline_s if req.deadline_s is not None
+                                              else deadline_s_from_env())
             account, _ = provider.identity()
         except NoAccess as exc:
             why_not = str(exc)

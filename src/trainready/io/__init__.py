@@ -6,6 +6,7 @@ from .files import (
     CHUNK,
     HashingWriter,
     PreconditionFailed,
+    child_umask,
     confine,
     create_exclusive,
     dir_mode,
@@ -41,7 +42,8 @@ from .urls import (
 )
 
 __all__ = [
-    "CHUNK", "HashingWriter", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file",
+    "CHUNK", "HashingWriter", "child_umask", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir",
+    "fsync_file",
     "hash_stream", "local_tag", "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "replace_durable", "sha256_file",
     "verify_file", "write_synced", "put_if_local", "read_regular", "redact", "redact_argv", "has_url_credentials", "S3_PART", "IntegrityError",
     "PreconditionFailed", "SourceChangedError", "is_local", "is_s3", "open_url", "protocols", "put_if",

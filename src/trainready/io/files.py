@@ -44,6 +44,13 @@ def file_mode() -> int:
     return _modes()[1]
 
 
+def child_umask() -> int:
+    """The umask for a child process that writes files of ours (torchrun's per-rank logs): what our modes take
+    away from group and others; -1 (inherit) in "umask" mode."""
+    directory = dir_mode()
+    return -1 if directory == 0o777 else 0o777 & ~directory
+
+
 def make_dir(path: str | os.PathLike, *, parents: bool = True) -> Path:
     """mkdir with our mode (existing directories are left as they are: the user chose them)."""
     path = Path(path)

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainready import parent_death
-from trainready.io import file_mode, make_dir, open_nofollow, redact, redact_argv
+from trainready.io import child_umask, dir_mode, file_mode, make_dir, open_nofollow, redact, redact_argv
 
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
@@ -171,12 +172,31 @@ class Launcher:
                            "records: what earlier launches spent is unknown and NOT counted by the budget")
         return {"launches": launches}, True
 
+    def _private_logs_dir(self) -> None:
+        """torchrun's per-rank logs hold whatever the script prints (a token it echoes, a traceback's locals):
+        logs/ gets our mode even inside a --run-dir the user made 0755, and an existing logs/ of ours (a real
+        directory we own, written by an older version) is narrowed to it; the agent's umask (run) covers files."""
+        logs = make_dir(RunDir(self.spec.run_dir).logs)
+        try:
+            fd = os.open(logs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # a symlink or file in its place: torchrun reports what it cannot write
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.getuid():
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & dir_mode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def _write_info(self, info: dict[str, Any]) -> None:
         RunDir(self.spec.run_dir).write_run_info(info)
 
     def _begin(self) -> None:
         run_dir = self.spec.run_dir
-        make_dir(run_dir)  # private (0700) unless TRAINREADY_FILE_MODE says otherwise: torchrun's logs inherit it
+        make_dir(run_dir)  # private (0700) unless TRAINREADY_FILE_MODE says otherwise
+        self._private_logs_dir()
         self._lock_run_dir()
         # earlier launches' telemetry; the live view starts after it (nothing appends: the lock is ours, no workers)
         records, self._offset = read_records(run_dir / FILE)
@@ -321,7 +341,8 @@ class Launcher:
         try:
             self.agent = subprocess.Popen(torchrun_argv(self.spec), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=parent_death.setter())  # dies with us
+                                          start_new_session=True, preexec_fn=parent_death.setter(),  # dies with us
+                                          umask=child_umask())  # its logs are as private as our files
             pump = threading.Thread(target=self._pump, daemon=True)
             pump.start()
             while self.agent.poll() is None:
