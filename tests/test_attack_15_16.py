@@ -192,3 +192,23 @@ def test_run_json_that_is_not_ours_is_a_usage_error_never_a_hang(tmp_path, plant
             f.truncate((64 << 20) + 1)
     with pytest.raises(UsageError, match=r"run\.json: unreadable \((not a regular file|more than 64 MiB)\)"):
         load_run_info(tmp_path)
+
+
+def test_a_job_spec_that_run_json_names_as_a_fifo_is_never_opened_for_ever(base, tmp_path):
+    """issue 26: a run.json whose config.job names a FIFO hung `report` (its plan check loads the job spec) and
+    `estimate --calibrate`. A path a file names is read only as a regular file, without blocking."""
+    import subprocess
+    import sys
+
+    run = _copy(base, tmp_path / "r")
+    os.mkfifo(tmp_path / "job.toml")
+    info = json.loads((run / "run.json").read_text())
+    info.setdefault("config", {})["job"] = str(tmp_path / "job.toml")
+    (run / "run.json").write_text(json.dumps(info))
+    tr = [sys.executable, "-m", "trainready"]
+    report = subprocess.run([*tr, "report", str(run), "--json"], capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0 and json.loads(report.stdout)["plan_check"] is None, report.stderr[-500:]
+    calibrate = subprocess.run([*tr, "estimate", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--gpus", "2",
+                                "--calibrate", str(run)], capture_output=True, text=True, timeout=60)
+    assert calibrate.returncode == 2, calibrate.stderr[-500:]
+    assert "job.toml: not a regular file (a FIFO, socket or device)" in calibrate.stderr

@@ -12,22 +12,25 @@ from trainready.errors import UsageError, printable
 LIMIT = 16 * 1024 * 1024  # far above any job spec, catalog or config.json
 
 
-def read_user_text(path: str | Path, what: str, *, limit: int = LIMIT) -> str:
+def read_user_text(path: str | Path, what: str, *, limit: int = LIMIT, regular_only: bool = False) -> str:
     """The text of `path`, described to the user as `what` ("job file", "catalog file").
 
     Symlinks are followed (a Hugging Face cache is made of them) and pipes are read (`<(...)`),
     but a directory, a file over `limit` bytes (or /dev/zero) and bytes that are not UTF-8 text
-    (a binary given by mistake) are refused with one line naming the file."""
+    (a binary given by mistake) are refused with one line naming the file. `regular_only`: for a path
+    that a file named (a run.json's job), not the user: a FIFO or device is refused without blocking."""
     p = Path(path)
     shown = printable(p)  # the path as the user typed it, control characters as \xNN
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # O_NONBLOCK: opening a FIFO nobody writes to would wait for ever
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_only else 0))
     except OSError as exc:
         raise UsageError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise UsageError(f"cannot read {what} {shown}: it is a directory, not a file")
+        if regular_only and not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"cannot read {what} {shown}: not a regular file (a FIFO, socket or device)")
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:
             raise UsageError(f"{what} {shown} is {st.st_size:,} bytes, more than the {limit // 2**20} MiB "
                              f"a {what} may have: is it the right file?")

@@ -51,7 +51,7 @@ def run_setup(run_dir: Path, lead: Path, catalog: Catalog, fallback: Setup | Non
 
     job = _job_of_run(lead, load_run_info(lead))
     if job is not None:
-        return resolve(load_job(job), catalog), f"the run's job spec {job}", job
+        return resolve(load_job(job, regular_only=True), catalog), f"the run's job spec {printable(job)}", job
     if fallback is None:
         raise UsageError(f"run {printable(run_dir)} recorded no job spec (launch with `trainready run --job FILE`): "
                          f"name its configuration with `trainready estimate <its flags, --micro-batch too> "

@@ -132,9 +132,10 @@ def save_job(job: JobSpec, path: str | Path) -> None:
         raise UsageError(f"cannot write job file {printable(path)}: {exc.strerror or exc}") from None
 
 
-def load_job(path: str | Path) -> JobSpec:
+def load_job(path: str | Path, *, regular_only: bool = False) -> JobSpec:
+    """The job spec at `path`; `regular_only` when a file named it (a run.json's job), not the user."""
     p = Path(path)
-    data = read_toml(read_user_text(p, "job file"), printable(p))
+    data = read_toml(read_user_text(p, "job file", regular_only=regular_only), printable(p))
     p = printable(p)  # named in the messages below
     expected = f"schema_version = {JOB_SCHEMA_VERSION}; `plan --save` and `estimate --save` write job files"
     if not data:
