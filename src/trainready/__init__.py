@@ -3,7 +3,9 @@
 Importing the package is cheap and needs no torch: subsystems load on first use.
 """
 
-__version__ = "0.1.0"
+from trainready.version import __version__
+
+__all__ = ["__version__", "init"]
 
 
 def init(**kwargs):  # noqa: ANN003, ANN201 - the signature lives in trainready.run.session.init

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from trainready import __version__
+from trainready.version import __version__
 from trainready.errors import UsageError, printable
 from trainready.io import create_exclusive, make_dir, redact, replace_durable
 from trainready.io.files import read_regular

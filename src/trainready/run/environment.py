@@ -65,7 +65,7 @@ def torch_versions() -> dict[str, Any]:
 
 
 def describe_environment(command: list[str]) -> dict[str, Any]:
-    from trainready import __version__
+    from trainready.version import __version__
 
     versions: dict[str, Any] = {"trainready": __version__, "python": platform.python_version(), **torch_versions()}
     return {"versions": versions, "host": socket.gethostname(), "platform": platform.platform(),

@@ -533,12 +533,25 @@ def init(*, model: Any = None, seq_len: int | None = None, flops_per_token: floa
 
     model + seq_len (a trainready ModelSpec or preset name) give the FLOPs per token for MFU
     through the planner's FLOP model; or pass flops_per_token directly."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _show_our_log()
     if model is not None and flops_per_token is None:
         flops_per_token = model_flops(model, seq_len)
     _keep_launchers_run_dir(settings)
     return Session(RunSettings.from_env(**settings), flops_per_token=flops_per_token, backend=backend)
+
+
+def _show_our_log() -> None:
+    """Our INFO lines (saves, restores, stops) reach stderr when the script has configured no logging. Only the
+    "trainready" logger gets a handler; the root logger, and with it every other library's logging, stays as the
+    script left it (logging.basicConfig here would have turned on torch's and fsspec's INFO lines too)."""
+    ours = logging.getLogger("trainready")
+    if logging.getLogger().handlers or ours.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(logging.INFO)
 
 
 def _keep_launchers_run_dir(settings: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import io
 import os
 import pickle
@@ -41,8 +42,16 @@ from .tensor_records import RecordError, read_record
 # on the disk). Each thread hashes what it writes, so the checksum costs
 # no extra pass and (hashlib releases the GIL) overlaps with the other thread's disk writes.
 WRITE_THREADS = 4
-# We pass no_dist deliberately for single-process use; DCP warns about it on every call.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+_NO_DIST_WARNING = "torch.distributed is disabled"
+
+
+@functools.cache
+def _quiet_single_process() -> None:
+    """We pass no_dist deliberately for single-process use and DCP warns about it on every call: that one
+    warning is silenced, on the first single-process call rather than on import (importing us changes nothing).
+    Not warnings.catch_warnings() around each call: it swaps the process-wide filters, which is unsafe while a
+    background save runs in another thread."""
+    warnings.filterwarnings("ignore", message=_NO_DIST_WARNING, category=UserWarning)
 
 
 class _HashingFileSystem(FileSystem):
@@ -128,6 +137,8 @@ def save_tensors(tensors: dict[str, torch.Tensor], directory: Path, process_grou
     writer = _Writer(directory, node_of_rank)
     multi_node = node_of_rank is not None and len(set(node_of_rank)) > 1
     planner = _NodeLocalPlanner(node_of_rank) if multi_node else DefaultSavePlanner()
+    if process_group is None:
+        _quiet_single_process()
     dcp.save(tensors, storage_writer=writer, planner=planner, process_group=process_group,
              no_dist=process_group is None)
     return WrittenTensors(dict(writer.fs.digests), writer.node_index)
@@ -267,6 +278,8 @@ class _SafeReader(FileSystemReader):
 
 def load_tensors(tensors: dict[str, torch.Tensor], directory: Path, index: TensorIndex, process_group: Any) -> None:
     """Fill `tensors` (plain or DTensor; any sharding) in place from the checkpoint."""
+    if process_group is None:
+        _quiet_single_process()
     try:
         dcp.load(tensors, storage_reader=_SafeReader(directory, index), planner=DefaultLoadPlanner(),
                  process_group=process_group, no_dist=process_group is None)

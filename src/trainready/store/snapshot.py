@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trainready import __version__
+from trainready.version import __version__
 from trainready.dist import DistContext
 from trainready.io import dir_mode, fsync_dir, write_synced
 
