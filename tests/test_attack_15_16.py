@@ -212,3 +212,37 @@ def test_a_job_spec_that_run_json_names_as_a_fifo_is_never_opened_for_ever(base,
                                 "--calibrate", str(run)], capture_output=True, text=True, timeout=60)
     assert calibrate.returncode == 2, calibrate.stderr[-500:]
     assert "job.toml: not a regular file (a FIFO, socket or device)" in calibrate.stderr
+
+
+def test_json_nested_past_the_parser_is_exit_2_naming_the_file_everywhere(tmp_path):
+    """issue 25: a deeply nested calibration file or bundle deep.json ended in "internal error: RecursionError"
+    (exit 3). Every reader parses through io.parse_json, which makes it a ValueError like any malformed JSON."""
+    import subprocess
+    import sys
+
+    from trainready.catalog import load_catalog
+    from trainready.cli.calibrate import bundle_measurements
+
+    deep = "[" * 5000 + "]" * 5000
+    (tmp_path / "cal.json").write_text(deep)
+    proc = subprocess.run([sys.executable, "-m", "trainready", "estimate", "--model", "llama-2-7b", "--gpu", "a100-80gb",
+                           "--gpus", "8", "--calibration", str(tmp_path / "cal.json")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "cal.json is not JSON: JSON nested too deep" in proc.stderr, proc.stderr[-500:]
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "instance-type.txt").write_text("p5.48xlarge\n")
+    (bundle / "deep.json").write_text(deep)
+    with pytest.raises(UsageError, match="deep.json is not JSON"):
+        bundle_measurements(bundle, load_catalog())
+
+
+def test_no_reader_parses_json_but_through_parse_json():
+    """The mechanism: json.loads appears only inside io.parse_json (and the worker shim, which reads our own
+    environment variable), so a new reader cannot bring the RecursionError back."""
+    root = Path(__file__).resolve().parents[1] / "src" / "trainready"
+    import re
+
+    call = re.compile(r"\bjson\.loads?\(")  # orjson's own parser has a depth limit and raises its JSONDecodeError
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if call.search(p.read_text()))
+    assert users == ["io/files.py", "run/shim.py"]

@@ -185,3 +185,16 @@ def logging_warning() -> int:
     import logging
 
     return logging.WARNING
+
+
+def test_the_readmes_default_run_directory_is_ignored_by_git():
+    """issue 25: `runs/` (where `trainready run` writes by default) must never be committed by accident."""
+    import subprocess
+
+    repo = ROOT.parents[1]
+    if not (repo / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    proc = subprocess.run(["git", "check-ignore", "-q", "runs/x/run.json"], cwd=repo, timeout=30)
+    assert proc.returncode == 0

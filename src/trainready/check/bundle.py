@@ -22,10 +22,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from trainready.version import __version__
 from trainready.errors import UsageError, printable
-from trainready.io import create_exclusive, make_dir, redact, replace_durable
+from trainready.io import create_exclusive, make_dir, parse_json, redact, replace_durable
 from trainready.io.files import read_regular
+from trainready.version import __version__
 
 MANIFEST = "manifest.json"
 # nccl-tests ops a bundle can hold, one file each: nccl-tests-<op>.txt (the binaries are <op>_perf)
@@ -226,7 +226,7 @@ class Bundle:
             except _Refused as exc:
                 raise UsageError(f"cannot read {path}: {exc}") from None
             try:
-                manifest = BundleManifest.model_validate(json.loads(raw))
+                manifest = BundleManifest.model_validate(parse_json(raw))
             except Exception as exc:  # a foreign or damaged manifest: what it says cannot be trusted
                 raise UsageError(f"{path} is not a trainready bundle manifest: {printable(str(exc).splitlines()[0])}") from None
         files: dict[str, str] = {}
@@ -390,12 +390,12 @@ def shareable(name: str, text: str) -> str:
     if not name.endswith(".json") or out == text:
         return out
     try:
-        json.loads(out)
+        parse_json(out)
         return out
     except ValueError:
         pass
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError:
         return out  # not JSON to begin with: text redaction is all we can do
     return json.dumps(_redact_strings(data))

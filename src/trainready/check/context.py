@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainready.catalog.schema import Gpu, Instance
+from trainready.io import parse_json
 
 from .bundle import Bundle
 
@@ -65,7 +65,7 @@ class Context:
 
 def _json_or_error(text: str) -> dict:
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except (ValueError, RecursionError):
         return {"error": f"deep.json unparsable: {text[:80]!r}"}
     return data if isinstance(data, dict) else {"error": "deep.json is not an object"}

@@ -12,7 +12,6 @@ from the start of its listing, and the result says so. Nothing is read but index
 from __future__ import annotations
 
 import errno
-import json
 import os
 import statistics
 import time
@@ -25,7 +24,7 @@ from pydantic import BaseModel, Field
 from trainready.data.format import INDEX, DataIndex
 from trainready.data.index_io import is_local, open_dataset, shard_url, storage_call
 from trainready.errors import UsageError
-from trainready.io import read_regular, redact
+from trainready.io import parse_json, read_regular, redact
 
 from .findings import Finding
 
@@ -190,7 +189,7 @@ def _read_index(fs: Any, root: str, url: str, remote: bool = True) -> tuple[Data
                errno.EFBIG: f"larger than {MAX_INDEX_BYTES // MIB} MiB"}.get(exc.errno, exc.strerror or str(exc))
         return None, f"{INDEX} not read: {why}"
     try:
-        kind = json.loads(data).get("kind")
+        kind = parse_json(data).get("kind")
     except (ValueError, AttributeError):
         return None, f"{INDEX} is not JSON"
     if kind != "trainready-data-index":

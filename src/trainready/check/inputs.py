@@ -6,12 +6,12 @@ usage error (exit 2) naming it and what to do."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 from pathlib import Path
 
 from trainready.errors import UsageError, printable
+from trainready.io import parse_json
 from trainready.io.files import read_regular
 
 from .bundle import NCCL_OPS, limit
@@ -74,7 +74,7 @@ def _is_json(text: str) -> bool:
     if not stripped.startswith("{"):
         return False
     try:
-        json.loads(stripped)
+        parse_json(stripped)
     except (ValueError, RecursionError):
         return True  # a JSON object cut short (or nested past reason): judged, and reported unreadable, as JSON
     return True

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from rich.text import Text
 
 from trainready.catalog import Catalog
 from trainready.errors import UsageError, printable
+from trainready.io import parse_json
 from trainready.plan import calibration as cal
 from trainready.plan import calibration_file as cf
 from trainready.plan.job import JobSpec, load_job
@@ -109,7 +109,7 @@ def bundle_measurements(path: Path, catalog: Catalog) -> tuple[list[cal.Measurem
         raise UsageError(f"bundle {printable(path)} has no deep.json: collect it with "
                          f"`trainready check --deep --out DIR`")
     try:
-        deep = json.loads(text)
+        deep = parse_json(text)
     except ValueError:
         raise UsageError(f"bundle {printable(path)}: deep.json is not JSON") from None
     if not isinstance(deep, dict):

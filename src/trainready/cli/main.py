@@ -22,8 +22,8 @@ try:  # typer >= 0.2x ships its own copy of click; older ones use click itself
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_errors
 
-from trainready.version import __version__
 from trainready.errors import TrainreadyError
+from trainready.version import __version__
 
 from . import account_cmd, catalog_cmd, check_cmd, ckpt_cmd, data_cmd, diagnose_cmd, estimate_cmd, plan_cmd, run_cmd
 from .console import error

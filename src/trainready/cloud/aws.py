@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError, printable
-from trainready.io import redact
+from trainready.io import parse_json, redact
 
 from .cache import Cache
 from .report import CapacityBlock, Reservation
@@ -505,7 +505,7 @@ class AwsProvider:
         answer = self._call("global", "sts", self.session.region_name or "us-east-1", "decode_authorization_message",
                             "sts:DecodeAuthorizationMessage", EncodedMessage=encoded)
         try:
-            doc = json.loads(answer.get("DecodedMessage", ""))
+            doc = parse_json(answer.get("DecodedMessage", ""))
             ctx = doc.get("context", {})
             verdict = "allowed" if doc.get("allowed") else "denied"
             return f"{ctx.get('action', '?')} on {ctx.get('resource', '?')}: {verdict}" \
@@ -692,7 +692,7 @@ def spot_stats(records: list[tuple[str, float, dt.datetime]], start: dt.datetime
 def _price_of(item: Any) -> tuple[float | None, str | None]:
     """The on-demand $/hour of one Price List product (a JSON string), every field checked."""
     try:
-        doc = json.loads(item) if isinstance(item, str) else item
+        doc = parse_json(item) if isinstance(item, str) else item
         terms = doc["terms"]["OnDemand"]
         for term in terms.values():
             for dim in term["priceDimensions"].values():

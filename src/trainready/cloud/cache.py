@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from trainready.errors import printable
+from trainready.io import parse_json
 from trainready.io.files import read_regular
 
 VERSION = 1
@@ -92,7 +93,7 @@ class Cache:
                    errno.EFBIG: f"more than the {MAX_BYTES // 2**20} MiB an answer may have"}.get(exc.errno)
             raise _Ignored(why or exc.strerror or str(exc)) from None
         try:
-            doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+            doc = parse_json(data.decode("utf-8"), parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise _Ignored(f"not JSON ({type(exc).__name__})") from None
         if not isinstance(doc, dict) or set(doc) != {"version", "key", "stored_unix", "value"}:

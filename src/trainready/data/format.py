@@ -25,7 +25,7 @@ from typing import IO, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainready.errors import pydantic_message
-from trainready.io import confine
+from trainready.io import confine, parse_json
 
 INDEX = "index.json"
 SHARD_DIR = "shards"
@@ -202,9 +202,7 @@ def decode(fmt: Format, data: bytes) -> Any:
     if fmt == "text":
         return data.decode("utf-8", errors="replace")
     if fmt == "jsonl":
-        import json
-
-        return json.loads(data)
+        return parse_json(data)
     return _load_tokens(data)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import tempfile
 import time
@@ -22,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trainready.errors import UsageError
-from trainready.io import redact
+from trainready.io import parse_json, redact
 from trainready.store.faults import fault_point
 
 from .format import EXT, DataIndex, Format, SourceInfo, SourcePosition, sample_key, shard_name, tar_file_size
@@ -179,7 +178,7 @@ def _jsonl_records(f: SourceFile, skip: int) -> Iterator[tuple[int, bytes, int, 
                 continue
             if record >= skip:
                 try:
-                    json.loads(body)
+                    parse_json(body)
                 except ValueError as exc:
                     raise UsageError(f"{f.path}:{lineno}: not valid JSON ({exc}). Every non-empty line must be one JSON "
                                      "value (JSON Lines; a pretty-printed .json file is not). Fix the line, then pack "

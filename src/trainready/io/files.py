@@ -287,3 +287,15 @@ def verify_file(handle: IO[bytes], size: int, sha256: str, source: str = "the in
     """Why the file does not match (size, sha256), or '' when it does (reads it to the end)."""
     got, seen = hash_stream(handle)
     return mismatch(seen, got, size, sha256, source)
+
+
+def parse_json(data: str | bytes | bytearray, **options: Any) -> Any:
+    """json.loads for text from a file, an endpoint or a shard: JSON nested past the parser's depth is a ValueError
+    like any other malformed JSON. As a RecursionError it escaped every reader's `except ValueError` and ended as
+    an internal error (exit 3) instead of a message naming the file."""
+    import json
+
+    try:
+        return json.loads(data, **options)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None

@@ -9,7 +9,6 @@ exactly at its prior, and the GPU, instance and stack known to this trainready.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from datetime import datetime, timezone
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainready.catalog import Catalog
 from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError, closest, printable
+from trainready.io import parse_json
 
 from . import efficiency as eff
 from .calibration import FACTORS, Fit, Residual, calibrated_efficiency, mean_abs_error
@@ -256,7 +256,7 @@ def locate(ref: str) -> Path:
 
 def parse(text: str, shown: str) -> CalibrationFile:
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError as exc:
         raise UsageError(f"calibration {shown} is not JSON: {exc}") from None
     if not isinstance(data, dict):

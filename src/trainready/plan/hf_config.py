@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError, printable, pydantic_message
+from trainready.io import parse_json
 
 from . import hf_moe
 from .model_spec import MAX_PARAMS, ModelSpec
@@ -311,7 +312,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     text = read_user_text(p, "model config")
     shown = printable(p)
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{shown}: not valid JSON: {exc}") from None
     except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)

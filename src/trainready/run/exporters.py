@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainready.errors import UsageError, closest, printable
-from trainready.io import make_dir, read_regular, replace_durable
+from trainready.io import make_dir, parse_json, read_regular, replace_durable
 
 from .run_dir import RunDir
 from .telemetry import read_records
@@ -283,7 +283,7 @@ def _load_state(path: Path) -> dict[str, Any]:
     (a W&B id names a directory), other fields only as scalars. Anything else is unknown: dropped, so a backend
     starts a new run or rewrites steps rather than trusting a broken or planted file."""
     try:
-        state = json.loads(read_regular(path, STATE_LIMIT))
+        state = parse_json(read_regular(path, STATE_LIMIT))
     except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return {}
     if not isinstance(state, dict):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainready import parent_death
-from trainready.io import child_umask, dir_mode, file_mode, make_dir, open_nofollow, redact, redact_argv
+from trainready.io import child_umask, dir_mode, file_mode, make_dir, open_nofollow, parse_json, redact, redact_argv
 
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
@@ -152,7 +152,7 @@ class Launcher:
         except FileNotFoundError:
             return {}, False
         try:
-            info = json.loads(raw)
+            info = parse_json(raw)
             if not isinstance(info, dict) or run_info_problem(info, every_launch=True):
                 raise ValueError("not a run.json object")
             return info, False

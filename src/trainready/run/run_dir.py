@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainready.errors import UsageError, printable
-from trainready.io import read_regular, replace_durable
+from trainready.io import parse_json, read_regular, replace_durable
 
 from .records import StopInfo
 from .settings import STOP_FILE
@@ -65,7 +65,7 @@ class RunDir:
         RUN_INFO_LIMIT bytes is a UsageError naming it."""
         path = self.run_json
         try:
-            info = json.loads(read_regular(path, RUN_INFO_LIMIT))
+            info = parse_json(read_regular(path, RUN_INFO_LIMIT))
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -101,7 +101,7 @@ class RunDir:
         not a regular file, too large, not JSON, or not that shape (a wrong type, an exit code outside 0..255):
         the launcher then explains the exit from the exit status alone."""
         try:
-            info = json.loads(read_regular(self.stop_json, STOP_LIMIT))
+            info = parse_json(read_regular(self.stop_json, STOP_LIMIT))
         except (OSError, ValueError, RecursionError):
             return None
         if not isinstance(info, dict):

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainready.io import file_mode, make_dir
+from trainready.io import file_mode, make_dir, parse_json
 
 TELEMETRY_SCHEMA_VERSION = 1
 FILE = "telemetry.jsonl"
@@ -115,7 +115,7 @@ def _loads(line: bytes, fast: bool) -> Any:
             return orjson.loads(line)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(line)
+    return parse_json(line)
 
 
 def _parse_lines(data: bytes, skipped: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:

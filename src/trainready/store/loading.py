@@ -6,14 +6,13 @@ live state lacks, into CPU tensors allocated from the checkpoint's index."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainready.dist import DistContext
-from trainready.io import read_regular
+from trainready.io import parse_json, read_regular
 
 from . import codec
 from .dcp_io import load_tensors, read_index
@@ -35,7 +34,7 @@ def _read_json(path: Path, listed: set[str] | None) -> Any:
     except OSError as exc:
         raise CheckpointError(f"{path.name} cannot be read: {exc.strerror or exc}") from None
     try:
-        return json.loads(data)
+        return parse_json(data)
     except (ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path.name} is not valid JSON: {str(exc)[:200]}") from None
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trainready.io import confine
+from trainready.io import confine, parse_json
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -89,7 +89,7 @@ class Manifest(BaseModel):
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
-        raw = json.loads(data)
+        raw = parse_json(data)
         if not isinstance(raw, dict):
             raise ValueError(f"manifest is a JSON {type(raw).__name__}, not an object")
         if "schema_version" not in raw:

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from trainready.version import __version__
 from trainready.dist import DistContext
 from trainready.io import dir_mode, fsync_dir, write_synced
+from trainready.version import __version__
 
 from . import codec
 from .dcp_io import save_tensors

@@ -22,6 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainready.io import parse_json
+
 from . import pickle_data
 from .pickle_data import Call, Global, Obj
 
@@ -156,7 +158,7 @@ class TensorIndex(BaseModel):
     @classmethod
     def from_bytes(cls, data: bytes) -> TensorIndex:
         try:
-            raw = json.loads(data)
+            raw = parse_json(data)
         except ValueError as exc:
             raise TensorIndexError(f"not JSON: {exc}") from None
         try:

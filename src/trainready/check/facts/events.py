@@ -3,10 +3,11 @@ limited, and the GPU inventory every nvidia-smi output and torch can count."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from trainready.io import parse_json
 
 from ..parsers import kernel, nvsmi
 from .base import Fact, Seen, bus_key
@@ -192,7 +193,7 @@ def cuda_json(f: Facts) -> dict:
     if text is None:
         return {}
     try:
-        data = json.loads(text.text)
+        data = parse_json(text.text)
     except (ValueError, RecursionError):  # a planted nesting must not crash the check
         return {"unparsable": text.text[:120]}
     return data if isinstance(data, dict) else {"unparsable": text.text[:120]}

@@ -7,9 +7,10 @@ understood are quoted in `problems`, facts worth saying in `notes`."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
+
+from trainready.io import parse_json
 
 from .system import Text, _command_missing, _float, _Frozen, _guard, _int, _lines, _Parsed, _Problems, _text, quote
 
@@ -661,7 +662,7 @@ def _dcgm_tests(node: Any, category: str | None, out: list[DcgmResult], depth: i
 def _parse_dcgm(text: str) -> DcgmDiag:
     problems = _Problems()
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except (ValueError, RecursionError):
         first = next((line for line in _lines(text) if line.strip()), "")
         problems.add("not JSON (dcgmi diag -j)", first)

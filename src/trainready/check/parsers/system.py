@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from trainready.io import parse_json
+
 Text = str | bytes | bytearray | None
 R = TypeVar("R")
 
@@ -437,7 +439,7 @@ _LSCPU_INTS = {"cpu(s)": "cpus", "thread(s) per core": "threads_per_core", "core
 def _lscpu_json_pairs(text: str) -> list[tuple[str, str]] | None:
     """`lscpu -J`: {"lscpu": [{"field": "CPU(s):", "data": "96", "children": [...]}, ...]}."""
     try:
-        doc = json.loads(text)
+        doc = parse_json(text)
     except Exception:  # any failure means "not JSON", parse as text
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("lscpu"), list):
@@ -630,7 +632,7 @@ def _parse_lsblk(text: str) -> Lsblk:
         if line.strip():
             notes.append(f"lsblk said: {quote(line)}")
     try:
-        doc = json.loads(text[start:end + 1])
+        doc = parse_json(text[start:end + 1])
     except Exception as exc:  # truncated or mangled JSON: nothing to read
         problems.add(f"lsblk JSON does not parse ({type(exc).__name__})", text[start:end + 1].split("\n")[0])
         return Lsblk(problems=problems.done(), notes=notes)
