@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from cloud_stubs import aws_env, invoke, no_internet
@@ -193,3 +194,51 @@ def test_hot_tier_cannot_share_the_shm_mount_or_be_root(kind, hot):
         emit(kind, EmitSpec(command=["python", "train.py"], nnodes=2, instance="p5.48xlarge", job_name="run1", hot=hot))
     assert "/mnt/ckpt" in emit(kind, EmitSpec(command=["python", "train.py"], nnodes=2, instance="p5.48xlarge",
                                                job_name="run1", hot="/mnt/ckpt"))
+
+
+def _fact(cache: Cache) -> None:
+    cache.put("k", TypeFact(exists=True))
+
+
+@pytest.mark.parametrize("parent", ["other-owner", "group-writable", "sticky-shared", "ours"])
+def test_the_cache_directorys_parent_is_checked_too(tmp_path, parent):
+    """issue 25: the cache checked its `aws` leaf but not the directory above it: a parent owned by another user
+    (or writable by others without the sticky bit) lets them swap in a directory of planted answers (a 99,999-vCPU
+    quota). The parent must be ours or root's, and not writable by others unless sticky (/tmp)."""
+    if os.getuid() != 0 and parent == "other-owner":
+        pytest.skip("chown to another user needs root")
+    base = tmp_path / "cache"
+    base.mkdir(mode=0o700)
+    writer = Cache(base, max_age_s=3600)
+    _fact(writer)  # an honest answer, written while the parent was fine
+    assert writer.get("k", TypeFact) is not None
+    if parent == "other-owner":
+        os.chown(base, 65534, 65534)
+    elif parent == "group-writable":
+        os.chmod(base, 0o775)
+    elif parent == "sticky-shared":
+        os.chmod(base, 0o1777)
+    reader = Cache(base, max_age_s=3600)
+    got = reader.get("k", TypeFact)
+    if parent in ("sticky-shared", "ours"):
+        assert got is not None and reader.notes == []
+    else:
+        assert got is None and len(reader.notes) == 1 and "directory above it" in reader.notes[0], reader.notes
+        _fact(reader)  # nor is anything written there
+        assert sorted(p.name for p in (base / "aws").iterdir()) == [writer.path("k").name]
+
+
+def test_the_cache_reads_through_the_directory_it_checked(tmp_path):
+    """Files are opened relative to the directory opened and checked once: swapping the directory's path for a
+    planted one afterwards changes nothing that is read."""
+    base = tmp_path / "cache"
+    base.mkdir(mode=0o700)
+    cache = Cache(base, max_age_s=3600)
+    _fact(cache)
+    assert cache.get("k", TypeFact) is not None  # the directory is now open and checked
+    (base / "aws").rename(base / "aws-checked")
+    planted = base / "aws"
+    planted.mkdir(mode=0o700)
+    assert cache.get("k", TypeFact) is not None  # still the checked directory's answer, not a miss in the new one
+    assert not list(planted.iterdir())
+    cache.close()

@@ -11,13 +11,14 @@ Location: $TRAINREADY_CACHE_DIR, else $XDG_CACHE_HOME/trainready, else ~/.cache/
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import math
 import os
+import secrets
 import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -57,6 +58,7 @@ class Cache:
         self.misses = 0
         self._lock = threading.Lock()
         self._writable: bool | None = None
+        self._fd: int | None = None  # the checked directory, once opened
 
     def _note(self, text: str) -> None:
         with self._lock:
@@ -68,11 +70,14 @@ class Cache:
 
     def get(self, key: str, model: type[M]) -> tuple[M, float] | None:
         """(value, age in seconds) when a fresh, valid answer for `key` is on disk; else None."""
-        if not self.enabled or not self._dir_ok():
+        if not self.enabled:
+            return None
+        fd = self._dir_fd(create=False)
+        if fd is None:
             return None
         path = self.path(key)
         try:
-            value = self._read(path, key, model)
+            value = self._read(fd, path, key, model)
         except _Ignored as why:
             self._note(f"ignored cache file {printable(path)}: {why}")
             value = None
@@ -83,9 +88,9 @@ class Cache:
                 self.hits += 1
         return value
 
-    def _read(self, path: Path, key: str, model: type[M]) -> tuple[M, float] | None:
-        try:
-            data = read_regular(path, MAX_BYTES)  # no symlink followed, no FIFO blocked on, at most MAX_BYTES
+    def _read(self, fd: int, path: Path, key: str, model: type[M]) -> tuple[M, float] | None:
+        try:  # relative to the directory we checked: no symlink, no FIFO blocked on, at most MAX_BYTES
+            data = read_regular(path.name, MAX_BYTES, dir_fd=fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -122,47 +127,95 @@ class Cache:
         if not self.enabled or self._writable is False:
             return
         record = {"version": VERSION, "key": key, "stored_unix": time.time(), "value": value.model_dump(mode="json")}
+        data = json.dumps(record, separators=(",", ":")).encode()
+        tmp = f".tmp-{secrets.token_hex(8)}.json"
         try:
-            self._ensure_dir()
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".json")
+            fd = self._dir_fd(create=True)
+            if fd is None:
+                return
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(record, f, separators=(",", ":"))
-                os.replace(tmp, self.path(key))
+                with os.fdopen(out, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, self.path(key).name, src_dir_fd=fd, dst_dir_fd=fd)
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd)
                 raise
+            self._writable = True
         except OSError as exc:
             self._writable = False
             self._note(f"cannot write the cache in {printable(self.dir)}: {exc.strerror or exc}; answers are not kept")
 
-    def _ensure_dir(self) -> None:
-        if self._writable:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not self._dir_ok():
-            raise OSError(0, "see the note above")
-        self._writable = True
-
-    def _dir_ok(self) -> bool:
-        """The directory is ours alone (or not there yet): a directory others may write to could hold
-        answers they made up, so it is not used at all."""
-        try:
-            st = os.lstat(self.dir)
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-        else:
-            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-                why = "it is a symlink or not a directory"
-            elif st.st_uid != os.getuid() or st.st_mode & 0o022:
-                why = "it belongs to another user or others may write to it"
-            else:
-                return True
+    def _dir_fd(self, *, create: bool) -> int | None:
+        """The cache directory, opened once and checked (it and its parent): None when it is not there yet (and
+        not `create`) or may not be used, with a note saying why. Files are then read and written relative to
+        this descriptor, so swapping a path component after the check changes nothing we read."""
+        with self._lock:
+            if self._fd is not None or not self.enabled:
+                return self._fd
+            why = None
+            try:
+                parent = os.open(self.dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                self.dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                parent = os.open(self.dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                why = _parent_problem(os.fstat(parent))
+                if why is None:
+                    try:
+                        fd = os.open(self.dir.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     dir_fd=parent)
+                    except FileNotFoundError:
+                        if not create:
+                            return None
+                        with contextlib.suppress(FileExistsError):
+                            os.mkdir(self.dir.name, 0o700, dir_fd=parent)
+                        fd = os.open(self.dir.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     dir_fd=parent)
+                    why = _dir_problem(os.fstat(fd))
+                    if why is None:
+                        self._fd = fd
+                        return fd
+                    os.close(fd)
+            except OSError as exc:
+                why = ("it is a symlink or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR)
+                       else exc.strerror or str(exc))
+            finally:
+                os.close(parent)
         self._note(f"cache directory {printable(self.dir)} not used: {why}")
         self.enabled = False
-        return False
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _dir_problem(st: os.stat_result) -> str | None:
+    """Why the cache directory itself may not be used: ours alone, or someone could plant answers in it."""
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return "it belongs to another user or others may write to it"
+    return None
+
+
+def _parent_problem(st: os.stat_result) -> str | None:
+    """Why the directory above it may not hold our cache: whoever may rename entries there can put their own
+    directory (with planted answers) in its place. It must be ours or root's, and not writable by group or others
+    unless sticky (/tmp: nobody may rename an entry they do not own)."""
+    if st.st_uid not in (os.getuid(), 0):
+        return f"the directory above it belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return "others may write to the directory above it (not sticky): they could swap the cache for theirs"
+    return None
 
 
 class _Ignored(Exception):

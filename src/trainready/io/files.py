@@ -158,11 +158,12 @@ class PreconditionFailed(TrainreadyError):
     """A conditional write lost: the object exists (create-only) or changed (update-if-unchanged)."""
 
 
-def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+def read_regular(path: str | os.PathLike, limit: int, *, dir_fd: int | None = None) -> bytes:
     """The bytes of a small file we did not write ourselves: opened without following a symlink
     and without blocking (a FIFO planted in its place must not hang us), refused unless it is a
-    regular file of at most `limit` bytes. OSError (FileNotFoundError when absent) otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    regular file of at most `limit` bytes. OSError (FileNotFoundError when absent) otherwise.
+    `dir_fd`: `path` is a name relative to that open directory (no path lookup above it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
