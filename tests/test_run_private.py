@@ -75,3 +75,18 @@ def test_torn_run_json_between_launches_still_counts_the_first_launchs_spend(tmp
     assert code == 2 and "already spent" in out and "Traceback" not in out, out[-3000:]
     assert "was unreadable" in out and "rebuilt 1 earlier launch(es) from telemetry.jsonl" in out
     assert [p.read_bytes() for p in run_dir.glob("run.json.corrupt-*")] == [whole[: len(whole) // 2]]
+
+
+def test_the_same_command_in_a_finished_run_launches_nothing(tmp_path):
+    """issue 25: re-running the command of a finished run started torchrun again (about 25 s of billed start-up on
+    a GPU node) only to restore the last step and exit. It is said, and nothing is launched; --resume goes on."""
+    run_dir = tmp_path / "run"
+    code, out = launch(tmp_path, run_dir, sleep_s=0)
+    assert code == 0, out[-3000:]
+    code, out = launch(tmp_path, run_dir, sleep_s=0)
+    assert code == 0 and "already finished (no step recorded): nothing launched" in out, out[-3000:]
+    assert "add --resume" in out and "worker done" not in out
+    assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 1
+    code, out = launch(tmp_path, run_dir, "--resume", sleep_s=0)
+    assert code == 0 and "worker done" in out, out[-3000:]
+    assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 2

@@ -138,11 +138,12 @@ def test_run_json_holds_the_command_and_archive_redacted(tmp_path):
     assert info["config"]["archive"] == "https://***@host/x"
     summary = (run_dir / "summary.json").read_text()
     assert not [s for s in SECRETS if s in summary] and json.loads(summary)["command"] == info["command"]
-    # the same command again: compared in redacted form, so it resumes without a word
+    # the same command again: compared in redacted form, so it is the same run (finished: nothing to launch)
     again = _launcher(run_dir, SECRET_COMMAND, said=said)
-    again._begin()
+    assert again._begin() is not None
     _release(again)
-    assert not any("--resume" in line for line in said), said
+    assert [line for line in said if "already finished" in line] and not any("holds a run" in line for line in said)
+    assert not [s for s in SECRETS if s in "".join(said)]
     other_command = ["python", "other.py", "--hf-token", "hfSECRET456"]
     other = _launcher(run_dir, other_command, said=said)
     with pytest.raises(UsageError, match="holds a run of `python train.py") as refused:  # another experiment
@@ -224,7 +225,7 @@ def test_run_files_are_private_and_follow_trainready_file_mode(tmp_path, monkeyp
         _release(launcher)
         assert _mode(run_dir) == 0o700
         assert {p.name: _mode(p) for p in run_dir.iterdir()} == {
-            "run.json": 0o600, "summary.json": 0o600, "telemetry.jsonl": 0o600, ".lock": 0o600}
+            "run.json": 0o600, "summary.json": 0o600, "telemetry.jsonl": 0o600, ".lock": 0o600, "logs": 0o700}
         monkeypatch.setenv("TRAINREADY_FILE_MODE", "group")
         run_dir = tmp_path / "group"
         launcher = _launcher(run_dir)
@@ -232,7 +233,7 @@ def test_run_files_are_private_and_follow_trainready_file_mode(tmp_path, monkeyp
         launcher._end(LaunchResult(0, "finished", "training finished"))
         _release(launcher)
         assert _mode(run_dir) == 0o750
-        assert {_mode(p) for p in run_dir.iterdir()} == {0o640}
+        assert {_mode(p) for p in run_dir.iterdir() if p.name != "logs"} == {0o640} and _mode(run_dir / "logs") == 0o750
         writer = TelemetryWriter(tmp_path / "standalone", source="rank0")  # init(run_dir=...) without the launcher
         writer.close()
         assert _mode(tmp_path / "standalone") == 0o750 and _mode(tmp_path / "standalone" / "telemetry.jsonl") == 0o640

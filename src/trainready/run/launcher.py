@@ -193,7 +193,8 @@ class Launcher:
     def _write_info(self, info: dict[str, Any]) -> None:
         RunDir(self.spec.run_dir).write_run_info(info)
 
-    def _begin(self) -> None:
+    def _begin(self) -> LaunchResult | None:
+        """Everything before the workers start; a LaunchResult when there is nothing to launch."""
         run_dir = self.spec.run_dir
         make_dir(run_dir)  # private (0700) unless TRAINREADY_FILE_MODE says otherwise
         self._private_logs_dir()
@@ -204,6 +205,10 @@ class Launcher:
         # run.json holds the command with its secrets hidden: compare like with like
         command = redact_argv(self.spec.command)
         self._check_same_run(info, command)
+        finished = self._already_finished(info, records, command)
+        if finished is not None:
+            self.on_output(f"trainready: {finished}")
+            return LaunchResult(EXIT_OK, "finished", finished)
         from .environment import describe_environment
 
         info.setdefault("schema_version", RUN_SCHEMA_VERSION)
@@ -256,6 +261,23 @@ class Launcher:
         elif self.spec.resume and not info.get("launches"):
             raise UsageError(f"--resume: {run_dir} holds no run to resume (no run.json with a launch): check "
                              "--run-dir, or leave out --resume to start a new run there")
+
+    def _already_finished(self, info: dict[str, Any], records: list[dict[str, Any]], command: list[str]) -> str | None:
+        """The same command again in a run whose last launch finished (the script exited 0 on its own): launching
+        would bill torchrun's start-up (about 25 s on a GPU node) to restore the last step and exit. Said, and
+        nothing launched, unless --resume asks to go on (a script whose total_steps was raised)."""
+        launches = info.get("launches") or []
+        last = launches[-1] if launches and isinstance(launches[-1], dict) else {}
+        earlier = redact_argv(info.get("command") or [])
+        if (self.spec.resume or last.get("reason") != "finished" or last.get("exit_code") != 0
+                or not earlier or command_key(earlier) != command_key(command)):
+            return None
+        steps = [r["step"] for r in records if r.get("type") == "step" and type(r.get("step")) is int]
+        totals = [r["total_steps"] for r in records if r.get("type") == "start" and type(r.get("total_steps")) is int]
+        done = f"step {max(steps) + 1:,}" if steps else "no step recorded"
+        of = f" of {totals[-1]:,}" if totals and steps else ""
+        return (f"{self.spec.run_dir} already finished ({done}{of}): nothing launched. To train further (a larger "
+                f"total_steps), add --resume; for a new run, give another --run-dir")
 
     def _announce_budget(self, prior_s: float) -> None:
         """What the budget buys, before anything is spent on workers: start-up is billed too."""
@@ -324,7 +346,12 @@ class Launcher:
     # ---- running -----------------------------------------------------------------------------
 
     def run(self) -> LaunchResult:
-        self._begin()
+        done = self._begin()
+        if done is not None:  # nothing to launch: the lock is ours alone to let go of
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            done.summary = summarize(self.spec.run_dir)
+            return done
         # Workers share the store torchrun's agent already listens on: rank 0 hosting its own would bind a port
         # the agent picked and let go of, which another process can take first (EADDRINUSE, seen under parallel
         # tests). But workers of a restarted attempt read the previous attempt's keys from the shared store and
