@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from trainready.errors import printable
+from trainready.limits import MAX_USD_PER_HOUR
 
 Precision = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]
 Topology = Literal["nvswitch", "nvlink-mesh", "pcie", "single"]
 PricingModel = Literal["on-demand", "spot"]
-MAX_USD_PER_HOUR = 10_000.0  # per node-hour: 10x an 8-GPU node's list price; more is a typo (or cents)
 MAX_GPUS_PER_NODE = 1024  # the NVLink matrix is gpu_count x gpu_count
 
 

@@ -193,10 +193,8 @@ def account(
 def run_account(inst: Instance, nodes: int, spot: bool, hours: float | None, regions: list[str] | None,
                 **kw: Any):
     from trainready.cloud.account import Ask, check_account
-    from trainready.cloud.aws import AwsProvider, CallFailed
+    from trainready.cloud.aws import AwsProvider, CallFailed, deadline_s_from_env
     from trainready.cloud.cache import Cache
-
-    from trainready.cloud.aws import deadline_s_from_env
 
     deadline_s = kw.pop("deadline_s", None)
     provider = AwsProvider(Cache(max_age_s=kw.pop("max_age_s")),

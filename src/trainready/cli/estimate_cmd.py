@@ -9,7 +9,7 @@ import typer
 from trainready.catalog import load_catalog
 from trainready.plan.estimate import estimate_setup
 from trainready.plan.fit import GPU_MARGIN
-from trainready.plan.job import MAX_BATCH, MAX_GPUS, save_job
+from trainready.plan.job import JobSpec, save_job
 from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
 
@@ -38,22 +38,22 @@ def estimate(
     tokens: o.Tokens = None,
     instance: Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type, e.g. p4d.24xlarge.", rich_help_panel=HW)] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU when no instance is given: a100-40gb, a100-80gb, h100-80gb, h200, b200, gb200, v100-16gb, v100-32gb, a10g, l4, l40s.", rich_help_panel=HW)] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", parser=o.number("16", hi=MAX_GPUS, whole=True), help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", parser=o.number("8", hi=1024, whole=True), help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
-    inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", parser=o.number("400"), help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", parser=o.number_for(JobSpec, "gpus", "16"), help="Total GPUs (whole nodes). [default: one node]", rich_help_panel=HW)] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", parser=o.number_for(JobSpec, "gpus_per_node", "8"), help="[default: 8 or the instance's]", rich_help_panel=HW)] = None,
+    inter_node_gbps: Annotated[Optional[float], typer.Option("--inter-node-gbps", parser=o.number_for(JobSpec, "inter_node_gbps", "400"), help="Network per node, Gbit/s (overrides the catalog).", rich_help_panel=HW)] = None,
     strategy: Annotated[Optional[o.StrategyMode], typer.Option("--strategy", show_choices=False, help="Data parallelism: ddp, zero1, zero2, zero3 (= fsdp). [default: fsdp]", rich_help_panel=PAR)] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", parser=o.number("2", hi=1024, whole=True), help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
-    pp: Annotated[Optional[int], typer.Option("--pp", parser=o.number("2", hi=1024, whole=True), help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
-    pp_virtual: Annotated[Optional[int], typer.Option("--pp-virtual", parser=o.number("4", hi=128, whole=True), help="Interleaved pipeline: virtual stages per pipeline rank (Megatron's interleaved 1F1B, torchtitan's Interleaved1F1B); shrinks the bubble v-fold. Needs --pp 2+ and micro-batches per step a multiple of --pp. [default: 1]", rich_help_panel=PAR)] = None,
-    cp: Annotated[Optional[int], typer.Option("--cp", parser=o.number("2", hi=1024, whole=True), help="Context-parallel size: each sequence split over cp GPUs (ring attention: Megatron's --context-parallel-size, torchtitan's context_parallel_degree), for long sequences; 2 x cp must divide --seq-len. [default: 1]", rich_help_panel=PAR)] = None,
-    ep: Annotated[Optional[int], typer.Option("--ep", parser=o.number("8", hi=1024, whole=True), help="Expert-parallel size (mixture-of-experts models): divides the experts; --ep x --etp divides the tp x dp GPUs of a pipeline stage. [default: 1]", rich_help_panel=PAR)] = None,
-    etp: Annotated[Optional[int], typer.Option("--etp", parser=o.number("1", hi=1024, whole=True), help="Expert tensor-parallel size (MoE): GPUs each routed expert is split over; 1 with --tp 2+ folds EP over TP and data-parallel ranks (Megatron's MoE parallel folding). [default: the stack's convention: 1 with --ep 2+, else tp; --stack megatron: tp]", rich_help_panel=PAR)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", parser=o.number_for(JobSpec, "tp", "2"), help="Tensor-parallel size. [default: 1]", rich_help_panel=PAR)] = None,
+    pp: Annotated[Optional[int], typer.Option("--pp", parser=o.number_for(JobSpec, "pp", "2"), help="Pipeline stages. [default: 1]", rich_help_panel=PAR)] = None,
+    pp_virtual: Annotated[Optional[int], typer.Option("--pp-virtual", parser=o.number_for(JobSpec, "pp_virtual", "4"), help="Interleaved pipeline: virtual stages per pipeline rank (Megatron's interleaved 1F1B, torchtitan's Interleaved1F1B); shrinks the bubble v-fold. Needs --pp 2+ and micro-batches per step a multiple of --pp. [default: 1]", rich_help_panel=PAR)] = None,
+    cp: Annotated[Optional[int], typer.Option("--cp", parser=o.number_for(JobSpec, "cp", "2"), help="Context-parallel size: each sequence split over cp GPUs (ring attention: Megatron's --context-parallel-size, torchtitan's context_parallel_degree), for long sequences; 2 x cp must divide --seq-len. [default: 1]", rich_help_panel=PAR)] = None,
+    ep: Annotated[Optional[int], typer.Option("--ep", parser=o.number_for(JobSpec, "ep", "8"), help="Expert-parallel size (mixture-of-experts models): divides the experts; --ep x --etp divides the tp x dp GPUs of a pipeline stage. [default: 1]", rich_help_panel=PAR)] = None,
+    etp: Annotated[Optional[int], typer.Option("--etp", parser=o.number_for(JobSpec, "etp", "1"), help="Expert tensor-parallel size (MoE): GPUs each routed expert is split over; 1 with --tp 2+ folds EP over TP and data-parallel ranks (Megatron's MoE parallel folding). [default: the stack's convention: 1 with --ep 2+, else tp; --stack megatron: tp]", rich_help_panel=PAR)] = None,
     expert_load_imbalance: o.LoadImbalance = None,
     tp_overlap: o.TpOverlap = None,
     moe_routing: o.MoeRouting = None,
     fp8_recipe: o.Fp8RecipeOpt = None,
     capacity_factor: o.CapacityFactor = None,
-    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", parser=o.number("4", hi=MAX_BATCH, whole=True), help="Sequences per GPU per forward. [default: the largest that fits]", rich_help_panel=PAR)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", parser=o.number_for(JobSpec, "micro_batch", "4"), help="Sequences per GPU per forward. [default: the largest that fits]", rich_help_panel=PAR)] = None,
     global_batch: o.GlobalBatch = None,
     seq_len: o.SeqLen = None,
     precision: o.PrecisionOpt = None,
@@ -72,7 +72,7 @@ def estimate(
     save: o.Save = None,
     calibrate: o.Calibrate = None,
     calibration: o.CalibrationRef = None,
-    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free by the fit rule (the same rule and default as plan), 0 to 0.5. [default: the --job file's, else 0.1]", rich_help_panel=o.MEM)] = None,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", parser=o.number_for(JobSpec, "memory_margin", "0.1"), help="Fraction of GPU memory kept free by the fit rule (the same rule and default as plan), 0 to 0.5. [default: the --job file's, else 0.1]", rich_help_panel=o.MEM)] = None,
     json_out: o.Json = False,
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 from trainready.errors import UsageError, printable
-from trainready.plan.job import MAX_BATCH, MAX_SEQ_LEN, MAX_USD_PER_HOUR, JobSpec, load_job
+from trainready.plan.job import JobSpec, load_job
 from trainready.plan.stacks import DEFAULT_STACK, STACKS, get_stack
 
 JOB = "Job"
@@ -110,16 +111,19 @@ def _number_text(x: float) -> str:
 
 
 def number(example: str, *, lo: float = 0, lo_open: bool = True, hi: float | None = None,
-           whole: bool = False) -> Callable[[Any], float | int | None]:
+           whole: bool = False, hi_open: bool = False) -> Callable[[Any], float | int | None]:
     """A parser for a numeric option: the text the user typed becomes a finite number in
-    [lo, hi] (above lo when `lo_open`), or a usage error that names that text as typed
+    [lo, hi] (above lo when `lo_open`, below hi when `hi_open`), or a usage error that names that text as typed
     ("1e309 is not a finite number", not "inf"), the range and an example. `whole`: an integer
     (1e3 is 1000; 2.5 and true are refused)."""
     if whole and lo_open:  # "a whole number from 1", not "above 0"
         lo, lo_open = math.floor(lo) + 1, False
+    if whole and hi_open and hi is not None:
+        hi, hi_open = math.ceil(hi) - 1, False
     kind = "a whole number" if whole else "a number"
-    if lo_open:
-        want = f"{kind} above {_number_text(lo)}" + (f", at most {_number_text(hi)}" if hi is not None else "")
+    top = "" if hi is None else f", {'below' if hi_open else 'at most'} {_number_text(hi)}"
+    if lo_open or hi_open:
+        want = f"{kind} {'above' if lo_open else 'of at least'} {_number_text(lo)}{top}"
     elif hi is None:
         want = f"{kind} of at least {_number_text(lo)}"
     else:
@@ -137,13 +141,35 @@ def number(example: str, *, lo: float = 0, lo_open: bool = True, hi: float | Non
             raise PydanticCustomError("number", f"{raw} is not a finite number; give {want}, e.g. {example}")
         if whole and not x.is_integer():
             raise PydanticCustomError("number", f"{raw} is not a whole number; give {want}, e.g. {example}")
-        if x < lo or (lo_open and x == lo) or (hi is not None and x > hi):
+        if x < lo or (lo_open and x == lo) or (hi is not None and (x > hi or (hi_open and x == hi))):
             raise PydanticCustomError("number", f"{raw} is not {want}, e.g. {example}")
         if whole:
             return int(value) if isinstance(value, str) and value.strip().lstrip("+-").isdigit() else int(x)
         return x
 
     return parse
+
+
+def bounds_of(model: type[BaseModel], field: str) -> dict[str, Any]:
+    """The numeric bounds pydantic enforces on `model.field`, as number()'s keywords."""
+    info = model.model_fields[field]
+    out: dict[str, Any] = {"lo": None, "lo_open": False, "hi": None, "hi_open": False}
+    for rule in info.metadata:
+        for name, key, is_open in (("gt", "lo", True), ("ge", "lo", False), ("lt", "hi", True), ("le", "hi", False)):
+            if getattr(rule, name, None) is not None:
+                out[key], out[f"{key}_open"] = getattr(rule, name), is_open
+    types = {t for t in (typing.get_args(info.annotation) or (info.annotation,)) if t is not type(None)}
+    out["whole"] = types == {int}
+    if out["lo"] is None:
+        raise TypeError(f"{model.__name__}.{field} has no lower bound: give number() its own")
+    return out
+
+
+def number_for(model: type[BaseModel], field: str, example: str) -> Callable[[Any], float | int | None]:
+    """number() with the bounds of `model.field`: one bound per option, the model's, so the CLI never accepts what
+    the job file or the request then refuses, nor refuses what they take (--memory-margin was capped at 0.5 here
+    and at 0.9 by PlanRequest)."""
+    return number(example, **bounds_of(model, field))
 
 
 JobPath = Annotated[Optional[Path], typer.Option("--job", help="Job spec written by `plan --save` or `estimate --save`; options given here override it.", rich_help_panel=JOB)]
@@ -153,12 +179,12 @@ Json = Annotated[bool, typer.Option("--json", help="Machine-readable output (sch
 
 ModelName = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset, e.g. llama-2-13b (`trainready catalog models`).", rich_help_panel=MODEL)]
 ModelConfig = Annotated[Optional[Path], typer.Option("--model-config", help="Hugging Face config.json, read offline.", rich_help_panel=MODEL)]
-Params = Annotated[Optional[float], typer.Option("--params", parser=number("13e9"), help="Generic dense decoder of this many parameters, e.g. 13e9.", rich_help_panel=MODEL)]
+Params = Annotated[Optional[float], typer.Option("--params", parser=number_for(JobSpec, "params", "13e9"), help="Generic dense decoder of this many parameters, e.g. 13e9.", rich_help_panel=MODEL)]
 MethodOpt = Annotated[Optional[Method], typer.Option("--method", help="Full fine-tuning/pre-training, LoRA or QLoRA.", rich_help_panel=MODEL)]
-LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", parser=number("16", hi=65536, whole=True), help="LoRA rank (adapters on every linear layer). [default: 16]", rich_help_panel=MODEL)]
-Tokens = Annotated[Optional[float], typer.Option("--tokens", parser=number("2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
-SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number("4096", hi=MAX_SEQ_LEN, whole=True), help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
-GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", parser=number("256", hi=MAX_BATCH, whole=True), help="Sequences per optimizer step. [default: ~1M tokens]", rich_help_panel=PAR)]
+LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", parser=number_for(JobSpec, "lora_rank", "16"), help="LoRA rank (adapters on every linear layer). [default: 16]", rich_help_panel=MODEL)]
+Tokens = Annotated[Optional[float], typer.Option("--tokens", parser=number_for(JobSpec, "tokens", "2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
+SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number_for(JobSpec, "seq_len", "4096"), help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
+GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", parser=number_for(JobSpec, "global_batch", "256"), help="Sequences per optimizer step. [default: ~1M tokens]", rich_help_panel=PAR)]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Compute precision. [default: bf16, fp16 on V100]", rich_help_panel=NUM)]
 OptimDType = Annotated[Optional[DType], typer.Option("--optimizer-dtype", help="fp32: fp32 master weights and Adam states (mixed precision); bf16: pure bf16 training. [default: fp32; the automodel stack: bf16 for a bf16 job]", rich_help_panel=NUM)]
 ReduceDType = Annotated[Optional[DType], typer.Option("--reduce-dtype", help="Gradient reduction dtype. [default: the stack's]", rich_help_panel=NUM)]
@@ -168,11 +194,11 @@ StackOpt = Annotated[Optional[str], typer.Option("--stack", metavar="NAME", help
 TpOverlap = Annotated[Optional[bool], typer.Option("--tp-overlap", help="Tensor-parallel communication pipelined with the GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP): a quarter of it stays exposed. [default: off, as in both frameworks]", rich_help_panel=PAR)]
 Fp8RecipeOpt = Annotated[Optional[Fp8RecipeLabel], typer.Option("--fp8-recipe", show_choices=False, help="FP8 scaling with --precision fp8: tensorwise (current scaling), delayed, blockwise, rowwise (torchao) or mxfp8 (Blackwell). [default: the stack's: megatron delayed, else tensorwise]", rich_help_panel=NUM)]
 MoeRouting = Annotated[Optional[MoeRoutingMode], typer.Option("--moe-routing", help="Mixture-of-experts: dropless (the busiest rank sets the pace) or capacity (token-drop, expert buffers padded to --capacity-factor x the mean). [default: the model's config, dropless unless it names a capacity factor]", rich_help_panel=PAR)]
-CapacityFactor = Annotated[Optional[float], typer.Option("--capacity-factor", parser=number("1.25", lo=1.0, lo_open=False, hi=64), help="MoE capacity factor for --moe-routing capacity, 1 to 64. [default: the model's, else 1.0]", rich_help_panel=PAR)]
-LoadImbalance = Annotated[Optional[float], typer.Option("--expert-load-imbalance", parser=number("1.0", lo=1.0, lo_open=False, hi=64), help="Mixture-of-experts: routed tokens on the busiest expert-parallel rank over the mean; 1.0 for forced-balance benchmarks. [default: 1.15, an assumption]", rich_help_panel=PAR)]
+CapacityFactor = Annotated[Optional[float], typer.Option("--capacity-factor", parser=number_for(JobSpec, "capacity_factor", "1.25"), help="MoE capacity factor for --moe-routing capacity, 1 to 64. [default: the model's, else 1.0]", rich_help_panel=PAR)]
+LoadImbalance = Annotated[Optional[float], typer.Option("--expert-load-imbalance", parser=number_for(JobSpec, "expert_load_imbalance", "1.0"), help="Mixture-of-experts: routed tokens on the busiest expert-parallel rank over the mean; 1.0 for forced-balance benchmarks. [default: 1.15, an assumption]", rich_help_panel=PAR)]
 Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price on spot (with expected interruption rework) or on-demand.", rich_help_panel=COST)]
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
-UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", parser=number("32.77", hi=MAX_USD_PER_HOUR), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
+UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", parser=number_for(JobSpec, "usd_per_hour", "32.77"), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]
 SpotMtbf = Annotated[Optional[float], typer.Option("--spot-mtbf-hours", parser=number("24"), help="Mean hours between spot interruptions per node. [default: 24, an assumption]", rich_help_panel=COST)]
 CAL = "Calibration"
 Calibrate = Annotated[Optional[list[Path]], typer.Option("--calibrate", metavar="RUN_DIR|BUNDLE_DIR", help="Fit the efficiency factors to a run directory (`trainready run`) or a `check --deep` bundle, save them as a named calibration and use them; repeat to combine (docs/planner.md, Calibration).", rich_help_panel=CAL)]

@@ -11,7 +11,7 @@ import typer
 from trainready.catalog import load_catalog
 from trainready.plan.calibration_file import check_stack
 from trainready.plan.fit import GPU_MARGIN
-from trainready.plan.job import save_job
+from trainready.plan.job import JobSpec, save_job
 from trainready.plan.recipes import CHOICES
 from trainready.plan.search import PlanRequest
 from trainready.plan.search import plan as run_plan
@@ -64,15 +64,15 @@ def plan(
     capacity_factor: o.CapacityFactor = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
     framework: Annotated[Framework, typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it.", rich_help_panel=C)] = "auto",
-    top: Annotated[int, typer.Option("--top", parser=o.number("5", lo=1, lo_open=False, hi=100, whole=True), help="Rows to show, 1 to 100.", rich_help_panel=C)] = 5,
-    max_usd: Annotated[Optional[float], typer.Option("--max-usd", parser=o.number("5000"), help="Budget for the whole run.", rich_help_panel=C)] = None,
-    deadline_hours: Annotated[Optional[float], typer.Option("--deadline-hours", parser=o.number("48"), help="Wall-clock limit.", rich_help_panel=C)] = None,
+    top: Annotated[int, typer.Option("--top", parser=o.number_for(PlanRequest, "top", "5"), help="Rows to show, 1 to 100.", rich_help_panel=C)] = 5,
+    max_usd: Annotated[Optional[float], typer.Option("--max-usd", parser=o.number_for(PlanRequest, "max_usd", "5000"), help="Budget for the whole run.", rich_help_panel=C)] = None,
+    deadline_hours: Annotated[Optional[float], typer.Option("--deadline-hours", parser=o.number_for(PlanRequest, "deadline_hours", "48"), help="Wall-clock limit.", rich_help_panel=C)] = None,
     clouds: Annotated[Optional[str], typer.Option("--clouds", help="Comma-separated: aws,gcp,azure,lambda.", rich_help_panel=C)] = None,
     instances: Annotated[Optional[str], typer.Option("--instances", help="Comma-separated instance types to consider.", rich_help_panel=C)] = None,
-    max_nodes: Annotated[int, typer.Option("--max-nodes", parser=o.number("16", lo=1, lo_open=False, hi=1024, whole=True), help="Most nodes per job, 1 to 1024.", rich_help_panel=C)] = 16,
-    min_gpu_mem: Annotated[Optional[float], typer.Option("--min-gpu-mem", parser=o.number("80"), help="Least GPU memory, GiB.", rich_help_panel=C)] = None,
+    max_nodes: Annotated[int, typer.Option("--max-nodes", parser=o.number_for(PlanRequest, "max_nodes", "16"), help="Most nodes per job, 1 to 1024.", rich_help_panel=C)] = 16,
+    min_gpu_mem: Annotated[Optional[float], typer.Option("--min-gpu-mem", parser=o.number_for(PlanRequest, "min_gpu_mem_gib", "80"), help="Least GPU memory, GiB.", rich_help_panel=C)] = None,
     optimistic: Annotated[bool, typer.Option("--optimistic", help="Rank GPUs whose efficiency is assumed (B200, L4/L40S, V100) by their point estimate, not the pessimistic end of their range.", rich_help_panel=C)] = False,
-    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", parser=o.number("0.1", lo_open=False, hi=0.5), help="Fraction of GPU memory kept free, 0 to 0.5. [default: the --job file's, else 0.1]", rich_help_panel=C)] = None,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", parser=o.number_for(JobSpec, "memory_margin", "0.1"), help="Fraction of GPU memory kept free, 0 to 0.5. [default: the --job file's, else 0.1]", rich_help_panel=C)] = None,
     spot: o.Spot = None,
     region: o.Region = None,
     usd_per_hour: o.UsdPerHour = None,

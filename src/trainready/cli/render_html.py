@@ -13,7 +13,6 @@ from trainready.errors import UsageError, printable
 
 from .options import output_file
 
-
 OURS_PROBE = 4096
 """The head of an existing file read to find our generator tag (it is in the first few hundred bytes)."""
 

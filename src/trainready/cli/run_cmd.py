@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trainready.run.settings import RunSettings
+
 from . import options as o
 from .console import emit_json, err, out
 
@@ -38,19 +40,19 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the workers this many times after a failure (they resume from the newest checkpoint).", rich_help_panel=LAUNCH)] = 0,
         run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory; with --nnodes > 1 each node uses RUN_DIR/node<R>. [default: runs/<script name>]", rich_help_panel=LAUNCH)] = None,
         resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir even though the command differs from the one that started it (without it, a different command there is refused).", rich_help_panel=LAUNCH)] = False,
-        grace: Annotated[float, typer.Option("--grace", parser=o.number("120", lo=1, lo_open=False, hi=86400), help="Seconds from SIGINT/SIGTERM to exit: the final checkpoint and its upload (spot gives 120).", rich_help_panel=LAUNCH)] = 100.0,
+        grace: Annotated[float, typer.Option("--grace", parser=o.number_for(RunSettings, "grace_s", "120"), help="Seconds from SIGINT/SIGTERM to exit: the final checkpoint and its upload (spot gives 120).", rich_help_panel=LAUNCH)] = 100.0,
         show_ranks: Annotated[str, typer.Option("--show-ranks", help="Local ranks whose output is echoed here, e.g. 0 or 0,1 (all go to the logs).", rich_help_panel=LAUNCH)] = "0",
         log_to: Annotated[Optional[str], typer.Option("--log-to", help="Also write the per-step metrics to tensorboard, mlflow and/or wandb (comma-separated; files in the run directory, W&B offline; each needs its extra, e.g. trainready[mlflow]).", rich_help_panel=LAUNCH)] = None,
         hot: Annotated[Optional[str], typer.Option("--hot", help="Hot checkpoint tier (the node's NVMe). [default: RUN_DIR/checkpoints]", rich_help_panel=CKPT)] = None,
         archive: Annotated[Optional[str], typer.Option("--archive", help="Archive tier: a shared path or s3://bucket/prefix.", rich_help_panel=CKPT)] = None,
         ckpt_every: Annotated[Optional[str], typer.Option("--ckpt-every", help="Checkpoint every N steps; 'auto' (Young/Daly from the measured stall and the instance's MTBF); 'off' (only at the end and when stopping: a crash loses everything). [default: auto]", show_default=False, rich_help_panel=CKPT)] = None,
-        keep_hot: Annotated[int, typer.Option("--keep-hot", parser=o.number("2", whole=True, hi=10000), help="Checkpoints kept on the hot tier.", rich_help_panel=CKPT)] = 2,
+        keep_hot: Annotated[int, typer.Option("--keep-hot", parser=o.number_for(RunSettings, "keep_hot", "2"), help="Checkpoints kept on the hot tier.", rich_help_panel=CKPT)] = 2,
         instance: Annotated[Optional[str], typer.Option("--instance", help="Instance type, for its price and MTBF (e.g. p4d.24xlarge).", rich_help_panel=COST)] = None,
         spot: Annotated[bool, typer.Option("--spot", help="Spot capacity: spot price, shorter MTBF.", rich_help_panel=COST)] = False,
         region: Annotated[Optional[str], typer.Option("--region", help="Region for the catalog price.", rich_help_panel=COST)] = None,
-        usd_per_hour: Annotated[Optional[float], typer.Option("--usd-per-hour", parser=o.number("32.77", hi=o.MAX_USD_PER_HOUR), help="Price per node-hour (overrides the catalog).", rich_help_panel=COST)] = None,
-        budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", parser=o.number("500", hi=1e9), help="Stop with a final checkpoint before spending more than this; start-up and shutdown are billed too (warnings at 50% and 80%).", rich_help_panel=COST)] = None,
-        mtbf_hours: Annotated[Optional[float], typer.Option("--mtbf-hours", parser=o.number("24", hi=1e6), help="The job's mean time between failures, for --ckpt-every auto. [default: catalog assumption]", rich_help_panel=COST)] = None,
+        usd_per_hour: Annotated[Optional[float], typer.Option("--usd-per-hour", parser=o.number_for(RunSettings, "usd_per_hour", "32.77"), help="Price per node-hour (overrides the catalog).", rich_help_panel=COST)] = None,
+        budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", parser=o.number_for(RunSettings, "budget_usd", "500"), help="Stop with a final checkpoint before spending more than this; start-up and shutdown are billed too (warnings at 50% and 80%).", rich_help_panel=COST)] = None,
+        mtbf_hours: Annotated[Optional[float], typer.Option("--mtbf-hours", parser=o.number_for(RunSettings, "mtbf_h", "24"), help="The job's mean time between failures, for --ckpt-every auto. [default: catalog assumption]", rich_help_panel=COST)] = None,
         job: Annotated[Optional[Path], typer.Option("--job", help="Job spec (plan --save): model for MFU, instance, price, step-time estimate.", rich_help_panel=COST)] = None,
         scaling: Annotated[Optional[str], typer.Option("--scaling", help="Run briefly at each process count, e.g. 1,2,4,8, and report scaling efficiency and where time went.", rich_help_panel=MODES)] = None,
         scaling_steps: Annotated[int, typer.Option("--scaling-steps", parser=o.number("12", lo=3, lo_open=False, whole=True, hi=100000), help="Steps per --scaling run (the first 2 are warm-up).", rich_help_panel=MODES)] = 12,

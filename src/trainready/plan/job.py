@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trainready.catalog.loader import read_toml
 from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError, printable, pydantic_message
+from trainready.limits import MAX_USD_PER_HOUR
 
 from .model_spec import ModelSpec
 
@@ -24,7 +25,6 @@ JOB_SCHEMA_VERSION = 1
 MAX_GPUS = 1 << 20
 MAX_BATCH = 1 << 24  # sequences
 MAX_SEQ_LEN = 1 << 24  # tokens
-MAX_USD_PER_HOUR = 10_000.0  # per node: 10x an 8-GPU node's list price; more is a typo (or cents)
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]

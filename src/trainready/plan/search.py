@@ -72,7 +72,8 @@ class PlanRequest(BaseModel):
     instances: list[str] | None = None
     max_nodes: int = Field(16, ge=1, le=1024)
     min_gpu_mem_gib: float | None = Field(None, gt=0)
-    memory_margin: float = Field(GPU_MARGIN, ge=0, lt=0.9, description="fraction of GPU memory kept free (plan/fit.py)")
+    memory_margin: float = Field(GPU_MARGIN, ge=0, le=0.5, description="fraction of GPU memory kept free (plan/fit.py); "
+                                 "the bounds of JobSpec.memory_margin")
     spot_mtbf_h: float | None = Field(None, gt=0)
     optimistic: bool = Field(False, description="rank GPUs whose efficiency is assumed by their point estimate, "
                                                 "not the pessimistic end of their range")

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainready.errors import UsageError
+from trainready.limits import MAX_USD_PER_HOUR
 
 PREFIX = "TRAINREADY_"
 CkptEvery = int | Literal["auto"]
@@ -30,23 +31,23 @@ class RunSettings(BaseModel):
     hot: str | None = Field(None, description="hot checkpoint tier (local NVMe); default RUN_DIR/checkpoints or ./checkpoints")
     archive: str | None = Field(None, description="archive tier URL (shared path, s3://bucket/prefix)")
     ckpt_every: CkptEvery | None = Field(None, description="checkpoint every N steps, or 'auto' (Young/Daly); None or 'off': only at the end and when stopping")
-    keep_hot: int = Field(2, ge=1, description="checkpoints kept on the hot tier")
+    keep_hot: int = Field(2, ge=1, le=1000, description="checkpoints kept on the hot tier")
     async_save: bool = Field(True, description="stage checkpoints in host memory and write in the background")
     total_steps: int | None = Field(None, gt=0, description="steps the run will take: ETA, projected cost, final save")
     max_steps: int | None = Field(None, gt=0, description="stop after this many steps in this launch, without a checkpoint (scaling probes)")
-    budget_usd: float | None = Field(None, gt=0, description="stop with a final checkpoint before spending more")
-    usd_per_hour: float | None = Field(None, gt=0, description="price of one node-hour")
+    budget_usd: float | None = Field(None, gt=0, le=1e9, description="stop with a final checkpoint before spending more")
+    usd_per_hour: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR, description="price of one node-hour")
     nnodes: int = Field(1, ge=1, description="nodes the run is billed for")
     instance: str | None = Field(None, description="instance type (catalog name)")
     spot: bool = Field(False, description="spot capacity: shorter MTBF for --ckpt-every auto")
-    mtbf_h: float | None = Field(None, gt=0, description="the job's mean time between failures, hours (default from the catalog assumptions)")
+    mtbf_h: float | None = Field(None, gt=0, le=1e6, description="the job's mean time between failures, hours (default from the catalog assumptions)")
     flops_per_token: float | None = Field(None, gt=0, description="model FLOPs per token (MFU numerator)")
     peak_tflops: float | None = Field(None, gt=0, description="dense peak of one GPU/process in TFLOP/s (default: detected GPU, bf16)")
     prior_s: float = Field(0.0, ge=0, description="seconds billed by earlier launches of this run (budget spans restarts)")
     launch_unix: float | None = Field(None, description="when this launch started (unix time); default: process start")
     launcher_pid: int | None = Field(None, description="pid of `trainready run`: workers exit when it is gone")
     launcher_start_ticks: int | None = Field(None, description="its start time (/proc/PID/stat), so a reused pid is not mistaken for it")
-    grace_s: float = Field(100.0, gt=0, description="time from a stop signal to exit: final save and upload")
+    grace_s: float = Field(100.0, ge=1, le=86400, description="time from a stop signal to exit: final save and upload")
     timing: Literal["auto", "host", "cuda-events"] = Field("auto", description="how the step split is timed: 'auto' = CUDA events on a GPU (read a step later, no synchronize), host clocks elsewhere; 'host' forces host clocks (a GPU step then ends with a synchronize)")
     exit_s: float | None = Field(None, ge=0, description="seconds from the workers' stop to the launcher's end: the slowest measured in earlier launches x 1.5 (the budget keeps them in reserve; default EXIT_S_DEFAULT)")
 
