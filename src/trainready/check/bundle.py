@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from trainready.errors import UsageError, printable
-from trainready.io import create_exclusive, make_dir, parse_json, redact, replace_durable
+from trainready.io import create_exclusive, make_dir, parse_json, redact, redact_json, replace_durable
 from trainready.io.files import read_regular
 from trainready.version import __version__
 
@@ -398,20 +398,6 @@ def shareable(name: str, text: str) -> str:
         data = parse_json(text)
     except ValueError:
         return out  # not JSON to begin with: text redaction is all we can do
-    return json.dumps(_redact_strings(data))
+    return json.dumps(redact_json(data))
 
 
-def _redact_strings(value: object) -> object:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list):
-        return [_redact_strings(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _redact_pair(k, v) if isinstance(v, str) else _redact_strings(v) for k, v in value.items()}
-    return value
-
-
-def _redact_pair(key: str, value: str) -> str:
-    """A string value judged with its key ({"password": "x"} is a secret, "x" alone is not)."""
-    pair = redact(f"{key}={value}")
-    return pair[len(key) + 1:] if pair.startswith(f"{key}=") else redact(value)

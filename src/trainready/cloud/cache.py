@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from trainready.errors import printable
-from trainready.io import parse_json
+from trainready.io import parse_json, xdg_dir
 from trainready.io.files import read_regular
 
 VERSION = 1
@@ -41,8 +41,7 @@ M = TypeVar("M", bound=BaseModel)
 def default_dir() -> Path:
     if os.environ.get("TRAINREADY_CACHE_DIR"):
         return Path(os.environ["TRAINREADY_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "trainready"
+    return xdg_dir("XDG_CACHE_HOME", ".cache", "the cloud answers cache (or set TRAINREADY_CACHE_DIR)")
 
 
 class Cache:

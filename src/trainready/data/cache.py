@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainready.errors import UsageError
-from trainready.io import CHUNK, HashingWriter, create_exclusive, mismatch, open_nofollow, owned_private_dir, verify_file
+from trainready.io import CHUNK, HashingWriter, create_exclusive, mismatch, open_nofollow, owned_private_dir, verify_file, xdg_dir
 
 from .errors import CacheFullError, CorruptShardError, MissingShardError, ShardError  # noqa: F401 - raised here, imported from here
 
@@ -71,13 +71,7 @@ class CacheStats:
 def default_cache_dir() -> Path:
     """$XDG_CACHE_HOME/trainready/shards, else ~/.cache/trainready/shards: per user, never a name
     anyone can predict in a directory everyone can write to (/tmp)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the XDG spec: a relative value is ignored
-        try:
-            base = str(Path.home() / ".cache")
-        except RuntimeError:
-            raise UsageError("no home directory to put the shard cache in: set XDG_CACHE_HOME or pass cache_dir") from None
-    return Path(base) / "trainready" / "shards"
+    return xdg_dir("XDG_CACHE_HOME", ".cache", "the shard cache (or pass cache_dir)") / "shards"
 
 
 def cache_directory(cache_dir: str | os.PathLike | None) -> Path:

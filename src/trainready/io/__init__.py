@@ -26,8 +26,9 @@ from .files import (
     sha256_file,
     verify_file,
     write_synced,
+    xdg_dir,
 )
-from .redact import has_url_credentials, redact, redact_argv
+from .redact import has_url_credentials, redact, redact_argv, redact_json
 from .urls import (
     S3_PART,
     IntegrityError,
@@ -43,10 +44,10 @@ from .urls import (
 )
 
 __all__ = [
-    "CHUNK", "HashingWriter", "child_umask", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir",
-    "fsync_file",
-    "hash_stream", "local_tag", "make_dir", "mismatch", "open_nofollow", "owned_private_dir", "parse_json", "replace_durable", "sha256_file",
-    "verify_file", "write_synced", "put_if_local", "read_regular", "redact", "redact_argv", "has_url_credentials", "S3_PART", "IntegrityError",
-    "PreconditionFailed", "SourceChangedError", "is_local", "is_s3", "open_url", "protocols", "put_if",
-    "read_versioned", "stored_matches", "upload_checked",
+    "child_umask", "CHUNK", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file",
+    "has_url_credentials", "hash_stream", "HashingWriter", "IntegrityError", "is_local", "is_s3", "local_tag",
+    "make_dir", "mismatch", "open_nofollow", "open_url", "owned_private_dir", "parse_json", "PreconditionFailed",
+    "protocols", "put_if", "put_if_local", "read_regular", "read_versioned", "redact", "redact_argv", "redact_json",
+    "replace_durable", "S3_PART", "sha256_file", "SourceChangedError", "stored_matches", "upload_checked",
+    "verify_file", "write_synced", "xdg_dir",
 ]

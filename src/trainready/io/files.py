@@ -300,3 +300,16 @@ def parse_json(data: str | bytes | bytearray, **options: Any) -> Any:
         return json.loads(data, **options)
     except RecursionError:
         raise ValueError("JSON nested too deep") from None
+
+
+def xdg_dir(variable: str, fallback: str, what: str) -> Path:
+    """$XDG_CACHE_HOME / $XDG_CONFIG_HOME (`variable`) when it is an absolute path (the XDG spec ignores a relative
+    one), else ~/`fallback`: per user, never a name anyone can predict in a directory everyone can write to. With
+    neither, a UsageError saying what (`what`: "the shard cache") needs it and which variable to set."""
+    base = os.environ.get(variable, "")
+    if not os.path.isabs(base):
+        try:
+            base = str(Path.home() / fallback)
+        except RuntimeError:
+            raise UsageError(f"no home directory to keep {what} in: set {variable}") from None
+    return Path(base) / "trainready"

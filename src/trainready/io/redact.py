@@ -118,3 +118,21 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
             continue
         out.append(redact(word))
     return out
+
+
+def redact_json(value: object) -> object:
+    """Every string in a JSON-like value redacted, a value judged with its key ({"password": "x"} hides "x", which
+    alone would not look like a secret): run.json's config and environment, stop records, bundle JSON files."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [redact_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _redact_pair(k, v) if isinstance(v, str) and isinstance(k, str) else redact_json(v)
+                for k, v in value.items()}
+    return value
+
+
+def _redact_pair(key: str, value: str) -> str:
+    pair = redact(f"{key}={value}")
+    return pair[len(key) + 1:] if pair.startswith(f"{key}=") else redact(value)

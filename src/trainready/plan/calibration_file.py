@@ -9,7 +9,6 @@ exactly at its prior, and the GPU, instance and stack known to this trainready.
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainready.catalog import Catalog
 from trainready.catalog.textfile import read_user_text
 from trainready.errors import UsageError, closest, printable
-from trainready.io import parse_json
+from trainready.io import parse_json, xdg_dir
 
 from . import efficiency as eff
 from .calibration import FACTORS, Fit, Residual, calibrated_efficiency, mean_abs_error
@@ -218,13 +217,7 @@ def valid_name(name: str) -> str:
 
 
 def calibration_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME", "")
-    if not os.path.isabs(base):  # the XDG spec: a relative value is ignored
-        try:
-            base = str(Path.home() / ".config")
-        except RuntimeError:
-            raise UsageError("no home directory to keep calibrations in: set XDG_CONFIG_HOME") from None
-    return Path(base) / "trainready" / "calibrations"
+    return xdg_dir("XDG_CONFIG_HOME", ".config", "calibrations") / "calibrations"
 
 
 def stored_names() -> list[str]:

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from trainready import parent_death
-from trainready.io import child_umask, dir_mode, file_mode, make_dir, open_nofollow, parse_json, redact, redact_argv
+from trainready.io import child_umask, dir_mode, file_mode, make_dir, open_nofollow, parse_json, redact, redact_argv, redact_json
 
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
 from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, LaunchSpec
 from .records import StopInfo
 from .run_dir import RunDir, run_info_problem
-from .summary import billed_seconds, launches_from_telemetry, redact_values, summarize
+from .summary import billed_seconds, launches_from_telemetry, summarize
 from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
 from .watchdog import children, process_start_ticks
 
@@ -214,8 +214,8 @@ class Launcher:
         info.setdefault("schema_version", RUN_SCHEMA_VERSION)
         info.setdefault("kind", "trainready-run")
         info["command"] = command
-        info["config"] = redact_values(self.spec.config)  # --archive may carry credentials or a presigned URL
-        info["environment"] = redact_values(describe_environment(self.spec.command))
+        info["config"] = redact_json(self.spec.config)  # --archive may carry credentials or a presigned URL
+        info["environment"] = redact_json(describe_environment(self.spec.command))
         info.setdefault("created_unix", min((launch.get("start_unix") or self.start_unix for launch in info.get("launches", [])),
                                             default=self.start_unix))
         if rebuilt:

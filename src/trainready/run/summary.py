@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainready.errors import UsageError, printable
-from trainready.io import redact, redact_argv
+from trainready.io import redact, redact_argv, redact_json
 from trainready.plan.divergence import PlanCheck
 
 from .budget import usd_per_second
@@ -236,7 +236,7 @@ def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None,
         ckpt_interval=next((r.get("message") for r in reversed(records) if r["type"] == "ckpt_interval"), None),
         eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop, launches, records),
         warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
-        stop=redact_values({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
+        stop=redact_json({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
         goodput=_goodput(all_launches, records, status, info.get("config"), {**unreadable, **_skipped}),
     )
 
@@ -269,17 +269,6 @@ def _launch_fields(launch: dict[str, Any]) -> dict[str, Any]:
 
 def _redacted(text: str | None) -> str | None:
     return None if text is None else redact(text)
-
-
-def redact_values(value: Any) -> Any:
-    """Every string in a JSON-like value passed through the redactor (run.json's config and environment)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list):
-        return [redact_values(v) for v in value]
-    if isinstance(value, dict):
-        return {k: redact_values(v) for k, v in value.items()}
-    return value
 
 
 def _launcher_alive(launch: dict[str, Any]) -> bool:
