@@ -803,7 +803,7 @@ if __name__ == "__main__":
 
 def train_job(sz: Sizes, catalog_gpu: str, path: Path) -> Path:
     """The run's configuration as a job spec (`trainready run --job`): the planner's prediction goes into
-    run.json, and the run can be calibrated from (cli/calibrate.py reads it)."""
+    run.json, and the run can be calibrated from (report/calibration.py reads it)."""
     from trainready.plan.job import JobSpec, save_job
     from trainready.plan.model_spec import ModelSpec
 
@@ -1037,9 +1037,9 @@ def build_calibration(catalog_gpu: str, gemm_ref: dict[str, Any] | None, hbm_cop
     run, save the calibration file (plan/calibration_file.py) at `out_path`, read it back as `--calibration`
     would; returns a summary for the results JSON."""
     from trainready.catalog import load_catalog
-    from trainready.cli.calibrate import run_measurement
     from trainready.plan import calibration as cal
     from trainready.plan import calibration_file as cf
+    from trainready.report.calibration import run_measurement
 
     catalog = load_catalog()
     gpu = catalog.gpu(catalog_gpu)

@@ -89,7 +89,7 @@ def test_telemetry_that_is_not_a_regular_file_is_a_usage_error(base, tmp_path, t
 
 
 def test_html_to_a_device_or_fifo_is_refused_not_replaced(tmp_path):
-    from trainready.cli.options import output_file
+    from trainready.io import output_file
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -102,7 +102,7 @@ def test_html_to_a_device_or_fifo_is_refused_not_replaced(tmp_path):
 def test_output_file_the_system_cannot_look_at_is_a_usage_error(tmp_path):
     """A name longer than the file system takes: pathlib's is_dir raises OSError (ENAMETOOLONG; EACCES for a
     directory without search permission), which reached the user as an internal error, exit 3."""
-    from trainready.cli.options import output_file
+    from trainready.io import output_file
 
     with pytest.raises(UsageError, match=r"^--html .*a{255}.*\.html: File name too long; give a file name, e\.g\. "):
         output_file(tmp_path / ("a" * 300 + ".html"), "--html", "report.html")
@@ -124,7 +124,7 @@ def test_unreadable_nvme_devices_is_unknown_not_zero_controllers(tmp_path, conte
 
 
 def test_calibration_save_target_that_is_a_directory_or_fifo_is_a_usage_error(tmp_path):
-    from trainready.cli.options import output_file
+    from trainready.io import output_file
 
     os.mkfifo(tmp_path / "pipe")
     for target, words in ((tmp_path, "is a directory"), (tmp_path / "pipe", "not a regular file"),
@@ -136,7 +136,7 @@ def test_calibration_save_target_that_is_a_directory_or_fifo_is_a_usage_error(tm
 
 def test_a_refused_deep_json_says_why_not_that_it_is_missing(tmp_path):
     from trainready.catalog import load_catalog
-    from trainready.cli.calibrate import bundle_measurements
+    from trainready.report.calibration import bundle_measurements
 
     (tmp_path / "instance-type.txt").write_text("p5en.48xlarge\n")
     (tmp_path / "deep.json").symlink_to(tmp_path / "instance-type.txt")
@@ -221,7 +221,7 @@ def test_json_nested_past_the_parser_is_exit_2_naming_the_file_everywhere(tmp_pa
     import sys
 
     from trainready.catalog import load_catalog
-    from trainready.cli.calibrate import bundle_measurements
+    from trainready.report.calibration import bundle_measurements
 
     deep = "[" * 5000 + "]" * 5000
     (tmp_path / "cal.json").write_text(deep)

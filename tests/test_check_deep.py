@@ -94,15 +94,17 @@ def test_deep_reports_progress_per_measurement(tmp_path, monkeypatch):
                 shown[-1][3] += amount
         yield Sink()
 
+    from trainready.check.runner import add_deep
+
     monkeypatch.setattr(check_cmd, "progress", recorder)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(deep, "gemm", lambda: {"skipped": "test"})
     monkeypatch.setattr(deep, "allreduce_local", lambda: {"skipped": "test"})
     monkeypatch.setattr(deep, "collectives_local", lambda plan=None: {})  # no gloo processes: progress only
     bundle = Bundle({}, source="live")
-    assert check_cmd._add_deep(bundle, tmp_path, None) == 0
+    assert add_deep(bundle, tmp_path, None, check_cmd._progress(False)) == 0
     assert shown == [["measuring (--deep): GEMM, all-reduce, hot tier", 3, False, 3]]
     assert json.loads(bundle.files["deep.json"])["hot_tier"]["directory"] == str(tmp_path)
     shown.clear()
-    check_cmd._add_deep(bundle, None, None, json_out=True)  # --json: the progress helper is told to stay silent
+    add_deep(bundle, None, None, check_cmd._progress(True))  # --json: the progress helper is told to stay silent
     assert shown == [["measuring (--deep): GEMM, all-reduce", 2, True, 2]]

@@ -12,11 +12,11 @@ from trainready.plan.fit import GPU_MARGIN
 from trainready.plan.job import JobSpec, save_job
 from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
+from trainready.report.calibration import applied, resolve_calibration
 
 from . import options as o
-from .calibrate import applied, resolve_calibration, say_calibration
 from .console import emit_json, out
-from .render import render_estimate
+from .render import render_estimate, say_calibration
 
 HELP = """Memory per GPU, tokens/s, MFU, training time and cost of one setup.
 

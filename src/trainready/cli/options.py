@@ -237,23 +237,3 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
             value = e.get("input")
             msgs.append(f"--{field.replace('_', '-')} {value!r}: {e['msg']}")
         raise UsageError("; ".join(msgs)) from None
-
-
-def output_file(path: Path, option: str, example: str) -> Path:
-    """Where `option` will write a file (atomically: a temporary file renamed over it): a directory, a
-    device or FIFO there (the rename would put a file in its place, /dev/null as root) or a missing
-    directory is a UsageError naming the path and an `example` file name; so is a path the system cannot
-    look at (a name too long, a directory without search permission), which pathlib raises as OSError."""
-    path = Path(path)
-    try:
-        if path.is_dir():
-            raise UsageError(f"{option} {printable(path)}: is a directory; give a file name, e.g. "
-                             f"{printable(path / example)}")
-        if path.exists() and not path.is_file():
-            raise UsageError(f"{option} {printable(path)}: not a regular file; give a file name, e.g. {example}")
-        if not path.parent.is_dir():
-            raise UsageError(f"{option} {printable(path)}: the directory {printable(path.parent)} does not exist")
-    except OSError as exc:
-        raise UsageError(f"{option} {printable(path)}: {printable(exc.strerror or str(exc))}; give a file name, "
-                         f"e.g. {example}") from None
-    return path

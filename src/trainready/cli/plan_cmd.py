@@ -9,19 +9,17 @@ from typing import Annotated, Optional
 import typer
 
 from trainready.catalog import load_catalog
-from trainready.plan.calibration_file import check_stack
 from trainready.plan.fit import GPU_MARGIN
 from trainready.plan.job import JobSpec, save_job
 from trainready.plan.recipes import CHOICES
-from trainready.plan.search import PlanRequest
+from trainready.plan.search import PlanRequest, job_for_row
 from trainready.plan.search import plan as run_plan
-from trainready.plan.setup import job_stack, resolve_model
+from trainready.report.calibration import resolve_calibration
 
 from . import options as o
 from .account_cmd import live_plan
-from .calibrate import resolve_calibration, say_calibration
 from .console import emit_json, err, out
-from .render import render_plan
+from .render import render_plan, say_calibration
 from .render_account import render_live
 
 HELP = """Which instance, how many nodes, which strategy: ranked by total cost (or time).
@@ -99,31 +97,17 @@ def plan(
     memory_margin = GPU_MARGIN if job.memory_margin is None else job.memory_margin
     catalog = load_catalog(catalog_file)
     cal, cal_line = resolve_calibration(calibrate, calibration, catalog, None)
-    if cal is not None:
-        check_stack(cal, job_stack(job).stack.name)
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None  # noqa: E731
     req = PlanRequest(job=job, by=by.value, top=top, max_usd=max_usd, deadline_hours=deadline_hours,
                       clouds=split(clouds), instances=split(instances), max_nodes=max_nodes,
                       min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours,
                       framework=getattr(framework, "value", framework), calibration=cal)
     result = run_plan(req, catalog)
-    if cal is not None:
-        result.notes.insert(0, f"rows on {cal.gpu}: {cal.describe()}")
     if live or regions or data or live_deadline is not None:  # --regions/--data/--live-deadline alone mean --live
         result = live_plan(result, catalog, regions=regions, data=data, max_age=max_age, spot=bool(job.spot),
                            spot_mtbf_h=spot_mtbf_hours, deadline_s=live_deadline)
     if save is not None and result.rows:
-        best = result.rows[0].estimate.setup
-        chosen = job.model_copy(update={
-            "model_spec": resolve_model(job), "instance": best.instance, "gpu": None, "gpus": best.gpus,
-            "gpus_per_node": best.gpus_per_node, "strategy": best.strategy, "tp": best.tp, "pp": best.pp,
-            "micro_batch": best.micro_batch, "global_batch": best.global_batch, "seq_len": best.seq_len,
-            "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
-            "offload": best.offload, "ep": best.ep,
-            "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
-            "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
-            "tp_overlap": best.tp_overlap or None})  # None: off, and a file older releases read
-        save_job(chosen, save)
+        save_job(job_for_row(job, result.rows[0]), save)
     if html is not None:
         from .render_html import plan_html
 

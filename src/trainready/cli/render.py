@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainready.catalog import Catalog, Gpu, Instance
-from trainready.cli.console import line, styled
+from trainready.cli.console import err, line, out, styled
 from trainready.plan.confidence import short as confidence_short
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
@@ -337,3 +337,11 @@ def _age(unix: float | None, now: float | None = None) -> str:
         return "-"
     s = max((now or time.time()) - unix, 0.0)
     return f"{s:.0f} s" if s < 90 else (f"{s / 60:.0f} min" if s < 5400 else _hours(s / 3600))
+
+
+def say_calibration(line: str | None, json_out: bool) -> None:
+    """Where the calibration was saved, after the output: on stderr beside --json (never inside it), else
+    on stdout below the tables."""
+    if not line:
+        return
+    (err if json_out else out).print(Text(f"trainready: {line}" if json_out else f"\n{line}"), soft_wrap=True)

@@ -10,8 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from trainready.errors import UsageError, printable
-
-from .options import output_file
+from trainready.io import output_file
 
 OURS_PROBE = 4096
 """The head of an existing file read to find our generator tag (it is in the first few hundred bytes)."""

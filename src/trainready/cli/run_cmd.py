@@ -132,7 +132,7 @@ def report(run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A ru
         summary = report_html(run_dir, html, live=live, console=err if json_out else out, force=force)
     else:
         summary = summarize(run_dir)
-    from .calibrate import plan_check
+    from trainready.report.calibration import plan_check
 
     summary = summary.model_copy(update={"plan_check": plan_check(run_dir, summary)})
     emit_json(summary) if json_out else render_summary(out, summary)

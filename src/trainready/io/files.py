@@ -313,3 +313,25 @@ def xdg_dir(variable: str, fallback: str, what: str) -> Path:
         except RuntimeError:
             raise UsageError(f"no home directory to keep {what} in: set {variable}") from None
     return Path(base) / "trainready"
+
+
+def output_file(path: str | os.PathLike, option: str, example: str) -> Path:
+    """Where `option` will write a file (atomically: a temporary file renamed over it): a directory, a
+    device or FIFO there (the rename would put a file in its place, /dev/null as root) or a missing
+    directory is a UsageError naming the path and an `example` file name; so is a path the system cannot
+    look at (a name too long, a directory without search permission), which pathlib raises as OSError."""
+    from trainready.errors import printable
+
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise UsageError(f"{option} {printable(path)}: is a directory; give a file name, e.g. "
+                             f"{printable(path / example)}")
+        if path.exists() and not path.is_file():
+            raise UsageError(f"{option} {printable(path)}: not a regular file; give a file name, e.g. {example}")
+        if not path.parent.is_dir():
+            raise UsageError(f"{option} {printable(path)}: the directory {printable(path.parent)} does not exist")
+    except OSError as exc:
+        raise UsageError(f"{option} {printable(path)}: {printable(exc.strerror or str(exc))}; give a file name, "
+                         f"e.g. {example}") from None
+    return path

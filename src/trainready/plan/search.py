@@ -15,7 +15,7 @@ from trainready.catalog import Catalog, Instance
 from trainready.errors import UsageError, closest, printable
 
 from .batch_advice import batch_advice
-from .calibration_file import CalibrationFile, efficiency_for
+from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
 from .estimate import EstimateResult, assemble, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
@@ -26,9 +26,9 @@ from .performance import estimate_step
 from .recipes import Recipe, framework_for, framework_reason, recipe_for
 from .setup import (
     Setup,
-    default_precision,
     check_fp8_recipe_precision,
     chosen_fp8_recipe,
+    default_precision,
     default_seq_len,
     fp8_recipe_problem,
     job_stack,
@@ -614,6 +614,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     job = req.job
     model = resolve_model(job)
     stack = job_stack(job)  # an unknown --stack is exit 2 before any search
+    if req.calibration is not None:  # a calibration is for one stack: another's factors would mislead
+        check_stack(req.calibration, stack.stack.name)
     check_fp8_recipe_precision(job, job.precision)
     if not stack.stack.has_recipe:
         raise UsageError(f"--stack {stack.stack.name} estimates runs of {stack.stack.description.split(':')[0]}, "
@@ -705,6 +707,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                         "the pessimistic end of its range (--optimistic: by the point estimate)"))
     if any(r.estimate.cost.pricing.suspect for r in rows):
         notes.append("some prices are marked suspect in the catalog: verify them before buying")
+    if req.calibration is not None:
+        notes.insert(0, f"rows on {req.calibration.gpu}: {req.calibration.describe()}")
     return PlanResult(model=model.name, params=model.param_count(), method=job.method, tokens=job.tokens,
                       ranked_by=req.by, global_batch=gb, seq_len=seq_len, rows=rows, excluded=excluded,
                       others=others, candidates=[
@@ -714,3 +718,18 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                           for i, c in enumerate(ranked, start=1)],
                       framework=req.framework, recipe=recipe_for(ranked[0].setup, req.framework) if ranked else None,
                       searched=searched, notes=notes)
+
+
+def job_for_row(job: JobSpec, row: PlanRow) -> JobSpec:
+    """`job` with the layout of a plan row, as `plan --save` writes it: the file `estimate --job` and `run --job`
+    read back to the same setup. Fields the row leaves at their convention stay None, so older releases read it."""
+    best = row.estimate.setup
+    return job.model_copy(update={
+        "model_spec": resolve_model(job), "instance": best.instance, "gpu": None, "gpus": best.gpus,
+        "gpus_per_node": best.gpus_per_node, "strategy": best.strategy, "tp": best.tp, "pp": best.pp,
+        "micro_batch": best.micro_batch, "global_batch": best.global_batch, "seq_len": best.seq_len,
+        "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
+        "offload": best.offload, "ep": best.ep,
+        "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
+        "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
+        "tp_overlap": best.tp_overlap or None})  # None: off

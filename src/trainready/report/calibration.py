@@ -1,5 +1,7 @@
 """`estimate|plan --calibrate RUN_DIR|BUNDLE_DIR` and `--calibration NAME|FILE`: read what runs and
-`check --deep` measured, fit the factors (plan/calibration.py), store and apply the calibration."""
+`check --deep` measured, fit the factors (plan/calibration.py), store and apply the calibration; and `report`'s
+predicted-against-measured check. Library code (it lived in cli/ until issue 25): it reads run/ and check/ results
+and plan/'s model, and prints nothing; the commands render what it returns."""
 
 from __future__ import annotations
 
@@ -7,19 +9,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rich.text import Text
-
 from trainready.catalog import Catalog
 from trainready.errors import UsageError, printable
-from trainready.io import parse_json
+from trainready.io import output_file, parse_json
 from trainready.plan import calibration as cal
 from trainready.plan import calibration_file as cf
 from trainready.plan.job import JobSpec, load_job
 from trainready.plan.setup import Setup, resolve
 from trainready.run.records import finite
-
-from .console import err, out
-from .options import output_file
 
 
 # --- what a run measured ------------------------------------------------------------------------
@@ -266,11 +263,3 @@ def plan_check(run_dir: Path, summary: Any, catalog: Catalog | None = None) -> A
                    measured_data_s=sh.data * interval if sh is not None and sh.data is not None else None,
                    configuration=what, factors=factors, multi_node=s.nodes > 1, run_dir=str(run_dir),
                    job=str(job) if job else None)
-
-
-def say_calibration(line: str | None, json_out: bool) -> None:
-    """Where the calibration was saved, after the output: on stderr beside --json (never inside it), else
-    on stdout below the tables."""
-    if not line:
-        return
-    (err if json_out else out).print(Text(f"trainready: {line}" if json_out else f"\n{line}"), soft_wrap=True)
