@@ -187,6 +187,20 @@ def test_prune_never_trades_an_intact_checkpoint_for_a_broken_newer_one(tmp_path
     assert cli("prune", root, "--keep", "0").returncode == 2
 
 
+def test_pull_takes_the_destination_as_cp_does(tmp_path):
+    """issue 27: `ckpt pull URL DIR` failed with "Missing option '--to'"; the destination is also a positional."""
+    root = tmp_path / "c"
+    write_ckpt(root, 5, generation=1)
+    r = cli_json("pull", root, tmp_path / "out")
+    assert r["name"] == checkpoint_name(5, 1) and (tmp_path / "out" / checkpoint_name(5, 1)).is_dir()
+    same = cli_json("pull", root, tmp_path / "again", "--to", tmp_path / "again")  # the same place twice is one
+    assert same["name"] == checkpoint_name(5, 1)
+    two = cli("pull", root, tmp_path / "a", "--to", tmp_path / "b")
+    assert two.returncode == 2 and "two destinations" in two.stderr
+    none = cli("pull", root)
+    assert none.returncode == 2 and "no destination" in none.stderr and "Traceback" not in none.stderr
+
+
 def test_newest_generation_is_pulled(tmp_path):
     root = tmp_path / "c"
     write_ckpt(root, 5, generation=1)

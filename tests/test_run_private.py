@@ -90,3 +90,24 @@ def test_the_same_command_in_a_finished_run_launches_nothing(tmp_path):
     code, out = launch(tmp_path, run_dir, "--resume", sleep_s=0)
     assert code == 0 and "worker done" in out, out[-3000:]
     assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 2
+
+
+def test_a_run_dir_that_cannot_be_written_is_a_usage_error(tmp_path):
+    """issue 27: `run --run-dir` on a read-only file system exited 3 ("internal error: OSError"); every other
+    command exits 2 for that. A path through a file (ENOTDIR) takes the same path as EROFS; a read-only mount is
+    tried too where this machine allows one (root with CAP_SYS_ADMIN)."""
+    (tmp_path / "a-file").write_text("")
+    places = [tmp_path / "a-file" / "run"]
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(mount)], capture_output=True).returncode == 0
+    if mounted:
+        places.append(mount / "run")
+    try:
+        for run_dir in places:
+            code, out = launch(tmp_path, run_dir, sleep_s=0)
+            assert code == 2 and "internal error" not in out and str(run_dir) in out, out[-2000:]
+            assert "Read-only file system" in out or "Not a directory" in out, out[-2000:]
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mount)], capture_output=True)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trainready.errors import UsageError
+from trainready.errors import UsageError, printable
 
 from . import options as o
 from .console import emit_json, err, out, progress
@@ -73,10 +73,18 @@ def verify(url: Url,
              "committed checkpoint) to TO/<name>: every file checked against its SHA-256, the manifest written last, "
              f"then an atomic rename; an existing target is never overwritten. {WHERE}\n\n{CODES}")
 def pull(url: Url,
-         to: Annotated[str, typer.Option("--to", help="Directory to copy into (created if missing).", show_default=False)],
+         dest: Annotated[Optional[str], typer.Argument(metavar="[DIR]", help="Directory to copy into (created if missing), as `cp SRC DIR`; or --to.", show_default=False)] = None,
+         to: Annotated[Optional[str], typer.Option("--to", help="Directory to copy into (created if missing); the same as the DIR argument.", show_default=False)] = None,
          step: Annotated[Optional[int], typer.Option("--step", min=0, help="Step to copy. (default: the newest committed checkpoint)", show_default=False)] = None,
          json_out: o.Json = False) -> None:
     from trainready.store.inspect import pull as run_pull
+
+    if dest is not None and to is not None and dest != to:
+        raise UsageError(f"two destinations: DIR {printable(dest)} and --to {printable(to)}; give one")
+    to = dest if dest is not None else to
+    if to is None:
+        raise UsageError("no destination: give it after the location, as cp does (trainready ckpt pull URL DIR), "
+                         "or with --to DIR")
 
     with progress("pulling", as_json=json_out, unit="bytes") as sink:
         result = run_pull(url, step, to, on_progress=sink.advance, on_total=sink.set_total)

@@ -6,6 +6,7 @@ SIGPIPE (141 in the shell) when the reader of its output goes away (`| head`).""
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
@@ -22,7 +23,7 @@ try:  # typer >= 0.2x ships its own copy of click; older ones use click itself
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_errors
 
-from trainready.errors import TrainreadyError
+from trainready.errors import TrainreadyError, printable
 from trainready.version import __version__
 
 from . import account_cmd, catalog_cmd, check_cmd, ckpt_cmd, data_cmd, diagnose_cmd, estimate_cmd, plan_cmd, run_cmd
@@ -159,7 +160,19 @@ def _main(as_json: bool) -> int:
     except TrainreadyError as exc:
         error(str(exc), as_json=as_json, exit_code=exc.exit_code)
         return exc.exit_code
+    except OSError as exc:
+        if exc.errno not in _THE_USERS_TO_FIX:
+            raise
+        # a path the user gave that the system refuses (read-only, full, no permission): exit 2, naming it
+        where = f" {printable(exc.filename)}" if exc.filename else ""
+        error(f"cannot use{where}: {exc.strerror or exc}", as_json=as_json, exit_code=2)
+        return 2
     return result if isinstance(result, int) else 0
+
+
+_THE_USERS_TO_FIX = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG,
+                     errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
+"""OSErrors a command meets because of where the user pointed it, not because of a bug: usage errors (exit 2)."""
 
 
 def run() -> None:

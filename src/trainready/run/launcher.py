@@ -196,9 +196,16 @@ class Launcher:
     def _begin(self) -> LaunchResult | None:
         """Everything before the workers start; a LaunchResult when there is nothing to launch."""
         run_dir = self.spec.run_dir
-        make_dir(run_dir)  # private (0700) unless TRAINREADY_FILE_MODE says otherwise
-        self._private_logs_dir()
-        self._lock_run_dir()
+        try:
+            make_dir(run_dir)  # private (0700) unless TRAINREADY_FILE_MODE says otherwise
+            self._private_logs_dir()
+            self._lock_run_dir()
+        except OSError as exc:  # a read-only or full disk, a path through a file: the user's to change
+            from trainready.errors import UsageError, printable
+
+            where = printable(exc.filename) if exc.filename else printable(run_dir)
+            raise UsageError(f"--run-dir {printable(run_dir)}: cannot write {where} ({exc.strerror or exc}): give a "
+                             "--run-dir on a writable disk") from None
         # earlier launches' telemetry; the live view starts after it (nothing appends: the lock is ours, no workers)
         records, self._offset = read_records(run_dir / FILE)
         info, rebuilt = self._load_info(records)
