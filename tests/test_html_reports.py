@@ -372,3 +372,35 @@ def test_html_never_replaces_a_file_it_did_not_write(tmp_path):
     assert invoke("report", str(run), "--html", str(page))[0] == 0  # ours: rewritten
     assert invoke("report", str(run), "--html", str(precious), "--force")[0] == 0
     assert '<meta name="generator" content="trainready">' in precious.read_text()
+
+
+def test_plan_page_shows_the_row_markers_the_terminal_shows(tmp_path):
+    """issue 27: `plan --html` dropped the marks beside a row's cost that the terminal shows: "?" (a price the
+    catalog marks suspect) and "~" (efficiency assumed, not measured). Same plan, both outputs, row by row."""
+    import html as html_lib
+
+    args = ["plan", "--model", "llama-2-7b", "--method", "lora", "--tokens", "1e9", "--instances",
+            "g6e.48xlarge,p6-b200.48xlarge,a3-highgpu-8g"]
+    text = cli(*args)
+    assert text.returncode == 0, text.stderr[-500:]
+    doc = json.loads(cli(*args, "--json").stdout)
+    marks = {r["rank"]: ("?" if r["estimate"]["cost"]["pricing"]["suspect"] else "")
+             + ("~" if r["estimate"]["confidence"]["level"] == "low" else "") for r in doc["rows"]}
+    assert {"?", "~"} <= set("".join(marks.values())), marks  # both kinds are in this plan
+    page_path = tmp_path / "plan.html"
+    assert cli(*args, "--html", page_path).returncode == 0
+    page = html_lib.unescape(page_path.read_text())
+    shown = page[page.index("Shown rows"):]
+    shown = shown[:shown.index("</table>")]
+    cells = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", shown):
+        tds = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        if tds:
+            cells[int(tds[0])] = tds
+    assert sorted(cells) == sorted(marks)
+    for rank, mark in marks.items():
+        cost = cells[rank][9]  # the cost column
+        assert cost.endswith(mark) and (mark or cost[-1].isdigit()), (rank, cost, mark)
+        terminal = [line for line in text.stdout.splitlines() if re.match(rf"\s*{rank}\s", line)]
+        assert terminal and mark in terminal[0], (rank, terminal)
+    assert "? price marked suspect" in page and "~ efficiency assumed" in page

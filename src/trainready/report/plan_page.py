@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainready.plan.confidence import short as confidence_short
 from trainready.plan.setup import layout_text
 from trainready.plan.units import count_text
 
@@ -107,13 +108,25 @@ def memory_chart(row: Any) -> tuple[str | None, Any]:
     return to_svg(fig, "memory"), notes
 
 
-def _row_cells(row: Any) -> list[object]:
+SUSPECT, ASSUMED = "?", "~"
+LEGEND = {SUSPECT: "price marked suspect in the catalog: verify it before buying",
+          ASSUMED: "efficiency assumed, not measured (low confidence): the range is in the row's note"}
+
+
+def markers(row: Any) -> str:
+    """The marks the terminal's table puts beside a row's cost (cli/render.py), in the same order."""
+    e = row.estimate
+    return (SUSPECT if e.cost.pricing.suspect else "") + (ASSUMED if e.confidence.level == "low" else "")
+
+
+def _row_cells(row: Any, per_billion: bool) -> list[object]:
     e = row.estimate
     s, t, c = e.setup, e.time, e.cost
+    usd = c.usd_per_billion_tokens if per_billion else c.total_usd
     return [row.rank, s.instance or s.gpu, f"{s.nodes} x {s.gpus_per_node}", s.strategy,
             layout_text(s.tp, s.pp, s.pp_virtual, s.ep, s.etp), s.micro_batch, s.activation_checkpointing,
             f"{e.throughput.tokens_per_s:,.0f}", "-" if t.train_hours is None else f"{t.train_hours:,.1f}",
-            "-" if c.total_usd is None else f"${c.total_usd:,.0f}", row.framework, row.why]
+            ("-" if usd is None else f"${usd:,.0f}") + markers(row), row.framework, row.why]
 
 
 def plan_page(result: Any) -> str:
@@ -135,7 +148,16 @@ def plan_page(result: Any) -> str:
     page.heading("rows", "Shown rows")
     if result.rows:
         page.table(["#", "instance", "nodes x GPUs", "strategy", "parallel", "micro-batch", "act. ckpt", "tokens/s",
-                    "hours", "cost", "framework", "why"], [_row_cells(r) for r in result.rows], numeric={0, 5, 7, 8, 9})
+                    "hours", f"cost{_per(result)}", "framework", "why"],
+                   [_row_cells(r, not result.tokens) for r in result.rows], numeric={0, 5, 7, 8, 9})
+        shown = "".join(markers(r) for r in result.rows)
+        for mark, meaning in LEGEND.items():
+            if mark in shown:
+                page.note(f"{mark} {meaning}")
+        for r in result.rows:
+            low = confidence_short(r.estimate.confidence, result.ranked_by == "cost")
+            if low and ASSUMED in markers(r):
+                page.note(f"#{r.rank} {ASSUMED} {low}")
         svg, notes = memory_chart(result.rows[0])
         page.chart("memory", f"Memory per GPU, row #{result.rows[0].rank}", svg, notes)
     else:
