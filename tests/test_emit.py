@@ -269,7 +269,7 @@ def test_run_options_derived_in_fixed_order():
     spec = p4d_spec(job="job.toml", max_restarts=5)
     assert spec.run_options == ["--job", "job.toml", "--max-restarts", "5", *RUN_OPTS[2:]]
     assert not any("JOB" in key for key in spec.worker_env)  # the job spec is the launcher's input only
-    assert EmitSpec(command=["x"], ckpt_every="250").run_options == ["--max-restarts", "3", "--ckpt-every", "250"]
+    assert EmitSpec(command=["x"], ckpt_every="250").run_options == ["--max-restarts", "0", "--ckpt-every", "250"]  # one on-demand node: 0
     assert "run_options" not in EmitSpec.model_fields
 
 
@@ -457,3 +457,29 @@ def test_credentials_in_urls_never_reach_a_launch_file(field, value):
         assert "wJalrSECRET" not in str(exc.value) and ":pw@" not in str(exc.value)
     assert "git@github.com:o/r" in emit("slurm", EmitSpec(**{**base, "command": ["python", "t.py", "--repo",
                                                                                    "git@github.com:o/r"]}))
+
+
+@pytest.mark.parametrize("kind", ["slurm", "skypilot", "torchrun", "k8s", "jobset"])
+def test_emitted_restarts_default_to_what_the_docs_recommend_and_say_so(kind):
+    """issue 27: `run --emit` wrote the CLI's --max-restarts 0 where docs/emit.md shows 3. A multi-node or spot
+    job gets 3, one on-demand node 0, a given value is kept; each file says which and why."""
+    from cloud_stubs import invoke
+
+    def emitted(*opts: str) -> str:
+        code, out, err = invoke("run", "--emit", kind, "--instance", "p4d.24xlarge", *opts, "--", "python", "train.py")
+        assert code == 0, err[-500:]
+        return out
+
+    def restarts(text: str) -> set[str]:  # the numbers after each --max-restarts / maxRestarts, wherever they sit
+        return set(re.findall(r"(?:--max-restarts|maxRestarts:)\W*(\d+)", text))
+
+    two_nodes = emitted("--nnodes", "2")
+    assert "restarts after a failure: 3, the default for a multi-node or spot job" in two_nodes.lower()
+    assert restarts(two_nodes) == {"3"}
+    spot = emitted("--spot")
+    assert "restarts after a failure: 3, the default for a multi-node or spot job" in spot.lower()
+    one = emitted()
+    assert "restarts after a failure: 0, the default for one on-demand node" in one.lower()
+    given = emitted("--nnodes", "2", "--max-restarts", "0")
+    assert "restarts after a failure: 0 (--max-restarts)" in given.lower() and restarts(given) == {"0"}
+    assert restarts(one) == {"0"} and restarts(spot) == {"3"}

@@ -37,7 +37,7 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank (0 on the first node).", rich_help_panel=LAUNCH)] = 0,
         rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1.", rich_help_panel=LAUNCH)] = None,
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="Rendezvous id, the same on every node.", rich_help_panel=LAUNCH)] = None,
-        max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the workers this many times after a failure (they resume from the newest checkpoint).", rich_help_panel=LAUNCH)] = 0,
+        max_restarts: Annotated[Optional[int], typer.Option("--max-restarts", help="Restart the workers this many times after a failure (they resume from the newest checkpoint). [default: 0; with --emit, 3 for a multi-node or spot job]", rich_help_panel=LAUNCH)] = None,
         run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory; with --nnodes > 1 each node uses RUN_DIR/node<R>. [default: runs/<script name>]", rich_help_panel=LAUNCH)] = None,
         resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir even though the command differs from the one that started it (without it, a different command there is refused).", rich_help_panel=LAUNCH)] = False,
         grace: Annotated[float, typer.Option("--grace", parser=o.number_for(RunSettings, "grace_s", "120"), help="Seconds from SIGINT/SIGTERM to exit: the final checkpoint and its upload (spot gives 120).", rich_help_panel=LAUNCH)] = 100.0,

@@ -26,7 +26,7 @@ class RunOptions:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
-    max_restarts: int = 0
+    max_restarts: int | None = None  # None: 0 for a launch here; emit's default for a launch file
     hot: str | None = None
     archive: str | None = None
     ckpt_every: str | None = None  # None: 'auto'
@@ -120,7 +120,7 @@ def _from_job(path: Path, opts: RunOptions, notes: list[str]) -> tuple[float | N
 def configure(opts: RunOptions) -> Configured:
     preflight.check_command(opts.command)
     preflight.check_rendezvous(opts.nnodes, opts.node_rank, opts.rdzv_endpoint)
-    if opts.max_restarts < 0:
+    if opts.max_restarts is not None and opts.max_restarts < 0:
         raise UsageError(f"--max-restarts {opts.max_restarts}: must be >= 0")
     notes: list[str] = []
     every = _ckpt_every(opts.ckpt_every)  # before anything slow: a typo is found at once
@@ -148,7 +148,7 @@ def configure(opts: RunOptions) -> Configured:
         instance=opts.instance, spot=opts.spot, mtbf_h=opts.mtbf_hours, flops_per_token=flops, grace_s=opts.grace_s)
     config: dict[str, Any] = {
         "nproc_per_node": "1" if opts.nproc_per_node is None else opts.nproc_per_node, "nnodes": opts.nnodes, "node_rank": opts.node_rank,
-        "rdzv_endpoint": opts.rdzv_endpoint, "max_restarts": opts.max_restarts, "hot": settings.hot_dir,
+        "rdzv_endpoint": opts.rdzv_endpoint, "max_restarts": opts.max_restarts or 0, "hot": settings.hot_dir,
         "archive": opts.archive, "ckpt_every": settings.ckpt_every, "instance": opts.instance, "spot": opts.spot,
         "usd_per_hour": price.usd_per_hour, "price_source": price.source, "budget_usd": opts.budget_usd,
         "job": str(opts.job) if opts.job else None, "prediction": prediction}
@@ -156,7 +156,7 @@ def configure(opts: RunOptions) -> Configured:
     preflight.check_torch(nproc)
     spec = LaunchSpec(command=opts.command, settings=settings, nproc_per_node=nproc,
                       nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
-                      rdzv_id=opts.rdzv_id, max_restarts=opts.max_restarts, show_ranks=opts.show_ranks, config=config,
+                      rdzv_id=opts.rdzv_id, max_restarts=opts.max_restarts or 0, show_ranks=opts.show_ranks, config=config,
                       resume=opts.resume)
     notes.append(describe_checkpoints(every))
     return Configured(spec, price.source, step_s, notes)

@@ -186,7 +186,7 @@ def _pod_settings(spec: EmitSpec, node: Node, name: str) -> dict:
 def _failure_policy(spec: EmitSpec) -> dict:
     """JobSet: a job failed by the pod failure policy (the launcher's final exit codes) ends the JobSet; any other
     failure (node lost, pod evicted or preempted) recreates all pods, up to --max-restarts times."""
-    return {"maxRestarts": spec.max_restarts,
+    return {"maxRestarts": spec.restarts,
             "rules": [{"name": "launcherGaveUp", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]}
 
 
@@ -311,5 +311,6 @@ def _header(kind: str, spec: EmitSpec, node: Node, name: str) -> str:
         f"One pod per {node.instance} node runs `trainready run`, which starts torchrun underneath; the nodes meet",
         "by c10d rendezvous on pod 0. The hot tier is a local ephemeral volume (emptyDir) on the node's disk:",
         "put the kubelet's ephemeral storage on the instance-store NVMe (e.g. Karpenter instanceStorePolicy: RAID0).",
+        f"{spec.restarts_line[0].upper()}{spec.restarts_line[1:]}.",
     ]
     return "".join(f"# {line}\n" for line in lines)

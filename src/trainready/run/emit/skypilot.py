@@ -31,6 +31,7 @@ def render(spec: EmitSpec) -> str:
         "# Every node runs one `trainready run` launcher, which starts torchrun",
         "# (torch.distributed.run) underneath; the nodes meet by c10d rendezvous on the first",
         "# node listed in SKYPILOT_NODE_IPS.",
+        f"# {spec.restarts_line}.",
         f"name: {yaml_scalar(name)}",
         f"num_nodes: {spec.nnodes}",
     ]

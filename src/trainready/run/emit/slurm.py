@@ -31,6 +31,7 @@ def render(spec: EmitSpec) -> str:
         "# srun starts one `trainready run` launcher per node; each runs torchrun",
         "# (torch.distributed.run) underneath, and the nodes meet by c10d rendezvous on the",
         "# first node of the allocation.",
+        f"# {spec.restarts_line}.",
         f"#SBATCH --job-name={name}",
         f"#SBATCH --nodes={spec.nnodes}",
         "#SBATCH --ntasks-per-node=1",

@@ -20,6 +20,10 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+RESTARTS_MULTI_OR_SPOT = 3
+"""docs/emit.md's recommendation for a job that spans nodes or runs on spot capacity."""
+
+
 class EmitSpec(BaseModel):
     """One job, as `trainready run --emit KIND` renders it."""
 
@@ -47,7 +51,8 @@ class EmitSpec(BaseModel):
     env: dict[str, str] = {}
     # The launcher's own options, rendered by `run_options` / `worker_env`.
     job: str | None = None
-    max_restarts: int = 3
+    max_restarts: int | None = None
+    """None: `restarts`' default (3 for a multi-node or spot job, 0 for one on-demand node)."""
     hot: str | None = None
     archive: str | None = None
     ckpt_every: int | Literal["auto", "off"] | None = "auto"  # as `trainready run`: resumable by default
@@ -86,12 +91,30 @@ class EmitSpec(BaseModel):
         return self
 
     @property
+    def restarts(self) -> int:
+        """Worker restarts after a failure: as given, else RESTARTS_MULTI_OR_SPOT for a multi-node or spot job (a
+        lost node or a reclaimed instance costs a restart from the newest checkpoint, not the job), else 0 (one
+        on-demand node: a failure there is usually the script's, which a restart repeats)."""
+        if self.max_restarts is not None:
+            return self.max_restarts
+        return RESTARTS_MULTI_OR_SPOT if self.nnodes > 1 or self.spot else 0
+
+    @property
+    def restarts_line(self) -> str:
+        """What each launch file says about its restarts (a comment): the number and where it came from."""
+        if self.max_restarts is not None:
+            return f"restarts after a failure: {self.restarts} (--max-restarts)"
+        why = "a multi-node or spot job" if self.restarts else "one on-demand node"
+        return (f"restarts after a failure: {self.restarts}, the default for {why} (docs/emit.md); "
+                f"set --max-restarts to change it")
+
+    @property
     def run_options(self) -> list[str]:
         """The `trainready run` options every node repeats, in a fixed order."""
         opts: list[str] = []
         if self.job is not None:
             opts += ["--job", self.job]
-        opts += ["--max-restarts", str(self.max_restarts)]
+        opts += ["--max-restarts", str(self.restarts)]
         for flag, value in (("--hot", self.hot), ("--archive", self.archive), ("--ckpt-every", self.ckpt_every),
                             ("--instance", self.instance)):
             if value is not None:
@@ -153,7 +176,7 @@ def validate(spec: EmitSpec) -> None:
         raise UsageError(f"GPUs per node must be at least 1 (got {spec.gpus_per_node})")
     if not 1 <= spec.rdzv_port <= 65535:
         raise UsageError(f"rendezvous port must be in 1..65535 (got {spec.rdzv_port})")
-    if spec.max_restarts < 0:
+    if spec.max_restarts is not None and spec.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more (got {spec.max_restarts})")
     if isinstance(spec.ckpt_every, int) and spec.ckpt_every < 1:
         raise UsageError(f"--ckpt-every must be at least 1 step, or 'auto' (got {spec.ckpt_every})")

@@ -45,7 +45,7 @@ def _torchrun_options(spec: EmitSpec, node_rank: int) -> list[tuple[str, str]]:
         ("--rdzv-backend", "c10d"),
         ("--rdzv-endpoint", f"{head}:{spec.rdzv_port}"),
         ("--rdzv-id", spec.rdzv_id if spec.rdzv_id is not None else spec.job_name),
-        ("--max-restarts", str(spec.max_restarts)),
+        ("--max-restarts", str(spec.restarts)),
     ]
 
 
@@ -101,6 +101,7 @@ def render(spec: EmitSpec) -> str:
         "# The launcher's settings reach the workers as the TRAINREADY_* variables below, which",
         "# trainready.init() reads just as it would under `trainready run`.",
         "# With c10d rendezvous torchrun assigns the final ranks; --node-rank is informational.",
+        f"# {spec.restarts_line}.",
     ]
     env = {**user_env(spec), **spec.worker_env}
     for rank in range(spec.nnodes):
