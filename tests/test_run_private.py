@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from run_helpers import env_for_run
 
@@ -111,3 +116,63 @@ def test_a_run_dir_that_cannot_be_written_is_a_usage_error(tmp_path):
     finally:
         if mounted:
             subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+OOM_SCRIPT = "import time\nchunks = []\nwhile True:\n    chunks.append(bytearray(64 << 20))\n    time.sleep(0.01)\n"
+
+
+def _memory_cgroup(tmp_path, limit_mb: int):
+    """A fresh cgroup-v1 memory cgroup with a limit, where this machine lets root make one; else None."""
+    root = Path("/sys/fs/cgroup/memory")
+    if os.getuid() != 0 or not (root / "cgroup.procs").exists():
+        return None
+    group = root / f"trainready-test-{os.getpid()}-{tmp_path.name[-12:]}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(f"{limit_mb}M")
+    except OSError:
+        return None
+    return group
+
+
+def test_a_sigkill_says_who_sent_it_when_the_machine_knows(tmp_path):
+    """issue 27: a launch ended by SIGKILL showed outcome "unknown" in report. A launcher killed with SIGKILL is
+    "killed" (the one signal it cannot record), and a worker's SIGKILL names the OOM killer when this memory
+    cgroup's kill count rose during the launch, else something outside trainready. The OOM half runs in a real
+    memory cgroup where this machine lets root make one (it does here), and is skipped where it does not."""
+    (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(120)\n")
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), "--", "python",
+                             "sleepy.py"], cwd=tmp_path, env=env_for_run(None), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (run_dir / "logs").exists():
+        time.sleep(0.2)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and everything it started, as kill -9 on a process group
+    proc.wait(timeout=30)
+    report = subprocess.run([sys.executable, "-m", "trainready", "report", str(run_dir), "--json"],
+                            capture_output=True, text=True, timeout=60)
+    doc = json.loads(report.stdout)
+    assert doc["status"] == "killed" and "SIGKILL (signal 9)" in doc["message"], doc["message"]
+    assert "sent from outside trainready" in doc["message"]  # this cgroup's OOM killer did not do it
+
+    group = _memory_cgroup(tmp_path, 1536)
+    if group is None:
+        pytest.skip("no memory cgroup can be made here: the OOM killer half needs root and cgroup v1")
+    try:
+        (tmp_path / "hog.py").write_text(OOM_SCRIPT)
+        run_dir = tmp_path / "oom"
+        proc = subprocess.run([sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), "--json", "--",
+                               "python", "hog.py"], cwd=tmp_path, env=env_for_run(None), capture_output=True, text=True,
+                              timeout=300, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        outcome = json.loads(proc.stdout)
+        assert outcome["reason"] == "failed" and "killed by SIGKILL" in outcome["message"], outcome["message"]
+        assert "sent by the kernel's OOM killer" in outcome["message"], outcome["message"]
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)

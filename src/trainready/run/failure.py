@@ -68,10 +68,13 @@ def raised_then_aborted(code: int, lines: list[str]) -> bool:
     return code == -signal.SIGABRT and any("Traceback (most recent call last)" in line for line in lines)
 
 
-def describe_exit(code: int, raised: bool = False) -> str:
+def describe_exit(code: int, raised: bool = False, sigkill_by: str | None = None) -> str:
+    """`sigkill_by`: who sent a SIGKILL where that is known (kill_cause.sigkill_cause)."""
     if code < 0:
         name = signal_name(code)
-        hint = " (often the kernel's OOM killer: host memory; see `dmesg`)" if code == -9 else ""
+        hint = ""
+        if code == -9:
+            hint = f" ({sigkill_by})" if sigkill_by else " (often the kernel's OOM killer: host memory; see `dmesg`)"
         if raised:
             hint = (" after raising a Python exception (torch aborts at exit when the process group is still "
                     "alive; the traceback in its log is the cause)")
@@ -79,7 +82,7 @@ def describe_exit(code: int, raised: bool = False) -> str:
     return f"exit code {code}"
 
 
-def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> LaunchResult:
+def explain_failure(spec: LaunchSpec, output: list[str], returncode: int, sigkill_by: str | None = None) -> LaunchResult:
     ranks = failed_ranks(output)
     attempt = latest_attempt(spec.run_dir)
     tails: dict[str, list[str]] = {}
@@ -116,10 +119,11 @@ def explain_failure(spec: LaunchSpec, output: list[str], returncode: int) -> Lau
         ranks.sort(key=lambda rank: rank["rank"] in victims)
     if ranks:
         first = ranks[0]
-        what = describe_exit(first.get("exit_code", returncode), raised=first["rank"] in raised)
+        what = describe_exit(first.get("exit_code", returncode), raised=first["rank"] in raised, sigkill_by=sigkill_by)
         message = (f"worker rank {first['rank']} (local rank {first['local_rank']}) failed: {what}"
                    f"{f', after {restarts} restart(s)' if restarts else ''}")
     else:
-        message = f"torchrun exited with {describe_exit(returncode)} before any worker reported (see launcher.log)"
+        message = (f"torchrun exited with {describe_exit(returncode, sigkill_by=sigkill_by)} before any worker reported "
+                   "(see launcher.log)")
     return LaunchResult(EXIT_FAILED, "failed", message, failed_ranks=ranks, log_tail=tails,
                         log_files=files + [str(spec.run_dir / "launcher.log")])

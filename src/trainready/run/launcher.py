@@ -28,6 +28,7 @@ from typing import Any
 from trainready import parent_death
 from trainready.io import child_umask, dir_mode, file_mode, make_dir, open_nofollow, parse_json, redact, redact_argv, redact_json
 
+from . import kill_cause
 from .budget import EXIT_JITTER, KILL_S, MARGIN, SpendWarnings, usd_per_second
 from .failure import explain_failure
 from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, LaunchSpec
@@ -236,7 +237,7 @@ class Launcher:
         info.setdefault("launches", []).append({
             "start_unix": self.start_unix, "end_unix": None, "exit_code": None, "reason": None,
             "pid": os.getpid(), "pid_start_ticks": process_start_ticks(os.getpid()), "node_rank": self.spec.node_rank,
-            "prior_billed_s": round(prior, 3)})
+            "prior_billed_s": round(prior, 3), **kill_cause.at_launch()})
         self._write_info(info)
         self._info = info
         RunDir(run_dir).clear_stop()
@@ -492,7 +493,8 @@ class Launcher:
         if returncode == 0:
             return LaunchResult(EXIT_OK, "finished", "training finished")
 
-        return explain_failure(self.spec, self.output_tail, returncode)
+        launch = (self._info.get("launches") or [{}])[-1]
+        return explain_failure(self.spec, self.output_tail, returncode, sigkill_by=kill_cause.sigkill_cause(launch))
 
     def _read_stop(self) -> StopInfo | None:
         return RunDir(self.spec.run_dir).read_stop()

@@ -213,6 +213,10 @@ class Launch(BaseModel):
     prior_billed_s: float
     recovered_from: str | None = Field(None, description="'telemetry.jsonl' when run.json was unreadable and this "
                                                          "launch was rebuilt from its launch and exit records")
+    boot_id: str | None = Field(None, description="the machine's boot id when the launch began: a launch that "
+                                                  "vanished across a reboot was not killed")
+    oom_kill: dict[str, Any] | None = Field(None, description="{file, count}: the OOM killer's kills in the "
+                                                              "launcher's memory cgroup when the launch began")
 
 
 class RunInfo(BaseModel):

@@ -20,8 +20,8 @@ from trainready.errors import UsageError
 from trainready.io import redact_argv
 
 from .launcher import Launcher, LaunchSpec
-from .summary import SPLIT_PARTS, WARMUP_STEPS, has_split, split_total
 from .run_dir import RunDir
+from .summary import SPLIT_PARTS, WARMUP_STEPS, has_split, split_total
 from .telemetry import read_records
 
 PARTS = ("data", "comm", "compute", "optimizer", "other", "unattributed")

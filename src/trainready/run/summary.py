@@ -25,6 +25,7 @@ from trainready.plan.divergence import PlanCheck
 from .budget import usd_per_second
 from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
+from .kill_cause import restarted_since, sigkill_cause
 from .records import finite
 from .run_dir import RunDir
 from .settings import node_run_dirs
@@ -63,7 +64,7 @@ class RunSummary(BaseModel):
     schema_version: int = SUMMARY_SCHEMA_VERSION
     kind: Literal["trainready-run-summary"] = "trainready-run-summary"
     run_dir: str
-    status: Literal["running", "finished", "stopped", "failed", "interrupted", "unknown"]
+    status: Literal["running", "finished", "stopped", "failed", "interrupted", "killed", "unknown"]
     exit_code: int | None
     message: str | None
     command: list[str]
@@ -218,7 +219,7 @@ def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None,
     status = _status(last_launch, records)
     return RunSummary(
         run_dir=str(run_dir), status=status, exit_code=last_launch.get("exit_code"),
-        message=_redacted(last_launch.get("message") or (stop or {}).get("message")),
+        message=_redacted(last_launch.get("message") or (stop or {}).get("message") or _vanished(last_launch, status)),
         command=redact_argv(info.get("command", [])),  # a run.json of an older version may hold it verbatim
         launches=len(launches) or len({r.get("run_id") for r in starts} - {None}) or 0,
         worker_restarts=sum(1 for r in starts if r.get("restart_count", 0) > 0),
@@ -283,9 +284,25 @@ def _launcher_alive(launch: dict[str, Any]) -> bool:
     return now is not None and ticks is not None and now == ticks
 
 
+def _vanished(launch: dict[str, Any], status: str) -> str | None:
+    """Why a launch that recorded no end ended, where the machine can tell: the launcher records every ending it
+    can see (exit, exception, SIGTERM/SIGINT/SIGHUP), so one gone without a word on the same boot was killed with
+    SIGKILL (signal 9), the one signal it cannot catch; across a reboot, the machine went down."""
+    if status == "interrupted":
+        return "the machine restarted during this launch (its boot id changed): the launcher could not record its end"
+    if status != "killed":
+        return None
+    cause = sigkill_cause(launch)
+    return ("the launcher was killed with SIGKILL (signal 9), the one signal it cannot record"
+            + (f"; {cause}" if cause else "") + "; the newest committed checkpoint is intact and the next run "
+            "resumes from it")
+
+
 def _status(launch: dict[str, Any], records: list[dict[str, Any]]) -> str:
     if launch and launch.get("exit_code") is None and launch.get("end_unix") is None:
-        return "running" if _launcher_alive(launch) else "unknown"  # killed before it could record the end
+        if _launcher_alive(launch):
+            return "running"
+        return {True: "interrupted", False: "killed"}.get(restarted_since(launch), "unknown")
     code = launch.get("exit_code")
     reason = launch.get("reason")
     if reason:
