@@ -156,6 +156,7 @@ def test_a_sigkill_says_who_sent_it_when_the_machine_knows(tmp_path):
     doc = json.loads(report.stdout)
     assert doc["status"] == "killed" and "SIGKILL (signal 9)" in doc["message"], doc["message"]
     assert "sent from outside trainready" in doc["message"]  # this cgroup's OOM killer did not do it
+    assert [launch["outcome"] for launch in doc["goodput"]["launches"]] == ["killed"]
 
     group = _memory_cgroup(tmp_path, 1536)
     if group is None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from .budget import usd_per_second
 from .goodput_model import BadputCause, GoodputReport, LaunchGoodput, RankStats, RankWindow
+from .kill_cause import restarted_since
 
 MAX_S = 1e6  # a duration above 11.6 days in one record is not a measurement: skipped as malformed
 MAX_UNIX = 1e11  # year 5138
@@ -219,6 +220,7 @@ class _Launch:
     restore_seen: bool = False
     clean_end: bool = False
     committed: int | None = None
+    gone: str | None = None  # no end recorded: "killed" (same boot: SIGKILL) or "interrupted" (a reboot), else unknown
 
 
 def valid_launches(launches: list[Any], skipped: dict[str, int]) -> list[dict[str, Any]]:
@@ -242,20 +244,20 @@ def valid_launches(launches: list[Any], skipped: dict[str, int]) -> list[dict[st
 def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]],
                     skipped: Counter) -> tuple[list[_Launch], str]:
     good = [(float(la["start_unix"]), None if la.get("end_unix") is None else float(la["end_unix"]),
-             la.get("reason") if isinstance(la.get("reason"), str) else None)
+             la.get("reason") if isinstance(la.get("reason"), str) else None, _gone(la))
             for la in valid_launches(launches, skipped)]
     source = "run.json" if good and not any(isinstance(la, dict) and la.get("recovered_from") for la in launches) \
         else "telemetry"
     if not good and records:  # a script run without the launcher: its records are all we have
         ts = [r["t"] for r in records]
-        good = [(min(ts), max(ts), None)]
+        good = [(min(ts), max(ts), None, None)]
     good.sort(key=lambda g: g[0])
     out = []
-    for i, (start, end, reason) in enumerate(good):
+    for i, (start, end, reason, gone) in enumerate(good):
         before = good[i + 1][0] if i + 1 < len(good) else math.inf
         mine = [r for r in records if start <= r["t"] < before]
         stop = end if end is not None else max((r["t"] for r in mine), default=start)
-        out.append(_Launch(i, start, max(start, stop), end is not None, reason, mine))
+        out.append(_Launch(i, start, max(start, stop), end is not None, reason, mine, gone=gone))
     first = good[0][0] if good else math.inf
     early = sum(1 for r in records if r["t"] < first)
     if early:
@@ -559,7 +561,16 @@ def _outcome(launch: _Launch, is_last: bool, running: bool) -> str:
               "failed": "failed"}.get(launch.reason or "")
     if mapped:
         return mapped
-    return "finished" if launch.clean_end and launch.end_known else "unknown"
+    if launch.clean_end and launch.end_known:
+        return "finished"
+    return launch.gone if not launch.end_known and launch.gone else "unknown"
+
+
+def _gone(la: dict[str, Any]) -> str | None:
+    """How a launch that recorded no end ended, where its boot id tells (summary._vanished says why)."""
+    if la.get("end_unix") is not None or la.get("reason") is not None:
+        return None
+    return {True: "interrupted", False: "killed"}.get(restarted_since(la))
 
 
 def compute_goodput(launches: list[dict[str, Any]], records: list[dict[str, Any]], *, running: bool = False,

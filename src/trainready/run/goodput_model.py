@@ -46,7 +46,7 @@ class LaunchGoodput(BaseModel):
     start_unix: float = Field(description="launch start, unix seconds")
     end_unix: float = Field(description="launch end (or its last telemetry record when the launcher was killed)")
     billed_s: float = Field(description="end - start")
-    outcome: str = Field(description="finished | stopped | interrupted | failed | running | unknown")
+    outcome: str = Field(description="finished | stopped | interrupted | failed | killed | running | unknown")
     attempts: int = Field(description="worker starts in this launch (1 + torchrun restarts)")
     restored_step: int | None = Field(description="checkpoint the first attempt restored (None: fresh start)")
     first_step: int | None = Field(description="first step run in this launch")
