@@ -488,6 +488,11 @@ def test_an_endpoint_password_never_reaches_any_output(env, monkeypatch, tmp_pat
     said = "".join(out + err for _, out, err in runs) + page.read_text()
     assert "127.0.0.1:9" in said  # the endpoint is named, so its password would have been there
     assert "pwSECRET789" not in said and "Traceback" not in said
+    # a password long enough to cross the 300-character cut of a reason: redacted before the cut, not after
+    long = "eyJhbGciOiJIUzI1NiJ9" + "Q" * 300
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://svc:{long}@127.0.0.1:9/")
+    _, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1", "--json")
+    assert "eyJhbGciOiJIUzI1NiJ9" not in out + err and "QQQQQQQQ" not in out + err
 
 
 class _Trickle(BaseHTTPRequestHandler):

@@ -242,3 +242,15 @@ def test_the_cache_reads_through_the_directory_it_checked(tmp_path):
     assert cache.get("k", TypeFact) is not None  # still the checked directory's answer, not a miss in the new one
     assert not list(planted.iterdir())
     cache.close()
+
+
+def test_a_cache_path_through_a_file_or_a_loop_is_a_note_not_a_failure(tmp_path):
+    """A cache that cannot be used is a note and every answer is asked again: a path through a file or a symlink
+    loop above the cache directory once ended the whole command (exit 2)."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for base in (tmp_path / "file", tmp_path / "loop"):
+        cache = Cache(base, max_age_s=3600)
+        assert cache.get("k", TypeFact) is None
+        _fact(cache)
+        assert len(cache.notes) == 1 and "not used" in cache.notes[0], cache.notes

@@ -246,3 +246,18 @@ def test_no_reader_parses_json_but_through_parse_json():
     call = re.compile(r"\bjson\.loads?\(")  # orjson's own parser has a depth limit and raises its JSONDecodeError
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if call.search(p.read_text()))
     assert users == ["io/files.py", "run/shim.py"]
+
+
+def test_a_stop_record_nested_deep_is_no_internal_error(base, tmp_path):
+    """Telemetry is parsed with orjson where installed, which takes up to 1,024 levels; the stop record was then
+    redacted by a recursive walk that ran out of stack at about 600 (exit 3). Past 64 levels it is replaced."""
+    deep: object = "x"
+    for _ in range(900):
+        deep = {"a": deep}
+    run = _with_records(base, tmp_path / "r", [{"type": "stop", "source": "rank0", "reason": "signal", "exit_code": 143,
+                                                "message": "stopped", "detail": deep}])
+    s = summarize(run)
+    assert s is not None
+    from trainready.io import redact_json
+
+    assert "nested past 64 levels" in json.dumps(redact_json({"detail": deep}))

@@ -172,13 +172,18 @@ def test_init_leaves_the_root_logger_alone():
     import sys
 
     probe = """
-import logging
+import logging, sys
 from trainready.run.session import _show_our_log
 _show_our_log()
 print(len(logging.getLogger().handlers), logging.getLogger().level, len(logging.getLogger("trainready").handlers))
+logging.getLogger("trainready.store").info("before the script configures logging")
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="script %(message)s")  # after init(), as scripts do
+logging.getLogger("trainready.store").info("after")
 """
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["0", str(logging_warning()), "1"], proc.stderr[-2000:]
+    assert proc.stderr.count("before the script configures logging") == 1, proc.stderr
+    assert proc.stderr.count("after") == 1 and "script after" in proc.stderr, proc.stderr  # once, the script's way
 
 
 def logging_warning() -> int:

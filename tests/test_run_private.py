@@ -82,19 +82,59 @@ def test_torn_run_json_between_launches_still_counts_the_first_launchs_spend(tmp
     assert [p.read_bytes() for p in run_dir.glob("run.json.corrupt-*")] == [whole[: len(whole) // 2]]
 
 
+STEPS_SCRIPT = """import sys, torch, trainready
+sess = trainready.init(total_steps=int(sys.argv[1]), ckpt_every="off")
+w = torch.zeros(2)
+for step in range(sess.start_step, int(sys.argv[1])):
+    with sess.step(tokens=8):
+        w += 1
+sess.finish()
+print("worker done")
+"""
+
+
 def test_the_same_command_in_a_finished_run_launches_nothing(tmp_path):
     """issue 25: re-running the command of a finished run started torchrun again (about 25 s of billed start-up on
-    a GPU node) only to restore the last step and exit. It is said, and nothing is launched; --resume goes on."""
+    a GPU node) only to restore the last step and exit. A run that reached the total_steps it declared is said to
+    be finished and nothing is launched; --resume goes on. A script that declared no length (an eval, data prep)
+    runs again: it may do something new each time."""
+    (tmp_path / "steps.py").write_text(STEPS_SCRIPT)
     run_dir = tmp_path / "run"
-    code, out = launch(tmp_path, run_dir, sleep_s=0)
-    assert code == 0, out[-3000:]
-    code, out = launch(tmp_path, run_dir, sleep_s=0)
-    assert code == 0 and "already finished (no step recorded): nothing launched" in out, out[-3000:]
+    cmd = [sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), "--", "python", "steps.py", "3"]
+
+    def launch_steps(*extra: str) -> tuple[int, str]:
+        proc = subprocess.run([*cmd[:4], *extra, *cmd[4:]], cwd=tmp_path, env=env_for_run(None), capture_output=True,
+                              text=True, timeout=180)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    code, out = launch_steps()
+    assert code == 0 and "worker done" in out, out[-3000:]
+    code, out = launch_steps()
+    assert code == 0 and out.count("already finished (step 3 of 3): nothing launched") == 1, out[-3000:]
     assert "add --resume" in out and "worker done" not in out
     assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 1
-    code, out = launch(tmp_path, run_dir, "--resume", sleep_s=0)
+    code, out = launch_steps("--resume")
     assert code == 0 and "worker done" in out, out[-3000:]
     assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 2
+    # no declared length: the same command runs again
+    code, out = launch(tmp_path, tmp_path / "plain", sleep_s=0)
+    code, out = launch(tmp_path, tmp_path / "plain", sleep_s=0)
+    assert code == 0 and "worker done" in out and "already finished" not in out, out[-3000:]
+
+
+def test_the_script_keeps_the_users_umask(tmp_path):
+    """The private umask is for torchrun's own log files: what the training script writes outside the run directory
+    (checkpoints, a shared cache) keeps the umask the user launched with."""
+    (tmp_path / "writer.py").write_text("import os, sys\nos.makedirs(sys.argv[1] + '/sub')\n"
+                                        "open(sys.argv[1] + '/sub/w.bin', 'w').write('x')\nprint('worker done')\n")
+    out_dir = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "trainready", "run", "--run-dir", str(tmp_path / "run"), "--",
+                           "python", "writer.py", str(out_dir)], cwd=tmp_path, env=env_for_run(None),
+                          capture_output=True, text=True, timeout=180, preexec_fn=lambda: os.umask(0o022))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    assert stat.S_IMODE((out_dir / "sub").stat().st_mode) == 0o755
+    assert stat.S_IMODE((out_dir / "sub" / "w.bin").stat().st_mode) == 0o644
+    assert log_modes(tmp_path / "run")["file"] == {0o600}  # while torchrun's logs stay private
 
 
 def test_a_run_dir_that_cannot_be_written_is_a_usage_error(tmp_path):

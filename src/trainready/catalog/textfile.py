@@ -21,7 +21,13 @@ def read_user_text(path: str | Path, what: str, *, limit: int = LIMIT, regular_o
     that a file named (a run.json's job), not the user: a FIFO or device is refused without blocking."""
     p = Path(path)
     shown = printable(p)  # the path as the user typed it, control characters as \xNN
-    try:  # O_NONBLOCK: opening a FIFO nobody writes to would wait for ever
+    if regular_only:  # looked at before it is opened: opening a device can act (a watchdog arms on open)
+        try:
+            if not stat.S_ISREG(os.stat(p).st_mode):
+                raise UsageError(f"cannot read {what} {shown}: not a regular file (a FIFO, socket or device)")
+        except OSError as exc:
+            raise UsageError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
+    try:  # O_NONBLOCK: opening a FIFO nobody writes to would wait for ever (checked again on what was opened)
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_only else 0))
     except OSError as exc:
         raise UsageError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None

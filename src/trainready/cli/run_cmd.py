@@ -22,7 +22,7 @@ CODES = ("Exit codes: 0 training finished (or --emit/--scaling done); 1 a worker
 HELP = ("Run a training command on torchrun with checkpoints, telemetry, a live view and a budget guard. Workers get "
         "their settings as TRAINREADY_* variables (trainready.init() reads them); the run directory holds run.json, "
         "telemetry.jsonl, logs/ and summary.json. Run the same command again to resume (a changed command needs "
-        "--resume).\n\n" + CODES)
+        "--resume); a run that reached its total_steps is not launched again unless --resume.\n\n" + CODES)
 REPORT_HELP = ("Summarize a run directory: steps, throughput, MFU, where the time went, checkpoints, cost, how it "
                "ended. Works while the run is going. --html FILE writes the same as one self-contained page with "
                "charts (docs/run.md). Exit codes: 0 ok; 2 not a run directory; 3 internal error.")

@@ -80,7 +80,8 @@ class CallFailed(Exception):
 
     def __init__(self, action: str, kind: str, reason: str, code: str = "", message: str = ""):
         # botocore quotes the endpoint (AWS_ENDPOINT_URL may hold user:password) and AWS quotes what it was sent:
-        # redacted here, once, so no line, --json field or page built from a failed call can carry it
+        # redacted here, so no line, --json field or page built from a failed call can carry it (classify also
+        # redacts before it cuts a long message: a cut can drop the '@' that marks a URL's password)
         reason, message = redact(reason), redact(message)
         super().__init__(reason)
         self.action, self.kind, self.reason, self.code, self.message = action, kind, reason, code, message
@@ -141,8 +142,8 @@ def classify(exc: BaseException, action: str) -> CallFailed:
         if code in ("UnsupportedOperation", "InvalidAction", "OptInRequired", "UnknownOperationException",
                     "NotImplemented") or code.startswith("5"):
             what = "not supported here" if not code.startswith("5") else f"the service failed (HTTP {code})"
-            return CallFailed(action, "unsupported", f"{what}: {message}"[:300] if message else what, code)
-        return CallFailed(action, "error", f"{code}: {message}"[:300], code)
+            return CallFailed(action, "unsupported", redact(f"{what}: {message}")[:300] if message else what, code)
+        return CallFailed(action, "error", redact(f"{code}: {message}")[:300], code)
     if isinstance(exc, (be.NoCredentialsError, be.PartialCredentialsError)):
         return CallFailed(action, "credentials", f"no AWS credentials: {HOW_TO_LOG_IN}")
     if isinstance(exc, (be.TokenRetrievalError, be.SSOTokenLoadError, be.UnauthorizedSSOTokenError)):
@@ -150,12 +151,12 @@ def classify(exc: BaseException, action: str) -> CallFailed:
                                                  f"run `aws sso login`")
     if isinstance(exc, (be.EndpointConnectionError, be.ConnectTimeoutError, be.ReadTimeoutError,
                         be.ConnectionClosedError)):
-        return CallFailed(action, "unreachable", f"cannot reach AWS: {printable(exc)}"[:300])
+        return CallFailed(action, "unreachable", redact(f"cannot reach AWS: {printable(exc)}")[:300])
     if isinstance(exc, ResponseParserError):
         return CallFailed(action, "unsupported", "the endpoint's answer is not the AWS API's (ResponseParserError): "
                                                  "is AWS_ENDPOINT_URL a server that implements it?")
     if isinstance(exc, be.BotoCoreError):
-        return CallFailed(action, "error", printable(" ".join(str(exc).split()))[:300])
+        return CallFailed(action, "error", redact(printable(" ".join(str(exc).split())))[:300])
     raise exc  # a bug of ours: not hidden as an "unknown" line
 
 

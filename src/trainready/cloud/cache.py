@@ -41,7 +41,7 @@ M = TypeVar("M", bound=BaseModel)
 def default_dir() -> Path:
     if os.environ.get("TRAINREADY_CACHE_DIR"):
         return Path(os.environ["TRAINREADY_CACHE_DIR"])
-    return xdg_dir("XDG_CACHE_HOME", ".cache", "the cloud answers cache (or set TRAINREADY_CACHE_DIR)")
+    return xdg_dir("XDG_CACHE_HOME", ".cache", "the cloud answers cache", " or TRAINREADY_CACHE_DIR")
 
 
 class Cache:
@@ -149,44 +149,57 @@ class Cache:
     def _dir_fd(self, *, create: bool) -> int | None:
         """The cache directory, opened once and checked (it and its parent): None when it is not there yet (and
         not `create`) or may not be used, with a note saying why. Files are then read and written relative to
-        this descriptor, so swapping a path component after the check changes nothing we read."""
+        this descriptor, so swapping a path component after the check changes nothing we read. Nothing here is
+        fatal: a cache that cannot be used is a note, and every answer is asked again."""
         with self._lock:
             if self._fd is not None or not self.enabled:
                 return self._fd
-            why = None
             try:
-                parent = os.open(self.dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                fd = self._open_checked(create)
+            except _Ignored as why:
+                fd, problem = None, str(why)
+            else:
+                if fd is not None:
+                    self._fd = fd
+                return fd
+            self.enabled = False
+        self._note(f"cache directory {printable(self.dir)} not used: {problem}")
+        return None
+
+    def _open_checked(self, create: bool) -> int | None:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            try:
+                parent = os.open(self.dir.parent, flags)
             except FileNotFoundError:
                 if not create:
                     return None
                 self.dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                parent = os.open(self.dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                parent = os.open(self.dir.parent, flags)
+        except OSError as exc:  # not a directory, a symlink loop, no permission
+            raise _Ignored(exc.strerror or str(exc)) from None
+        try:
+            why = _parent_problem(os.fstat(parent))
+            if why is not None:
+                raise _Ignored(why)
             try:
-                why = _parent_problem(os.fstat(parent))
-                if why is None:
-                    try:
-                        fd = os.open(self.dir.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                     dir_fd=parent)
-                    except FileNotFoundError:
-                        if not create:
-                            return None
-                        with contextlib.suppress(FileExistsError):
-                            os.mkdir(self.dir.name, 0o700, dir_fd=parent)
-                        fd = os.open(self.dir.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                     dir_fd=parent)
-                    why = _dir_problem(os.fstat(fd))
-                    if why is None:
-                        self._fd = fd
-                        return fd
-                    os.close(fd)
-            except OSError as exc:
-                why = ("it is a symlink or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR)
-                       else exc.strerror or str(exc))
-            finally:
-                os.close(parent)
-        self._note(f"cache directory {printable(self.dir)} not used: {why}")
-        self.enabled = False
-        return None
+                fd = os.open(self.dir.name, flags | os.O_NOFOLLOW, dir_fd=parent)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(self.dir.name, 0o700, dir_fd=parent)
+                fd = os.open(self.dir.name, flags | os.O_NOFOLLOW, dir_fd=parent)
+            why = _dir_problem(os.fstat(fd))
+            if why is not None:
+                os.close(fd)
+                raise _Ignored(why)
+            return fd
+        except OSError as exc:
+            raise _Ignored("it is a symlink or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR)
+                           else exc.strerror or str(exc)) from None
+        finally:
+            os.close(parent)
 
     def close(self) -> None:
         with self._lock:

@@ -71,7 +71,7 @@ class CacheStats:
 def default_cache_dir() -> Path:
     """$XDG_CACHE_HOME/trainready/shards, else ~/.cache/trainready/shards: per user, never a name
     anyone can predict in a directory everyone can write to (/tmp)."""
-    return xdg_dir("XDG_CACHE_HOME", ".cache", "the shard cache (or pass cache_dir)") / "shards"
+    return xdg_dir("XDG_CACHE_HOME", ".cache", "the shard cache", " or pass cache_dir") / "shards"
 
 
 def cache_directory(cache_dir: str | os.PathLike | None) -> Path:

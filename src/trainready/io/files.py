@@ -302,16 +302,17 @@ def parse_json(data: str | bytes | bytearray, **options: Any) -> Any:
         raise ValueError("JSON nested too deep") from None
 
 
-def xdg_dir(variable: str, fallback: str, what: str) -> Path:
+def xdg_dir(variable: str, fallback: str, what: str, other_way: str = "") -> Path:
     """$XDG_CACHE_HOME / $XDG_CONFIG_HOME (`variable`) when it is an absolute path (the XDG spec ignores a relative
     one), else ~/`fallback`: per user, never a name anyone can predict in a directory everyone can write to. With
-    neither, a UsageError saying what (`what`: "the shard cache") needs it and which variable to set."""
+    neither, a UsageError saying what (`what`: "the shard cache") needs it, which variable to set, and
+    `other_way` (" or pass cache_dir")."""
     base = os.environ.get(variable, "")
     if not os.path.isabs(base):
         try:
             base = str(Path.home() / fallback)
         except RuntimeError:
-            raise UsageError(f"no home directory to keep {what} in: set {variable}") from None
+            raise UsageError(f"no home directory to keep {what} in: set {variable}{other_way}") from None
     return Path(base) / "trainready"
 
 

@@ -120,15 +120,22 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
     return out
 
 
-def redact_json(value: object) -> object:
+MAX_JSON_DEPTH = 64
+"""Past this nesting a value is not one of ours (a stop record, a config): it is replaced, not walked (a parser may
+accept 1,000 levels, which this walk would not survive)."""
+
+
+def redact_json(value: object, _depth: int = 0) -> object:
     """Every string in a JSON-like value redacted, a value judged with its key ({"password": "x"} hides "x", which
     alone would not look like a secret): run.json's config and environment, stop records, bundle JSON files."""
     if isinstance(value, str):
         return redact(value)
+    if isinstance(value, (list, dict)) and _depth >= MAX_JSON_DEPTH:
+        return f"{MASK} (nested past {MAX_JSON_DEPTH} levels)"
     if isinstance(value, list):
-        return [redact_json(v) for v in value]
+        return [redact_json(v, _depth + 1) for v in value]
     if isinstance(value, dict):
-        return {k: _redact_pair(k, v) if isinstance(v, str) and isinstance(k, str) else redact_json(v)
+        return {k: _redact_pair(k, v) if isinstance(v, str) and isinstance(k, str) else redact_json(v, _depth + 1)
                 for k, v in value.items()}
     return value
 

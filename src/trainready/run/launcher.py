@@ -205,8 +205,8 @@ class Launcher:
             from trainready.errors import UsageError, printable
 
             where = printable(exc.filename) if exc.filename else printable(run_dir)
-            raise UsageError(f"--run-dir {printable(run_dir)}: cannot write {where} ({exc.strerror or exc}): give a "
-                             "--run-dir on a writable disk") from None
+            raise UsageError(f"--run-dir {printable(run_dir)}: cannot write {where} ({exc.strerror or exc}): fix that, "
+                             "or give a --run-dir on a writable disk") from None
         # earlier launches' telemetry; the live view starts after it (nothing appends: the lock is ours, no workers)
         records, self._offset = read_records(run_dir / FILE)
         info, rebuilt = self._load_info(records)
@@ -214,8 +214,7 @@ class Launcher:
         command = redact_argv(self.spec.command)
         self._check_same_run(info, command)
         finished = self._already_finished(info, records, command)
-        if finished is not None:
-            self.on_output(f"trainready: {finished}")
+        if finished is not None:  # said once, as the result (the caller prints it)
             return LaunchResult(EXIT_OK, "finished", finished)
         from .environment import describe_environment
 
@@ -277,15 +276,18 @@ class Launcher:
         launches = info.get("launches") or []
         last = launches[-1] if launches and isinstance(launches[-1], dict) else {}
         earlier = redact_argv(info.get("command") or [])
-        if (self.spec.resume or last.get("reason") != "finished" or last.get("exit_code") != 0
+        if (self.spec.resume or self.spec.nnodes > 1 or last.get("reason") != "finished" or last.get("exit_code") != 0
                 or not earlier or command_key(earlier) != command_key(command)):
+            return None  # several nodes decide each from its own run.json: they could disagree and half-launch
+        # only a run that declared its length (trainready.init(total_steps=N)) and reached it is known to be done: a
+        # script without one (an eval, data prep) may do something new each time it runs
+        last_launch = _launches(records)[-1] if _launches(records) else []
+        steps = [r["step"] for r in last_launch if r.get("type") == "step" and type(r.get("step")) is int]
+        totals = [r["total_steps"] for r in last_launch if r.get("type") == "start" and type(r.get("total_steps")) is int]
+        if not steps or not totals or max(steps) + 1 < totals[-1]:
             return None
-        steps = [r["step"] for r in records if r.get("type") == "step" and type(r.get("step")) is int]
-        totals = [r["total_steps"] for r in records if r.get("type") == "start" and type(r.get("total_steps")) is int]
-        done = f"step {max(steps) + 1:,}" if steps else "no step recorded"
-        of = f" of {totals[-1]:,}" if totals and steps else ""
-        return (f"{self.spec.run_dir} already finished ({done}{of}): nothing launched. To train further (a larger "
-                f"total_steps), add --resume; for a new run, give another --run-dir")
+        return (f"{self.spec.run_dir} already finished (step {max(steps) + 1:,} of {totals[-1]:,}): nothing launched. "
+                f"To train further (a larger total_steps), add --resume; for a new run, give another --run-dir")
 
     def _announce_budget(self, prior_s: float) -> None:
         """What the budget buys, before anything is spent on workers: start-up is billed too."""
@@ -367,7 +369,8 @@ class Launcher:
         # port then costs one restart, each attempt picking a new port.
         own_store = "1" if self.spec.max_restarts > 0 else "0"
         env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store, **os.environ, **self.settings.to_env(),
-               "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command)}
+               "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command),
+               "TRAINREADY_USER_UMASK": f"{_current_umask():o}"}  # the shim gives the script the user's umask back
         writer = TelemetryWriter(self.spec.run_dir, source="launcher")
         writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
         writer.close()
@@ -524,3 +527,10 @@ def command_key(argv: list[str]) -> list[str]:
     if argv and _PYTHON.fullmatch(os.path.basename(argv[0])):
         key[0] = "python"
     return key
+
+
+def _current_umask() -> int:
+    """This process's umask (reading it means setting it: set straight back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

@@ -540,6 +540,15 @@ def init(*, model: Any = None, seq_len: int | None = None, flops_per_token: floa
     return Session(RunSettings.from_env(**settings), flops_per_token=flops_per_token, backend=backend)
 
 
+class _StderrUntilConfigured(logging.StreamHandler):
+    """Our lines on stderr while the script has no logging of its own; once it configures the root logger (after
+    init()), our lines reach it by propagation, and this handler steps aside rather than print them twice."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
 def _show_our_log() -> None:
     """Our INFO lines (saves, restores, stops) reach stderr when the script has configured no logging. Only the
     "trainready" logger gets a handler; the root logger, and with it every other library's logging, stays as the
@@ -547,7 +556,7 @@ def _show_our_log() -> None:
     ours = logging.getLogger("trainready")
     if logging.getLogger().handlers or ours.handlers:
         return
-    handler = logging.StreamHandler()
+    handler = _StderrUntilConfigured()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     ours.addHandler(handler)
     if ours.level == logging.NOTSET:
