@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from run_helpers import env_for_run
 
 SECRETS = ("sigSECRET123", "hfSECRET456", "archSECRET000")
