@@ -549,3 +549,18 @@ def test_a_trickling_endpoint_ends_at_the_deadline(env, monkeypatch):
     monkeypatch.setenv("TRAINREADY_LIVE_DEADLINE_S", "soon")
     code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1")
     assert code == 2 and "TRAINREADY_LIVE_DEADLINE_S='soon'" in err
+
+
+def test_a_hanging_credential_process_ends_at_the_deadline(env, monkeypatch, tmp_path):
+    """The deadline covers finding the credentials too: a credential_process (or an instance role's metadata
+    service) that hangs held `account` and `plan --live` for as long as it did (41 s for a 40 s sleep)."""
+    config = tmp_path / "aws-config"
+    config.write_text("[default]\ncredential_process = /bin/sleep 20\nregion = us-east-1\n")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    started = time.monotonic()
+    code, out, err = invoke("account", "--instance", "p4d.24xlarge", "--region", "us-east-1", "--deadline", "2")
+    assert time.monotonic() - started < 10 and code == 2, (code, err[-400:])
+    assert "AWS credentials: no answer within the 2 s deadline" in err

@@ -367,8 +367,10 @@ class AwsProvider:
         """(account, ARN) of the caller; NoAccess when there are no usable credentials or no AWS."""
         if self.account is not None and self.arn is not None:
             return self.account, self.arn
-        try:
-            creds = self.session.get_credentials()
+        try:  # within the deadline: a credential_process or an instance role's metadata service can hang too
+            creds = self._bounded(self.session.get_credentials, "sts:GetCallerIdentity")
+        except CallFailed as exc:
+            raise NoAccess(f"AWS credentials: {exc.reason}") from None
         except Exception as exc:  # noqa: BLE001 - a credential process, SSO cache or role that fails
             failed = classify(exc, "sts:GetCallerIdentity") if _is_boto(exc) else None
             raise NoAccess(f"AWS credentials: {failed.reason if failed else printable(exc)}") from None
