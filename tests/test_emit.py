@@ -151,7 +151,8 @@ def test_skypilot_yaml_fields():
     assert doc["name"] == "run1" and doc["num_nodes"] == 2 and doc["workdir"] == "~/code"
     assert doc["resources"] == {"cloud": "aws", "region": "us-east-1", "instance_type": "p4d.24xlarge",
                                 "accelerators": {"A100": 8}, "use_spot": True}
-    assert doc["envs"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "WARN"}
+    # --env wins over the instance's launch environment, which adds GPUDirect RDMA on p4d (catalog/launch_env.py)
+    assert doc["envs"] == {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_PROVIDER": "efa", "NCCL_DEBUG": "WARN"}
     assert 'pip install "trainready[torch,s3]"' in doc["setup"]
     for var in ("SKYPILOT_NODE_IPS", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert var in doc["run"]
@@ -171,7 +172,7 @@ def test_skypilot_yaml_quotes_awkward_values():
     env = {"A": "true", "B": "8", "C": "x: y # z", "D": "two\nlines", "E": "{not: a map}", "F": "naïve \"q\" \\"}
     doc = yaml.safe_load(emit("skypilot", EmitSpec(command=["python", "t.py"], env=env, gpu_name="H100-80GB",
                                                    gpus_per_node=8, nproc_per_node=4, region="null")))
-    assert doc["envs"] == env
+    assert doc["envs"] == {"NCCL_DEBUG": "INFO", **env}  # NCCL's transport line, on every launch
     assert doc["resources"] == {"region": "null", "accelerators": {"H100-80GB": 8}}
     assert '--nproc-per-node 4' in doc["run"]
 

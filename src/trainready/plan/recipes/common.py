@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from trainready.catalog.launch_env import as_dict, launch_env
+
 from ..setup import Setup
 
 WIDTH = 79  # config lines print at 80 columns unwrapped (render.py prints them as they are)
@@ -79,14 +81,15 @@ def torchrun(s: Setup, program: str) -> list[str]:
 
 
 def environment(s: Setup) -> tuple[dict[str, str], list[str]]:
-    env = {"NCCL_DEBUG": "INFO"}
+    """The launch environment (catalog/launch_env.py: the same for every `run --emit` file) and notes on it."""
+    found = launch_env(s.instance, s.nodes)
+    env = as_dict(found)
     notes = ["NCCL_DEBUG=INFO prints the transport NCCL picked: look for it in the first lines of rank 0"]
-    inst = s.instance
-    if inst is not None and inst.cloud == "aws" and (inst.efa_interfaces or 0) > 0 and s.nodes > 1:
-        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"})
+    if "FI_PROVIDER" in env:
         notes.append("EFA: needs the aws-ofi-nccl plugin (in the AWS Deep Learning AMIs); NCCL must log "
                      "'NET/OFI Selected Provider is efa', not 'NET/Socket'. The security group must allow "
-                     "all traffic to and from itself.")
+                     "all traffic to and from itself."
+                     + ("" if "FI_EFA_USE_DEVICE_RDMA" in env else " This instance has no GPUDirect RDMA over EFA."))
     if s.nodes > 1:
         notes.append("HEAD_NODE_IP: the private address of node 0, the same on every node")
     return env, notes

@@ -13,7 +13,7 @@ import re
 from trainready.errors import UsageError, printable
 
 from ..settings import RunSettings
-from .node import Node, node_of, nproc, only_for, suggest_name
+from .node import Node, env_sources, node_of, nproc, only_for, suggest_name, user_env
 from .spec import EmitSpec
 from .text import dump_yaml
 
@@ -128,7 +128,7 @@ def _args(spec: EmitSpec, *, nnodes: str, rank: str, procs: str, endpoint: str) 
 def _env(spec: EmitSpec) -> list[dict]:
     # Kubernetes expands $(VAR) in env[].value too (a value could pull in another variable, a Secret-backed one
     # included): escaped as the command words are
-    env: list[dict] = [{"name": k, "value": _k8s_word(spec.env[k])} for k in sorted(spec.env)]
+    env: list[dict] = [{"name": k, "value": _k8s_word(v)} for k, v in user_env(spec).items()]
     if spec.aws_secret is not None:  # credentials by reference: the Secret's keys, never their values
         for key, optional in (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False),
                               ("AWS_SESSION_TOKEN", True)):
@@ -308,6 +308,7 @@ def _header(kind: str, spec: EmitSpec, node: Node, name: str) -> str:
         lines += [f"  - Kueue: LocalQueue {spec.queue} must exist, and its ClusterQueue must cover every resource",
                   "    the pods request (or Kueue's configuration excludes them: resources.excludeResourcePrefixes);"]
     lines += [
+        *[f"env {line}" for line in env_sources(spec)],
         f"One pod per {node.instance} node runs `trainready run`, which starts torchrun underneath; the nodes meet",
         "by c10d rendezvous on pod 0. The hot tier is a local ephemeral volume (emptyDir) on the node's disk:",
         "put the kubelet's ephemeral storage on the instance-store NVMe (e.g. Karpenter instanceStorePolicy: RAID0).",

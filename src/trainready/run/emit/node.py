@@ -97,5 +97,30 @@ def procs_per_node(spec: EmitSpec) -> int | None:
     return spec.nproc_per_node if spec.nproc_per_node is not None else gpus_per_node(spec)
 
 
+def _instance_env(spec: EmitSpec) -> list:
+    """The catalog's launch environment for spec.instance x spec.nnodes (catalog/launch_env.py), the same one
+    `plan` prints in its launch line; an instance the catalog does not know gets NCCL's debug line only."""
+    from trainready.catalog import load_catalog
+    from trainready.catalog.launch_env import launch_env as catalog_env
+    from trainready.errors import UsageError
+
+    instance = None
+    if spec.instance is not None:
+        try:
+            instance = load_catalog().instance(spec.instance)
+        except UsageError:
+            instance = None
+    return catalog_env(instance, spec.nnodes)
+
+
 def user_env(spec: EmitSpec) -> dict[str, str]:
-    return {name: spec.env[name] for name in sorted(spec.env)}
+    """What a launch file sets, sorted by name: the instance's launch environment, then --env (which wins)."""
+    merged = {v.name: v.value for v in _instance_env(spec)}
+    merged.update(spec.env)
+    return {name: merged[name] for name in sorted(merged)}
+
+
+def env_sources(spec: EmitSpec) -> list[str]:
+    """One comment line per variable the launch file sets from the catalog (not overridden by --env): the value,
+    why, and its source."""
+    return [f"{v.name}={v.value}: {v.why}. Source: {v.source}" for v in _instance_env(spec) if v.name not in spec.env]

@@ -9,7 +9,7 @@ import re
 
 from trainready.errors import UsageError, printable
 
-from .node import Node, node_of, only_for, suggest_name
+from .node import Node, env_sources, node_of, only_for, suggest_name, user_env
 from .spec import EmitSpec
 from .text import dump_yaml
 
@@ -137,6 +137,10 @@ def _header(spec: EmitSpec, node: Node) -> str:
         f"(queue {queue} is the cluster's Slurm partition{', given by --queue' if spec.queue else ''}): "
         f"sbatch {name}.sbatch",
     ]
+    env = user_env(spec)
+    if env:  # a cluster config holds no job environment: the job file sets it, as the same catalog says
+        lines.append("The job file sets: " + ", ".join(f"{k}={v}" for k, v in env.items()) + ".")
+        lines += [f"  {line}" for line in env_sources(spec)]
     if node.nvme_gb:
         hot = spec.hot or HOT_DEFAULT
         lines.append(f"The nodes' NVMe is one RAID 0 volume at {hot}" + (

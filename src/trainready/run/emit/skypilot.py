@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainready.errors import UsageError
 
-from .node import gpus_per_node, user_env
+from .node import env_sources, gpus_per_node, user_env
 from .spec import EmitSpec
 from .text import continued, pairs, sh_join, sh_quote, yaml_scalar
 
@@ -55,6 +55,7 @@ def render(spec: EmitSpec) -> str:
         lines.append(f"workdir: {yaml_scalar(spec.workdir)}")
     env = user_env(spec)
     if env:
+        lines += [f"# {line}" for line in env_sources(spec)]
         lines.append("envs:")
         lines += [f"  {k}: {yaml_scalar(v)}" for k, v in env.items()]
     lines += ["setup: |", f"  {PIP_INSTALL}"]

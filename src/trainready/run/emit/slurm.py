@@ -3,7 +3,7 @@ underneath. docs/emit.md."""
 
 from __future__ import annotations
 
-from .node import gpus_per_node, procs_per_node, user_env
+from .node import env_sources, gpus_per_node, procs_per_node, user_env
 from .spec import EmitSpec
 from .text import continued, export_lines, pairs, sh_join, sh_quote
 
@@ -54,6 +54,7 @@ def render(spec: EmitSpec) -> str:
     ]
     env = user_env(spec)
     if env:
+        lines += [f"# {line}" for line in env_sources(spec)]
         lines += export_lines(env)
     lines += [
         "",

@@ -9,7 +9,7 @@ from pathlib import Path
 from trainready.errors import UsageError
 
 from ..settings import node_run_dir
-from .node import procs_per_node, user_env
+from .node import env_sources, procs_per_node, user_env
 from .spec import EmitSpec
 from .text import continued, export_lines, sh_join, sh_quote
 
@@ -104,6 +104,7 @@ def render(spec: EmitSpec) -> str:
         f"# {spec.restarts_line}.",
     ]
     env = {**user_env(spec), **spec.worker_env}
+    lines += [f"# {line}" for line in env_sources(spec)]
     for rank in range(spec.nnodes):
         where = f"host {head}: the rendezvous head" if rank == 0 else "another host, one block per host"
         lines += ["", f"# node {rank} of {spec.nnodes} (run on {where})"]
