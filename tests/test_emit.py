@@ -324,7 +324,7 @@ def test_docs_examples_match_the_code():
                     env={"NCCL_DEBUG": "WARN", "FI_PROVIDER": "efa"}, hot="/opt/dlami/nvme/ckpt",
                     archive="s3://my-bucket/run1", ckpt_every="auto", budget_usd=500, run_dir="runs/run1", job_name="run1")
     for kind in ("slurm", "skypilot", "torchrun"):
-        assert emit(kind, spec) in doc, f"docs/emit.md: the {kind} example is out of date"
+        assert emit(kind, spec) in fenced_blocks(doc), f"docs/emit.md: the {kind} example is out of date"
 
 
 def test_torchrun_refuses_script_arguments_that_torchrun_itself_would_reject():
@@ -484,3 +484,8 @@ def test_emitted_restarts_default_to_what_the_docs_recommend_and_say_so(kind):
     given = emitted("--nnodes", "2", "--max-restarts", "0")
     assert "restarts after a failure: 0 (--max-restarts)" in given.lower() and restarts(given) == {"0"}
     assert restarts(one) == {"0"} and restarts(spot) == {"3"}
+
+
+def fenced_blocks(markdown: str) -> list[str]:
+    """Each ``` block of a page, whole: an example must be one block exactly (not a part of a longer, stale one)."""
+    return [m.group(1) for m in re.finditer(r"^```[a-z]*\n(.*?)^```$", markdown, re.M | re.S)]

@@ -486,10 +486,10 @@ def test_docs_examples_match_the_code():
     k8s = EmitSpec(**base, image="123456789012.dkr.ecr.us-east-1.amazonaws.com/trainready:1.0", queue="team-a",
                    service_account="trainer")
     for kind in ("k8s", "jobset"):
-        assert emit(kind, k8s) in doc, f"docs/emit.md: the {kind} example is out of date"
+        assert emit(kind, k8s) in fenced_blocks(doc), f"docs/emit.md: the {kind} example is out of date"
     pc = EmitSpec(**base, region="us-east-1", hot="/scratch", shared_fs="new",
                   capacity_reservation="cr-0123456789abcdef0")
-    assert emit("pcluster", pc) in doc, "docs/emit.md: the pcluster example is out of date"
+    assert emit("pcluster", pc) in fenced_blocks(doc), "docs/emit.md: the pcluster example is out of date"
 
 
 @pytest.mark.parametrize("kind", ["k8s", "jobset"])
@@ -518,3 +518,99 @@ def test_paths_with_control_characters_are_refused_by_every_engine(kind):
         value = "/scratch\nrm -rf /" if field != "archive" else "s3://bucket/a\u0085b"
         with pytest.raises(UsageError, match="holds a control character"):
             emit(kind, EmitSpec(command=["python", "train.py"], nnodes=2, instance="p4d.24xlarge", **{field: value}))
+
+
+# ---------------------------------------------------------------- issue 27: every kind, 2 x p4d, as a user writes it
+
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_DEBUG": "INFO"}
+
+
+def cli_emit(kind: str, *opts: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    from cloud_stubs import invoke
+
+    old = os.getcwd()
+    os.chdir(cwd or old)
+    try:
+        return invoke("run", "--emit", kind, "--nnodes", "2", "--instance", "p4d.24xlarge", *opts, "--", "python",
+                      "train.py")
+    finally:
+        os.chdir(old)
+
+
+def exported(text: str) -> dict[str, str]:
+    return {name: value.strip("'\"") for name, value in re.findall(r"^\s*export (\w+)=(\S+)", text, re.M)}
+
+
+@pcluster_warning
+@pytest.mark.parametrize("kind", ["slurm", "torchrun", "skypilot", "k8s", "jobset", "pcluster"])
+def test_every_kind_for_two_p4d_nodes_validates_and_carries_the_efa_environment(kind, tmp_path):
+    """issue 27: no emitted file carried the EFA settings plan's launch line prints. Each kind, written by the CLI for
+    2 x p4d.24xlarge, passes its engine's own check (bash -n for the scripts, SkyPilot's task schema, the JobSet /
+    Trainer CRDs and Kubernetes' schemas, ParallelCluster's ClusterSchema) and sets FI_PROVIDER=efa,
+    FI_EFA_USE_DEVICE_RDMA=1 (GPUDirect RDMA on p4d) and NCCL_DEBUG=INFO, each with its source in a comment."""
+    from test_emit import skypilot_errors
+
+    (tmp_path / "train.py").write_text("print(1)\n")
+    code, text, err = cli_emit(kind, cwd=tmp_path)
+    assert code == 0, err[-500:]
+    assert "FI_EFA_USE_DEVICE_RDMA=1: GPUDirect RDMA" in text and "Source: AWS EC2 user guide" in text
+    if kind in ("slurm", "torchrun"):
+        assert subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True).returncode == 0
+        assert EFA_ENV.items() <= exported(text).items(), exported(text)
+    elif kind == "skypilot":
+        assert skypilot_errors(text) == []
+        assert EFA_ENV.items() <= yaml.safe_load(text)["envs"].items()
+    elif kind in ("k8s", "jobset"):
+        docs = docs_of(text)
+        for doc in docs:
+            assert not list(crd_validator(doc["apiVersion"], doc["kind"]).iter_errors(doc))
+        for job in jobs_of(kind, docs):
+            kubernetes_validate.validate(job, K8S_VERSIONS[-1], strict=True)
+        env = [e for doc in docs for e in _all_env(doc)]
+        assert EFA_ENV.items() <= {e["name"]: e.get("value") for e in env}.items(), env
+    else:  # a cluster config starts no job: it names what its job file (--emit slurm) sets
+        loaded, errors = pcluster_load(text)
+        assert loaded is not None and errors == []
+        assert "The job file sets: FI_EFA_USE_DEVICE_RDMA=1, FI_PROVIDER=efa, NCCL_DEBUG=INFO." in text
+
+
+def _all_env(node) -> list[dict]:
+    if isinstance(node, dict):
+        return [*node.get("env", []), *[e for v in node.values() for e in _all_env(v)]]
+    if isinstance(node, list):
+        return [e for v in node for e in _all_env(v)]
+    return []
+
+
+def test_workdir_and_env_reach_every_kind_that_has_them(tmp_path):
+    """issue 27: `run --emit skypilot` wrote no workdir (train.py never reached the nodes) and no envs; only Python's
+    EmitSpec could. --workdir (skypilot's default: . when the command names a file here) and --env NAME=VALUE."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    _, sky, _ = cli_emit("skypilot", "--env", "WANDB_MODE=offline", "--env", "NCCL_DEBUG=WARN", cwd=tmp_path)
+    doc = yaml.safe_load(sky)
+    assert doc["workdir"] == "." and doc["envs"]["WANDB_MODE"] == "offline" and doc["envs"]["NCCL_DEBUG"] == "WARN"
+    _, elsewhere, _ = cli_emit("skypilot", cwd=tmp_path.parent)  # train.py is not here: it is on the nodes
+    assert "workdir" not in yaml.safe_load(elsewhere)
+    for kind, mark in (("slurm", "#SBATCH --chdir=/srv/code"), ("torchrun", "cd /srv/code"),
+                       ("jobset", "workingDir: /srv/code"), ("skypilot", None)):
+        code, text, err = cli_emit(kind, "--workdir", "/srv/code", "--env", "A_B=1", cwd=tmp_path)
+        assert code == 0 and (mark in text if mark else yaml.safe_load(text)["workdir"] == "/srv/code"), (kind, err)
+        env = exported(text) if kind in ("slurm", "torchrun") else yaml.safe_load(text)["envs"] if kind == "skypilot" \
+            else {e["name"]: e.get("value") for doc in docs_of(text) for e in _all_env(doc)}
+        assert env.get("A_B") == "1", (kind, env)
+    for kind, opt in (("k8s", "--workdir"), ("pcluster", "--workdir"), ("pcluster", "--env")):
+        code, _, err = cli_emit(kind, opt, "/x" if opt == "--workdir" else "A=1", cwd=tmp_path)
+        assert code == 2 and f"{opt} does not apply to --emit {kind}" in err, err
+    code, _, err = cli_emit("slurm", "--env", "1BAD=x", cwd=tmp_path)
+    assert code == 2 and "give NAME=VALUE" in err
+    code, _, err = cli_emit("slurm", "--env", "A=1", "--env", "A=2", cwd=tmp_path)
+    assert code == 2 and "given twice" in err
+    from cloud_stubs import invoke
+
+    code, _, err = invoke("run", "--env", "A=1", "--", "python", "train.py")
+    assert code == 2 and "--env goes with --emit" in err
+
+
+def fenced_blocks(markdown: str) -> list[str]:
+    """Each ``` block of a page, whole: an example must be one block exactly (not a part of a longer, stale one)."""
+    return [m.group(1) for m in re.finditer(r"^```[a-z]*\n(.*?)^```$", markdown, re.M | re.S)]

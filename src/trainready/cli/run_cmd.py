@@ -63,6 +63,8 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         aws_secret: Annotated[Optional[str], typer.Option("--aws-secret", help="k8s/jobset: Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, used by reference.", rich_help_panel=CLUSTER)] = None,
         shared_fs: Annotated[Optional[str], typer.Option("--shared-fs", help="pcluster: FSx for Lustre at /fsx: 'new' or an existing fs-... id.", rich_help_panel=CLUSTER)] = None,
         capacity_reservation: Annotated[Optional[str], typer.Option("--capacity-reservation", help="pcluster: a Capacity Block's reservation id (cr-...).", rich_help_panel=CLUSTER)] = None,
+        workdir: Annotated[Optional[str], typer.Option("--workdir", metavar="DIR", help="With --emit: where the job runs: skypilot copies it to every node (default: . when the command names a file here), slurm --chdir, jobset's workingDir, torchrun's cd.", rich_help_panel=CLUSTER)] = None,
+        env: Annotated[Optional[list[str]], typer.Option("--env", metavar="NAME=VALUE", help="With --emit: an environment variable the launch file sets on every node (repeat it); it wins over the instance's launch environment (EFA, NCCL).", rich_help_panel=CLUSTER)] = None,
         json_out: o.Json = False) -> None:
     from trainready.run.configure import RunOptions, configure
 
@@ -86,16 +88,18 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
     log_names = parse_log_to(log_to)  # unknown or not installed: exit 2 before anything starts
     cluster_opts = {"--image": image, "--queue": queue, "--service-account": service_account, "--aws-secret": aws_secret,
                     "--shared-fs": shared_fs, "--capacity-reservation": capacity_reservation}
+    cluster_opts.update({"--workdir": workdir, "--env": env or None})
     if emit is None and any(v is not None for v in cluster_opts.values()):
         from trainready.errors import UsageError
 
         given = next(k for k, v in cluster_opts.items() if v is not None)
-        raise UsageError(f"{given} goes with --emit (k8s, jobset, pcluster): it describes the cluster, not this machine")
+        raise UsageError(f"{given} goes with --emit: it describes the launch file, not this machine"
+                         + ("; for a launch here, set the variable in your shell" if given == "--env" else ""))
     if emit is not None:
         from trainready.run.emit.cli import emit_for
 
-        text = emit_for(emit, opts, image=image, queue=queue, service_account=service_account, aws_secret=aws_secret,
-                        shared_fs=shared_fs, capacity_reservation=capacity_reservation)
+        text = emit_for(emit, opts, workdir=workdir, env=env, image=image, queue=queue, service_account=service_account,
+                        aws_secret=aws_secret, shared_fs=shared_fs, capacity_reservation=capacity_reservation)
         if json_out:
             emit_json({"schema_version": 1, "kind": emit, "text": text})
         else:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from trainready.errors import UsageError, closest, printable
+from trainready.io import redact
 
 from .. import preflight
 from ..configure import RunOptions, default_run_dir
@@ -15,9 +19,42 @@ TAKEN_BY = {"image": "k8s, jobset", "service_account": "k8s, jobset", "aws_secre
             "shared_fs": "pcluster", "capacity_reservation": "pcluster", "queue": "k8s, jobset, pcluster and slurm"}
 
 
-def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# which kinds take --workdir, and how: named in the message for a kind that does not
+WORKDIR_NOT = {"k8s": "a TrainJob's trainer has no working directory: set WORKDIR in the image (or use --emit jobset)",
+               "pcluster": "a cluster config starts no job: give --workdir to the job file (--emit slurm)"}
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    """--env KEY=VALUE, repeated: a name as the shells take it; the same name twice with two values is refused."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not ENV_NAME.fullmatch(name):
+            raise UsageError(f"--env '{printable(redact(pair))}': give NAME=VALUE, NAME letters, digits and '_' not "
+                             "starting with a digit (e.g. --env NCCL_DEBUG=WARN)")
+        if name in out and out[name] != value:
+            raise UsageError(f"--env {name} given twice with different values: give it once")
+        out[name] = value
+    return out
+
+
+def default_workdir(kind: str, command: list[str]) -> str | None:
+    """SkyPilot copies `workdir` to every node: the current directory when the command names a file in it (as
+    `python train.py` does), so the script reaches the nodes; None otherwise (the script is on the nodes already)."""
+    if kind != "skypilot":
+        return None
+    for word in command[1:]:
+        path = Path(word)
+        if not path.is_absolute() and ".." not in path.parts and path.is_file():
+            return "."
+    return None
+
+
+def emit_for(kind: str, opts: RunOptions, *, workdir: str | None = None, env: list[str] | None = None,
+             **cluster: str | None) -> str:
     """`cluster`: the EmitSpec fields of the cluster kinds (image, queue, service_account, aws_secret, shared_fs,
-    capacity_reservation), None where not given."""
+    capacity_reservation), None where not given. `workdir`/`env`: --workdir and --env as given."""
     if kind not in EMIT_KINDS:
         near = closest(kind, EMIT_KINDS)
         raise UsageError(f"--emit {kind!r}: valid kinds are {', '.join(EMIT_KINDS)}"
@@ -27,6 +64,11 @@ def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
         if value is not None and key not in allowed:
             raise UsageError(f"--{key.replace('_', '-')} does not apply to --emit {kind} (it is for "
                              f"{TAKEN_BY.get(key, ', '.join(CLUSTER_KINDS))})")
+    if workdir is not None and kind in WORKDIR_NOT:
+        raise UsageError(f"--workdir does not apply to --emit {kind}: {WORKDIR_NOT[kind]}")
+    if env and kind == "pcluster":
+        raise UsageError("--env does not apply to --emit pcluster: a cluster config starts no job; give --env to the "
+                         "job file (--emit slurm)")
     if not opts.command:  # the script lives on the cluster: only its presence is checked here
         raise UsageError("no training command: put it after `--`, e.g. trainready run --emit slurm -- python train.py")
     host, port = None, 29500
@@ -49,6 +91,8 @@ def emit_for(kind: str, opts: RunOptions, **cluster: str | None) -> str:
                       hot=opts.hot, archive=opts.archive, ckpt_every=opts.ckpt_every or "auto", usd_per_hour=opts.usd_per_hour,
                       budget_usd=opts.budget_usd, run_dir=str(opts.run_dir) if opts.run_dir else None,
                       cloud="aws" if opts.instance and "." in opts.instance else None,
+                      workdir=workdir if workdir is not None else default_workdir(kind, opts.command),
+                      env=parse_env(env or []),
                       **{k: v for k, v in cluster.items() if v is not None}, **_cluster_name(kind, opts))
     return emit(kind, spec)
 

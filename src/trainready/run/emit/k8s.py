@@ -262,6 +262,8 @@ def _jobset(spec: EmitSpec, node: Node, name: str) -> dict:
     args = _args(spec, nnodes=str(spec.nnodes), rank="$(JOB_COMPLETION_INDEX)", procs=str(nproc(spec, node)),
                  endpoint=f"{head}:{spec.rdzv_port}")
     container: dict = {"name": NAME, "image": _image(spec), "command": ["trainready"], "args": args}
+    if spec.workdir is not None:  # a directory inside the image (nothing is copied from here)
+        container["workingDir"] = spec.workdir
     env = _env(spec)
     if env:
         container["env"] = env

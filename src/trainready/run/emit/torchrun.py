@@ -112,6 +112,8 @@ def render(spec: EmitSpec) -> str:
         if spec.run_dir is not None and spec.nnodes > 1:  # the directory `trainready run` uses on this node
             node_env["TRAINREADY_RUN_DIR"] = str(node_run_dir(Path(spec.run_dir), spec.nnodes, rank))
         lines += export_lines(node_env)
+        if spec.workdir is not None:
+            lines.append(f"cd {sh_quote(spec.workdir)}")
         rest = [f"{flag} {sh_quote(value)}" for flag, value in _torchrun_options(spec, rank)]
         rest.append(sh_join(tail))
         lines += continued(f"{sh_quote(python)} -m torch.distributed.run", rest)
