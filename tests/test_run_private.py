@@ -216,3 +216,23 @@ def test_a_sigkill_says_who_sent_it_when_the_machine_knows(tmp_path):
                 break
             except OSError:
                 time.sleep(0.2)
+
+
+def test_workers_stopped_by_the_guard_say_so(tmp_path):
+    """issue 27 (who killed it): workers that ignore the stop signal past --grace are stopped by trainready's guard
+    (through torchrun: SIGTERM, then SIGKILL): the outcome says so rather than leaving the kill unexplained."""
+    (tmp_path / "stubborn.py").write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                          "print('started', flush=True)\ntime.sleep(120)\n")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), "--grace", "2",
+                             "--json", "--", "python", "stubborn.py"], cwd=tmp_path, env=env_for_run(None),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((run_dir / "logs").rglob("stdout.log")):
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    outcome = json.loads(out)
+    assert outcome["exit_code"] == 143 and outcome["reason"] == "signal", outcome
+    assert "did not stop within the 2 s grace period" in outcome["message"], outcome["message"]

@@ -135,6 +135,7 @@ class Launcher:
         self.output_tail: list[str] = []
         self._offset = 0
         self._signal_deadline: float | None = None
+        self._escalated = False  # the grace period ran out and the launcher had torchrun stop the workers
         self._lock_fd: int | None = None
         self._info: dict[str, Any] = {}
 
@@ -425,6 +426,7 @@ class Launcher:
         """Past the grace period the workers are stuck (a hung collective?): torchrun stops them."""
         if self._signal_deadline is not None and time.monotonic() > self._signal_deadline and self.agent is not None:
             self._signal_deadline = None
+            self._escalated = True
             self.on_output("trainready: the workers did not stop within the grace period: terminating them")
             self.agent.send_signal(signal.SIGTERM)
 
@@ -490,9 +492,12 @@ class Launcher:
                 message = message.replace("SIGTERM", signal.Signals(self.signalled).name, 1)
             return LaunchResult(code, reason, message)
         if self.signalled is not None:
+            guard = (f"; they did not stop within the {self.spec.settings.grace_s:.0f} s grace period, so trainready's "
+                     f"guard had torchrun stop them (SIGTERM, then SIGKILL after its shutdown timeout)"
+                     if self._escalated else "")
             return LaunchResult(128 + self.signalled, "signal",
-                                f"interrupted by {signal.Signals(self.signalled).name} before the workers could save: "
-                                "the newest committed checkpoint is intact and the next run resumes from it")
+                                f"interrupted by {signal.Signals(self.signalled).name} before the workers could save"
+                                f"{guard}: the newest committed checkpoint is intact and the next run resumes from it")
         if returncode == 0:
             return LaunchResult(EXIT_OK, "finished", "training finished")
 
