@@ -591,7 +591,7 @@ def test_workdir_and_env_reach_every_kind_that_has_them(tmp_path):
     assert doc["workdir"] == "." and doc["envs"]["WANDB_MODE"] == "offline" and doc["envs"]["NCCL_DEBUG"] == "WARN"
     _, elsewhere, _ = cli_emit("skypilot", cwd=tmp_path.parent)  # train.py is not here: it is on the nodes
     assert "workdir" not in yaml.safe_load(elsewhere)
-    for kind, mark in (("slurm", "#SBATCH --chdir=/srv/code"), ("torchrun", "cd /srv/code"),
+    for kind, mark in (("slurm", "#SBATCH --chdir=/srv/code"), ("torchrun", "cd -- /srv/code || exit 1"),
                        ("jobset", "workingDir: /srv/code"), ("skypilot", None)):
         code, text, err = cli_emit(kind, "--workdir", "/srv/code", "--env", "A_B=1", cwd=tmp_path)
         assert code == 0 and (mark in text if mark else yaml.safe_load(text)["workdir"] == "/srv/code"), (kind, err)
@@ -614,3 +614,25 @@ def test_workdir_and_env_reach_every_kind_that_has_them(tmp_path):
 def fenced_blocks(markdown: str) -> list[str]:
     """Each ``` block of a page, whole: an example must be one block exactly (not a part of a longer, stale one)."""
     return [m.group(1) for m in re.finditer(r"^```[a-z]*\n(.*?)^```$", markdown, re.M | re.S)]
+
+
+def test_hostile_env_and_workdir_values_are_refused_or_written_safely(tmp_path):
+    """A second review: --env wrote secrets verbatim into launch files (only user:password@ URLs were refused);
+    an #SBATCH --chdir with a quote, '#' or backslash became another directory; torchrun's `cd -P` went home; a
+    JobSet took a relative workingDir the container runtime refuses."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    for pair in ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG", "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789",
+                 "DB_PASSWORD=hunter2hunter2", "SOMETHING=hf_abcdefghijklmnopqrstuvwxyz0123456789"):
+        for kind in ("slurm", "skypilot", "torchrun", "jobset"):
+            code, out, err = cli_emit(kind, "--env", pair, cwd=tmp_path)
+            secret = pair.partition("=")[2]
+            assert code == 2 and "looks like a secret" in err and secret not in out + err, (kind, pair, err)
+    code, _, err = cli_emit("jobset", "--aws-secret", "creds", "--env", "AWS_ACCESS_KEY_ID=AKIAEXAMPLE", cwd=tmp_path)
+    assert code == 2, err
+    for bad in ("/srv/it's", "/srv/a#b", "/srv/a\\b", "/srv/a b"):
+        code, _, err = cli_emit("slurm", "--workdir", bad, cwd=tmp_path)
+        assert code == 2 and "#SBATCH line cannot hold" in err, (bad, err)
+    code, text, _ = cli_emit("torchrun", "--workdir", "-P", cwd=tmp_path)
+    assert code == 0 and "cd -- -P || exit 1" in text
+    code, _, err = cli_emit("jobset", "--workdir", "code", cwd=tmp_path)
+    assert code == 2 and "absolute path inside the image" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -79,7 +80,7 @@ def pull(url: Url,
          json_out: o.Json = False) -> None:
     from trainready.store.inspect import pull as run_pull
 
-    if dest is not None and to is not None and dest != to:
+    if dest is not None and to is not None and os.path.normpath(dest) != os.path.normpath(to):
         raise UsageError(f"two destinations: DIR {printable(dest)} and --to {printable(to)}; give one")
     to = dest if dest is not None else to
     if to is None:

@@ -161,11 +161,10 @@ def _main(as_json: bool) -> int:
         error(str(exc), as_json=as_json, exit_code=exc.exit_code)
         return exc.exit_code
     except OSError as exc:
-        if exc.errno not in _THE_USERS_TO_FIX:
-            raise
+        if exc.errno not in _THE_USERS_TO_FIX or not exc.filename or os.environ.get("TRAINREADY_DEBUG"):
+            raise  # no path named (a write on an open file) or debugging: the internal-error path, with its traceback
         # a path the user gave that the system refuses (read-only, full, no permission): exit 2, naming it
-        where = f" {printable(exc.filename)}" if exc.filename else ""
-        error(f"cannot use{where}: {exc.strerror or exc}", as_json=as_json, exit_code=2)
+        error(f"cannot use {printable(exc.filename)}: {exc.strerror or exc}", as_json=as_json, exit_code=2)
         return 2
     return result if isinstance(result, int) else 0
 

@@ -29,7 +29,7 @@ from .files import (
     write_synced,
     xdg_dir,
 )
-from .redact import has_url_credentials, redact, redact_argv, redact_json
+from .redact import has_url_credentials, is_secret_name, redact, redact_argv, redact_json
 from .urls import (
     S3_PART,
     IntegrityError,
@@ -46,7 +46,7 @@ from .urls import (
 
 __all__ = [
     "child_umask", "CHUNK", "confine", "create_exclusive", "dir_mode", "file_mode", "fsync_dir", "fsync_file",
-    "has_url_credentials", "hash_stream", "HashingWriter", "IntegrityError", "is_local", "is_s3", "local_tag",
+    "has_url_credentials", "hash_stream", "HashingWriter", "IntegrityError", "is_local", "is_s3", "is_secret_name", "local_tag",
     "make_dir", "mismatch", "open_nofollow", "open_url", "output_file", "owned_private_dir", "parse_json", "PreconditionFailed",
     "protocols", "put_if", "put_if_local", "read_regular", "read_versioned", "redact", "redact_argv", "redact_json",
     "replace_durable", "S3_PART", "sha256_file", "SourceChangedError", "stored_matches", "upload_checked",

@@ -143,3 +143,8 @@ def redact_json(value: object, _depth: int = 0) -> object:
 def _redact_pair(key: str, value: str) -> str:
     pair = redact(f"{key}={value}")
     return pair[len(key) + 1:] if pair.startswith(f"{key}=") else redact(value)
+
+
+def is_secret_name(name: str) -> bool:
+    """An environment variable name that holds a secret by its name (AWS_SECRET_ACCESS_KEY, HF_TOKEN, DB_PASSWORD)."""
+    return bool(_SECRET_ENV.search(name))

@@ -8,7 +8,7 @@ from typing import Any
 
 from trainready.plan.confidence import short as confidence_short
 from trainready.plan.setup import layout_text
-from trainready.plan.units import count_text
+from trainready.plan.units import count_text, usd_text
 
 from .page import Page
 from .svg import matplotlib_figure, require_matplotlib, style_axes, to_svg
@@ -126,7 +126,7 @@ def _row_cells(row: Any, per_billion: bool) -> list[object]:
     return [row.rank, s.instance or s.gpu, f"{s.nodes} x {s.gpus_per_node}", s.strategy,
             layout_text(s.tp, s.pp, s.pp_virtual, s.ep, s.etp), s.micro_batch, s.activation_checkpointing,
             f"{e.throughput.tokens_per_s:,.0f}", "-" if t.train_hours is None else f"{t.train_hours:,.1f}",
-            ("-" if usd is None else f"${usd:,.0f}") + markers(row), row.framework, row.why]
+            ("-" if usd is None else usd_text(usd)) + markers(row), row.framework, row.why]
 
 
 def plan_page(result: Any) -> str:

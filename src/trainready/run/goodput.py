@@ -243,9 +243,11 @@ def valid_launches(launches: list[Any], skipped: dict[str, int]) -> list[dict[st
 
 def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]],
                     skipped: Counter) -> tuple[list[_Launch], str]:
+    valid = valid_launches(launches, skipped)
     good = [(float(la["start_unix"]), None if la.get("end_unix") is None else float(la["end_unix"]),
-             la.get("reason") if isinstance(la.get("reason"), str) else None, _gone(la))
-            for la in valid_launches(launches, skipped)]
+             la.get("reason") if isinstance(la.get("reason"), str) else None,
+             _gone(la, valid[i + 1] if i + 1 < len(valid) else None))
+            for i, la in enumerate(valid)]
     source = "run.json" if good and not any(isinstance(la, dict) and la.get("recovered_from") for la in launches) \
         else "telemetry"
     if not good and records:  # a script run without the launcher: its records are all we have
@@ -566,11 +568,12 @@ def _outcome(launch: _Launch, is_last: bool, running: bool) -> str:
     return launch.gone if not launch.end_known and launch.gone else "unknown"
 
 
-def _gone(la: dict[str, Any]) -> str | None:
-    """How a launch that recorded no end ended, where its boot id tells (summary._vanished says why)."""
+def _gone(la: dict[str, Any], later: dict[str, Any] | None) -> str | None:
+    """How a launch that recorded no end ended, where its boot id tells, against the next launch's when there is one
+    (summary._vanished says why)."""
     if la.get("end_unix") is not None or la.get("reason") is not None:
         return None
-    return {True: "interrupted", False: "killed"}.get(restarted_since(la))
+    return {True: "interrupted", False: "killed"}.get(restarted_since(la, later))
 
 
 def compute_goodput(launches: list[dict[str, Any]], records: list[dict[str, Any]], *, running: bool = False,

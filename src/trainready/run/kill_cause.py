@@ -7,6 +7,8 @@ rose meanwhile, else something outside trainready. Every read is of a small kern
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -57,31 +59,53 @@ def oom_kills() -> dict[str, Any] | None:
     return None
 
 
+def pid_namespace() -> str | None:
+    """This process's pid namespace ('pid:[4026531836]'): a launcher's pid means something only inside it."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def at_launch() -> dict[str, Any]:
-    """What a launch notes when it begins (run.json's launch entry: boot_id, oom_kill)."""
-    return {"boot_id": boot_id(), "oom_kill": oom_kills()}
+    """What a launch notes when it begins (run.json's launch entry): where its pid can be looked up (host, pid
+    namespace), the boot, and its memory cgroup's OOM-kill count."""
+    return {"host": socket.gethostname(), "pid_ns": pid_namespace(), "boot_id": boot_id(), "oom_kill": oom_kills()}
+
+
+def seen_from_here(noted: dict[str, Any]) -> bool:
+    """Whether this process can tell that launch's fate: the same host and pid namespace (another machine reading a
+    shared run directory, or a container's /proc, would see its pid as gone while it runs)."""
+    return (isinstance(noted, dict) and noted.get("host") == socket.gethostname()
+            and noted.get("pid_ns") is not None and noted.get("pid_ns") == pid_namespace())
 
 
 def sigkill_cause(noted: dict[str, Any]) -> str | None:
     """Who sent a SIGKILL seen now, from what the launch noted when it began: the OOM killer, something outside
     trainready, or None (unknown: nothing was noted, or the counter cannot be read now)."""
     before = noted.get("oom_kill") if isinstance(noted, dict) else None
-    if not isinstance(before, dict) or type(before.get("count")) is not int or not isinstance(before.get("file"), str):
+    if (not isinstance(before, dict) or type(before.get("count")) is not int or before["count"] < 0
+            or not isinstance(before.get("file"), str)):
         return None
     now = oom_kills()
-    if now is None or now["file"] != before["file"]:
+    if now is None or now["file"] != before["file"] or now["count"] < before["count"]:
         return None
-    if now["count"] > before["count"]:
-        return (f"sent by the kernel's OOM killer: host memory ran out, {now['count'] - before['count']} kill(s) in "
-                f"this memory cgroup since the launch began, per {now['file']}")
-    return ("sent from outside trainready (kill -9, a scheduler, a node agent): not by this memory cgroup's OOM "
-            "killer, whose kill count did not change")
+    if now["count"] > before["count"]:  # a kill in the cgroup, not necessarily of ours: said as likely, not as fact
+        return (f"most likely by the kernel's OOM killer: {now['count'] - before['count']} OOM kill(s) in this "
+                f"memory cgroup since the launch began (its memory limit, or the host's memory; {now['file']})")
+    return ("not by the OOM killer of this memory cgroup (its OOM kill count did not change): by something outside "
+            "trainready, e.g. kill -9, a scheduler or a node agent")
 
 
-def restarted_since(noted: dict[str, Any]) -> bool | None:
-    """Whether the machine booted again since the launch began (its boot id changed); None when unknown."""
+def restarted_since(noted: dict[str, Any], later: dict[str, Any] | None = None) -> bool | None:
+    """Whether the machine booted again after the launch began: its boot id against the next launch's on the same
+    host (`later`), else against now; None when that cannot be known here (another host or pid namespace)."""
     then = noted.get("boot_id") if isinstance(noted, dict) else None
-    now = boot_id()
-    if not isinstance(then, str) or now is None:
+    if not isinstance(then, str):
         return None
-    return then != now
+    if isinstance(later, dict) and isinstance(later.get("boot_id"), str) and later.get("host") == noted.get("host"):
+        return later["boot_id"] != then
+    if not seen_from_here(noted):
+        return None
+    now = boot_id()
+    return None if now is None else then != now

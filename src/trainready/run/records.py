@@ -213,6 +213,8 @@ class Launch(BaseModel):
     prior_billed_s: float
     recovered_from: str | None = Field(None, description="'telemetry.jsonl' when run.json was unreadable and this "
                                                          "launch was rebuilt from its launch and exit records")
+    host: str | None = Field(None, description="the launcher's host name: its pid means something only there")
+    pid_ns: str | None = Field(None, description="the launcher's pid namespace (/proc/self/ns/pid)")
     boot_id: str | None = Field(None, description="the machine's boot id when the launch began: a launch that "
                                                   "vanished across a reboot was not killed")
     oom_kill: dict[str, Any] | None = Field(None, description="{file, count}: the OOM killer's kills in the "

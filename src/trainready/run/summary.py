@@ -25,7 +25,7 @@ from trainready.plan.divergence import PlanCheck
 from .budget import usd_per_second
 from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
-from .kill_cause import restarted_since, sigkill_cause
+from .kill_cause import restarted_since
 from .records import finite
 from .run_dir import RunDir
 from .settings import node_run_dirs
@@ -292,10 +292,10 @@ def _vanished(launch: dict[str, Any], status: str) -> str | None:
         return "the machine restarted during this launch (its boot id changed): the launcher could not record its end"
     if status != "killed":
         return None
-    cause = sigkill_cause(launch)
-    return ("the launcher was killed with SIGKILL (signal 9), the one signal it cannot record"
-            + (f"; {cause}" if cause else "") + "; the newest committed checkpoint is intact and the next run "
-            "resumes from it")
+    # who sent it is not said here: the OOM count read now may have risen for another process since
+    return ("the launcher ended without recording its end: killed by a signal it cannot record (SIGKILL, signal 9, "
+            "is the usual one; SIGUSR1, SIGQUIT or a crash end it the same way); committed checkpoints are intact "
+            "and the next run resumes from the newest")
 
 
 def _status(launch: dict[str, Any], records: list[dict[str, Any]]) -> str:

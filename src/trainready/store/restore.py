@@ -111,7 +111,7 @@ def restore_newest(tiers: Tiers, state: dict[str, Any], step: int | None) -> Res
             except BaseException as exc:  # one that cannot be loaded is skipped, like a corrupt one
                 if not isinstance(exc, Exception) and type(exc).__name__ != "CheckpointException":
                     raise  # KeyboardInterrupt, SystemExit (DCP's CheckpointException is a BaseException)
-                loaded_notes, problem = [], redact(f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+                loaded_notes, problem = [], redact(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")[:300]
             problems = [p for p in ctx.all_gather(problem) if p]
             if not problems:
                 for note in loaded_notes:

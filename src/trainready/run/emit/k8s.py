@@ -263,6 +263,9 @@ def _jobset(spec: EmitSpec, node: Node, name: str) -> dict:
                  endpoint=f"{head}:{spec.rdzv_port}")
     container: dict = {"name": NAME, "image": _image(spec), "command": ["trainready"], "args": args}
     if spec.workdir is not None:  # a directory inside the image (nothing is copied from here)
+        if not spec.workdir.startswith("/"):
+            raise UsageError(f"--workdir {printable(spec.workdir)!r}: a container's working directory is an absolute "
+                             "path inside the image (the container runtime refuses a relative one), e.g. /workspace")
         container["workingDir"] = spec.workdir
     env = _env(spec)
     if env:

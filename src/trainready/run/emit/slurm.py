@@ -41,11 +41,11 @@ def render(spec: EmitSpec) -> str:
     if spec.queue is not None:  # the ParallelCluster queue of --emit pcluster, or any Slurm partition
         lines.append(f"#SBATCH --partition={spec.queue}")
     if spec.workdir is not None:  # where the job starts (Slurm's default: the directory sbatch ran in)
-        if any(c.isspace() for c in spec.workdir):
+        if any(c.isspace() or c in "'\"#\\" for c in spec.workdir):  # sbatch reads these as quotes, comments, escapes
             from trainready.errors import UsageError, printable
 
-            raise UsageError(f"--workdir '{printable(spec.workdir)}': an #SBATCH line cannot hold a space; give a path "
-                             "without one")
+            raise UsageError(f"--workdir '{printable(spec.workdir)}': an #SBATCH line cannot hold a space, a quote, '#' "
+                             "or a backslash as written; give a path without one")
         lines.append(f"#SBATCH --chdir={spec.workdir}")
     lines += [
         "#SBATCH --exclusive",

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from trainready.errors import UsageError, printable
-from trainready.io import has_url_credentials, redact
+from trainready.io import has_url_credentials, is_secret_name, redact
 
 EmitKind = Literal["slurm", "skypilot", "torchrun", "k8s", "jobset", "pcluster"]
 EMIT_KINDS: tuple[str, ...] = ("slurm", "skypilot", "torchrun", "k8s", "jobset", "pcluster")
@@ -221,6 +221,13 @@ def validate(spec: EmitSpec) -> None:
                              "starting with a digit)")
         if name in derived:
             raise UsageError(f"environment variable {name} is set by the launcher options; set the option instead")
+        # a launch file is kept, shared and committed: no key, token or password in it, by name or by look
+        if is_secret_name(name) or redact(spec.env[name]) != spec.env[name]:
+            raise UsageError(f"environment variable {name}: its value looks like a secret (a key, token or password), "
+                             f"and a launch file is kept, shared and committed: give it to the nodes another way (an "
+                             f"instance role, the cluster's own environment, --aws-secret for k8s/jobset)")
+        if spec.aws_secret is not None and name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            raise UsageError(f"environment variable {name} comes from --aws-secret {spec.aws_secret}: not both")
 
 
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")

@@ -113,7 +113,7 @@ def render(spec: EmitSpec) -> str:
             node_env["TRAINREADY_RUN_DIR"] = str(node_run_dir(Path(spec.run_dir), spec.nnodes, rank))
         lines += export_lines(node_env)
         if spec.workdir is not None:
-            lines.append(f"cd {sh_quote(spec.workdir)}")
+            lines.append(f"cd -- {sh_quote(spec.workdir)} || exit 1")  # never torchrun in the wrong directory
         rest = [f"{flag} {sh_quote(value)}" for flag, value in _torchrun_options(spec, rank)]
         rest.append(sh_join(tail))
         lines += continued(f"{sh_quote(python)} -m torch.distributed.run", rest)
