@@ -242,3 +242,19 @@ def test_workers_stopped_by_the_guard_say_so(tmp_path):
     outcome = json.loads(out)
     assert outcome["exit_code"] == 143 and outcome["reason"] == "signal", outcome
     assert "did not stop within the 2 s grace period" in outcome["message"], outcome["message"]
+
+
+def test_a_console_that_goes_away_never_hangs_the_training(tmp_path):
+    """A second review: `trainready run ... | head` left torchrun blocked on a full pipe once the launcher's output
+    pump died of EPIPE, and the training hung. The pump drains to the end; the run finishes and records it."""
+    (tmp_path / "chatty.py").write_text("for i in range(200000):\n    print('line', i, 'x' * 100)\nprint('done')\n")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), "--", "python",
+                             "chatty.py"], cwd=tmp_path, env=env_for_run(None), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does: the reader is gone
+    proc.wait(timeout=120)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["launches"][-1]["reason"] == "finished", info["launches"][-1]
+    assert (run_dir / "launcher.log").read_text().rstrip().endswith("done")  # every line still reached the log

@@ -12,6 +12,7 @@ torchrun (torch.distributed.run) is the engine: it spawns the workers, restarts 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -431,16 +432,46 @@ class Launcher:
             self.agent.send_signal(signal.SIGTERM)
 
     def _pump(self) -> None:
+        """torchrun's output to launcher.log and the console, drained to the end whatever happens to either: a pump
+        that stopped (a full disk under the log, a console pipe whose reader left: `run ... | head`) would leave
+        torchrun blocked on a full pipe and the training hung. What cannot be written is said once and skipped."""
         assert self.agent is not None and self.agent.stdout is not None
-        fd = os.open(self.spec.run_dir / "launcher.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     file_mode())
-        with open(fd, "ab") as log:
+        log: Any = None
+        try:
+            fd = os.open(self.spec.run_dir / "launcher.log",
+                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+            log = open(fd, "ab")  # noqa: SIM115 - closed below, after the loop
+        except OSError as exc:
+            self._say_once(f"trainready: launcher.log cannot be written ({exc.strerror or exc}): the workers' output "
+                           "is still in logs/")
+        echo = True
+        try:
             for raw in iter(self.agent.stdout.readline, b""):
-                log.write(raw)
-                log.flush()
+                if log is not None:
+                    try:
+                        log.write(raw)
+                        log.flush()
+                    except OSError as exc:
+                        self._say_once(f"trainready: launcher.log stopped at a write error ({exc.strerror or exc}); "
+                                       "the workers' output is still in logs/ where the disk allows")
+                        with contextlib.suppress(OSError):
+                            log.close()
+                        log = None
                 line = raw.decode(errors="replace").rstrip("\n")
                 self.output_tail = (self.output_tail + [line])[-400:]
-                self.on_output(line)
+                if echo:
+                    try:
+                        self.on_output(line)
+                    except (OSError, ValueError, SystemExit):  # the console went away (EPIPE: Rich exits on a
+                        echo = False                              # broken pipe, a closed file): training goes on
+        finally:
+            if log is not None:
+                with contextlib.suppress(OSError):
+                    log.close()
+
+    def _say_once(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError, SystemExit):
+            self.on_output(text)
 
     def _poll_telemetry(self) -> None:
         records, self._offset = read_records(self.spec.run_dir / FILE, self._offset)

@@ -52,6 +52,7 @@ class LiveView:
         self.restarts = 0
         self._live: Live | None = Live(console=console, refresh_per_second=4, transient=False) if live else None
         self._last_status = 0.0
+        self._gone = False  # the console's reader went away: nothing more is printed
 
     def __enter__(self) -> LiveView:
         if self._live is not None:
@@ -66,7 +67,17 @@ class LiveView:
 
     def print(self, line: str) -> None:
         """Worker output and launcher messages (above the panel when live), never cut."""
-        self.console.print(Text(line), soft_wrap=True)
+        self._show(Text(line))
+
+    def _show(self, text: Text) -> None:
+        """One line to the console, unless it has gone (`run ... | head`: Rich exits on a broken pipe). The run goes
+        on without its echo: everything is in launcher.log, logs/ and telemetry.jsonl."""
+        if self._gone:
+            return
+        try:
+            self.console.print(text, soft_wrap=True)
+        except (OSError, ValueError, SystemExit):
+            self._gone = True
 
     def update(self, records: list[dict[str, Any]]) -> None:
         for r in records:
@@ -94,12 +105,12 @@ class LiveView:
             self._live.update(self.render())
         elif self.step is not None and time.monotonic() - self._last_status >= STATUS_EVERY_S:
             self._last_status = time.monotonic()
-            self.console.print(Text(self.status_line()), soft_wrap=True)
+            self._show(Text(self.status_line()))
 
     def _event(self, message: str) -> None:
         self.events = (self.events + [message])[-4:]
         if self._live is None:
-            self.console.print(Text(f"trainready: {message}"), soft_wrap=True)
+            self._show(Text(f"trainready: {message}"))
 
     def status_line(self) -> str:
         s = self.step or {}
