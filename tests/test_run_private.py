@@ -252,8 +252,12 @@ def test_a_console_that_goes_away_never_hangs_the_training(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "trainready", "run", "--run-dir", str(run_dir), "--", "python",
                              "chatty.py"], cwd=tmp_path, env=env_for_run(None), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    proc.stdout.readline()
-    proc.stdout.close()  # as `head -1` does: the reader is gone
+    # read until the workers print (before the launch, a closed console ends the command as any Unix tool: 141)
+    while True:
+        got = proc.stdout.readline()
+        if not got or b"line " in got:  # torchrun prefixes each worker line with its rank
+            break
+    proc.stdout.close()  # as `head` does: the reader is gone
     proc.wait(timeout=120)
     info = json.loads((run_dir / "run.json").read_text())
     assert info["launches"][-1]["reason"] == "finished", info["launches"][-1]
