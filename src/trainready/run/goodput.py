@@ -31,7 +31,7 @@ from typing import Any
 
 from .budget import usd_per_second
 from .goodput_model import BadputCause, GoodputReport, LaunchGoodput, RankStats, RankWindow
-from .kill_cause import restarted_since
+from .kill_cause import vanished_as
 
 MAX_S = 1e6  # a duration above 11.6 days in one record is not a measurement: skipped as malformed
 MAX_UNIX = 1e11  # year 5138
@@ -573,7 +573,7 @@ def _gone(la: dict[str, Any], later: dict[str, Any] | None) -> str | None:
     (summary._vanished says why)."""
     if la.get("end_unix") is not None or la.get("reason") is not None:
         return None
-    return {True: "interrupted", False: "killed"}.get(restarted_since(la, later))
+    return vanished_as(la, later)
 
 
 def compute_goodput(launches: list[dict[str, Any]], records: list[dict[str, Any]], *, running: bool = False,

@@ -109,3 +109,9 @@ def restarted_since(noted: dict[str, Any], later: dict[str, Any] | None = None) 
         return None
     now = boot_id()
     return None if now is None else then != now
+
+
+def vanished_as(noted: dict[str, Any], later: dict[str, Any] | None = None) -> str | None:
+    """The status of a launch that recorded no end: "interrupted" (the machine restarted), "killed" (the same boot:
+    a signal the launcher cannot record), or None (unknown from here)."""
+    return {True: "interrupted", False: "killed"}.get(restarted_since(noted, later))

@@ -283,7 +283,8 @@ class Launcher:
             return None  # several nodes decide each from its own run.json: they could disagree and half-launch
         # only a run that declared its length (trainready.init(total_steps=N)) and reached it is known to be done: a
         # script without one (an eval, data prep) may do something new each time it runs
-        last_launch = _launches(records)[-1] if _launches(records) else []
+        parts = _launches(records)
+        last_launch = parts[-1] if parts else []
         steps = [r["step"] for r in last_launch if r.get("type") == "step" and type(r.get("step")) is int]
         totals = [r["total_steps"] for r in last_launch if r.get("type") == "start" and type(r.get("total_steps")) is int]
         if not steps or not totals or max(steps) + 1 < totals[-1]:

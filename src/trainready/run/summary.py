@@ -25,7 +25,7 @@ from trainready.plan.divergence import PlanCheck
 from .budget import usd_per_second
 from .goodput import compute_goodput, screen, valid_launches
 from .goodput_model import GoodputReport
-from .kill_cause import restarted_since
+from .kill_cause import vanished_as
 from .records import finite
 from .run_dir import RunDir
 from .settings import node_run_dirs
@@ -302,7 +302,7 @@ def _status(launch: dict[str, Any], records: list[dict[str, Any]]) -> str:
     if launch and launch.get("exit_code") is None and launch.get("end_unix") is None:
         if _launcher_alive(launch):
             return "running"
-        return {True: "interrupted", False: "killed"}.get(restarted_since(launch), "unknown")
+        return vanished_as(launch) or "unknown"
     code = launch.get("exit_code")
     reason = launch.get("reason")
     if reason:
