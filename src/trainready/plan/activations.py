@@ -89,6 +89,8 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
         attn += out  # the output projection's FP8 copy of its input
     if not flash:  # s x s scores per head: softmax output, plus dropout mask and output
         attn += (a + ((1 + a) if dropout else 0)) * model.num_heads * seq_len
+        if model.mla is None:  # eager GQA matmuls save K and V repeated for every query head (repeat_kv)
+            attn += a * 2 * (model.q_dim - model.kv_dim)
     if model.gated_mlp:
         # eager: gate, up, silu(gate) and the product; fused: the kernel's input (gate, up) and the product
         mlp = 4 * a * f if kernels == "eager" else 2 * a * f + (1 if fp8_saved else a) * f

@@ -11,13 +11,14 @@ from trainready.catalog import Price
 from . import efficiency as eff
 from . import moe
 from . import reliability as rel
+from .attention import attention_note
 from .batch_advice import batch_advice
 from .confidence import ConfidenceInfo, confidence_info, summary
 from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, estimate_memory
 from .performance import StepResult, estimate_step, host_cpu_cores
 from .setup import Setup
-from .stacks import attention_assumption, resolve_stack
+from .stacks import resolve_stack
 from .storage import StoragePlan, storage_plan
 
 ESTIMATE_SCHEMA_VERSION = 1
@@ -255,7 +256,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                              reduce_dtype=s.reduce_dtype)
     assumptions = [
         resolved.describe(named=s.stack_named),
-        *filter(None, [attention_assumption(resolved, s.gpu.arch)]),
+        *filter(None, [attention_note(s.model, resolved, s.gpu.arch)]),
         f"efficiency factors: {s.efficiency.source}" if s.efficiency is not None else
         f"efficiency factors for {s.gpu.arch} (see docs/planner.md)",
         f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "

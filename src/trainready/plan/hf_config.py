@@ -2,7 +2,7 @@
 
 Supported `model_type`s: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3 (its text_config),
 gpt2, gpt_neox, mpt, falcon, opt, bloom;
-mixture-of-experts (hf_moe.py): mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3.
+mixture-of-experts (hf_moe.py): mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss.
 A missing key is an error naming the key and the file.
 """
 
@@ -25,7 +25,7 @@ from .model_spec import MAX_PARAMS, ModelSpec
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3",
              "gpt2", "gpt_neox", "mpt", "falcon", "opt", "bloom",
-             "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+             "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 
 
 # No size or count in a model of at most MAX_PARAMS parameters is larger than MAX_PARAMS; a bigger one is a
@@ -96,7 +96,8 @@ def _gelu_kind(name: str) -> str:
 # KV heads transformers 5.23 builds when config.json leaves num_key_value_heads out (the config classes'
 # field defaults: configuration_qwen2.py, qwen3, mistral, mixtral, qwen2_moe, qwen3_moe); an explicit null,
 # and a llama config without it, mean num_attention_heads (their __post_init__).
-ABSENT_KV_HEADS = {"qwen2": 32, "qwen3": 32, "mistral": 8, "mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4}
+ABSENT_KV_HEADS = {"qwen2": 32, "qwen3": 32, "mistral": 8, "mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4,
+                   "gpt_oss": 8}
 
 
 def _llama_like(c: _Config, family: str) -> dict:
@@ -271,6 +272,7 @@ PARSERS: dict[str, Callable[[_Config], dict]] = {
     "qwen3_moe": lambda c: hf_moe.qwen3_moe(c, _llama_like(c, "qwen3_moe")),
     "deepseek_v2": lambda c: hf_moe.deepseek(c, "deepseek_v2"),
     "deepseek_v3": lambda c: hf_moe.deepseek(c, "deepseek_v3"),
+    "gpt_oss": lambda c: hf_moe.gpt_oss(c, _llama_like(c, "gpt_oss")),
 }
 
 

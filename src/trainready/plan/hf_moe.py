@@ -1,4 +1,4 @@
-"""Mixture-of-experts Hugging Face configs: mixtral, qwen2_moe, qwen3_moe, deepseek_v2/deepseek_v3.
+"""Mixture-of-experts Hugging Face configs: mixtral, qwen2_moe, qwen3_moe, deepseek_v2/deepseek_v3, gpt_oss.
 
 Each parser takes the config (hf_config._Config) and the dense fields the shared Llama-style
 reader made of it, and adds the `moe` (and for DeepSeek the `mla`) sub-shape. Layer layouts
@@ -15,6 +15,9 @@ follow the Hugging Face modeling code (transformers 5.x, modeling_<type>.py):
   DeepSeek-V3's router carries `e_score_correction_bias` (one per expert). The
   `num_nextn_predict_layers` multi-token-prediction modules are noted, not counted (the published
   totals, 671B for V3, exclude them).
+* gpt_oss: every layer MoE (`num_local_experts`, top `num_experts_per_tok`, experts of
+  `intermediate_size` with biases, a biased router); q/k/v/o biases and a sink logit per head;
+  `layer_types` alternates a `sliding_window` of 128 and full attention.
 """
 
 from __future__ import annotations
@@ -128,3 +131,39 @@ def deepseek(c: "_Config", family: str) -> dict:
                 num_layers=c.need("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
                 ffn_hidden_size=c.need("intermediate_size"), tied_embeddings=c.get("tie_word_embeddings", False, "bool"),
                 max_seq_len=c.get("max_position_embeddings", None), qkv_bias=bias, out_bias=bias, moe=moe, mla=mla)
+
+
+def _full_attention_every(c: "_Config", layers: int) -> tuple[int | None, bool]:
+    """(full_attention_every, any window) from `layer_types` (transformers' default for gpt_oss: sliding on
+    even blocks, full on odd ones). A list must say "sliding_attention" or "full_attention" for every block,
+    with the full ones every n-th (i + 1 a multiple of n) or none of them."""
+    types = c.get("layer_types", None, "list")
+    if types is None:
+        return 2, True
+    if len(types) != layers or any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise UsageError(f"{c.path}: '{c.prefix}layer_types' must name 'sliding_attention' or 'full_attention' for "
+                         f"each of the {layers} layers (model_type '{printable(c.model_type)}')")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if len(full) == layers:
+        return None, False
+    if not full:
+        return None, True
+    every = full[0] + 1
+    if full != [i for i in range(layers) if (i + 1) % every == 0]:
+        raise UsageError(f"{c.path}: '{c.prefix}layer_types' puts full attention on layers {full[:8]}: only every "
+                         f"n-th layer (n, 2n, ... counting from 1) is modelled (model_type "
+                         f"'{printable(c.model_type)}')")
+    return every, True
+
+
+def gpt_oss(c: "_Config", base: dict[str, Any]) -> dict:
+    """transformers 5.23 modeling_gpt_oss.py: q/k/v/o biases (attention_bias, default true), a sink logit per
+    head, GptOssExperts with gate_up and down biases, GptOssTopKRouter with a bias; head_dim defaults to 64."""
+    experts, k = _routing(c, "num_local_experts")
+    every, windowed = _full_attention_every(c, base["num_layers"])
+    bias = c.get("attention_bias", True, "bool")
+    return {**base, "head_dim": c.get("head_dim", 64), "qkv_bias": bias, "out_bias": bias, "mlp_bias": True,
+            "attention_sinks": True, "sliding_window": c.get("sliding_window", 128) if windowed else None,
+            "full_attention_every": every,
+            "moe": dict(num_experts=experts, experts_per_token=k, expert_ffn_hidden_size=base["ffn_hidden_size"],
+                        router_bias=True)}

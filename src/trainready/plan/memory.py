@@ -30,6 +30,7 @@ from .activations import (
     loss_bytes_per_token,
     op_sac_bytes_per_token,
 )
+from .attention import attention_path
 from .model_spec import ModelSpec
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
 from .stacks import get_stack
@@ -183,14 +184,15 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     # the stack's layout (flash_attention_2's batch x seq x heads) only with the stack's own kernel; another
     # kernel goes through SDPA, whose output is transposed and copied
     attention_copy = stack.attention_copy or s.attention_kernel != stack.attention_kernel
+    flash = attention_path(m, stack, s.attention_kernel) != "eager"  # eager keeps the s x s scores
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
         return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters,
-                                 attention_copy),
+                                 attention_copy, flash),
                         lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                                       method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
                                                       fp32_adapters=fp32_adapters,
-                                                      attention_copy=attention_copy))
+                                                      attention_copy=attention_copy, flash=flash))
 
     layer = per_token(m) / s.tp * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage

@@ -112,6 +112,15 @@ class ModelSpec(BaseModel):
     embedding_dim: int | None = Field(None, gt=0, description="OPT-style word embedding size when it differs from hidden_size")
     extra_params: int = Field(0, ge=0, description="parameters outside the blocks not covered above "
                                                    "(e.g. an embedding LayerNorm)")
+    sliding_window: int | None = Field(None, gt=0, description="keys each query attends to on the local "
+                                                              "(sliding-window) layers, itself included (Hugging "
+                                                              "Face `sliding_window`); None: every layer global")
+    full_attention_every: int | None = Field(None, gt=0, description="with sliding_window: block i attends to "
+                                                                    "the whole sequence when (i + 1) is a multiple "
+                                                                    "of this (gpt-oss and Gemma 2: 2, Gemma 3: 6); "
+                                                                    "None: every block local (Mistral v0.1)")
+    attention_sinks: bool = Field(False, description="a learned logit per head in every softmax (gpt-oss "
+                                                     "`sinks`): num_heads parameters per block")
     moe: MoESpec | None = Field(None, description="mixture-of-experts MLPs; None: dense")
     mla: MLASpec | None = Field(None, description="multi-head latent attention; None: multi-head/grouped-query")
     aliases: list[str] = []
@@ -129,6 +138,8 @@ class ModelSpec(BaseModel):
                   "gelu": ("gelu", "gelu_tanh_composed", "relu")}[self.mlp]
             if self.activation not in ok:
                 raise ValueError(f"a {self.mlp} MLP uses {' or '.join(ok)}, not {self.activation}")
+        if self.full_attention_every is not None and self.sliding_window is None:
+            raise ValueError("full_attention_every needs sliding_window: without a window every block is global")
         if self.position == "learned" and self.max_seq_len is None:
             raise ValueError("learned positions need max_seq_len")
         if self.mla is not None:
@@ -224,6 +235,21 @@ class ModelSpec(BaseModel):
     def num_dense_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
 
+    def is_local_layer(self, i: int) -> bool:
+        """Whether block i (0-based) attends only within sliding_window (transformers' layer_types:
+        gpt-oss `"sliding_attention" if (i + 1) % 2 else "full_attention"`)."""
+        if self.sliding_window is None:
+            return False
+        return self.full_attention_every is None or (i + 1) % self.full_attention_every != 0
+
+    @property
+    def num_local_layers(self) -> int:
+        """Blocks with sliding-window attention."""
+        if self.sliding_window is None:
+            return 0
+        every = self.full_attention_every
+        return self.num_layers if every is None else self.num_layers - self.num_layers // every
+
     def _norm_params(self) -> int:
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
@@ -256,6 +282,8 @@ class ModelSpec(BaseModel):
             n += (self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank
         if self.qk_norm:
             n += 2 * self.hd
+        if self.attention_sinks:
+            n += self.num_heads
         return n
 
     def _ffn_params(self, f: int) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from . import efficiency as eff
 from . import moe
 from .activations import op_sac_matmuls
+from .attention import attention_path, layer_attention
 from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
 from .setup import Setup
@@ -68,7 +69,7 @@ def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank:
     """6N + 12*L*q_dim*s (PaLM/MosaicML), N = weights used in matmuls (blocks + head).
     For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters.
     The MFU numerator: what `trainready run` divides by the GPUs' peak."""
-    attn = 12 * m.num_layers * moe.attention_dim(m) * seq_len
+    attn = 12 * m.num_layers * moe.attention_dim(m) * layer_attention(m, seq_len).span
     n = m.matmul_params()  # MoE: active experts only
     if method == "full":
         return 6 * n + attn
@@ -79,7 +80,7 @@ def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank:
 def recompute_flops_per_token(s: Setup) -> float:
     """Extra FLOPs per token of recomputation, counted like the MFU numerator."""
     m = s.model
-    attn_fwd = 4 * m.num_layers * moe.attention_dim(m) * s.seq_len
+    attn_fwd = 4 * m.num_layers * moe.attention_dim(m) * layer_attention(m, s.seq_len).span
     if s.checkpointing == "full":
         if m.is_moe or m.mla is not None:  # the blocks' active matmul weights
             return 2 * (m.matmul_params() - m.vocab_size * (m.embedding_dim or m.hidden_size)) + attn_fwd
@@ -171,8 +172,9 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     return fwd, bwd, 3 * flops_fwd
 
 
-def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float) -> float:
-    """Fraction of `peak_flops` the attention kernel reaches for this head dim and length."""
+def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float, length: float | None = None) -> float:
+    """Fraction of `peak_flops` the attention kernel reaches for this head dim and a causal call over `length`
+    tokens (default: the sequence, or its context-parallel chunk)."""
     base, s0 = e.attention, e.attention_s0
     if s.attention_kernel != "sdpa" and s.gpu.arch in ("ampere", *eff.AMPERE_KERNEL_SPEEDUP):
         tflops = eff.ATTENTION_KERNELS[s.attention_kernel] * eff.A100_PEAK_TFLOPS
@@ -180,7 +182,33 @@ def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float) -> 
         base, s0 = tflops * 1e12 / peak_flops, eff.ARCH["ampere"].attention_s0
     hd = e.attention_hd64 if s.model.hd <= 64 else 1.0
     n = s.seq_len / s.cp  # context parallelism: the kernel runs on chunks of the sequence
+    if length is not None:
+        n = min(n, length)
     return base * hd * n / (n + s0)
+
+
+# transformers 5.23 eager attention (gpt_oss eager_attention_forward): after the QK matmul writes the bf16
+# scores, scaling (read, write), the mask add (scores, mask, write), the sink column cat (read, write), the
+# row max (read), its subtraction (read, write) and the softmax (read, write) pass over every score: 26 bytes
+# per score forward; their backward passes read and write as many
+EAGER_SCORE_BYTES_FWD = 26
+EAGER_SCORE_BYTES_BWD = 26
+
+
+def _eager_attention_s(s: Setup, tokens: float, peak: float, hbm_bps: float,
+                       e: eff.ArchEfficiency) -> tuple[float, float]:
+    """(forward s, backward s) of one block's eager attention: both matmuls over every score at GEMM speed
+    (QK^T reduces over the head dim, PV over the sequence), and the elementwise passes over the scores."""
+    m = s.model
+    heads, dim = m.num_heads / s.tp, moe.attention_dim(m) / s.tp
+    mm = 2 * tokens * s.seq_len * dim  # one of the two matmuls, every key
+    scores = tokens * s.seq_len * heads
+    fwd = _gemm_time(mm, m.hd, peak, e) + _gemm_time(mm, s.seq_len, peak, e)
+    fwd += EAGER_SCORE_BYTES_FWD * scores / hbm_bps
+    # dS = dO V^T (K = head dim), dV = P^T dO, dQ = dS K, dK = dS^T Q (K = the sequence)
+    bwd = _gemm_time(mm, m.hd, peak, e) + 3 * _gemm_time(mm, s.seq_len, peak, e)
+    bwd += EAGER_SCORE_BYTES_BWD * scores / hbm_bps
+    return fwd, bwd
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +249,20 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
         fwd += a_fwd
         bwd += a_bwd
         flops += a_flops
-    attn_eff = attention_efficiency(s, e, peak)
-    attn_fwd_flops = 2 * tokens * s.seq_len * moe.attention_dim(m) / s.tp  # causal: half of 4*s*q_dim
-    attn_fwd = attn_fwd_flops / (peak * attn_eff)
+    la = layer_attention(m, s.seq_len, attention_path(m, get_stack(s.stack), s.attention_kernel))
+    attn_fwd_flops = attn_fwd = 0.0
+    for share, span, length in la.parts:  # full blocks and sliding-window ones (plan/attention.py)
+        part = share * 2 * tokens * span * moe.attention_dim(m) / s.tp  # causal span: half of 4*s*q_dim
+        attn_fwd_flops += part
+        attn_fwd += part / (peak * attention_efficiency(s, e, peak, length))
+    if la.path == "eager":
+        attn_fwd, attn_bwd = _eager_attention_s(s, tokens, peak, hbm_bps, e)
+        flops += 3 * attn_fwd_flops
+    else:
+        attn_bwd = 2.5 * attn_fwd  # FlashAttention's backward recomputes the scores
+        flops += 3.5 * attn_fwd_flops
     fwd += attn_fwd
-    bwd += 2.5 * attn_fwd
-    flops += 3.5 * attn_fwd_flops
+    bwd += attn_bwd
     elem = _elementwise_bytes_per_token_layer(s) * tokens / hbm_bps
     fwd += 0.4 * elem
     bwd += 0.6 * elem

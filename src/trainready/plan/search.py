@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainready.catalog import Catalog, Instance
 from trainready.errors import UsageError, closest, printable
 
+from .attention import attention_note
 from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
@@ -38,7 +39,7 @@ from .setup import (
     resolve_model,
     tp_splits_heads,
 )
-from .stacks import STACKS, attention_assumption, default_etp, get_stack, optimizer_dtype_of, tp_overlap_of
+from .stacks import STACKS, default_etp, get_stack, optimizer_dtype_of, tp_overlap_of
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -690,7 +691,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         notes.append(f"rows launched with {' and '.join(own_stack)} are estimated with the default stack's "
                      f"kernels and recompute; for {own_stack[0]}'s own, plan again with --stack {own_stack[0]}")
     for arch in sorted({c.setup.gpu.arch for c in ranked[: req.top]}):
-        said = attention_assumption(stack, arch)
+        said = attention_note(model, stack, arch)
         if said and said not in notes:
             notes.append(said)
     if job.tp_overlap and stack.stack.tp_overlap is None:

@@ -125,6 +125,13 @@ class Stack:
     attention_copy: bool = True
     """Eager modules copy the attention output before the output projection (SDPA's layout, transposed and made
     contiguous: saved twice); False: the kernel's output is read as a view (plan/activations.py)."""
+    window_attention: Literal["tiles", "masks"] = "tiles"
+    """A sliding-window block (gpt-oss, Gemma, Mistral v0.1): "tiles" where the kernel skips the key tiles the
+    window masks (FlashAttention's window_size, FlexAttention's block mask, Transformer Engine's window);
+    "masks" where the window reaches torch SDPA as an explicit mask, which computes every key (plan/attention.py)."""
+    sink_attention: Literal["kernel", "eager"] = "kernel"
+    """Attention with learned sinks (gpt-oss): "kernel" where the stack's kernel applies them; "eager" where the
+    model class has no SDPA path and transformers runs its eager attention (plan/attention.py)."""
     keeps_logits: bool = True
     """The train step holds the model's low-precision logits while the loss is differentiated (Hugging Face
     models return them in their output, which the training loop keeps); False: the loop drops them before
@@ -138,6 +145,11 @@ class Stack:
 _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to travel by a collective all-to-all "
                         "in the activation dtype, in the compute path (as torchtitan's 'standard' dispatcher)")
 
+# transformers 5.23: sdpa_mask builds an explicit mask for sliding-window layers (only a plain causal mask is
+# dropped for is_causal), and GptOssPreTrainedModel sets _supports_sdpa = False, so gpt-oss without an
+# attn_implementation runs eager_attention_forward
+_TRANSFORMERS_ATTENTION = {"window_attention": "masks", "sink_attention": "eager"}
+
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("hf-trainer", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
           description="Hugging Face Transformers Trainer: eager PyTorch modules, SDPA attention, DDP (or FSDP) "
@@ -147,7 +159,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "MixedPrecision reduces in the compute dtype: give --reduce-dtype bf16 for it); its "
                  "gradient_checkpointing recomputes whole layers, and gradient_checkpointing_kwargs={'context_fn': "
                  "...} passes PyTorch's selective (op-level) policy to torch.utils.checkpoint",
-          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep",
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", **_TRANSFORMERS_ATTENTION,
           etp_source="transformers 5.23 distributed/configuration_utils.py DistributedConfig.efsdp_size: "
                      "'Experts are not tensor-parallel', efsdp = fsdp x tp / ep (ep a multiple of tp); without "
                      "ep_size the model's TP plan splits the experts"),
@@ -155,7 +167,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           description="a Hugging Face model under DeepSpeed ZeRO with bf16 enabled",
           source="deepspeed/runtime/engine.py communication_data_type: bf16 when bf16 is enabled and "
                  "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
-          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep",
+          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", **_TRANSFORMERS_ATTENTION,
           etp_source="deepspeed 0.19 module_inject/auto_ep_config.py: expert_parallel.expert_tensor_parallel_size "
                      "defaults to 1 (AutoEP); AutoTP splits every linear layer without EP"),
     Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",

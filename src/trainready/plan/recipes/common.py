@@ -106,3 +106,15 @@ def args_lines(args: list[tuple[str, object]]) -> str:
     for flag, value in args:
         out.append(flag if value is True else f"{flag} {value}")
     return "\n".join(out)
+
+
+def windowed_reason(s: Setup, framework: str, ships: str) -> str | None:
+    """Why `framework`'s recipe cannot build a model with attention sinks or sliding windows (gpt-oss): its
+    command line here carries neither; `ships` says where the framework has them."""
+    m = s.model
+    if not (m.attention_sinks or m.sliding_window):
+        return None
+    what = " and ".join(w for w, on in (("attention sinks", m.attention_sinks),
+                                         ("sliding-window blocks", m.sliding_window)) if on)
+    return (f"{m.name} has {what}, which trainready's {framework} recipe does not set ({ships}); "
+            f"use --framework deepspeed (the Hugging Face model class)")

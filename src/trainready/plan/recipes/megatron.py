@@ -13,7 +13,7 @@ from __future__ import annotations
 from itertools import groupby
 
 from ..setup import Setup, pipeline_split
-from .common import Recipe, args_lines, batch_note, checkpointing, environment, torchrun
+from .common import Recipe, args_lines, batch_note, checkpointing, environment, torchrun, windowed_reason
 
 NAME = "megatron"
 CORE_VERSION = "0.16.1"
@@ -58,6 +58,10 @@ FLAGS: dict[str, str | None] = {
 
 def reason(s: Setup) -> str | None:
     m = s.model
+    why = windowed_reason(s, "Megatron", "Megatron-Bridge's gpt_oss provider sets window_size, "
+                                        "window_attn_skip_freq and learnable softmax")
+    if why:
+        return why
     if m.moe is not None and m.moe.capacity_factor is not None and s.ep > 1 and s.ep_dispatcher == "deepep":
         return ("Megatron's flex (DeepEP) dispatcher does not pad experts to capacity (TransformerConfig refuses "
                 "moe_pad_expert_input_to_capacity with it): the alltoall dispatcher, or --moe-routing dropless")

@@ -23,6 +23,7 @@ from .common import (
     environment,
     expert_tp_reason,
     torchrun,
+    windowed_reason,
 )
 
 NAME = "torchtitan"
@@ -44,7 +45,8 @@ CONFIGS: dict[str, tuple[str, str]] = {
 
 def reason(s: Setup) -> str | None:
     m = s.model
-    why = dropless_reason(s, "torchtitan 0.3's MoE dispatchers (none drops tokens)")
+    why = dropless_reason(s, "torchtitan 0.3's MoE dispatchers (none drops tokens)") or windowed_reason(
+        s, "torchtitan", "torchtitan 0.3 ships models/gpt_oss, a Python config trainready does not emit")
     if why:
         return why
     if s.method != "full":

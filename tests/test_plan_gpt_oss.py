@@ -1,0 +1,140 @@
+"""Issue 24: gpt-oss presets with their sliding-window blocks and attention sinks, checked against transformers'
+own model (parameter counts, saved activations) and against what each stack's attention runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainready.catalog import load_catalog
+from trainready.errors import UsageError
+from trainready.plan.activations import layer_bytes_per_token
+from trainready.plan.attention import FLASH_TILE, attention_path, layer_attention, useful_keys
+from trainready.plan.estimate import estimate_setup
+from trainready.plan.hf_config import from_dict
+from trainready.plan.job import JobSpec
+from trainready.plan.performance import flops_per_token
+from trainready.plan.presets import preset
+from trainready.plan.setup import resolve
+from trainready.plan.stacks import STACKS
+
+torch = pytest.importorskip("torch")
+gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+from transformers import GptOssConfig  # noqa: E402  (after the skip: transformers is a dev dependency)
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+@pytest.mark.parametrize("name,layers,experts", [("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32)])
+def test_presets_count_what_transformers_builds(name, layers, experts):
+    config = GptOssConfig(num_hidden_layers=layers, num_local_experts=experts)
+    with torch.device("meta"):
+        built = gpt_oss.GptOssForCausalLM(config)
+    m = preset(name)
+    assert m.param_count() == sum(p.numel() for p in built.parameters())
+    # the model card (arXiv 2508.10925, Table 1) counts active parameters without the input embedding
+    card_active = {"gpt-oss-120b": 5.13e9, "gpt-oss-20b": 3.61e9}[name]
+    assert abs(m.active_param_count() - m.vocab_size * m.hidden_size - card_active) / card_active < 0.005
+    local = [i for i in range(layers) if m.is_local_layer(i)]
+    assert [config.layer_types[i] == "sliding_attention" for i in range(layers)] == [
+        i in local for i in range(layers)]
+    # and the config.json reader builds the same shape
+    read = from_dict(json.loads(json.dumps(config.to_dict())))
+    assert (read.param_count(), read.sliding_window, read.full_attention_every, read.attention_sinks) == (
+        m.param_count(), 128, 2, True)
+
+
+def test_layer_types_the_model_cannot_express_are_refused():
+    base = GptOssConfig(num_hidden_layers=4).to_dict()
+    all_full = from_dict({**base, "layer_types": ["full_attention"] * 4})
+    assert all_full.sliding_window is None and all_full.num_local_layers == 0
+    with pytest.raises(UsageError, match="layers \\[0, 3\\]"):
+        from_dict({**base, "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                                           "full_attention"]})
+    with pytest.raises(UsageError, match="each of the 4 layers"):
+        from_dict({**base, "layer_types": ["sliding_attention"] * 3})
+
+
+@pytest.mark.parametrize("seq,window", [(16, None), (300, 128), (128, 128), (100, 128), (1000, 7)])
+def test_useful_keys_count_transformers_mask(seq, window):
+    q = torch.arange(seq).view(-1, 1)
+    kv = torch.arange(seq).view(1, -1)
+    mask = kv <= q  # transformers masking_utils: causal, and kv_idx > q_idx - window when windowed
+    if window is not None:
+        mask &= kv > q - window
+    counted = mask.sum().item() / seq
+    # the planner's full-causal convention is seq/2 (counted: (seq + 1)/2)
+    expected = counted - (0.5 if window is None or seq <= window else 0.0)
+    assert useful_keys(seq, window) == pytest.approx(expected)
+
+
+def test_windows_cut_flops_only_where_the_kernel_skips_tiles():
+    m = preset("gpt-oss-120b")
+    full = m.model_copy(update={"sliding_window": None, "full_attention_every": None})
+    seq = 32768
+    assert flops_per_token(m, seq) < flops_per_token(full, seq)
+    tiles, masks = layer_attention(m, seq, "tiles"), layer_attention(m, seq, "masks")
+    assert tiles.span == masks.span  # what MFU counts does not depend on the kernel
+    assert tiles.executed == pytest.approx((seq + 2 * (128 + FLASH_TILE)) / 2)  # half the blocks windowed
+    assert masks.executed == pytest.approx((seq + 2 * seq) / 2)  # a masked SDPA call computes every key
+    assert layer_attention(m, seq, "eager").executed == 2 * seq
+
+
+def test_each_stack_runs_the_attention_it_has(catalog):
+    m = preset("gpt-oss-20b")
+    assert attention_path(m, STACKS["hf-trainer"], "sdpa") == "eager"  # _supports_sdpa = False
+    assert attention_path(m, STACKS["deepspeed"], "sdpa") == "eager"
+    assert attention_path(m, STACKS["hf-trainer"], "flash2") == "tiles"  # a named kernel takes the sinks
+    assert attention_path(m, STACKS["megatron"], STACKS["megatron"].attention_kernel) == "tiles"
+    assert attention_path(m, STACKS["torchtitan"], "sdpa") == "tiles"  # FlexAttention's block mask
+    windowed = preset("llama-3-8b").model_copy(update={"sliding_window": 4096})
+    assert attention_path(windowed, STACKS["hf-trainer"], "sdpa") == "masks"
+
+    def est(**kw):
+        return estimate_setup(resolve(JobSpec(model="gpt-oss-20b", gpu="h100-80gb", gpus=8, seq_len=4096,
+                                              micro_batch=1, **kw), catalog))
+    eager, named = est(), est(attention_kernel="flash2")
+    assert eager.throughput.tokens_per_s < named.throughput.tokens_per_s
+    assert eager.memory.per_gpu_gib.activations > named.memory.per_gpu_gib.activations
+    assert any("learned sinks" in a and "eager" in a for a in eager.assumptions)
+    assert not any("learned sinks" in a for a in named.assumptions)
+
+
+def _saved_bytes(model, seq: int) -> int:
+    """Bytes autograd saves for backward over one forward of `seq` tokens, each storage once."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.device.type == "cpu" and t.numel():
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, model.config.vocab_size, (1, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids)
+    return sum(seen.values())
+
+
+def test_eager_attention_keeps_the_scores_transformers_keeps():
+    """The seq x seq part of eager attention's saved activations, against transformers' own eager gpt-oss on a
+    scaled model: the growth between two lengths beyond the linear part is the scores' share."""
+    config = GptOssConfig(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, hidden_size=64,
+                          intermediate_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                          vocab_size=128, sliding_window=8, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = gpt_oss.GptOssForCausalLM(config).to(torch.bfloat16).train()
+    s1, s2, s3 = 128, 256, 512
+    b1, b2, b3 = (_saved_bytes(model, s) for s in (s1, s2, s3))
+    # bytes = linear * s + quadratic * s^2: the second difference isolates the quadratic term
+    quadratic = ((b3 - b2) / (s3 - s2) - (b2 - b1) / (s2 - s1)) / (s3 - s1)
+    m = from_dict(config.to_dict())
+
+    def per_layer(seq: int, flash: bool) -> float:
+        return seq * layer_bytes_per_token(m, kernels="eager", residual_bytes=2, act_bytes=2, seq_len=seq,
+                                           flash=flash)
+    model_quadratic = m.num_layers * (((per_layer(s3, False) - per_layer(s3, True)) / s3 ** 2))
+    assert quadratic == pytest.approx(model_quadratic, rel=0.05)
