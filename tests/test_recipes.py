@@ -268,7 +268,7 @@ def check_expert_grid(s):
     assert world % (s.expert_tp * s.ep * s.pp) == 0  # initialize_model_parallel's RuntimeError otherwise
     edp = world // (s.expert_tp * s.ep * s.pp)
     assert edp == s.expert_dp
-    dense = RankGenerator(tp=s.tp, ep=1, dp=s.dp, pp=s.pp, cp=1, order=order)
+    dense = RankGenerator(tp=s.tp, ep=1, dp=s.dp, pp=s.pp, cp=s.cp, order=order)
     expert = RankGenerator(tp=s.expert_tp, ep=s.ep, dp=edp, pp=s.pp, cp=1, order=order)
     assert dense.get_ranks("pp") == expert.get_ranks("pp")  # its assertion: the same pipeline stages
     def node(group):  # the most ranks of a group in one node
@@ -363,6 +363,22 @@ def test_expert_tp_only_where_the_framework_has_it(catalog):
     s = resolve(JobSpec(instance="p4d.24xlarge", strategy="zero1", tp=2, ep=4, etp=2), catalog, model=biased)
     assert "only with expert TP 1" in framework_for(s, "megatron")[1]
     assert framework_for(s.with_(etp=1), "megatron")[0] == "megatron"
+
+
+def test_expert_parallelism_folds_over_context_parallel_ranks(catalog):
+    """Megatron-Core's expert grid covers the same ranks as attention's tp x cp x dp (parallel_state:
+    expert_data_parallel_size = world // (etp x ep x pp)), torchtitan's efsdp = dp_shard x cp x tp / ep: EP may
+    span the context-parallel ranks. Both frameworks' own arithmetic takes the layout `estimate` accepts."""
+    s = setup_of(catalog, model="qwen3-30b-a3b", instance="p5.48xlarge", gpus=16, strategy="zero1", cp=2, ep=16,
+                 seq_len=32768, stack="megatron")
+    assert (s.dp, s.cp, s.ep, s.expert_dp) == (8, 2, 16, 1)
+    check_megatron(s, recipe_for(s, "megatron"))  # check_expert_grid: Megatron's RankGenerators, cp included
+    titan = setup_of(catalog, model="qwen3-30b-a3b", instance="p5.48xlarge", gpus=16, strategy="zero3", cp=2,
+                     ep=16, seq_len=32768)
+    assert framework_for(titan, "torchtitan")[0] == "torchtitan"
+    check_torchtitan(titan, recipe_for(titan, "torchtitan"))
+    with pytest.raises(UsageError, match=r"tp 1 x cp 2 x dp 8: experts fold over TP, context-parallel"):
+        setup_of(catalog, model="qwen3-30b-a3b", instance="p5.48xlarge", gpus=16, cp=2, ep=32, seq_len=32768)
 
 
 def test_reasons_name_what_is_missing(catalog):

@@ -252,7 +252,7 @@ def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int, int, in
     experts = lambda t, p: (_expert_layouts(m.moe.num_experts, t, gpus // (t * p), s.gpus_per_node,  # noqa: E731
                                             default_etp(stack, t, 2)) if m.moe else [(1, t)])
     return [(t, p, c, e, et) for c in _cp_options(s, nodes) for t in tps for p in pps if gpus % (t * p * c) == 0
-            for e, et in (experts(t, p * c) if c > 1 else experts(t, p))]
+            for e, et in experts(t, p)]  # experts fold over the context-parallel ranks too (setup._check_ep)
 
 
 VIRTUAL_STAGES = (2, 4)

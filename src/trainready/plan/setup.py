@@ -351,12 +351,13 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_node: int) -> None:
+def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_node: int, cp: int = 1) -> None:
     """Megatron-Core's expert grid (parallel_state.initialize_model_parallel: the expert RankGenerator, order
-    tp-ep-dp-pp with tp = expert_tensor_parallel_size) lays etp x ep x edp over the same tp x dp ranks of a
-    pipeline stage as attention's tp x dp (MoE parallel folding, arXiv 2504.14960): ep must divide the routed
-    experts and ep x etp the stage's ranks. The expert TP group (etp consecutive ranks) stays inside a node,
-    as TP does."""
+    tp-ep-dp-pp with tp = expert_tensor_parallel_size) lays etp x ep x edp over the same tp x cp x dp ranks of a
+    pipeline stage as attention's tp x cp x dp (MoE parallel folding, arXiv 2504.14960; megatron-core 0.16
+    parallel_state.py: expert_data_parallel_size = world_size // (etp x ep x pp), whatever cp is; torchtitan 0.3:
+    efsdp = dp_shard x cp x tp / ep): ep must divide the routed experts and ep x etp the stage's ranks, context-
+    parallel ones included. The expert TP group (etp consecutive ranks) stays inside a node, as TP does."""
     name = printable(model.name)
     if model.moe is None:
         if ep != 1:
@@ -364,7 +365,8 @@ def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_no
         if etp != tp:
             raise UsageError(f"--etp {etp} needs a mixture-of-experts model; {name} is dense (drop --etp)")
         return
-    stage = tp * dp
+    stage = tp * cp * dp
+    ranks = f"tp {tp} x cp {cp} x dp {dp}" if cp > 1 else f"tp {tp} x dp {dp}"
     # an expert TP group is etp consecutive ranks: inside a node only where etp divides the node's GPUs (etp 3 on
     # 8-GPU nodes puts ranks 6-8 on two nodes); each rank takes expert_ffn/etp columns, a whole number
     # (Megatron-Core's TEGroupedMLP: fc2's input moe_ffn_hidden_size goes through divide(input_size, tp_size),
@@ -373,16 +375,17 @@ def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_no
     straddles = etp != tp and gpus_per_node % etp  # tp's own node check is _check_parallel's
     if stage % etp or etp > gpus_per_node or straddles or ffn % etp:
         valid = [d for d in _divisors(stage, gpus_per_node) if not ffn % d and (d == tp or not gpus_per_node % d)]
-        raise UsageError(f"--etp {etp} must divide the {stage} GPUs of a pipeline stage (tp {tp} x dp {dp}) and the "
+        raise UsageError(f"--etp {etp} must divide the {stage} GPUs of a pipeline stage ({ranks}) and the "
                          f"{ffn} columns of an expert's FFN, and a node's GPUs to stay inside a node of {gpus_per_node}; "
                          f"valid: {', '.join(map(str, valid))}")
     experts = model.moe.num_experts
     if experts % ep or stage % (ep * etp):
         valid = [e for e in _divisors(experts, stage // etp) if (stage // etp) % e == 0]
-        fold = ("; or --etp 1 (experts whole, EP folded over TP and data-parallel ranks)"
+        over = "TP, context-parallel and data-parallel" if cp > 1 else "TP and data-parallel"
+        fold = (f"; or --etp 1 (experts whole, EP folded over {over} ranks)"
                 if etp > 1 and not experts % ep and not stage % ep else "")
         raise UsageError(f"--ep {ep} must divide the {experts} experts of {name}, and --ep x --etp = {ep} x {etp} the "
-                         f"{stage} GPUs of a pipeline stage (tp {tp} x dp {dp}: experts fold over TP and data-parallel "
+                         f"{stage} GPUs of a pipeline stage ({ranks}: experts fold over {over} "
                          f"ranks); valid: {', '.join(map(str, valid))} (with --etp {etp}){fold}")
 
 
@@ -471,7 +474,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                          + (f" x --cp {cp}" if cp > 1 else ""))
     dp = n_gpus // (job.tp * job.pp * cp)
     etp = job.etp if job.etp is not None else default_etp(st.stack, job.tp, job.ep)
-    _check_ep(model, job.ep, etp, job.tp, dp, per_node)
+    _check_ep(model, job.ep, etp, job.tp, dp, per_node, cp)
     precision = job.precision or default_precision(gpu)
     optimizer_dtype = optimizer_dtype_of(job.optimizer_dtype, st.stack, precision)
     _check_precision(gpu, precision, optimizer_dtype)
