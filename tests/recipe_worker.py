@@ -3,6 +3,7 @@ process per rank under torchrun with gloo. Started by tests/test_recipes.py.
 
     torchrun --nproc-per-node=2 recipe_worker.py titan torchtitan.args
     torchrun --nproc-per-node=2 recipe_worker.py deepspeed ds_config.json SEQ_LEN
+    torchrun --nproc-per-node=2 recipe_worker.py deepspeed-hf ds_config.json SEQ_LEN  (a Hugging Face Llama)
 
 It prints "ok <loss before> <loss after>" on rank 0 after training on one fixed batch.
 """
@@ -55,7 +56,8 @@ class Tiny(nn.Module):
 
 def loss_of(model, tokens):
     logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    logits = getattr(logits, "logits", logits)  # a Hugging Face model returns an output object
+    return F.cross_entropy(logits.reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
 
 
 def titan_config(args: list[str]):
@@ -110,10 +112,31 @@ def run_titan(path: str) -> tuple[float, float]:
     return train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
 
 
-def train(model, opt, micro: int, accum: int, seq: int, engine=None) -> tuple[float, float]:
+def run_deepspeed_hf(path: str) -> tuple[float, float]:
+    """The JSON with a Hugging Face Llama (what AutoTP knows how to split), as an HF script hands it to
+    deepspeed.initialize; the ranks of a TP group read the same batch."""
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False  # as run_deepspeed
+    cfg = json.load(open(path))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN,
+                                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                         num_key_value_heads=HEADS, max_position_embeddings=64))
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                             config=cfg)
+    tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
+    return train(engine, opt, cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"],
+                 int(sys.argv[3]), engine=engine, data_rank=dist.get_rank() // tp)
+
+
+def train(model, opt, micro: int, accum: int, seq: int, engine=None, data_rank: int | None = None) -> tuple[float, float]:
     """STEPS optimizer steps of `accum` micro-batches on one fixed batch; with a DeepSpeed engine,
     its backward and step every micro-batch (it scales the loss and steps at the boundary)."""
-    g = torch.Generator().manual_seed(1 + dist.get_rank())
+    g = torch.Generator().manual_seed(1 + (dist.get_rank() if data_rank is None else data_rank))
     batch = torch.randint(0, VOCAB, (accum, micro, seq + 1), generator=g)
     losses = []
     for _ in range(STEPS):
@@ -155,7 +178,7 @@ def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
     if kind == "titan":
         dist.init_process_group("gloo")
-    first, last = (run_titan if kind == "titan" else run_deepspeed)(path)
+    first, last = {"titan": run_titan, "deepspeed": run_deepspeed, "deepspeed-hf": run_deepspeed_hf}[kind](path)
     if int(os.environ["RANK"]) == 0:
         print(f"ok {first:.4f} {last:.4f}", flush=True)
     dist.barrier()

@@ -138,14 +138,6 @@ def check_torchtitan(s, r):
         assert f"\ndef {config}() -> Trainer.Config:" in (root / "models" / module / "config_registry.py").read_text()
 
 
-class _MPU:
-    def __init__(self, dp):
-        self.dp = dp
-
-    def get_data_parallel_world_size(self):
-        return self.dp
-
-
 def check_deepspeed(s, r, monkeypatch):
     need("deepspeed")
     import deepspeed.runtime.config as ds_config
@@ -154,8 +146,11 @@ def check_deepspeed(s, r, monkeypatch):
     cfg = json.loads(r.config)
     # DeepSpeedConfig asks torch.distributed for the rank, then the mpu for the data-parallel size
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
-    c = ds_config.DeepSpeedConfig(cfg, mpu=_MPU(s.dp))  # asserts batch = micro x accum x dp, checks the keys
-    assert c.world_size == s.dp and c.train_batch_size == s.global_batch
+    # as deepspeed.initialize builds it: no mpu, the world from torch.distributed (every rank, TP ones included)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: s.n_gpus // s.pp)
+    c = ds_config.DeepSpeedConfig(cfg)  # asserts batch = micro x accum x world, checks the keys
+    assert c.train_batch_size == s.global_batch * s.tp  # a TP group reads one batch: global_batch sequences
+    assert ("train_batch_size" in cfg) == (s.tp == 1)  # ZeRO-3's second config counts dp ranks only
     assert c.zero_optimization_stage == deepspeed.STAGE[s.strategy]
     zc = c.zero_config
     assert (zc.offload_optimizer is not None) == (s.offload != "none")
@@ -490,3 +485,12 @@ def test_torchtitan_recipe_trains_fsdp2_on_two_gloo_processes(tmp_path, catalog,
 def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(tmp_path, catalog):
     need("deepspeed")
     run_two(tmp_path, catalog, "deepspeed", "deepspeed", strategy="zero2")
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero3"])
+def test_deepspeed_autotp_recipe_initializes_and_trains_on_two_gloo_processes(tmp_path, catalog, strategy):
+    """The AutoTP rows (tp 2 on 2 processes) through a real deepspeed.initialize: its batch assertion counts every
+    rank, so a JSON whose train_batch_size counts only data-parallel ranks does not start."""
+    need("deepspeed")
+    need("transformers")
+    run_two(tmp_path, catalog, "deepspeed", "deepspeed-hf", strategy=strategy, tp=2)

@@ -81,8 +81,13 @@ def config(s: Setup) -> dict:
     cfg: dict = {
         "train_micro_batch_size_per_gpu": s.micro_batch,
         "gradient_accumulation_steps": s.grad_accum,
-        "train_batch_size": s.global_batch,
     }
+    # With AutoTP DeepSpeed builds its config twice with two world sizes: deepspeed.initialize without an mpu
+    # counts every rank, TP ones included, and ZeRO-3's zero.Init, given the TP groups as mpu, the data-parallel
+    # ranks; each asserts train_batch_size = micro x accumulation x its world (runtime/config.py
+    # _batch_assertion), so no single value starts. Left out, each derives it from the two fields above.
+    if s.tp == 1:
+        cfg["train_batch_size"] = s.global_batch
     if s.precision in ("bf16", "fp16"):
         cfg[s.precision] = {"enabled": True}
         low = "bf16" if s.precision == "bf16" else "fp16"
@@ -109,7 +114,10 @@ def recipe(s: Setup) -> Recipe:
                      f"ddp counts 18 (fp32 gradients), so it fits with room to spare")
     if s.tp > 1:
         notes.append(f"AutoTP training (tensor_parallel.autotp_size {s.tp}): Hugging Face transformers "
-                     f"models; all ranks of a TP group must read the same batch (deepspeed/runtime/engine.py)")
+                     f"models; all ranks of a TP group must read the same batch (deepspeed/runtime/engine.py). "
+                     f"train_batch_size is left for DeepSpeed to derive (its config counts TP ranks in one place "
+                     f"and not in another, and asserts either way); a step trains on {s.global_batch:,} sequences, "
+                     f"micro-batch {s.micro_batch} x {s.grad_accum} accumulation x {s.dp} data-parallel groups")
     if s.ep > 1:
         notes.append(f"AutoEP (expert_parallel.autoep_size {s.ep}) replaces the HF MoE layers at initialize")
     if s.pp > 1:
