@@ -133,6 +133,40 @@ def run_deepspeed_hf(path: str) -> tuple[float, float]:
                  int(sys.argv[3]), engine=engine, data_rank=dist.get_rank() // tp)
 
 
+def saved_in_layers(path: str) -> tuple[float, float]:
+    """Bytes autograd saves inside the decoder layers of the Hugging Face Llama for one micro-batch, on this rank,
+    under the JSON's AutoTP degree (deepspeed.initialize) or none: (bytes, 0)."""
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False  # as run_deepspeed
+    cfg = json.load(open(path))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN,
+                                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                         num_key_value_heads=HEADS, max_position_embeddings=64))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                           config=cfg)
+    inside, storages = [False], {}
+    weights = {p.untyped_storage().data_ptr() for p in engine.module.parameters()}  # parameters are not activations
+
+    def pack(t):
+        if inside[0] and t.numel() and t.untyped_storage().data_ptr() not in weights:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    for layer in engine.module.model.layers:
+        layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+        layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+    tokens = torch.randint(0, VOCAB, (cfg["train_micro_batch_size_per_gpu"], int(sys.argv[3])),
+                           generator=torch.Generator().manual_seed(1))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        engine(tokens)
+    return float(sum(storages.values())), 0.0
+
+
 def train(model, opt, micro: int, accum: int, seq: int, engine=None, data_rank: int | None = None) -> tuple[float, float]:
     """STEPS optimizer steps of `accum` micro-batches on one fixed batch; with a DeepSpeed engine,
     its backward and step every micro-batch (it scales the loss and steps at the boundary)."""
@@ -178,7 +212,8 @@ def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
     if kind == "titan":
         dist.init_process_group("gloo")
-    first, last = {"titan": run_titan, "deepspeed": run_deepspeed, "deepspeed-hf": run_deepspeed_hf}[kind](path)
+    first, last = {"titan": run_titan, "deepspeed": run_deepspeed, "deepspeed-hf": run_deepspeed_hf,
+                   "saved-in-layers": saved_in_layers}[kind](path)
     if int(os.environ["RANK"]) == 0:
         print(f"ok {first:.4f} {last:.4f}", flush=True)
     dist.barrier()

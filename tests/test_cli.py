@@ -271,7 +271,7 @@ def test_huge_token_counts_are_written_short():
 
 def test_plan_max_usd_excluded_rows_at_80_columns_name_the_cheapest_cost():
     out = cli80("plan", "--model", "llama-2-13b", "--tokens", "2e10", "--max-usd", "10", code=1)
-    assert "gpu_8x_h100_sxm5: fits, but its cheapest setup (1 node) costs $4,6" in " ".join(out.split())
+    assert "gpu_8x_h100_sxm5: fits, but its cheapest setup (1 node) costs $5,4" in " ".join(out.split())
 
 
 def test_no_python_none_in_human_output(tmp_path):

@@ -22,7 +22,9 @@ def test_ranked_by_cost_with_reasons_and_recipe(catalog):
     assert len(r.rows) == 5
     costs = [row.estimate.cost.total_usd for row in r.rows]
     assert costs == sorted(costs)
-    assert r.rows[0].why.startswith("cheapest")
+    # without sequence parallelism (the default stack's TP is transformers' plan) tp 2 is within the robustness
+    # margin of the simpler ZeRO-2 row, which the search prefers and says so
+    assert r.rows[0].why.startswith(("cheapest", "simpler than the cheapest"))
     for row in r.rows:
         assert row.estimate.memory.per_gpu_gib.peak <= row.estimate.memory.gpu_gib * 0.9 + 1e-9
     assert r.recipe is not None and r.recipe.torchrun[0].startswith("torchrun")

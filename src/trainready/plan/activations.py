@@ -106,6 +106,26 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
     return float(total)
 
 
+def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
+                                  method: str = "full", dropout: bool = False, fp8_saved: bool = False,
+                                  fp32_adapters: bool = True) -> float:
+    """The part of layer_bytes_per_token that tensor parallelism without sequence parallelism leaves whole on
+    every TP rank (Korthikanti et al. 2022, Sec. 4.2.2: the 10sbh of norms and dropout stay, the 24sbh/t of the
+    attention and MLP insides split): the norms' inputs and outputs (the column-parallel linears' input) and
+    the dropout masks; under PEFT, the fp32 input copies of the adapters on column-parallel linears (those that
+    read the hidden size) replace the normalized outputs only the frozen linears read."""
+    d, a = model.hidden_size, act_bytes
+    fp8_saved = fp8_saved and method == "full"
+    frozen = method in ("lora", "qlora")
+    total = model.norms_per_layer * _norm_bytes(model, kernels, residual_bytes, a, fp8_saved, frozen=frozen) * d
+    if dropout:
+        total += 2 * d
+    if frozen and fp32_adapters:
+        total -= model.norms_per_layer * a * d
+        total += sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims() if din == d)
+    return float(total)
+
+
 def _lora_delta(model: ModelSpec, kernels: str, a: int) -> int:
     """Change in saved bytes when the base linears are frozen and every linear has an adapter."""
     d, f = model.hidden_size, model.ffn_hidden_size

@@ -29,6 +29,7 @@ from .activations import (
     layer_input_bytes,
     loss_bytes_per_token,
     op_sac_bytes_per_token,
+    tp_replicated_bytes_per_token,
 )
 from .attention import attention_path
 from .model_spec import ModelSpec
@@ -194,10 +195,20 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
                                                       fp32_adapters=fp32_adapters,
                                                       attention_copy=attention_copy, flash=flash))
 
-    layer = per_token(m) / s.tp * tokens
+    # TP splits the attention and MLP insides; with sequence parallelism the rest too, else each TP rank keeps
+    # the norms' tensors and the layer input whole (Stack.sequence_parallel)
+    sp = stack.sequence_parallel or s.tp == 1
+    replicated = 0.0 if sp else tp_replicated_bytes_per_token(
+        m, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, fp8_saved=fp8_saved,
+        fp32_adapters=fp32_adapters)
+
+    def on_rank(per_tok: float, whole: float = replicated) -> float:  # bytes per token on one TP rank
+        return per_tok / s.tp if sp else whole + (per_tok - whole) / s.tp
+
+    layer = on_rank(per_token(m)) * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
     if m.is_moe:  # MoE layers save routed tokens' activations (plan/moe.py)
-        moe_layer = tokens * moe.moe_layer_bytes_per_token(s, per_token, a) / s.tp
+        moe_layer = tokens * on_rank(moe.moe_layer_bytes_per_token(s, per_token, a))
         stage = moe.worst_stage(m, s.pp, layer, moe_layer, s.pp_virtual)
         layer = max(layer, moe_layer)
     # 1F1B: the first stage holds pp micro-batches; interleaved, pp (1 + (pp - 1)/(pp v)) (setup.py)
@@ -205,14 +216,16 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     layers = s.stage_layers * in_flight
     kept = None  # what one layer keeps per micro-batch under recompute (None: all it saves)
     kept_stage = None  # what the worst stage's layers keep per micro-batch
+    block_input = layer_input_bytes(m, r)  # whole on every TP rank without sequence parallelism
     if s.checkpointing == "full":
-        kept = tokens * layer_input_bytes(m, r) / s.tp
+        kept = tokens * on_rank(block_input, block_input)
     elif s.checkpointing == "selective-op" and m.is_moe:  # dense and MoE layers keep different things
-        kd, km = moe.op_sac_kept_per_token(s, r, a)
-        kept, kept_stage = tokens / s.tp * max(kd, km), tokens / s.tp * moe.worst_stage(m, s.pp, kd, km, s.pp_virtual)
+        kd, km = (on_rank(k, block_input) for k in moe.op_sac_kept_per_token(s, r, a))
+        kept, kept_stage = tokens * max(kd, km), tokens * moe.worst_stage(m, s.pp, kd, km, s.pp_virtual)
     elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
-        kept = tokens * op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
-                                               lora_rank=s.lora_rank, fp32_adapters=fp32_adapters) / s.tp
+        kept = tokens * on_rank(op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
+                                                       lora_rank=s.lora_rank, fp32_adapters=fp32_adapters),
+                                block_input)
     if kept is not None:
         kept_stage = kept_stage if kept_stage is not None else s.stage_layers * kept
         saved = in_flight * kept_stage
@@ -221,7 +234,8 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     # torch.distributed.pipelining keeps the last stage's output (the logits) until that micro-batch's backward
     keeps_logits = stack.keeps_logits or (s.pp > 1 and stack.torch_pipelining)
     loss_bytes = loss_bytes_per_token(m, a, keeps_logits, stack.tp_loss_parallel and s.tp > 1)
-    loss = tokens * (loss_bytes + final_norm_bytes(m, s.kernels, r, a, s.method)) / s.tp
+    # vocabulary-parallel loss with sequence parallelism; without it the logits are gathered on every TP rank
+    loss = tokens * (loss_bytes + final_norm_bytes(m, s.kernels, r, a, s.method)) / (s.tp if sp else 1)
     if s.pp > 1:  # the loss lives on the last rank, which holds one micro-batch (interleaved: (v-1) pp + 1 of v)
         n_last = len(pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)[-1])  # uneven stages: the last may be smaller
         last_in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum, rank=s.pp - 1)

@@ -132,8 +132,10 @@ def _elementwise_bytes_per_token_layer(s: Setup) -> float:
     act = _act_bytes(s, f) if not m.is_moe else 0  # MoE models: per layer kind in moe.stage_time
     rope = ((40 if eager else 8) * (q + kv)) if m.position == "rope" else 0
     copies = 8 * q if eager else 0  # attention output transpose+contiguous, fwd and bwd
-    total = m.norms_per_layer * norm + residual + act + rope + copies
-    return total * (2 if s.precision == "fp32" else 1) / s.tp
+    whole = m.norms_per_layer * norm + residual  # on the sequence: split over TP only with sequence parallelism
+    sp = get_stack(s.stack).sequence_parallel
+    total = (act + rope + copies) / s.tp + whole / (s.tp if sp else 1)
+    return total * (2 if s.precision == "fp32" else 1)
 
 
 def _act_bytes(s: Setup, f: float) -> float:

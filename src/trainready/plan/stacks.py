@@ -125,6 +125,12 @@ class Stack:
     attention_copy: bool = True
     """Eager modules copy the attention output before the output projection (SDPA's layout, transposed and made
     contiguous: saved twice); False: the kernel's output is read as a view (plan/activations.py)."""
+    sequence_parallel: bool = False
+    """With TP the activations outside the split matmuls (norms, residual stream, the inputs of column-parallel
+    linears) are split over the TP ranks along the sequence (Megatron's --sequence-parallel, torchtitan's
+    enable_sequence_parallel, on by default); False: every TP rank holds them whole (DeepSpeed AutoTP,
+    transformers' TP plans, NeMo AutoModel's FSDP2Config.sequence_parallel default), and the logits too
+    (transformers' lm_head plan "colwise_gather_output", AutoTP's vocab_parallel_lm_head False)."""
     window_attention: Literal["tiles", "masks"] = "tiles"
     """A sliding-window block (gpt-oss, Gemma, Mistral v0.1): "tiles" where the kernel skips the key tiles the
     window masks (FlashAttention's window_size, FlexAttention's block mask, Transformer Engine's window);
@@ -181,6 +187,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "overlap only with the DualPipeV schedule (pipeline_parallel_expert_parallel_overlap); "
                     "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16",
           expert_tp="whole-under-ep", tp_overlap="async TP (--compile.enable_async_tensor_parallel)",
+          sequence_parallel=True,  # config/configs.py ParallelismConfig.enable_sequence_parallel = True
           fp8_recipes=("tensorwise", "rowwise", "mxfp8"),  # torchao Float8LinearConfig recipes, MX for Blackwell
           # train.py (Dec 2024, 9dec370ad26b) and trainer.py (2026): "del pred" before loss.backward(); loss_fn
           # upcasts the logits with .float() in eager mode
@@ -208,6 +215,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
                     "HybridEP 'does not support fp8 dispatch now'",
           expert_tp="tp", fp8_saves_inputs=True, torch_sdpa=False, lora_fp32_adapters=False,
+          sequence_parallel=True,  # trainready's megatron recipe passes --sequence-parallel with tp > 1
           tp_overlap="--tp-comm-overlap (Transformer Engine userbuffers)",
           fp8_recipe="delayed",  # Megatron-Core TransformerConfig.fp8_recipe default
           fp8_recipes=("tensorwise", "delayed", "blockwise", "mxfp8"), token_drop=True,
