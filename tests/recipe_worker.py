@@ -112,9 +112,9 @@ def run_titan(path: str) -> tuple[float, float]:
     return train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
 
 
-def run_deepspeed_hf(path: str) -> tuple[float, float]:
-    """The JSON with a Hugging Face Llama (what AutoTP knows how to split), as an HF script hands it to
-    deepspeed.initialize; the ranks of a TP group read the same batch."""
+def hf_llama_engine(path: str):
+    """(engine, optimizer, config) of a Hugging Face Llama (what AutoTP knows how to split) handed with the JSON
+    to deepspeed.initialize, as an HF script does."""
     import deepspeed
     import deepspeed.ops
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
@@ -128,6 +128,12 @@ def run_deepspeed_hf(path: str) -> tuple[float, float]:
                                          num_key_value_heads=HEADS, max_position_embeddings=64))
     engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
                                              config=cfg)
+    return engine, opt, cfg
+
+
+def run_deepspeed_hf(path: str) -> tuple[float, float]:
+    """The JSON with a Hugging Face Llama; the ranks of a TP group read the same batch."""
+    engine, opt, cfg = hf_llama_engine(path)
     tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
     return train(engine, opt, cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"],
                  int(sys.argv[3]), engine=engine, data_rank=dist.get_rank() // tp)
@@ -135,20 +141,8 @@ def run_deepspeed_hf(path: str) -> tuple[float, float]:
 
 def saved_in_layers(path: str) -> tuple[float, float]:
     """Bytes autograd saves inside the decoder layers of the Hugging Face Llama for one micro-batch, on this rank,
-    under the JSON's AutoTP degree (deepspeed.initialize) or none: (bytes, 0)."""
-    import deepspeed
-    import deepspeed.ops
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False  # as run_deepspeed
-    cfg = json.load(open(path))
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN,
-                                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                         num_key_value_heads=HEADS, max_position_embeddings=64))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
-                                           config=cfg)
+    under the JSON's AutoTP degree (or none): (bytes, 0)."""
+    engine, _, cfg = hf_llama_engine(path)
     inside, storages = [False], {}
     weights = {p.untyped_storage().data_ptr() for p in engine.module.parameters()}  # parameters are not activations
 
