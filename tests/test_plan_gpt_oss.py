@@ -138,3 +138,36 @@ def test_eager_attention_keeps_the_scores_transformers_keeps():
                                            flash=flash)
     model_quadratic = m.num_layers * (((per_layer(s3, False) - per_layer(s3, True)) / s3 ** 2))
     assert quadratic == pytest.approx(model_quadratic, rel=0.05)
+
+
+@pytest.mark.parametrize("model_type,extra", [
+    ("mixtral", {}),
+    ("qwen2_moe", {"shared_expert_intermediate_size": 96, "moe_intermediate_size": 32}),
+    ("deepseek_v3", {"first_k_dense_replace": 1, "n_routed_experts": 8, "moe_intermediate_size": 32,
+                     "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                     "v_head_dim": 16, "n_group": 1, "topk_group": 1}),
+    ("gpt_oss", {}),
+])
+def test_qlora_of_moe_quantizes_what_bitsandbytes_replaces(catalog, model_type, extra):
+    """Issue 28: bitsandbytes 4-bit replaces nn.Linear modules (transformers' replace_with_bnb_linear); the
+    routed experts of transformers 5's MoE classes are fused 3D parameters and stay bf16. The planner's
+    quantized count is the nn.Linear weights of the decoder layers of transformers' own model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=4, num_local_experts=8, num_experts=8, num_experts_per_tok=2, head_dim=16)
+    config = AutoConfig.for_model(model_type, **{**base, **extra})
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(config)
+    linear = sum(mod.weight.numel() + (mod.bias.numel() if mod.bias is not None else 0)
+                 for name, mod in built.named_modules()
+                 if type(mod) is torch.nn.Linear and ".layers." in f".{name}")
+    m = from_dict(json.loads(json.dumps(config.to_dict())))
+    s = resolve(JobSpec(model_spec=m, gpu="h100-80gb", gpus=1, method="qlora", seq_len=64), catalog)
+    from trainready.plan.memory import param_counts, qlora_moe_note
+    pc = param_counts(s)
+    # the planner leaves the routers' and norms' few parameters in its quantized count
+    routers_and_norms = m.num_moe_layers * m.router_params() + m.num_layers * (
+        m.norms_per_layer * m.hidden_size + m.attention_params() - m._attention_linear_params())
+    assert pc.quantized - routers_and_norms == pytest.approx(linear, rel=1e-9)
+    assert pc.expert == m.expert_param_count() and "stay bf16" in qlora_moe_note(m, "qlora")

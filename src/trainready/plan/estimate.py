@@ -15,7 +15,7 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .confidence import ConfidenceInfo, confidence_info, summary
 from .fit import GPU_MARGIN, fit_of
-from .memory import GiB, MemoryResult, estimate_memory
+from .memory import GiB, MemoryResult, estimate_memory, qlora_moe_note
 from .performance import StepResult, estimate_step, host_cpu_cores
 from .setup import Setup
 from .stacks import resolve_stack
@@ -256,7 +256,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                              reduce_dtype=s.reduce_dtype)
     assumptions = [
         resolved.describe(named=s.stack_named),
-        *filter(None, [attention_note(s.model, resolved, s.gpu.arch)]),
+        *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method)]),
         f"efficiency factors: {s.efficiency.source}" if s.efficiency is not None else
         f"efficiency factors for {s.gpu.arch} (see docs/planner.md)",
         f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "

@@ -76,9 +76,23 @@ def _param_counts(s: Setup) -> ParamCounts:
         return ParamCounts(local, block, embed, largest, local, 0.0, expert)
     adapters = layers * m.lora_params_per_layer(s.lora_rank) / s.tp
     linear = layers * (m.attention_params() + m.mlp_params()) / s.tp
-    if m.is_moe:  # bitsandbytes quantizes every linear layer of the blocks, experts included
-        linear = local - embed
+    if m.is_moe:  # bitsandbytes 4-bit replaces nn.Linear modules only: attention, dense and shared-expert MLPs
+        # (transformers 5.23 integrations/bitsandbytes.py replace_with_bnb_linear); the routed experts are fused 3D
+        # nn.Parameters (MixtralExperts, Qwen3MoeExperts, DeepseekV3Experts, GptOssExperts) and stay bf16, as do
+        # the routers' weights (nn.Parameter too; their few parameters are left in the quantized count here)
+        linear = local - embed - expert
     return ParamCounts(local, block, embed, largest, adapters, linear if s.method == "qlora" else 0.0, expert)
+
+
+def qlora_moe_note(m: ModelSpec, method: str) -> str | None:
+    """What QLoRA quantizes in a mixture-of-experts model, where it matters (None otherwise)."""
+    if method != "qlora" or not m.is_moe:
+        return None
+    experts = m.expert_param_count()
+    return (f"QLoRA of {m.name}: bitsandbytes 4-bit replaces nn.Linear layers only, and transformers 5 stores the "
+            f"routed experts as fused 3D parameters, which stay bf16: {experts / 1e9:,.0f}B of "
+            f"{m.param_count() / 1e9:,.0f}B parameters ({experts / m.param_count():.0%}) at 2 bytes "
+            f"(transformers integrations/bitsandbytes.py replace_with_bnb_linear)")
 
 
 @dataclass(frozen=True, slots=True)

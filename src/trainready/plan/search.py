@@ -22,7 +22,7 @@ from .estimate import EstimateResult, assemble, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
-from .memory import GiB, estimate_memory
+from .memory import GiB, estimate_memory, qlora_moe_note
 from .performance import estimate_step
 from .recipes import Recipe, framework_for, framework_reason, recipe_for
 from .setup import (
@@ -690,6 +690,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     if job.stack is None and own_stack:  # the row's figures assume the default stack, not that framework's
         notes.append(f"rows launched with {' and '.join(own_stack)} are estimated with the default stack's "
                      f"kernels and recompute; for {own_stack[0]}'s own, plan again with --stack {own_stack[0]}")
+    if said := qlora_moe_note(model, job.method):
+        notes.append(said)
     for arch in sorted({c.setup.gpu.arch for c in ranked[: req.top]}):
         said = attention_note(model, stack, arch)
         if said and said not in notes:
