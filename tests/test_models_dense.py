@@ -131,8 +131,8 @@ CONFIGS = {
     "mistral": ("mistral-nemo-12b", {
         "architectures": ["MistralForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
         "intermediate_size": 14336, "max_position_embeddings": 128000, "model_type": "mistral",
-        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "sliding_window": None,
-        "tie_word_embeddings": False, "vocab_size": 131072}),
+        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rope_theta": 1000000.0,
+        "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 131072}),
 }
 
 _LABELS = {"name", "aliases", "source", "derived", "activation"}

@@ -353,11 +353,84 @@ def test_expert_tp_only_where_the_framework_has_it(catalog):
     assert "MoE parallel folding" in " ".join(recipe_for(zero1, "megatron").notes)
     # Megatron-Core: linear biases in MoE only with expert TP 1
     biased = ModelSpec(name="biased-moe", vocab_size=32000, hidden_size=1024, num_layers=4, num_heads=8,
-                       num_kv_heads=8, ffn_hidden_size=4096, mlp_bias=True, out_bias=True,
+                       num_kv_heads=8, ffn_hidden_size=4096, mlp_bias=True, out_bias=True, rope_theta=10000.0,
                        moe={"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 1024})
     s = resolve(JobSpec(instance="p4d.24xlarge", strategy="zero1", tp=2, ep=4, etp=2), catalog, model=biased)
     assert "only with expert TP 1" in framework_for(s, "megatron")[1]
     assert framework_for(s.with_(etp=1), "megatron")[0] == "megatron"
+
+
+def _megatron_args(r) -> dict:
+    args = {}
+    for line in r.config.splitlines():
+        flag, *value = line.split()
+        args[flag] = _value(value[0]) if value else True
+    return args
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-3-8b", "llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b",
+                                  "mistral-small-24b", "nemotron-4-15b"])
+def test_megatron_builds_the_rotary_embedding_transformers_builds(catalog, name):
+    """Issue 28: the model's RoPE base, scaling and rotary fraction reach Megatron: megatron-core's own
+    RotaryEmbedding, built from the recipe's flags as pretrain_gpt.py builds it, has the inverse frequencies of
+    transformers' rotary embedding for the preset's config; dropout is off, as the released models train."""
+    need("megatron.core")
+    import torch
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    s = setup_of(catalog, model=name, strategy="zero1", instance="p5.48xlarge")
+    r = recipe_for(s, "megatron")
+    check_megatron(s, r)
+    args, m = _megatron_args(r), s.model
+    assert args["--attention-dropout"] == 0.0 and args["--hidden-dropout"] == 0.0
+    mg = RotaryEmbedding(kv_channels=m.hd, rotary_percent=args.get("--rotary-percent", 1.0),
+                         rotary_base=args["--rotary-base"], rope_scaling=args.get("--use-rope-scaling", False),
+                         rope_scaling_factor=args.get("--rope-scaling-factor", 8.0), use_cpu_initialization=True)
+    rope = {"rope_type": "default", "rope_theta": m.rope_theta}
+    if m.rope_scaling is not None:
+        sc = m.rope_scaling
+        rope.update(rope_type=sc.type, factor=sc.factor, low_freq_factor=sc.low_freq_factor,
+                    high_freq_factor=sc.high_freq_factor, original_max_position_embeddings=sc.original_max_position)
+    if m.rotary_fraction != 1.0:
+        rope["partial_rotary_factor"] = m.rotary_fraction
+    shape = dict(hidden_size=m.hidden_size, num_attention_heads=m.num_heads, head_dim=m.hd,
+                 max_position_embeddings=m.max_seq_len or 4096, rope_parameters=rope)
+    if m.family == "nemotron":  # its own rotary class reads the partial rotary factor (Llama's does not)
+        from transformers import NemotronConfig
+        from transformers.models.nemotron.modeling_nemotron import NemotronRotaryEmbedding
+
+        hf = NemotronRotaryEmbedding(NemotronConfig(**shape))
+    else:
+        hf = LlamaRotaryEmbedding(LlamaConfig(**shape))
+    assert torch.allclose(hf.inv_freq.float(), mg.inv_freq.float(), rtol=1e-6)
+    if m.family == "nemotron":  # squared ReLU and LayerNorm1P, as NeMo's Nemotron config
+        assert args["--squared-relu"] and args["--apply-layernorm-1p"] and args["--rotary-percent"] == 0.5
+    assert "convert_checkpoints.py import --hf-model" in " ".join(r.notes)
+
+
+def test_megatron_refuses_rope_its_flags_cannot_say(catalog):
+    from trainready.plan.recipes.megatron import rope_reason
+
+    assert "beta_fast 1" in rope_reason(resolve(JobSpec(model="kimi-k2", gpus=8, gpu="h100-80gb"), catalog).model)
+    deepseek = setup_of(catalog, model="deepseek-v3", strategy="zero1", instance="p5.48xlarge", gpus=1024, pp=16,
+                        ep=64)
+    assert rope_reason(deepseek.model) is None
+    r = recipe_for(deepseek, "megatron")
+    args = _megatron_args(r)
+    assert (args["--rope-type"], args["--rotary-scaling-factor"], args["--mscale-all-dim"]) == ("yarn", 40.0, 1.0)
+    yarn_dense = preset_with(catalog, "llama-3-8b", rope_scaling={"type": "yarn", "factor": 4.0})
+    assert "uses yarn scaling" in rope_reason(yarn_dense)
+    no_theta = preset_with(catalog, "llama-3-8b", rope_theta=None)
+    assert "states no rope_theta" in framework_for(resolve(JobSpec(instance="p5.48xlarge"), catalog, model=no_theta),
+                                                   "megatron")[1]
+
+
+def preset_with(catalog, name: str, **changes) -> ModelSpec:
+    from trainready.plan.presets import preset
+
+    return ModelSpec(**{**preset(name).model_dump(), **changes})
 
 
 def test_expert_parallelism_folds_over_context_parallel_ranks(catalog):

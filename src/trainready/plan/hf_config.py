@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,56 @@ def _gelu_kind(name: str) -> str:
 # and a llama config without it, mean num_attention_heads (their __post_init__).
 ABSENT_KV_HEADS = {"qwen2": 32, "qwen3": 32, "mistral": 8, "mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4,
                    "gpt_oss": 8}
+
+
+# What transformers 5.23 builds when config.json states no rotary base (the config classes' defaults, read with
+# AutoConfig.for_model(model_type).rope_parameters): gemma3_text's global layers; gpt_oss's yarn; gpt_neox's 25%.
+ABSENT_ROPE: dict[str, dict[str, Any]] = {
+    "mixtral": {"rope_theta": 1000000.0}, "gemma3_text": {"rope_theta": 1000000.0},
+    "gemma3": {"rope_theta": 1000000.0}, "gpt_neox": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "gpt_oss": {"rope_theta": 150000.0, "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "original_max_position_embeddings": 4096},
+}
+ABSENT_ROPE_THETA = 10000.0  # llama, mistral, qwen2/3, qwen2_moe, qwen3_moe, deepseek_v2/v3, gemma2, falcon
+
+
+def _rope(c: _Config, model_type: str) -> dict:
+    """rope_theta, rope_scaling and the rotary fraction as config.json states them: transformers 5's
+    `rope_parameters` object (Gemma 3's per layer type: the full-attention layers'), or the older `rope_theta`
+    and `rope_scaling` keys (GPT-NeoX: rotary_emb_base and rotary_pct; Nemotron: partial_rotary_factor); what the
+    file leaves out is what transformers' config class builds (ABSENT_ROPE)."""
+    if c.get("rope_parameters", None, "dict") is not None:
+        rope = c.sub("rope_parameters")
+        if rope.get("full_attention", None, "dict") is not None:
+            rope = rope.sub("full_attention")
+        theta, scaling = rope.get("rope_theta", None, "number"), rope
+    else:
+        theta = c.get("rope_theta", None, "number") or c.get("rotary_emb_base", None, "number")
+        scaling = c.sub("rope_scaling") if c.get("rope_scaling", None, "dict") is not None else None
+    absent = ABSENT_ROPE.get(model_type, {})
+    if theta is None:
+        theta = absent.get("rope_theta", ABSENT_ROPE_THETA)
+        if scaling is None and "rope_type" in absent:
+            scaling = _Config(absent, c.path, f"{c.prefix}(default) ", c.model_type)
+    fraction = (c.get("partial_rotary_factor", None, "number") or c.get("rotary_pct", None, "number")
+                or absent.get("partial_rotary_factor", 1.0))
+    out: dict[str, Any] = {"rope_theta": float(theta), "rotary_fraction": float(fraction)}
+    kind = None
+    if scaling is not None:
+        kind = scaling.get("rope_type", None, "str") or scaling.get("type", "default", "str")
+    if kind not in (None, "default"):
+        if not re.fullmatch(r"[a-z0-9_]{1,32}", kind):
+            raise UsageError(f"{c.path}: rope type {printable(kind)!r} is not a rope type name (model_type "
+                             f"'{printable(c.model_type)}')")
+        out["rope_scaling"] = dict(type=kind, factor=float(scaling.need("factor", kind="number")),
+                                   low_freq_factor=scaling.get("low_freq_factor", None, "number"),
+                                   high_freq_factor=scaling.get("high_freq_factor", None, "number"),
+                                   original_max_position=scaling.get("original_max_position_embeddings", None),
+                                   beta_fast=scaling.get("beta_fast", None, "number"),
+                                   beta_slow=scaling.get("beta_slow", None, "number"),
+                                   mscale=scaling.get("mscale", None, "number"),
+                                   mscale_all_dim=scaling.get("mscale_all_dim", None, "number"))
+    return out
 
 
 def _llama_like(c: _Config, family: str) -> dict:
@@ -284,6 +335,8 @@ def from_dict(data: dict[str, Any], path: str = "<config>") -> ModelSpec:
     if parser is None:
         raise UsageError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
     fields = parser(c)
+    if fields.get("position", "rope") == "rope":  # rotary models: base, scaling and fraction as the file says
+        fields.update(_rope(c.sub("text_config") if model_type == "gemma3" else c, model_type))
     name = data.get("_name_or_path")
     name = name if isinstance(name, str) and name.strip() else (Path(path).parent.name or model_type)
     try:  # the name goes into titles and messages: control characters as \xNN

@@ -75,6 +75,24 @@ class MLASpec(BaseModel):
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+class RopeScaling(BaseModel):
+    """How the model stretches its rotary frequencies beyond the trained context (transformers' rope_scaling /
+    rope_parameters: "llama3" for Llama 3.1-3.3, "yarn" for DeepSeek-V3, Kimi K2 and gpt-oss, "linear")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: str = Field(pattern=r"^[a-z0-9_]{1,32}$", description="transformers' rope_type: llama3, yarn, linear, "
+                                                                  "dynamic, longrope...")
+    factor: float = Field(gt=0)
+    low_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    high_freq_factor: float | None = Field(None, gt=0, description="llama3")
+    original_max_position: int | None = Field(None, gt=0, description="the context before scaling")
+    beta_fast: float | None = Field(None, gt=0, description="yarn")
+    beta_slow: float | None = Field(None, gt=0, description="yarn")
+    mscale: float | None = Field(None, ge=0, description="yarn (DeepSeek)")
+    mscale_all_dim: float | None = Field(None, ge=0, description="yarn (DeepSeek)")
+
+
 class ModelSpec(BaseModel):
     """The shape of a decoder-only transformer (dense or mixture-of-experts): enough to count
     parameters exactly and to derive FLOPs, activation memory and communication volume."""
@@ -95,7 +113,7 @@ class ModelSpec(BaseModel):
     ffn_hidden_size: int = Field(gt=0, description="dense MLP intermediate size (per projection for gated MLPs); "
                                                    "MoE models: the size of their dense layers")
     mlp: Literal["swiglu", "geglu", "gelu"] = "swiglu"
-    activation: Literal["silu", "gelu", "gelu_tanh_composed", "relu"] | None = None
+    activation: Literal["silu", "gelu", "gelu_tanh_composed", "relu", "squared_relu"] | None = None
     """None: the MLP's usual one (silu for SwiGLU, gelu otherwise). gelu_tanh_composed: the
     tanh GELU written as ~8 elementwise ops (Hugging Face `gelu_new`, GPT-2): in eager mode
     each op is a kernel and several save tensors."""
@@ -107,6 +125,11 @@ class ModelSpec(BaseModel):
     mlp_bias: bool = False
     tied_embeddings: bool = False
     position: Literal["rope", "alibi", "learned"] = "rope"
+    rope_theta: float | None = Field(None, gt=0, description="the rotary base (Hugging Face rope_theta); None: "
+                                                           "not stated (recipes that must set it refuse)")
+    rope_scaling: RopeScaling | None = None
+    rotary_fraction: float = Field(1.0, gt=0, le=1, description="share of each head's dims that rotate "
+                                                              "(Nemotron partial_rotary_factor 0.5)")
     max_seq_len: int | None = Field(None, gt=0, description="context the model was built for; learned positions use it")
     final_norm: bool = True
     embedding_dim: int | None = Field(None, gt=0, description="OPT-style word embedding size when it differs from hidden_size")
@@ -135,11 +158,13 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; give head_dim")
         if self.activation is not None:
             ok = {"swiglu": ("silu",), "geglu": ("gelu", "gelu_tanh_composed"),
-                  "gelu": ("gelu", "gelu_tanh_composed", "relu")}[self.mlp]
+                  "gelu": ("gelu", "gelu_tanh_composed", "relu", "squared_relu")}[self.mlp]
             if self.activation not in ok:
                 raise ValueError(f"a {self.mlp} MLP uses {' or '.join(ok)}, not {self.activation}")
         if self.full_attention_every is not None and self.sliding_window is None:
             raise ValueError("full_attention_every needs sliding_window: without a window every block is global")
+        if self.position != "rope" and (self.rope_theta is not None or self.rope_scaling is not None):
+            raise ValueError(f"rope_theta and rope_scaling need rotary positions; this shape has {self.position}")
         if self.position == "learned" and self.max_seq_len is None:
             raise ValueError("learned positions need max_seq_len")
         if self.mla is not None:

@@ -59,7 +59,8 @@ def _shape(layers: int) -> ModelSpec:
     ffn = int(round(8 * d / 3 / 256)) * 256  # SwiGLU width 8/3 d, rounded as Llama does
     kv = 8 if heads >= 64 and heads % 8 == 0 else heads  # GQA from 70B-class widths up, as Llama-2/3
     return ModelSpec(name="generic", family="generic", vocab_size=GENERIC_VOCAB, hidden_size=d,
-                     num_layers=layers, num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn)
+                     num_layers=layers, num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn,
+                     rope_theta=10000.0)  # a shape to pre-train from scratch: Megatron's and transformers' base
 
 
 def generic_model(params: float) -> ModelSpec:

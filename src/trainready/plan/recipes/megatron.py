@@ -53,15 +53,56 @@ FLAGS: dict[str, str | None] = {
     "--bf16": "bf16", "--fp16": "fp16", "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--grad-reduce-in-bf16": None,
     "--overlap-grad-reduce": None, "--overlap-param-gather": None,
     "--save": None, "--load": None, "--save-interval": None,
+    "--rotary-percent": None, "--use-rope-scaling": None, "--rope-scaling-factor": None,
+    "--rope-type": "rope_type", "--rotary-scaling-factor": "rotary_scaling_factor", "--mscale": "mscale",
+    "--mscale-all-dim": "mscale_all_dim", "--attention-dropout": "attention_dropout",
+    "--hidden-dropout": "hidden_dropout", "--squared-relu": None,
+    "--apply-layernorm-1p": "layernorm_zero_centered_gamma",
 }
+"""Megatron-LM flags the recipe writes -> the TransformerConfig field each sets (None: read by pretrain_gpt.py's
+model builder or training loop: --rotary-base, --rotary-percent and --use-rope-scaling/--rope-scaling-factor go to
+GPTModel's RotaryEmbedding; with MLA, rotary_base and the yarn values are MLATransformerConfig fields)."""
+
+# MLATransformerConfig's yarn values that Megatron-LM has no flag for (megatron-core 0.16 transformer_config.py)
+MLA_YARN_FIXED = {"original_max_position": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+# megatron-core 0.16 rotary_pos_embedding.py RotaryEmbedding._apply_scaling: --use-rope-scaling takes only a factor
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position": 8192}
+
+
+def rope_reason(m) -> str | None:
+    """Why Megatron-LM's flags cannot build this model's rotary embedding (None: they can)."""
+    if m.position != "rope":
+        return None
+    if m.rope_theta is None:
+        return (f"{m.name} states no rope_theta (Megatron's --rotary-base defaults to 10,000, transformers to the "
+                f"model class's own): give a config.json with rope_theta")
+    if m.rope_theta != int(m.rope_theta):
+        return f"Megatron-LM's --rotary-base is a whole number; {m.name} has rope_theta {m.rope_theta:g}"
+    sc = m.rope_scaling
+    if sc is None:
+        return None
+    if m.mla is not None:
+        off = {k: getattr(sc, k) for k, v in MLA_YARN_FIXED.items() if getattr(sc, k) not in (None, v)}
+        if sc.type == "yarn" and not off:
+            return None
+        return (f"{m.name}'s RoPE ({sc.type}, {', '.join(f'{k} {v:g}' for k, v in off.items()) or 'not yarn'}) "
+                f"differs from what Megatron-LM's MLA flags reach (yarn with original 4096, beta_fast 32, "
+                f"beta_slow 1: MLATransformerConfig defaults without a flag); use --framework deepspeed")
+    if sc.type == "llama3" and all(getattr(sc, k) in (None, v) for k, v in LLAMA3_FIXED.items()):
+        return None
+    return (f"Megatron-LM scales RoPE only as Llama 3.1 does (--use-rope-scaling: low_freq_factor 1, high_freq_factor "
+            f"4, original 8192, rotary_pos_embedding.py); {m.name} uses {sc.type} scaling (factor {sc.factor:g}): "
+            f"use --framework deepspeed")
 
 
 def reason(s: Setup) -> str | None:
     m = s.model
     why = windowed_reason(s, "Megatron", "Megatron-Bridge's gpt_oss provider sets window_size, "
-                                        "window_attn_skip_freq and learnable softmax")
+                                        "window_attn_skip_freq and learnable softmax") or rope_reason(m)
     if why:
         return why
+    if m.activation == "relu":
+        return f"Megatron-LM has no plain ReLU flag ({m.name}; --squared-relu is another function): use --framework deepspeed"
     if m.moe is not None and m.moe.capacity_factor is not None and s.ep > 1 and s.ep_dispatcher == "deepep":
         return ("Megatron's flex (DeepEP) dispatcher does not pad experts to capacity (TransformerConfig refuses "
                 "moe_pad_expert_input_to_capacity with it): the alltoall dispatcher, or --moe-routing dropless")
@@ -123,8 +164,25 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
     a += [("--seq-length", s.seq_len), ("--max-position-embeddings", max(s.seq_len, m.max_seq_len or 0)),
           ("--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"),
           ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")]
+    if m.position == "rope":  # rope_reason has refused what these cannot say
+        a.append(("--rotary-base", int(m.rope_theta)))
+        if m.rotary_fraction != 1.0:
+            a.append(("--rotary-percent", m.rotary_fraction))
+        sc = m.rope_scaling
+        if sc is not None and m.mla is not None:
+            a += [("--rope-type", "yarn"), ("--rotary-scaling-factor", sc.factor),
+                  ("--mscale", sc.mscale if sc.mscale is not None else 1.0),
+                  ("--mscale-all-dim", sc.mscale_all_dim if sc.mscale_all_dim is not None else 0.0)]
+        elif sc is not None:
+            a += [("--use-rope-scaling", True), ("--rope-scaling-factor", sc.factor)]
+    # the Hugging Face models train without dropout (attention_dropout 0.0); Megatron's default is 0.1
+    a += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
+    if m.family == "nemotron":  # NemotronLayerNorm1P: the weight is stored as gamma - 1
+        a.append(("--apply-layernorm-1p", True))
     if m.mlp == "swiglu":
         a.append(("--swiglu", True))
+    elif m.activation == "squared_relu":
+        a.append(("--squared-relu", True))
     if not m.tied_embeddings:
         a.append(("--untie-embeddings-and-output-weights", True))
     if not (m.mlp_bias or m.out_bias):
@@ -159,6 +217,20 @@ def model_args(s: Setup) -> list[tuple[str, object]]:
         if pattern:
             a.append(("--moe-layer-freq", pattern))
     return a
+
+
+def hf_id(m) -> str:
+    """The Hugging Face repository a preset names (its first owner/name alias), or a placeholder."""
+    return next((a for a in m.aliases if "/" in a), "<the model's Hugging Face id or local path>")
+
+
+def weights_note(m) -> str:
+    """How the Hugging Face weights come in and go out (Megatron-Bridge's converter, megatron-core checkpoints)."""
+    src = hf_id(m)
+    return (f"to start from the released weights: Megatron-Bridge's examples/conversion/convert_checkpoints.py "
+            f"import --hf-model {src} --megatron-path ckpt/hf-import, and for the first run --load ckpt/hf-import "
+            f"(in place of --load checkpoints) with --finetune (weights only, from iteration 0); back to Hugging Face: convert_checkpoints.py export --hf-model {src} "
+            f"--megatron-path <--save dir>/iter_NNNNNNN --hf-path hf-out")
 
 
 def pipeline_layout(num_layers: int, pp: int, v: int = 1) -> str:
@@ -249,6 +321,7 @@ def recipe(s: Setup) -> Recipe:
     if s.model.is_moe and s.ep > 1 and s.ep_dispatcher == "deepep":
         notes.append("--moe-token-dispatcher-type flex needs DeepEP installed (github.com/deepseek-ai/DeepEP); "
                      "--moe-flex-dispatcher-backend hybridep selects NVIDIA's HybridEP instead")
+    notes.append(weights_note(s.model))
     notes.append(batch_note(s))
     return Recipe(framework=NAME, torchrun=torchrun(s, f"pretrain_gpt.py $(cat {ARGS_FILE})"), env=env,
                   config_kind="megatron-args", config_file=ARGS_FILE, config=args_lines(args(s)), notes=notes)

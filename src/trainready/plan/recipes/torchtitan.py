@@ -167,6 +167,9 @@ def custom_model_note(m, module: str, config: str) -> str:
             + (f", head_dim {m.head_dim}" if m.head_dim and m.mla is None else "")
             + f", FFN {m.ffn_hidden_size}, vocab {m.vocab_size}" + (", tied embeddings" if m.tied_embeddings else "")
             + (", RMSNorm on q and k" if m.qk_norm else ", no RMSNorm on q and k" if template == "qwen3" else ""))
+    if m.rope_theta is not None:
+        sc = m.rope_scaling
+        dims += f"; RoPE theta {m.rope_theta:g}" + (f", {sc.type} scaling factor {sc.factor:g}" if sc else "")
     if m.mla is not None:
         a = m.mla
         dims += (f"; latent attention: q_lora_rank {a.q_lora_rank or 0}, kv_lora_rank {a.kv_lora_rank}, "
