@@ -201,6 +201,28 @@ def test_spot_estimates_and_the_catalog_listing_show_suspect_prices(catalog):
     assert max(len(ln) for ln in text.splitlines()) <= 80
 
 
+def test_a_suspect_spot_price_is_never_what_a_plan_ranks_on(catalog):
+    """Issue 28: p4d's lowest per-zone spot price ($2.47, 11% of on-demand) is marked suspect; --spot costs the
+    run at the top of its per-zone range ($8.19), says so, and keeps the range in view."""
+    from trainready.catalog.prices import planning_rate
+
+    inst = catalog.instance("p4d.24xlarge")
+    spot, od = inst.price_for("spot"), inst.price_for("on-demand")
+    rate, why = planning_rate(spot, od)
+    assert rate == spot.usd_per_hour_max == 8.1915 and "$2.47-8.19" in why
+    est = _estimate(catalog, instance="p4d.24xlarge", tokens=1e9, spot=True)
+    assert est.cost.usd_per_hour == rate and est.cost.spot_usd_per_hour == rate
+    assert any("planned at $8.19/h" in w for w in est.warnings)
+    # no range: the region's on-demand price, never the dubious figure; a checked or plausible price as listed
+    assert planning_rate(_price("spot", 1.0, suspect=True), _price("on-demand", 10.0))[0] == 10.0
+    assert planning_rate(_price("spot", 4.0), _price("on-demand", 10.0)) == (4.0, None)
+    assert planning_rate(_price("spot", 10.0, suspect=True), _price("on-demand", 10.0)) == (10.0, None)
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-13b", tokens=1e9, spot=True), instances=["p4d.24xlarge"],
+                         top=1), catalog)
+    assert r.rows[0].estimate.cost.usd_per_hour == rate
+    assert any("ranked at the top of their per-zone range" in n for n in r.notes)
+
+
 # ------------------------------------------------------------------ GiB
 
 def test_gpu_memory_is_the_gib_nvidia_smi_reports_with_its_source(catalog):

@@ -48,3 +48,21 @@ def flag_suspect_prices(inst: Instance) -> Instance:
         prices.append(p.model_copy(update={"suspect": True, "note": note}))
         changed = True
     return inst.model_copy(update={"price": prices}) if changed else inst
+
+
+def planning_rate(spot: Price, on_demand: Price | None) -> tuple[float | None, str | None]:
+    """(the per-node $/h to plan a spot run at, what was done when that is not the listed figure). A suspect
+    figure is never the one a plan ranks on: the top of its per-zone range where the catalog has one (a price
+    some zone did charge), else the on-demand price of the region (no discount assumed), else unknown."""
+    listed = spot.usd_per_hour
+    if listed is None or not spot.suspect:
+        return listed, None
+    od = on_demand.usd_per_hour if on_demand is not None else None
+    if spot.usd_per_hour_max is not None and spot.usd_per_hour_max > listed:
+        return spot.usd_per_hour_max, (f"planned at ${spot.usd_per_hour_max:,.2f}/h, the top of the per-zone spot "
+                                       f"range ${listed:,.2f}-{spot.usd_per_hour_max:,.2f}, because the lowest is "
+                                       f"marked suspect")
+    if od is not None and listed < od:
+        return od, (f"planned at the on-demand ${od:,.2f}/h: the spot figure ${listed:,.2f} is marked suspect and "
+                    f"the catalog has no per-zone range")
+    return listed, None  # a spot row that copied on-demand: that figure is the conservative one

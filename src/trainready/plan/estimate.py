@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from trainready.catalog import Price
+from trainready.catalog.prices import planning_rate
 
 from . import efficiency as eff
 from . import moe
@@ -216,7 +217,7 @@ def run_cost(s: Setup, checkpoint_bytes: float, tokens_per_s: float, tokens: flo
     od_price, spot_price = _price(s, "on-demand"), _price(s, "spot")
     per_node = s.usd_per_hour or (od_price.usd_per_hour if od_price else None)
     if s.spot and not s.usd_per_hour:
-        per_node = spot_price.usd_per_hour if spot_price else None
+        per_node = planning_rate(spot_price, od_price)[0] if spot_price else None
     compute_h = tokens / tokens_per_s / 3600
     train_h, spot_h = compute_h * (1 + od.overhead), compute_h * (1 + sp.overhead)
     total = per_node * s.nodes * (spot_h if s.spot else train_h) if per_node else None
@@ -242,7 +243,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     spot_hours = rc.spot_h if s.tokens else None
     total = rc.total_usd if s.tokens else None
     steps = int(-(-s.tokens // s.tokens_per_step)) if s.tokens else None
-    spot_rate = spot_price.usd_per_hour if spot_price else None
+    spot_rate, spot_rate_why = planning_rate(spot_price, od_price) if spot_price else (None, None)
     total_rate = per_node * s.nodes if per_node else None
     spot_total = spot_rate * s.nodes * spot_hours if (spot_rate and spot_hours is not None) else None
     # the same arithmetic as total_usd, for 1B tokens: plan ranks by it when --tokens is not given
@@ -278,7 +279,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     for kind, p in (("on-demand", od_price), ("spot", spot_price)):
         if p and p.suspect:
             warnings.append(f"{kind} price of {s.instance.name} is marked suspect: "
-                            f"{p.note or 'verify it before buying'}")
+                            f"{p.note or 'verify it before buying'}"
+                            + (f"; {spot_rate_why}" if kind == "spot" and spot_rate_why else ""))
     if s.instance is not None and not s.spot and not s.usd_per_hour and (od_price is None or od_price.usd_per_hour is None):
         where = f" in {s.region}" if s.region else ""
         note = f" ({od_price.note})" if od_price is not None and od_price.note else ""

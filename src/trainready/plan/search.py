@@ -709,7 +709,9 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                      + ("the point estimate (--optimistic)" if req.optimistic else
                         "the pessimistic end of its range (--optimistic: by the point estimate)"))
     if any(r.estimate.cost.pricing.suspect for r in rows):
-        notes.append("some prices are marked suspect in the catalog: verify them before buying")
+        notes.append("some prices are marked suspect in the catalog: verify them before buying"
+                     + ("; suspect spot prices are ranked at the top of their per-zone range (or on-demand without "
+                        "one), never at the dubious low" if job.spot else ""))
     if req.calibration is not None:
         notes.insert(0, f"rows on {req.calibration.gpu}: {req.calibration.describe()}")
     return PlanResult(model=model.name, params=model.param_count(), method=job.method, tokens=job.tokens,
