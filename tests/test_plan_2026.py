@@ -621,3 +621,34 @@ def test_torchtitan_loss_parallel_peaks_at_16_bytes_a_logit(catalog):
     final_norm = (4 + 2 + 2) * 4096  # the final eager RMSNorm: fp32 input, bf16 normalized and output
     assert tp2 == pytest.approx(8192 * (16 * 128256 + final_norm) / 2, rel=1e-9)
     assert tp1 == pytest.approx(8192 * (12 * 128256 + final_norm), rel=1e-9)
+
+
+# --- issue 28: defaults and limits that hide a much cheaper row say so ------------------------------------
+
+def test_a_node_cap_that_keeps_out_the_only_or_a_much_cheaper_plan_is_named(catalog, monkeypatch):
+    from trainready.plan import search
+
+    one = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e9), instances=["p4d.24xlarge"], max_nodes=1),
+               catalog)
+    assert not one.rows and any("--max-nodes 1 keeps out a cheaper plan: 2 x p4d.24xlarge" in n
+                                and "plan again with --max-nodes 2" in n for n in one.notes)
+    capped = PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e9), instances=["p4d.24xlarge"], max_nodes=2)
+    quiet = plan(capped, catalog)
+    assert quiet.rows[0].estimate.setup.nodes == 2
+    assert not any("keeps out" in n for n in quiet.notes)  # 8 nodes is not 20% cheaper here
+    monkeypatch.setattr(search, "HIDDEN_SAVING", -1.0)  # any row past the cap is "much cheaper"
+    loud = plan(capped, catalog)
+    said = [n for n in loud.notes if "--max-nodes 2 keeps out" in n]
+    assert said and "x less than the best within it" in said[0]
+
+
+def test_the_default_stack_names_a_much_cheaper_run_under_a_frameworks_own(catalog, monkeypatch):
+    from trainready.plan import search
+
+    req = PlanRequest(job=JobSpec(model="llama-3.1-8b", tokens=1e10), instances=["gpu_8x_h100_sxm5"], top=1)
+    assert not any("plan again with --stack" in n for n in plan(req, catalog).notes)  # 9% is within the error
+    monkeypatch.setattr(search, "HIDDEN_SAVING", 0.05)
+    said = [n for n in plan(req, catalog).notes if "plan again with --stack megatron" in n]
+    assert said and "% less)" in said[0]
+    named = req.model_copy(update={"job": req.job.model_copy(update={"stack": "hf-trainer"})})
+    assert not any("plan again with --stack" in n for n in plan(named, catalog).notes)  # asked for: not a default

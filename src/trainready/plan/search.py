@@ -350,8 +350,78 @@ def _score(req: PlanRequest, s: Setup, mem, tps: float) -> tuple[float, float | 
     return (usd if usd is not None else float("inf")), usd, hours
 
 
+HIDDEN_SAVING = 0.2
+"""A row a default or a limit keeps out of the plan is named, with the flag that reaches it, when it costs this
+fraction less than the best row shown: twice the COMPLEXITY margin, beyond the model's error."""
+BEYOND_CAP_PROBES = 2  # instances tried past --max-nodes: the cheapest whose search stopped at the cap
+
+
+def _beyond_the_cap(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: int, candidates: list[_Best],
+                    excluded: list[Exclusion]) -> str | None:
+    """A note when --max-nodes keeps out a much cheaper plan: where the cheapest row uses the most nodes allowed
+    (or an instance needs more than that), its instance and those are tried at up to 4x the cap."""
+    capped = [n for n in NODE_COUNTS if n <= req.max_nodes]
+    if req.by != "cost" or req.max_nodes >= NODE_COUNTS[-1] or not capped:
+        return None
+    winner = min(candidates, key=lambda c: c.score) if candidates else None
+    if winner is not None and winner.setup.nodes < capped[-1]:
+        return None  # the cheapest row did not need the most nodes allowed: the cap does not bind
+    probes = [winner.setup.instance.name] if winner is not None else []
+    probes += [e.instance for e in excluded if f"more than --max-nodes {req.max_nodes}" in e.reason]
+    wider = req.model_copy(update={"max_nodes": min(4 * req.max_nodes, NODE_COUNTS[-1])})
+    found: list[_Best] = []
+    for name in list(dict.fromkeys(probes))[:BEYOND_CAP_PROBES]:
+        more, _, _ = _evaluate_instance(wider, catalog, catalog.instance(name), model, seq_len, gb,
+                                        min_nodes=capped[-1] + 1)
+        found += more
+    if not found:
+        return None
+    past = min(found, key=lambda c: c.score)
+    shown = winner.score if winner is not None else float("inf")
+    if past.usd is None or past.score > (1 - HIDDEN_SAVING) * shown:
+        return None
+    than = (f"{shown / past.score:.1f}x less than the best within it" if shown != float("inf")
+            else "where nothing fits within it")
+    return (f"--max-nodes {req.max_nodes} keeps out a cheaper plan: {past.setup.nodes} x "
+            f"{past.setup.instance.name} costs {usd_text(past.usd)}, {than}: plan again with "
+            f"--max-nodes {past.setup.nodes}")
+
+
+OWN_STACKS = ("megatron", "torchtitan")  # the frameworks whose kernels and recompute have a stack of their own
+
+
+def _other_stack(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: int, row: PlanRow) -> str | None:
+    """A note when the default stack (a Hugging Face model's eager kernels) hides a much cheaper run on the best
+    row's instance under Megatron's or torchtitan's own stack: that instance and node count searched again under
+    each."""
+    job = req.job
+    if job.stack is not None or job.method != "full" or req.by != "cost" or req.calibration is not None:
+        return None
+    if req.framework not in ("auto", *OWN_STACKS):
+        return None
+    shown = row.estimate.cost.total_usd if job.tokens else row.estimate.cost.usd_per_billion_tokens
+    inst = catalog.instance(row.estimate.setup.instance)
+    best: _Best | None = None
+    for name in OWN_STACKS if req.framework == "auto" else (req.framework,):
+        nodes = row.estimate.setup.nodes  # its node count only: the search's time stays the plan's
+        other = req.model_copy(update={"job": job.model_copy(update={"stack": name}), "max_nodes": nodes})
+        try:
+            found, _, _ = _evaluate_instance(other, catalog, inst, model, seq_len, gb, min_nodes=nodes)
+        except UsageError:  # the job asks for something that stack refuses
+            continue
+        for c in found:
+            if c.usd is not None and (best is None or c.usd < best.usd):
+                best = c
+    if best is None or not shown or best.usd > (1 - HIDDEN_SAVING) * shown:
+        return None
+    s = best.setup
+    return (f"the default stack (a Hugging Face model's eager kernels) prices the best row at {usd_text(shown)}; "
+            f"{s.stack}'s own kernels and recompute run {_nodes(s.nodes)} x {inst.name} for {usd_text(best.usd)} "
+            f"({1 - best.usd / shown:.0%} less): plan again with --stack {s.stack}")
+
+
 def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model, seq_len: int,
-                       gb: int) -> tuple[list[_Best], _InstanceLog, int]:
+                       gb: int, min_nodes: int = 1) -> tuple[list[_Best], _InstanceLog, int]:
     log = _InstanceLog()
     base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
     if base is None:
@@ -365,6 +435,8 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
     for nodes in NODE_COUNTS:
         if nodes > req.max_nodes:
             break
+        if nodes < min_nodes:
+            continue
         if nodes > 1 and base.inter_node_gbps is None:
             log.network = ("its network bandwidth is not in the catalog, so only 1 node was planned "
                            "(give --inter-node-gbps)")
@@ -659,6 +731,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             # "": no configuration formed at all (the GPU cannot run the precision): no say either way
             framework_whys.append(_framework_only(log) if n or log.framework else "")
         candidates.extend(found)
+    beyond = _beyond_the_cap(req, catalog, model, seq_len, gb, candidates, excluded)
     # best configuration per (instance, nodes), then the top rows overall
     # ranked with the handicap for machinery (COMPLEXITY), so a simpler setup within it comes first
     ranked = sorted(_best_per_nodes(candidates).values(), key=lambda c: (_adjusted(c, c.score), -c.step.tokens_per_s))
@@ -691,6 +764,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         notes.append(f"rows launched with {' and '.join(own_stack)} are estimated with the default stack's "
                      f"kernels and recompute; for {own_stack[0]}'s own, plan again with --stack {own_stack[0]}")
     if said := qlora_moe_note(model, job.method):
+        notes.append(said)
+    if beyond:
+        notes.append(beyond)
+    if rows and (said := _other_stack(req, catalog, model, seq_len, gb, rows[0])):
         notes.append(said)
     for arch in sorted({c.setup.gpu.arch for c in ranked[: req.top]}):
         said = attention_note(model, stack, arch)
