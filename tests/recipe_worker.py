@@ -112,6 +112,22 @@ def run_titan(path: str) -> tuple[float, float]:
     return train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
 
 
+def deepspeed_config(path: str) -> dict:
+    """The recipe's JSON; its "auto" values filled as the Hugging Face Trainer fills them from the command's
+    TrainingArguments flags (sys.argv[4:]; --use_cpu since these processes have no GPU for --bf16)."""
+    cfg = json.load(open(path))
+    if "auto" not in json.dumps(cfg):
+        return cfg
+    from transformers import HfArgumentParser, TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        [*sys.argv[4:], "--use_cpu", "--output_dir", "trainer-output"])
+    hf = HfTrainerDeepSpeedConfig(cfg)
+    hf.trainer_config_process(args)
+    return hf.config
+
+
 def hf_llama_engine(path: str):
     """(engine, optimizer, config) of a Hugging Face Llama (what AutoTP knows how to split) handed with the JSON
     to deepspeed.initialize, as an HF script does."""
@@ -121,7 +137,7 @@ def hf_llama_engine(path: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False  # as run_deepspeed
-    cfg = json.load(open(path))
+    cfg = deepspeed_config(path)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN,
                                          num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -192,7 +208,7 @@ def run_deepspeed(path: str) -> tuple[float, float]:
     # test plumbing: skip the JIT build of DeepSpeed's shared-memory allreduce (a C++ compile of
     # about 100 s); gloo carries the collectives instead
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
-    cfg = json.load(open(path))
+    cfg = deepspeed_config(path)
     torch.manual_seed(0)
     model = Tiny()
     engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),

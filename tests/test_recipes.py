@@ -138,12 +138,38 @@ def check_torchtitan(s, r):
         assert f"\ndef {config}() -> Trainer.Config:" in (root / "models" / module / "config_registry.py").read_text()
 
 
+def trainer_words(r) -> list[str]:
+    """The TrainingArguments flags of the recipe's command (after train.py, without --deepspeed FILE)."""
+    words = r.torchrun[0].split("train.py", 1)[1].split()
+    i = words.index("--deepspeed")
+    return words[:i] + words[i + 2:]
+
+
+def trainer_filled(cfg: dict, r, *, world: int, monkeypatch) -> dict:
+    """`cfg` with its "auto" values as transformers' HF Trainer fills them from the command's flags
+    (HfTrainerDeepSpeedConfig.trainer_config_process), on `world` processes; --use_cpu only because this
+    machine has no GPU for --bf16."""
+    need("accelerate")
+    from transformers import HfArgumentParser, TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        [*trainer_words(r), "--use_cpu", "--output_dir", "trainer-output"])
+    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: world))
+    hf = HfTrainerDeepSpeedConfig(cfg)
+    hf.trainer_config_process(args)
+    assert "\"auto\"" not in json.dumps(hf.config), hf.config  # every "auto" had a flag to come from
+    return hf.config
+
+
 def check_deepspeed(s, r, monkeypatch):
     need("deepspeed")
     import deepspeed.runtime.config as ds_config
     from deepspeed.module_inject.auto_ep_config import parse_autoep_config, validate_autoep_config
 
     cfg = json.loads(r.config)
+    if deepspeed.hf_trainer(s):  # the Trainer fills "auto" from the command's flags, as a Trainer script would
+        cfg = trainer_filled(cfg, r, world=s.n_gpus, monkeypatch=monkeypatch)
     # DeepSpeedConfig asks torch.distributed for the rank, then the mpu for the data-parallel size
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     # as deepspeed.initialize builds it: no mpu, the world from torch.distributed (every rank, TP ones included)
@@ -433,6 +459,31 @@ def preset_with(catalog, name: str, **changes) -> ModelSpec:
     return ModelSpec(**{**preset(name).model_dump(), **changes})
 
 
+def test_offload_rows_bind_ranks_to_cores_and_zero3_saves_whole_weights(catalog, monkeypatch):
+    """Issue 28: the optimizer-offload estimate assumes each rank's CPU-Adam on cores of its own: the command binds
+    them (torchrun's own parser reads the flag); ZeRO-3 saves gather whole 16-bit weights; the HF Trainer fills
+    the batch fields from the command's flags, so a script's own TrainingArguments cannot contradict them."""
+    need("deepspeed")
+    from torch.distributed.run import get_args_parser
+
+    s = setup_of(catalog, model="llama-2-70b", strategy="zero3", offload="optimizer+params", gpus=16,
+                 activation_checkpointing="full")
+    r = recipe_for(s, "deepspeed")
+    words = r.torchrun[0].split()
+    parsed = get_args_parser().parse_args(words[1:])
+    assert parsed.numa_binding == "exclusive" and parsed.training_script == "train.py"
+    assert any("numactl" in n and "--bind_cores_to_rank" in n for n in r.notes)
+    cfg = json.loads(r.config)
+    assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert cfg["train_micro_batch_size_per_gpu"] == cfg["gradient_accumulation_steps"] == "auto"
+    filled = trainer_filled(cfg, r, world=s.n_gpus, monkeypatch=monkeypatch)
+    assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"],
+            filled["train_batch_size"]) == (s.micro_batch, s.grad_accum, s.global_batch)
+    assert "--gradient_checkpointing" in words and "train_batch_size 256" in r.notes[0].replace(",", "")
+    plain = recipe_for(setup_of(catalog, model="llama-2-7b", strategy="zero2"), "deepspeed")
+    assert "--numa-binding" not in plain.torchrun[0]
+
+
 def test_expert_parallelism_folds_over_context_parallel_ranks(catalog):
     """Megatron-Core's expert grid covers the same ranks as attention's tp x cp x dp (parallel_state:
     expert_data_parallel_size = world // (etp x ep x pp)), torchtitan's efsdp = dp_shard x cp x tp / ep: EP may
@@ -540,8 +591,9 @@ def run_two(tmp_path, catalog, framework, kind, **job):
     r = recipe_for(s, framework)
     (tmp_path / r.config_file).write_text(r.config)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    flags = trainer_words(r) if framework == "deepspeed" and deepspeed.hf_trainer(s) else []
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len)],
+                           str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len), *flags],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
     assert proc.returncode == 0 and ok, proc.stderr[-3000:]
@@ -575,7 +627,8 @@ def test_autotp_keeps_what_its_modules_keep_on_each_rank(tmp_path, catalog):
         (tmp_path / r.config_file).write_text(r.config)
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                               str(HERE / "recipe_worker.py"), "saved-in-layers", r.config_file, str(s.seq_len)],
+                               str(HERE / "recipe_worker.py"), "saved-in-layers", r.config_file, str(s.seq_len),
+                               *trainer_words(r)],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
         ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
         assert proc.returncode == 0 and ok, proc.stderr[-3000:]

@@ -71,12 +71,19 @@ def checkpointing(s: Setup) -> str:
     return "selective-attn" if s.checkpointing == "selective" else s.checkpointing
 
 
+NUMA_BINDING = "--numa-binding=exclusive"
+"""With optimizer offload each rank's CPU-Adam runs on cores of its own (the estimate counts the node's physical
+cores shared out among its ranks): torchrun binds each worker to an exclusive share of the cores of its GPU's NUMA
+node (torch/numa/binding.py AffinityMode.EXCLUSIVE; torch releases without it reject the flag)."""
+
+
 def torchrun(s: Setup, program: str) -> list[str]:
     """One command per node: `--standalone` on one node, a c10d rendezvous at node 0 beyond."""
+    bind = f"{NUMA_BINDING} " if s.offload != "none" else ""
     if s.nodes == 1:
-        return [f"torchrun --standalone --nproc-per-node={s.gpus_per_node} {program}"]
+        return [f"torchrun --standalone --nproc-per-node={s.gpus_per_node} {bind}{program}"]
     return [f"torchrun --nnodes={s.nodes} --node-rank={r} --nproc-per-node={s.gpus_per_node} "
-            f"--rdzv-backend=c10d --rdzv-endpoint=$HEAD_NODE_IP:29500 --rdzv-id=trainready {program}"
+            f"--rdzv-backend=c10d --rdzv-endpoint=$HEAD_NODE_IP:29500 --rdzv-id=trainready {bind}{program}"
             for r in range(s.nodes)]
 
 
@@ -92,7 +99,18 @@ def environment(s: Setup) -> tuple[dict[str, str], list[str]]:
                      + ("" if "FI_EFA_USE_DEVICE_RDMA" in env else " This instance has no GPUDirect RDMA over EFA."))
     if s.nodes > 1:
         notes.append("HEAD_NODE_IP: the private address of node 0, the same on every node")
+    if said := binding_note(s):
+        notes.append(said)
     return env, notes
+
+
+def binding_note(s: Setup) -> str | None:
+    """What the NUMA binding of an offload row does, and how to bind without it."""
+    if s.offload == "none":
+        return None
+    return (f"{NUMA_BINDING}: each rank's CPU-Adam (optimizer offload) runs on cores of its own, next to its GPU, as "
+            f"the estimate assumes; a torch without --numa-binding: numactl --physcpubind per rank, or DeepSpeed's "
+            f"launcher with --bind_cores_to_rank")
 
 
 def batch_note(s: Setup) -> str:

@@ -72,28 +72,50 @@ def reason(s: Setup) -> str | None:
     return None
 
 
+def hf_trainer(s: Setup) -> bool:
+    """The JSON goes to the Hugging Face Trainer (`train.py --deepspeed`); a pipeline's train.py drives
+    DeepSpeed's own engine (PipelineModule, engine.train_batch) and gets every value written out."""
+    return s.pp == 1
+
+
+def trainer_flags(s: Setup) -> list[str]:
+    """The TrainingArguments flags that carry the row's values into the JSON's "auto" fields."""
+    flags = [f"--per_device_train_batch_size {s.micro_batch}", f"--gradient_accumulation_steps {s.grad_accum}"]
+    if s.precision in ("bf16", "fp16"):
+        flags.append(f"--{s.precision}")
+    if checkpointing(s) == "full":
+        flags.append("--gradient_checkpointing")
+    return flags
+
+
 def config(s: Setup) -> dict:
     zero: dict = {"stage": STAGE[s.strategy], "overlap_comm": True, "contiguous_gradients": True}
+    if s.strategy == "zero3":  # save_model writes whole 16-bit weights (adapters too), not only ZeRO's shards
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
     if s.offload != "none":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if s.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    # "auto": the HF Trainer fills these from its TrainingArguments (transformers integrations/deepspeed.py
+    # HfTrainerDeepSpeedConfig.trainer_config_process), which the recipe's command sets to the row's values;
+    # written out, any other value in the script makes the Trainer refuse to start
+    auto = hf_trainer(s)
     cfg: dict = {
-        "train_micro_batch_size_per_gpu": s.micro_batch,
-        "gradient_accumulation_steps": s.grad_accum,
+        "train_micro_batch_size_per_gpu": "auto" if auto else s.micro_batch,
+        "gradient_accumulation_steps": "auto" if auto else s.grad_accum,
     }
     # With AutoTP DeepSpeed builds its config twice with two world sizes: deepspeed.initialize without an mpu
     # counts every rank, TP ones included, and ZeRO-3's zero.Init, given the TP groups as mpu, the data-parallel
     # ranks; each asserts train_batch_size = micro x accumulation x its world (runtime/config.py
     # _batch_assertion), so no single value starts. Left out, each derives it from the two fields above.
     if s.tp == 1:
-        cfg["train_batch_size"] = s.global_batch
+        cfg["train_batch_size"] = "auto" if auto else s.global_batch
     if s.precision in ("bf16", "fp16"):
-        cfg[s.precision] = {"enabled": True}
+        cfg[s.precision] = {"enabled": "auto" if auto else True}
         low = "bf16" if s.precision == "bf16" else "fp16"
         cfg["communication_data_type"] = "fp32" if s.reduce_dtype == "fp32" else low
     cfg["zero_optimization"] = zero
-    cfg["gradient_clipping"] = 1.0
+    cfg["gradient_clipping"] = "auto" if auto else 1.0  # TrainingArguments.max_grad_norm defaults to 1.0
     if s.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": s.tp}
     if s.ep > 1:
@@ -106,8 +128,22 @@ def config(s: Setup) -> dict:
 def recipe(s: Setup) -> Recipe:
     env, notes = environment(s)
     text = json.dumps(config(s), indent=2)
-    notes.insert(0, f"DeepSpeed {VERSION}: save the JSON as {CONFIG_FILE}; train.py passes it to "
-                    f"deepspeed.initialize(config=...) or is an HF Trainer script (--deepspeed)")
+    if hf_trainer(s):
+        numbers = (f"train_micro_batch_size_per_gpu {s.micro_batch}, gradient_accumulation_steps {s.grad_accum}"
+                   + (f", train_batch_size {s.global_batch}" if s.tp == 1 else "")
+                   + ", gradient_clipping 1.0" + (f", {s.precision}.enabled true" if s.precision in ("bf16", "fp16")
+                                                  else ""))
+        notes.insert(0, f"DeepSpeed {VERSION}: save the JSON as {CONFIG_FILE}; train.py is a Hugging Face Trainer "
+                        f"script (HfArgumentParser over TrainingArguments): the Trainer fills the JSON's \"auto\" "
+                        f"values from the flags on the command line. A script that calls deepspeed.initialize "
+                        f"itself writes them instead: {numbers}")
+    else:
+        notes.insert(0, f"DeepSpeed {VERSION}: save the JSON as {CONFIG_FILE}; train.py passes it to "
+                        f"deepspeed.initialize(config=...)")
+    if s.strategy == "zero3":
+        notes.append("stage3_gather_16bit_weights_on_model_save: Trainer.save_model (and PEFT's adapter save) "
+                     "gathers the ZeRO-3 shards into whole 16-bit weights; without it the output holds only "
+                     "DeepSpeed's shards, to convert with zero_to_fp32.py")
     if s.strategy == "ddp" and s.precision in ("bf16", "fp16") and s.pp == 1:
         notes.append(f"ZeRO stage 0 with {s.precision}: DeepSpeed keeps {s.precision} gradients and an fp32 master "
                      f"copy (runtime/engine.py DDP_BFLOAT16/FP16 wrapper): 16 bytes per parameter where the row's "
@@ -123,7 +159,7 @@ def recipe(s: Setup) -> Recipe:
     if s.pp > 1:
         notes.append(f"pipeline {s.pp}: train.py builds the model as deepspeed.pipe.PipelineModule("
                      f"layers=[LayerSpec...], num_stages={s.pp}) and calls engine.train_batch(); ZeRO <= 1")
-    if checkpointing(s) == "full":
+    if checkpointing(s) == "full" and not hf_trainer(s):
         notes.append("activation checkpointing: model.gradient_checkpointing_enable() (HF) before initialize")
     if s.method in ("lora", "qlora"):
         notes.append(f"{s.method}: PEFT get_peft_model(model, LoraConfig(r={s.lora_rank}, ...)) before initialize"
@@ -131,5 +167,6 @@ def recipe(s: Setup) -> Recipe:
                         "'nf4', bnb_4bit_quant_storage=torch.bfloat16) (the storage dtype lets ZeRO-3 shard it)"
                         if s.method == "qlora" else ""))
     notes.append(batch_note(s))
-    return Recipe(framework=NAME, torchrun=torchrun(s, f"train.py --deepspeed {CONFIG_FILE}"), env=env,
+    program = " ".join([f"train.py --deepspeed {CONFIG_FILE}", *(trainer_flags(s) if hf_trainer(s) else [])])
+    return Recipe(framework=NAME, torchrun=torchrun(s, program), env=env,
                   config_kind="deepspeed-json", config_file=CONFIG_FILE, config=text, notes=notes)
