@@ -283,3 +283,25 @@ def test_the_archive_retention_assumed_is_what_trainready_run_applies():
 
     assert inspect.signature(CheckpointManager).parameters["keep_archive"].default is storage.ARCHIVE_KEEP
     assert "keep_archive" not in inspect.getsource(Session._make_manager)
+
+
+def test_offloaded_parameters_are_fetched_over_a_shared_pcie_uplink(catalog):
+    """Issue 28: on p4d two GPUs (and an EFA interface) sit behind each PCIe switch, so when every GPU fetches
+    its offloaded parameters at once each gets half the uplink; p5's GPUs have a switch each."""
+    from trainready.plan.performance import host_copy_bps
+
+    def setup(instance, **kw):
+        return resolve(JobSpec(model="llama-2-70b", instance=instance, gpus=16, strategy="zero3", micro_batch=1,
+                               seq_len=256, global_batch=16, activation_checkpointing="full", **kw), catalog)
+
+    p4d = setup("p4d.24xlarge", offload="optimizer+params")
+    own_link = p4d.with_(instance=p4d.instance.model_copy(update={"gpus_per_pcie_switch": None}))
+    assert host_copy_bps(p4d) == host_copy_bps(own_link) / 2
+    assert host_copy_bps(setup("p5.48xlarge")) == (catalog.gpu_of(catalog.instance("p5.48xlarge")).pcie_gbps_per_dir
+                                                   * 1e9 * eff.PCIE_COPY_EFFICIENCY)
+    shared, alone = estimate_step(p4d), estimate_step(own_link)
+    assert shared.step_s > alone.step_s  # the fetch no longer hides behind a short micro-batch
+    # parameter offload costs time optimizer-only offload does not
+    assert estimate_step(setup("p4d.24xlarge", offload="optimizer")).step_s < shared.step_s
+    est = estimate_setup(p4d)
+    assert any("2 GPUs share each PCIe switch's uplink on p4d.24xlarge" in a for a in est.assumptions)

@@ -92,6 +92,10 @@ class Instance(_Strict):
     nvme_gb: float | None = Field(None, ge=0, description="per device, decimal GB")
     network_gbps: float | None = Field(None, gt=0, description="inter-node network, Gbit/s")
     efa_interfaces: int | None = Field(None, ge=0)
+    gpus_per_pcie_switch: int | None = Field(None, ge=1, le=MAX_GPUS_PER_NODE,
+                                             description="GPUs behind one PCIe switch, sharing its uplink to the "
+                                                         "host (host-memory copies of all GPUs at once split it); "
+                                                         "None: not known")
     ebs_mbps: float | None = Field(None, gt=0)
     topology: Topology
     nvlink_all_pairs: int | None = Field(None, ge=0)

@@ -17,7 +17,7 @@ from .batch_advice import batch_advice
 from .confidence import ConfidenceInfo, confidence_info, summary
 from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, estimate_memory, qlora_moe_note
-from .performance import StepResult, estimate_step, host_cpu_cores
+from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
 from .setup import Setup
 from .stacks import resolve_stack
 from .storage import StoragePlan, storage_plan
@@ -189,9 +189,8 @@ def _bottleneck(step: StepResult) -> str:
 
 
 def checkpoint_stall_s(s: Setup, checkpoint_bytes: float) -> float:
-    """Blocked time per async checkpoint: copying this GPU's share to pinned host memory."""
-    pcie = (s.gpu.pcie_gbps_per_dir or 16.0) * 0.8 * 1e9
-    return checkpoint_bytes / s.n_gpus / pcie
+    """Blocked time per async checkpoint: copying this GPU's share to pinned host memory (all GPUs at once)."""
+    return checkpoint_bytes / s.n_gpus / host_copy_bps(s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +269,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         host = (f"{s.instance.name}'s {s.instance.vcpus} vCPUs" if known else
                 f"{eff.ASSUMED_HOST_VCPUS_PER_GPU} vCPUs per GPU assumed (no instance vCPU count)")
         assumptions.append(f"optimizer offload: DeepSpeed CPU-Adam at {eff.CPU_ADAM_PARAMS_PER_CORE_S / 1e6:g}M "
-                           f"params/s per physical core x {cores} cores ({host} / 2), cores bound to ranks")
+                           f"params/s per physical core x {cores} cores ({host} / 2), cores bound to ranks; "
+                           f"{host_copy_note(s)}")
     if m.derived:
         assumptions.append(m.derived)
     assumptions += moe.assumptions(s)

@@ -174,6 +174,23 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     return fwd, bwd, 3 * flops_fwd
 
 
+def host_copy_bps(s: Setup) -> float:
+    """Bytes/s each GPU moves to or from host memory while every GPU of the node copies at once (offloaded
+    optimizer and parameters, checkpoint snapshots): its PCIe link at the copy efficiency, split among the GPUs
+    behind one PCIe switch's uplink (Instance.gpus_per_pcie_switch; unknown: a link of its own)."""
+    share = (s.instance.gpus_per_pcie_switch if s.instance is not None else None) or 1
+    return (s.gpu.pcie_gbps_per_dir or 16.0) * 1e9 * eff.PCIE_COPY_EFFICIENCY / share
+
+
+def host_copy_note(s: Setup) -> str:
+    """What host_copy_bps assumed, for the row's assumptions."""
+    share = s.instance.gpus_per_pcie_switch if s.instance is not None else None
+    rate = f"{host_copy_bps(s) / 1e9:.1f} GB/s per GPU to host memory"
+    if share is None:
+        return f"{rate} (how GPUs share PCIe switches is not in the catalog: a link of its own assumed)"
+    return rate + (f" ({share} GPUs share each PCIe switch's uplink on {s.instance.name})" if share > 1 else "")
+
+
 def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float, length: float | None = None) -> float:
     """Fraction of `peak_flops` the attention kernel reaches for this head dim and a causal call over `length`
     tokens (default: the sequence, or its context-parallel chunk)."""
@@ -512,7 +529,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     accum_adds = (s.grad_accum - 1) * train_n(g_shard) / g_shard * 12 / hbm
     offload_s = 0.0
     if s.offload != "none":
-        pcie = (gpu.pcie_gbps_per_dir or 16.0) * 1e9 * eff.PCIE_COPY_EFFICIENCY
+        pcie = host_copy_bps(s)  # every GPU of the node copies at once
         node_params = train_n(dp) / dp * s.gpus_per_node
         optimizer = cpu_adam_s(s, node_params) + (4 + 2) * train_n(dp) / dp / pcie
         if s.offload == "optimizer+params":
