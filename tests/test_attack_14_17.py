@@ -36,7 +36,7 @@ def test_bad_aws_max_attempts_is_exit_2_for_account_and_catalog_prices_for_plan_
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "abc")
     code, out, err = invoke("account", "--instance", "p5.48xlarge")
     assert code == 2 and "AWS_MAX_ATTEMPTS" in err and "internal error" not in err, err
-    code, out, err = invoke("plan", "--model", "llama-2-7b", "--tokens", "1e9", "--live", "--json")
+    code, out, err = invoke("plan", "--model", "llama-2-7b", "--tokens", "1e9", "--clouds", "aws", "--live", "--json")
     assert code == 0, err
     live = json.loads(out)["live"]
     assert live["live"] is False and "AWS_MAX_ATTEMPTS" in live["reason"]

@@ -380,7 +380,7 @@ def test_plan_page_shows_the_row_markers_the_terminal_shows(tmp_path):
     import html as html_lib
 
     args = ["plan", "--model", "llama-2-7b", "--method", "lora", "--tokens", "1e9", "--instances",
-            "g6e.48xlarge,p6-b200.48xlarge,a3-highgpu-8g"]
+            "g6e.48xlarge,p6-b200.48xlarge,a3-highgpu-8g", "--max-nodes", "1"]  # one node: both kinds stay shown
     text = cli(*args)
     assert text.returncode == 0, text.stderr[-500:]
     doc = json.loads(cli(*args, "--json").stdout)

@@ -305,3 +305,32 @@ def test_offloaded_parameters_are_fetched_over_a_shared_pcie_uplink(catalog):
     assert estimate_step(setup("p4d.24xlarge", offload="optimizer")).step_s < shared.step_s
     est = estimate_setup(p4d)
     assert any("2 GPUs share each PCIe switch's uplink on p4d.24xlarge" in a for a in est.assumptions)
+
+
+def test_every_gpus_tensor_peaks_keep_the_datasheets_ratios(catalog):
+    """Issue 28: a GPU's peaks come from one datasheet, or contradict each other (the A10G listed the A10's TF32
+    62.5 beside its own bf16 70). On Ampere and later tensor cores dense TF32 is half of BF16 (A100 156/312,
+    H100 494.5/989, L4 60/121, L40S 183/362, B200 1.1/2.25 PF) and FP8 twice it; FP16 equals BF16."""
+    for gpu in catalog.gpus.values():
+        t = gpu.tflops
+        if t.bf16 is None:
+            continue
+        assert t.fp16 == t.bf16, gpu.name
+        if t.tf32 is not None:
+            assert 0.48 <= t.tf32 / t.bf16 <= 0.52, (gpu.name, t.tf32, t.bf16)
+        if t.fp8 is not None:
+            assert 1.95 <= t.fp8 / t.bf16 <= 2.05, (gpu.name, t.fp8, t.bf16)
+
+
+def test_gcp_and_azure_nodes_are_planned_together_and_single_vms_say_so(catalog):
+    """Issue 28: GCP and Azure instances carry their cloud's stated network (sourced), so plans span nodes there;
+    a type whose network is unknown (a Lambda on-demand VM) is planned on one node and the plan says so."""
+    for name, gbps in (("a2-highgpu-8g", 100), ("a3-highgpu-8g", 1000), ("Standard_ND96isr_H100_v5", 3200)):
+        inst = catalog.instance(name)
+        assert inst.network_gbps == gbps and "read 2026-12-06" in inst.sources["network_gbps"]
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e11), instances=["Standard_ND96isr_H100_v5"],
+                         top=3), catalog)
+    assert max(row.estimate.setup.nodes for row in r.rows) > 1
+    lam = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e11), instances=["gpu_8x_h100_sxm5"]), catalog)
+    assert any(n.startswith("planned on 1 node only: gpu_8x_h100_sxm5") for n in lam.notes)
+    assert "not given" in catalog.instance("gpu_8x_h100_sxm5").sources["network_gbps"]

@@ -767,6 +767,12 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         notes.append(said)
     if beyond:
         notes.append(beyond)
+    single = sorted({c.setup.instance.name for c in candidates if c.setup.inter_node_gbps is None
+                     and c.setup.instance.network_gbps is None} & ({r.estimate.setup.instance for r in rows}
+                                                                  | {o.instance for o in others}))
+    if single and req.max_nodes > 1:
+        notes.append(f"planned on 1 node only: {', '.join(single)} (their network bandwidth is not in the catalog, "
+                     f"so more nodes could not be costed; give --inter-node-gbps to plan them)")
     if rows and (said := _other_stack(req, catalog, model, seq_len, gb, rows[0])):
         notes.append(said)
     for arch in sorted({c.setup.gpu.arch for c in ranked[: req.top]}):
