@@ -29,10 +29,49 @@ def test_allreduce_judged_against_nvswitch_expectation(tmp_path, busbw, status):
     assert "228" in found.expected and "aznhc" in found.expected  # Azure's healthy-node floor for 8x A100 (issue 16)
 
 
+def _gemm(*steady, first=None, size=8192):
+    """deep.json's gemm as deep.gemm_summary writes it, from each GPU's timed windows: the steady rate in the last
+    half of 8 windows and `first` (default: the steady rate) in the first."""
+    from trainready.check.deep import gemm_summary
+
+    flops = 2 * size**3
+    per_gpu = []
+    for i, t in enumerate(steady):
+        start = first[i] if first else t
+        per_gpu.append({"index": i, "device": "NVIDIA A100-SXM4-40GB", "calls": 100,
+                        "window_seconds": [flops * 100 / (start if w == 0 else t) / 1e12 for w in range(8)]})
+    return gemm_summary(size, per_gpu)
+
+
 @pytest.mark.parametrize(("tflops", "status"), [(250.0, "pass"), (150.0, "warn"), (60.0, "fail")])
 def test_gemm_judged_against_the_datasheet_peak(tmp_path, tflops, status):
-    found = _deep_findings(tmp_path, "p4d", {"gemm": {"tflops": tflops, "size": 8192}})["gpu.matmul"]
+    found = _deep_findings(tmp_path, "p4d", {"gemm": _gemm(*[tflops] * 8)})["gpu.matmul"]
     assert found.status == status, found
+    assert found.observed.startswith(f"GPU0 {tflops:.0f}, GPU1 {tflops:.0f}")
+
+
+def test_every_gpu_is_judged_against_the_best_and_against_its_own_start(tmp_path):
+    """Issue 28: --deep timed GPU 0 alone for about 0.1 s, so a slow or throttling GPU 1-7 passed. Every GPU now
+    runs at once for seconds; one 10% behind the best warns, 25% behind fails (Hugging Face's gpu-fryer passes a
+    GPU within 10% of the best), and a steady rate 25% under its first window is named as throttling."""
+    slow = _deep_findings(tmp_path / "a", "p4d", {"gemm": _gemm(250, 250, 250, 222, 250, 250, 250, 250)})
+    assert slow["gpu.matmul"].status == "warn" and "GPU3 11% behind the best GPU (250)" in slow["gpu.matmul"].reason
+    bad = _deep_findings(tmp_path / "b", "p4d", {"gemm": _gemm(250, 250, 250, 250, 250, 250, 250, 180)})
+    assert bad["gpu.matmul"].status == "fail" and "GPU7 28% behind" in bad["gpu.matmul"].reason
+    fell = _deep_findings(tmp_path / "c", "p4d", {"gemm": _gemm(*[250] * 7, 240, first=[260] * 7 + [330])})
+    assert fell["gpu.matmul"].status == "warn" and "GPU7 fell from 330 to 240 under load" in fell["gpu.matmul"].reason
+    old = _deep_findings(tmp_path / "d", "p4d", {"gemm": {"tflops": 250.0, "size": 8192}})
+    assert old["gpu.matmul"].status == "warn" and "GPU 0 only" in old["gpu.matmul"].reason
+    hostile = {"gemm": {"gpus": [{"index": True, "tflops": "fast"}, {"index": 1, "tflops": 1e300}, "x"],
+                        "errors": ["GPU2: RuntimeError: CUDA error: an illegal memory access" * 20]}}
+    found = _deep_findings(tmp_path / "e", "p4d", hostile)["gpu.matmul"]
+    assert found.status == "fail" and "GEMM failed on GPU2" in found.reason and len(found.reason) < 400
+
+
+def test_the_gemm_summary_keeps_the_steady_rate_and_the_worst_gpu():
+    result = _gemm(300, 200, first=[400, 200])
+    assert [round(g["tflops"]) for g in result["gpus"]] == [300, 200]
+    assert round(result["gpus"][0]["first_tflops"]) == 400 and round(result["tflops"]) == 200
 
 
 def test_deep_checks_skip_with_a_reason_without_measurements(tmp_path):

@@ -23,26 +23,80 @@ from .deep_gpu import MiB
 from .thresholds import COLLECTIVES
 
 
-def gemm(size: int = 8192, iters: int = 20) -> dict[str, Any]:
+GEMM_SECONDS = 4.0
+"""Timed GEMM work per GPU, every GPU of the node at once: seconds, so clocks settle at the power and thermal
+limits a training step meets (a tenth of a second measures the boost clock of a cold GPU)."""
+GEMM_WINDOWS = 8  # timed windows per GPU: the last half gives the steady rate, the first one the starting rate
+
+
+def gemm(size: int = 8192, seconds: float = GEMM_SECONDS, windows: int = GEMM_WINDOWS) -> dict[str, Any]:
+    """bf16 `size`^3 GEMMs on every local GPU at once, one thread each, timed in `windows` windows by CUDA
+    events: per GPU the steady TFLOP/s (median of the last half) and the first window's."""
     try:
         import torch
     except ImportError:
         return {"skipped": "torch is not installed"}
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device (a CPU GEMM says nothing about a GPU's peak)"}
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        a @ b
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1000 / iters
-    return {"size": size, "tflops": 2 * size**3 / seconds / 1e12, "device": torch.cuda.get_device_name(0)}
+    import threading
+
+    n = torch.cuda.device_count()
+    per_gpu: list[dict[str, Any] | None] = [None] * n
+    errors: list[str] = []
+
+    def run(index: int) -> None:
+        try:
+            with torch.cuda.device(index):
+                a = torch.randn(size, size, device=f"cuda:{index}", dtype=torch.bfloat16)
+                b = torch.randn(size, size, device=f"cuda:{index}", dtype=torch.bfloat16)
+                for _ in range(3):
+                    a @ b
+                torch.cuda.synchronize(index)
+                probe = time.perf_counter()
+                for _ in range(5):
+                    a @ b
+                torch.cuda.synchronize(index)
+                calls = max(1, int(seconds / windows / ((time.perf_counter() - probe) / 5)))
+                marks = [torch.cuda.Event(enable_timing=True) for _ in range(windows + 1)]
+                marks[0].record()
+                for w in range(windows):
+                    for _ in range(calls):
+                        a @ b
+                    marks[w + 1].record()
+                torch.cuda.synchronize(index)
+                per_gpu[index] = {"index": index, "device": torch.cuda.get_device_name(index), "calls": calls,
+                                  "window_seconds": [marks[w].elapsed_time(marks[w + 1]) / 1000
+                                                     for w in range(windows)]}
+        except Exception as exc:  # noqa: BLE001 - one GPU's failure is that GPU's finding
+            errors.append(f"GPU{index}: {type(exc).__name__}: {exc}"[:300])
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return gemm_summary(size, [g for g in per_gpu if g is not None], errors)
+
+
+def gemm_summary(size: int, per_gpu: list[dict[str, Any]], errors: list[str] | None = None) -> dict[str, Any]:
+    """deep.json's `gemm`: per GPU the steady TFLOP/s (median window of the last half), the first window's, and
+    the worst GPU's steady rate as `tflops` (what older readers show)."""
+    flops = 2 * size**3
+    gpus = []
+    for g in per_gpu:
+        rates = [flops * g["calls"] / t / 1e12 for t in g["window_seconds"] if t > 0]
+        if not rates:
+            continue
+        tail = sorted(rates[len(rates) // 2:])
+        gpus.append({"index": g["index"], "device": g.get("device", ""), "tflops": tail[len(tail) // 2],
+                     "first_tflops": rates[0], "seconds": sum(g["window_seconds"])})
+    out: dict[str, Any] = {"size": size, "gpus": gpus}
+    if gpus:
+        out["tflops"] = min(g["tflops"] for g in gpus)
+        out["device"] = gpus[0]["device"]
+    if errors:
+        out["errors"] = errors
+    return out
 
 
 def allreduce_in_world(max_mib: int = 256, iters: int = 10) -> dict[str, Any]:
@@ -248,8 +302,9 @@ def run_deep(hot_dir: str | None, shared_dir: str | None, storage_mib: int = 102
     from . import deep_gpu
 
     tick = on_progress or (lambda _n: None)
-    result: dict[str, Any] = {"schema_version": 2, "gemm": _guarded(gemm)}
-    if _local_rank_zero():  # one process per node measures the node's GPUs one at a time
+    result: dict[str, Any] = {"schema_version": 3}
+    if _local_rank_zero():  # one process per node measures the node's GPUs (the GEMMs all at once)
+        result["gemm"] = _guarded(gemm)
         result["copy"] = _guarded(deep_gpu.copy_bandwidth)
         result["memory"] = _guarded(deep_gpu.memory_bandwidth)
         result["p2p"] = _guarded(deep_gpu.p2p_bandwidth)

@@ -32,6 +32,13 @@ MESH_BUSBW_OF_LINKS = 0.6
 PCIE_BUSBW_OF_LINK = 0.6
 NETWORK_BUSBW_OF_LINE_RATE = 0.8
 DERIVED_FAIL, DERIVED_WARN = 0.4, 0.7
+# bf16 GEMM per GPU (check --deep): against the datasheet peak as before (pass from 60%, fail under 40%), and
+# against the best GPU of the node: Hugging Face's gpu-fryer (8192^3 cuBLAS GEMMs on every GPU at once) passes a
+# GPU within 10% of the best one (--tflops-tolerance default 10); our run is seconds, not its 60, so a GPU 10%
+# behind warns and one 25% behind fails. A steady rate 25% under the first window's is clocks falling under load.
+GEMM_PASS_OF_PEAK, GEMM_FAIL_OF_PEAK = 0.6, 0.4
+GEMM_WARN_BEHIND_BEST, GEMM_FAIL_BEHIND_BEST = 0.10, 0.25
+GEMM_FALL_WARN = 0.25
 
 
 class Floor(BaseModel):
