@@ -128,21 +128,37 @@ def deepspeed_config(path: str) -> dict:
     return hf.config
 
 
+def hf_model():
+    """A tiny Hugging Face Llama (what AutoTP knows how to split), or a tiny Mixtral with RECIPE_MOE=1 (AutoEP);
+    wrapped in PEFT LoRA of rank RECIPE_LORA_RANK when set, as the recipe's note says."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                 num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=64)
+    if os.environ.get("RECIPE_MOE"):
+        model = MixtralForCausalLM(MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape))
+    if os.environ.get("RECIPE_LORA_RANK"):
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=int(os.environ["RECIPE_LORA_RANK"]), target_modules="all-linear"))
+    return model
+
+
 def hf_llama_engine(path: str):
-    """(engine, optimizer, config) of a Hugging Face Llama (what AutoTP knows how to split) handed with the JSON
-    to deepspeed.initialize, as an HF script does."""
+    """(engine, optimizer, config) of hf_model() handed with the JSON to deepspeed.initialize, as an HF script
+    does."""
     import deepspeed
     import deepspeed.ops
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False  # as run_deepspeed
     cfg = deepspeed_config(path)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN,
-                                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                         num_key_value_heads=HEADS, max_position_embeddings=64))
-    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+    model = hf_model()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(trainable, lr=1e-2),
                                              config=cfg)
     return engine, opt, cfg
 

@@ -581,21 +581,26 @@ TINY = ModelSpec(name="tiny", family="llama", vocab_size=128, hidden_size=64, nu
                  num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64)
 
 
-def run_two(tmp_path, catalog, framework, kind, **job):
-    """The tiny model through the recipe emitted for a 2-GPU setup of it, on 2 CPU processes."""
+def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=None, **job):
+    """The tiny model through the recipe emitted for a 2-GPU setup of it, on 2 CPU processes (`worker_env`: what
+    the worker builds, RECIPE_LORA_RANK / RECIPE_MOE; `expect_fail`: text the run must fail with)."""
+    job.setdefault("model_spec", TINY)
     try:
-        s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job),
-                    catalog)
+        s = resolve(JobSpec(gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job), catalog)
     except UsageError as e:
         pytest.fail(str(e))
-    r = recipe_for(s, framework)
+    r = recipe_for(s, framework) if expect_fail is None else deepspeed.recipe(s)  # the refused JSON, as written
     (tmp_path / r.config_file).write_text(r.config)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE),
+           **(worker_env or {})}
     flags = trainer_words(r) if framework == "deepspeed" and deepspeed.hf_trainer(s) else []
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len), *flags],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
+    if expect_fail is not None:
+        assert proc.returncode != 0 and expect_fail in proc.stderr, proc.stderr[-3000:]
+        return
     assert proc.returncode == 0 and ok, proc.stderr[-3000:]
     first, last = map(float, ok[0].split()[1:])
     assert last < first  # it trained: the loss on the batch went down
@@ -637,6 +642,36 @@ def test_autotp_keeps_what_its_modules_keep_on_each_rank(tmp_path, catalog):
         assert saved == TINY.num_layers * layer  # no recompute: every layer's activations for one micro-batch
         # the layers' saved tensors on a rank, within 5% (measured 2-4% under the model on this machine)
         assert saved == pytest.approx(measured, rel=0.05), (tp, saved, measured)
+
+
+@pytest.mark.parametrize("strategy, method", [("zero3", "full"), ("ddp", "lora"), ("zero3", "lora")])
+def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, catalog, strategy, method):
+    """Issue 28: the rows `plan` recommends for the seed questions (7B-70B full on ZeRO-3, LoRA on DDP and ZeRO-3)
+    through their JSON and command: a Hugging Face Llama (PEFT LoRA where the row says so) under a real
+    deepspeed.initialize on 2 gloo processes, the JSON's "auto" filled by transformers as the Trainer does."""
+    need("deepspeed")
+    need("transformers")
+    lora = {"RECIPE_LORA_RANK": "8"} if method == "lora" else {}
+    if lora:
+        need("peft")
+    run_two(tmp_path, catalog, "deepspeed", "deepspeed-hf", worker_env=lora, strategy=strategy, method=method,
+            **({"lora_rank": 8} if lora else {}))
+
+
+def test_deepspeed_autoep_is_refused_because_it_does_not_start(tmp_path, catalog):
+    """DeepSpeed 0.19.8's AutoEP fails at deepspeed.initialize with transformers 5.23 (a TypeError in its output
+    recorder patch), so the recipe refuses EP rows and `plan` gives them to torchtitan or Megatron. If this run
+    starts one day, the refusal (deepspeed.AUTOEP_DOES_NOT_START) must go."""
+    need("deepspeed")
+    need("transformers")
+    moe = ModelSpec(name="tiny-moe", family="mixtral", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                    num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
+                    moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
+    s = resolve(JobSpec(model_spec=moe, gpu="h100", gpus=2, strategy="zero2", ep=2), catalog)
+    assert "does not initialize with transformers" in framework_for(s, "deepspeed")[1]
+    run_two(tmp_path, catalog, "deepspeed", "deepspeed-hf", worker_env={"RECIPE_MOE": "1"},
+            expect_fail="_CanRecordRegistry.get() takes 2 positional arguments", model_spec=moe, strategy="zero2",
+            ep=2)
 
 
 @pytest.mark.parametrize("strategy", ["zero1", "zero3"])
