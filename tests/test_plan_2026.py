@@ -652,3 +652,30 @@ def test_the_default_stack_names_a_much_cheaper_run_under_a_frameworks_own(catal
     assert said and "% less)" in said[0]
     named = req.model_copy(update={"job": req.job.model_copy(update={"stack": "hf-trainer"})})
     assert not any("plan again with --stack" in n for n in plan(named, catalog).notes)  # asked for: not a default
+
+
+def test_zero3_model_states_are_what_deepspeeds_own_estimator_counts(catalog):
+    """Issue 28: predicted memory checked against the framework's own. DeepSpeed's
+    estimate_zero3_model_states_mem_needs (runtime/zero/stage3.py): 18 bytes per parameter over the GPUs (its
+    partitioned 16-bit copy beside the fp32 masters, gradients and Adam states) plus 4 x the largest layer (two
+    gathered 16-bit layers); with the optimizer offloaded, the 16-bit shard and the gathered layers on the GPU and
+    16 bytes per parameter on the host."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    from trainready.plan.memory import param_counts
+
+    for model, gpus, offload in (("llama-2-70b", 16, "none"), ("llama-2-13b", 8, "none"),
+                                 ("llama-2-70b", 16, "optimizer")):
+        s = _setup(catalog, model=model, instance="p4d.24xlarge", gpus=gpus, strategy="zero3", offload=offload,
+                   stack="deepspeed", micro_batch=1, activation_checkpointing="full")
+        m = estimate_memory(s)
+        pc = param_counts(s)
+        total = s.model.param_count()
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            total, s.model.block_params(), num_gpus_per_node=8, num_nodes=gpus // 8,
+            cpu_offload=offload != "none", cpu_offload_params=False, zero_init=True, additional_buffer_factor=1.0)
+        ours = m.weights + m.gradients + m.optimizer - 2.0 * pc.largest_embedding  # DeepSpeed's counts no embedding unit
+        assert ours == pytest.approx(gpu, rel=0.01), (model, offload, ours / GiB, gpu / GiB)
+        if offload != "none":
+            assert m.host_offloaded_per_gpu * s.gpus_per_node == pytest.approx(cpu, rel=0.01)
