@@ -66,6 +66,8 @@ def test_every_gpu_is_judged_against_the_best_and_against_its_own_start(tmp_path
                         "errors": ["GPU2: RuntimeError: CUDA error: an illegal memory access" * 20]}}
     found = _deep_findings(tmp_path / "e", "p4d", hostile)["gpu.matmul"]
     assert found.status == "fail" and "GEMM failed on GPU2" in found.reason and len(found.reason) < 400
+    none = _deep_findings(tmp_path / "f", "p4d", {"gemm": {"size": 8192, "gpus": [], "errors": "boom"}})["gpu.matmul"]
+    assert none.status == "fail" and none.observed == "no GPU finished its GEMM" and "boom" in none.reason
 
 
 def test_the_gemm_summary_keeps_the_steady_rate_and_the_worst_gpu():

@@ -171,3 +171,20 @@ def test_qlora_of_moe_quantizes_what_bitsandbytes_replaces(catalog, model_type, 
         m.norms_per_layer * m.hidden_size + m.attention_params() - m._attention_linear_params())
     assert pc.quantized - routers_and_norms == pytest.approx(linear, rel=1e-9)
     assert pc.expert == m.expert_param_count() and "stay bf16" in qlora_moe_note(m, "qlora")
+
+
+def test_rope_is_read_where_transformers_reads_it():
+    """Review of issue 28: transformers 5 fills rope_parameters' gaps from the top-level keys, keeps GPT-NeoX's
+    partial_rotary_factor inside rope_parameters, and builds gpt-oss's yarn whatever the file says of theta; a
+    401-digit rope_theta is a usage error, not an OverflowError."""
+    base = GptOssConfig(num_hidden_layers=2).to_dict()
+    mixed = {**base, "rope_parameters": {"rope_type": "yarn", "factor": 32.0}, "rope_theta": 777777}
+    assert from_dict(mixed).rope_theta == 777777.0
+    top_only = {k: v for k, v in base.items() if k != "rope_parameters"} | {"rope_theta": 150000.0}
+    assert from_dict(top_only).rope_scaling.type == "yarn" and from_dict(top_only).rope_scaling.factor == 32.0
+    neox = {"model_type": "gpt_neox", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 256, "rope_parameters": {"rope_theta": 10000.0,
+                                                                                   "partial_rotary_factor": 0.5}}
+    assert from_dict(neox).rotary_fraction == 0.5
+    with pytest.raises(UsageError, match="rope_theta"):
+        from_dict({**base, "rope_parameters": {"rope_theta": 10**400}})

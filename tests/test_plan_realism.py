@@ -217,6 +217,8 @@ def test_a_suspect_spot_price_is_never_what_a_plan_ranks_on(catalog):
     assert planning_rate(_price("spot", 1.0, suspect=True), _price("on-demand", 10.0))[0] == 10.0
     assert planning_rate(_price("spot", 4.0), _price("on-demand", 10.0)) == (4.0, None)
     assert planning_rate(_price("spot", 10.0, suspect=True), _price("on-demand", 10.0)) == (10.0, None)
+    # a per-zone top that is itself under 20% of on-demand is no better: on-demand (p3: $1.51-3.06 of $24.48)
+    assert planning_rate(_price("spot", 1.0, suspect=True, usd_per_hour_max=1.5), _price("on-demand", 10.0))[0] == 10.0
     r = plan(PlanRequest(job=JobSpec(model="llama-2-13b", tokens=1e9, spot=True), instances=["p4d.24xlarge"],
                          top=1), catalog)
     assert r.rows[0].estimate.cost.usd_per_hour == rate

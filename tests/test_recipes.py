@@ -475,8 +475,11 @@ def test_offload_rows_bind_ranks_to_cores_and_zero3_saves_whole_weights(catalog,
     assert any("numactl" in n and "--bind_cores_to_rank" in n for n in r.notes)
     cfg = json.loads(r.config)
     assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    # ZeRO-Offload refuses a client optimizer: DeepSpeed builds its CPU-Adam from the JSON's block
+    assert cfg["optimizer"]["type"] == "AdamW" and cfg["optimizer"]["params"]["lr"] == "auto"
     assert cfg["train_micro_batch_size_per_gpu"] == cfg["gradient_accumulation_steps"] == "auto"
     filled = trainer_filled(cfg, r, world=s.n_gpus, monkeypatch=monkeypatch)
+    assert filled["optimizer"]["params"]["lr"] == 5e-5  # TrainingArguments' default learning rate
     assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"],
             filled["train_batch_size"]) == (s.micro_batch, s.grad_accum, s.global_batch)
     assert "--gradient_checkpointing" in words and "train_batch_size 256" in r.notes[0].replace(",", "")
@@ -656,6 +659,14 @@ def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, ca
         need("peft")
     run_two(tmp_path, catalog, "deepspeed", "deepspeed-hf", worker_env=lora, strategy=strategy, method=method,
             **({"lora_rank": 8} if lora else {}))
+
+
+def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
+    """Review of issue 28: transformers 5.23's MoE tp_plan styles are refused by AutoTP (Mixtral) or leave the model
+    unsplit (gpt-oss), so a MoE row with tp > 1 cannot be a DeepSpeed row."""
+    s = setup_of(catalog, model="mixtral-8x7b", instance="p5.48xlarge", strategy="zero3", tp=2, stack="deepspeed")
+    assert "does not split transformers 5.23's MoE models" in framework_for(s, "deepspeed")[1]
+    assert titan.CONFIGS.get("llama-3-8b") is None  # torchtitan's llama3 flavors scale RoPE as Llama 3.1 does
 
 
 def test_deepspeed_autoep_is_refused_because_it_does_not_start(tmp_path, catalog):

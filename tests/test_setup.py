@@ -26,7 +26,7 @@ def job(**kw):
     (dict(strategy="zero2", offload="optimizer+params"), "needs --strategy zero3"),
     (dict(instance=None, gpu=None), "no hardware given"),
     (dict(model=None), "no model given"),
-    (dict(instance="a2-highgpu-8g", gpus=16), "give --inter-node-gbps"),
+    (dict(instance="gpu_8x_h100_sxm5", gpus=16), "give --inter-node-gbps"),
     (dict(model="gpt3-125m", seq_len=4096), "learned position table"),
     (dict(gpu="a100-80gb", instance="p4d.24xlarge"), "contradicts"),
 ])

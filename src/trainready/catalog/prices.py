@@ -58,11 +58,13 @@ def planning_rate(spot: Price, on_demand: Price | None) -> tuple[float | None, s
     if listed is None or not spot.suspect:
         return listed, None
     od = on_demand.usd_per_hour if on_demand is not None else None
-    if spot.usd_per_hour_max is not None and spot.usd_per_hour_max > listed:
+    top_ok = (spot.usd_per_hour_max is not None and spot.usd_per_hour_max > listed
+              and (od is None or spot.usd_per_hour_max >= SPOT_MIN_FRACTION * od))  # the top is no dubious low too
+    if top_ok:
         return spot.usd_per_hour_max, (f"planned at ${spot.usd_per_hour_max:,.2f}/h, the top of the per-zone spot "
                                        f"range ${listed:,.2f}-{spot.usd_per_hour_max:,.2f}, because the lowest is "
                                        f"marked suspect")
     if od is not None and listed < od:
         return od, (f"planned at the on-demand ${od:,.2f}/h: the spot figure ${listed:,.2f} is marked suspect and "
-                    f"the catalog has no per-zone range")
+                    f"the catalog has no per-zone range above {SPOT_MIN_FRACTION:.0%} of on-demand")
     return listed, None  # a spot row that copied on-demand: that figure is the conservative one

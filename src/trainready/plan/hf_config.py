@@ -34,7 +34,7 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gem
 _MAX = int(MAX_PARAMS)
 _KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "count": ("a whole number above 0", lambda v: type(v) is int and v > 0),
-    "number": ("a number above 0", lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0),
+    "number": ("a number above 0", lambda v: type(v) in (int, float) and 0 < v < 1e300 and math.isfinite(v)),
     "bool": ("true or false", lambda v: type(v) is bool),
     "str": ("a string", lambda v: isinstance(v, str)),
     "dict": ("an object", lambda v: isinstance(v, dict)),
@@ -117,20 +117,26 @@ def _rope(c: _Config, model_type: str) -> dict:
     `rope_parameters` object (Gemma 3's per layer type: the full-attention layers'), or the older `rope_theta`
     and `rope_scaling` keys (GPT-NeoX: rotary_emb_base and rotary_pct; Nemotron: partial_rotary_factor); what the
     file leaves out is what transformers' config class builds (ABSENT_ROPE)."""
+    rope = None
     if c.get("rope_parameters", None, "dict") is not None:
         rope = c.sub("rope_parameters")
         if rope.get("full_attention", None, "dict") is not None:
             rope = rope.sub("full_attention")
-        theta, scaling = rope.get("rope_theta", None, "number"), rope
+    top_theta = c.get("rope_theta", None, "number") or c.get("rotary_emb_base", None, "number")
+    if rope is not None:  # transformers 5 fills rope_parameters' gaps from the top-level keys
+        theta, scaling = rope.get("rope_theta", None, "number") or top_theta, rope
     else:
-        theta = c.get("rope_theta", None, "number") or c.get("rotary_emb_base", None, "number")
+        theta = top_theta
         scaling = c.sub("rope_scaling") if c.get("rope_scaling", None, "dict") is not None else None
     absent = ABSENT_ROPE.get(model_type, {})
     if theta is None:
         theta = absent.get("rope_theta", ABSENT_ROPE_THETA)
-        if scaling is None and "rope_type" in absent:
-            scaling = _Config(absent, c.path, f"{c.prefix}(default) ", c.model_type)
-    fraction = (c.get("partial_rotary_factor", None, "number") or c.get("rotary_pct", None, "number")
+    no_type = scaling is None or (scaling.get("rope_type", None, "str") or scaling.get("type", None, "str")) is None
+    if no_type and "rope_type" in absent:  # gpt_oss: its config class builds yarn whatever the file says of theta
+        scaling = _Config({**absent, **(scaling.data if scaling is not None else {})}, c.path,
+                          f"{c.prefix}(default) ", c.model_type)
+    fraction = ((rope.get("partial_rotary_factor", None, "number") if rope is not None else None)
+                or c.get("partial_rotary_factor", None, "number") or c.get("rotary_pct", None, "number")
                 or absent.get("partial_rotary_factor", 1.0))
     out: dict[str, Any] = {"rope_theta": float(theta), "rotary_fraction": float(fraction)}
     kind = None

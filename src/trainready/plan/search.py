@@ -356,6 +356,11 @@ fraction less than the best row shown: twice the COMPLEXITY margin, beyond the m
 BEYOND_CAP_PROBES = 2  # instances tried past --max-nodes: the cheapest whose search stopped at the cap
 
 
+def _usd_per_gpu_hour(inst: Instance) -> float:
+    price = inst.price_for("on-demand")
+    return price.usd_per_hour / inst.gpu_count if price is not None and price.usd_per_hour else float("inf")
+
+
 def _beyond_the_cap(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: int, candidates: list[_Best],
                     excluded: list[Exclusion]) -> str | None:
     """A note when --max-nodes keeps out a much cheaper plan: where the cheapest row uses the most nodes allowed
@@ -367,7 +372,9 @@ def _beyond_the_cap(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb:
     if winner is not None and winner.setup.nodes < capped[-1]:
         return None  # the cheapest row did not need the most nodes allowed: the cap does not bind
     probes = [winner.setup.instance.name] if winner is not None else []
-    probes += [e.instance for e in excluded if f"more than --max-nodes {req.max_nodes}" in e.reason]
+    needing_more = [catalog.instance(e.instance) for e in excluded if f"more than --max-nodes {req.max_nodes}" in e.reason]
+    # the cheapest GPUs first: the probe tries few instances, and a run's cost follows the price of its GPU-hours
+    probes += [i.name for i in sorted(needing_more, key=_usd_per_gpu_hour)]
     wider = req.model_copy(update={"max_nodes": min(4 * req.max_nodes, NODE_COUNTS[-1])})
     found: list[_Best] = []
     for name in list(dict.fromkeys(probes))[:BEYOND_CAP_PROBES]:

@@ -168,12 +168,15 @@ def matmul(f: Facts) -> Verdict | None:
     if not isinstance(data, dict):
         return Verdict.skip("not measured: unreadable")
     rows, older = _gemm_gpus(data)
-    errors = [str(e)[:200] for e in data.get("errors", [])[:8]] if isinstance(data.get("errors"), list) else []
+    raw_errors = data.get("errors")
+    raw_errors = [raw_errors] if isinstance(raw_errors, str) else raw_errors if isinstance(raw_errors, list) else []
+    errors = [str(e)[:200] for e in raw_errors[:8]]
     if not rows and not errors:
         return Verdict.skip(data.get("skipped") or data.get("error") or "no GEMM result")
     peak = ctx.gpu.peak_tflops("bf16") if ctx.gpu else None
     size = data.get("size") if isinstance(data.get("size"), int) else "?"
-    observed = ", ".join(f"{label} {t:.0f}" for label, t, _ in rows) + f" TFLOP/s bf16 at {size}^3"
+    observed = (", ".join(f"{label} {t:.0f}" for label, t, _ in rows) + f" TFLOP/s bf16 at {size}^3" if rows
+                else "no GPU finished its GEMM")
     expected = (f">= {GEMM_PASS_OF_PEAK:.0%} of {peak:.0f} TFLOP/s (datasheet bf16 dense) and within "
                 f"{GEMM_WARN_BEHIND_BEST:.0%} of the best GPU" if peak else
                 f"within {GEMM_WARN_BEHIND_BEST:.0%} of the best GPU (no datasheet peak: pass --instance)")

@@ -31,8 +31,8 @@ AUTOEP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek
 AUTOEP_DOES_NOT_START = (
     "DeepSpeed 0.19.8's AutoEP does not initialize with transformers 5.23: module_inject/auto_ep_presets/base.py "
     "calls transformers' _CAN_RECORD_REGISTRY.get(key, default), whose get() takes one argument (TypeError at "
-    "deepspeed.initialize, reproduced on 2 processes in the tests); use --framework torchtitan or megatron for "
-    "expert parallelism")
+    "deepspeed.initialize, reproduced on 2 processes in the tests), so it runs no expert parallelism here; use "
+    "--framework torchtitan or megatron")
 
 
 def reason(s: Setup) -> str | None:
@@ -64,6 +64,10 @@ def reason(s: Setup) -> str | None:
                 "virtual stages; use --framework megatron or torchtitan")
     if s.tp > 1 and s.method != "full":
         return f"PEFT {s.method} on AutoTP-sharded layers is not documented; use a tp 1 row"
+    if s.tp > 1 and s.model.is_moe:  # transformers 5.23's MoE classes: fused 3D experts AutoTP cannot split
+        return ("DeepSpeed AutoTP does not split transformers 5.23's MoE models (Mixtral's tp_plan styles "
+                "'moe_tp_experts'/'packed_colwise' are refused at initialize; gpt-oss starts unsplit): use a tp 1 "
+                "row, or --framework torchtitan or megatron")
     why = expert_tp_reason(s, "DeepSpeed", "AutoEP's expert_tensor_parallel_size 1, auto_ep_config.py; AutoTP "
                                            "splits every linear layer")
     if why:
@@ -125,6 +129,11 @@ def config(s: Setup) -> dict:
         cfg["communication_data_type"] = "fp32" if s.reduce_dtype == "fp32" else low
     cfg["zero_optimization"] = zero
     cfg["gradient_clipping"] = "auto" if auto else 1.0  # TrainingArguments.max_grad_norm defaults to 1.0
+    if s.offload != "none":  # ZeRO-Offload refuses a client optimizer (zero_force_ds_cpu_optimizer): DeepSpeed
+        # builds its CPU-Adam from this block, the Trainer filling "auto" from its learning rate and Adam flags
+        params = ({"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"} if auto else
+                  {"lr": 1e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0})
+        cfg["optimizer"] = {"type": "AdamW", "params": params}
     if s.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": s.tp}
     if s.ep > 1:

@@ -32,9 +32,10 @@ ARGS_FILE = "torchtitan.args"
 
 # Our presets that torchtitan 0.3.0 ships a config for (torchtitan/models/*/config_registry.py).
 # Llama 3, 3.1 and 3.3 70B share one shape; torchtitan's llama3_70b is that shape.
+# Llama 3 (without .1) is not among them: torchtitan's llama3 flavors rotate with Llama 3.1's scaling
+# (models/llama3/__init__.py scaling="llama"), which Llama 3's config does not have.
 CONFIGS: dict[str, tuple[str, str]] = {
-    "llama-3-8b": ("llama3", "llama3_8b"), "llama-3.1-8b": ("llama3", "llama3_8b"),
-    "llama-3-70b": ("llama3", "llama3_70b"), "llama-3.1-70b": ("llama3", "llama3_70b"),
+    "llama-3.1-8b": ("llama3", "llama3_8b"), "llama-3.1-70b": ("llama3", "llama3_70b"),
     "llama-3.3-70b": ("llama3", "llama3_70b"), "llama-3.1-405b": ("llama3", "llama3_405b"),
     "qwen3-0.6b": ("qwen3", "qwen3_0_6b"), "qwen3-1.7b": ("qwen3", "qwen3_1_7b"),
     "qwen3-14b": ("qwen3", "qwen3_14b"), "qwen3-32b": ("qwen3", "qwen3_32b"),
@@ -169,7 +170,8 @@ def custom_model_note(m, module: str, config: str) -> str:
             + (", RMSNorm on q and k" if m.qk_norm else ", no RMSNorm on q and k" if template == "qwen3" else ""))
     if m.rope_theta is not None:
         sc = m.rope_scaling
-        dims += f"; RoPE theta {m.rope_theta:g}" + (f", {sc.type} scaling factor {sc.factor:g}" if sc else "")
+        dims += f"; RoPE theta {m.rope_theta:g}" + (f", {sc.type} scaling factor {sc.factor:g}" if sc else
+                                                      ", no RoPE scaling")
     if m.mla is not None:
         a = m.mla
         dims += (f"; latent attention: q_lora_rank {a.q_lora_rank or 0}, kv_lora_rank {a.kv_lora_rank}, "
