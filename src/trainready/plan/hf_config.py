@@ -34,7 +34,9 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gem
 _MAX = int(MAX_PARAMS)
 _KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "count": ("a whole number above 0", lambda v: type(v) is int and v > 0),
-    "number": ("a number above 0", lambda v: type(v) in (int, float) and 0 < v < 1e300 and math.isfinite(v)),
+    # an int past a float's range (a 400-digit literal) is no number either: math.isfinite would overflow on it
+    "number": ("a number above 0", lambda v: v > 0 if type(v) is float and math.isfinite(v)
+               else type(v) is int and 0 < v < 2**1023),
     "bool": ("true or false", lambda v: type(v) is bool),
     "str": ("a string", lambda v: isinstance(v, str)),
     "dict": ("an object", lambda v: isinstance(v, dict)),
