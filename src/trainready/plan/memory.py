@@ -204,7 +204,8 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     # the stack's layout (flash_attention_2's batch x seq x heads) only with the stack's own kernel; another
     # kernel goes through SDPA, whose output is transposed and copied
     attention_copy = stack.attention_copy or s.attention_kernel != stack.attention_kernel
-    flash = attention_path(m, stack, s.attention_kernel) != "eager"  # eager keeps the s x s scores
+    # eager attention keeps the s x s scores: only sink models take that path (plan/attention.py)
+    flash = not m.attention_sinks or attention_path(m, stack, s.attention_kernel) != "eager"
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
         return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters,
@@ -217,9 +218,10 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     # TP splits the attention and MLP insides; with sequence parallelism the rest too, else each TP rank keeps
     # the norms' tensors and the layer input whole (Stack.sequence_parallel)
     sp = stack.sequence_parallel or s.tp == 1
-    replicated = 0.0 if sp else tp_replicated_bytes_per_token(
-        m, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method, fp8_saved=fp8_saved,
-        fp32_adapters=fp32_adapters)
+    replicated = 0.0 if sp else moe._memo(m, ("tp_replicated", s.kernels, r, a, s.method, fp8_saved, fp32_adapters),
+                                          lambda: tp_replicated_bytes_per_token(
+                                              m, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method,
+                                              fp8_saved=fp8_saved, fp32_adapters=fp32_adapters))
 
     def on_rank(per_tok: float, whole: float = replicated) -> float:  # bytes per token on one TP rank
         return per_tok / s.tp if sp else whole + (per_tok - whole) / s.tp

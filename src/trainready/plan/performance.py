@@ -268,7 +268,8 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
         fwd += a_fwd
         bwd += a_bwd
         flops += a_flops
-    la = layer_attention(m, s.seq_len, attention_path(m, get_stack(s.stack), s.attention_kernel))
+    path = attention_path(m, get_stack(s.stack), s.attention_kernel)
+    la = moe._memo(m, ("layer_attention", s.seq_len, path), lambda: layer_attention(m, s.seq_len, path))
     attn_fwd_flops = attn_fwd = 0.0
     for share, span, length in la.parts:  # full blocks and sliding-window ones (plan/attention.py)
         part = share * 2 * tokens * span * moe.attention_dim(m) / s.tp  # causal span: half of 4*s*q_dim
