@@ -157,8 +157,8 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1
     shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
     weights = _per_gpu(s, pc, w_b, shard_w) + working + units
-    if z3 and stack.zero3_16bit_shard and not pure and s.offload == "none":
-        weights += _per_gpu(s, pc, 2.0, dp)  # the partitioned 16-bit parameters (Stack.zero3_16bit_shard)
+    if z3 and stack.deepspeed_zero_memory and not pure and s.offload == "none":
+        weights += _per_gpu(s, pc, 2.0, dp)  # the partitioned 16-bit parameters (Stack.deepspeed_zero_memory)
     grads = _per_gpu(s, pc, g_b, shard_grad)
     # unsharded gradients kept over the micro-batches, one as well (torch.distributed.pipelining turns gradient
     # sync off for every backward and reduces once after the last; FSDP2 keeps them in the reduce dtype): the
@@ -178,7 +178,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         gpu_weights = (2.0 * pc.local if not z3 else _per_gpu(s, pc, 2.0, dp) + units)
         # DeepSpeed moves each gradient partition to the host as it is reduced (its estimators count no gradients
         # on the GPU with cpu_offload); Megatron's optimizer offload keeps its gradient buffer on the GPU
-        gpu_grads = 0.0 if stack.zero3_16bit_shard else _per_gpu(s, pc, 2.0, dp)
+        gpu_grads = 0.0 if stack.deepspeed_zero_memory else _per_gpu(s, pc, 2.0, dp)
         return gpu_weights, max(gpu_grads, accumulated), 0.0, host
     return units, max(2.0 * pc.block, accumulated), 0.0, host  # optimizer+params: only gathered units stay
 

@@ -162,6 +162,7 @@ class _InstanceLog:
     price: str = ""
     over_limits: list[_Best] = field(default_factory=list)  # fit, but beyond --max-usd or --deadline-hours
     framework: str = ""  # why --framework cannot run a configuration (the first such reason)
+    nodes_needed: int | None = None  # where nothing fit: the nodes ZeRO-3 would need (_exclusion_reason)
 
 
 def _global_batch(job: JobSpec, seq_len: int) -> int:
@@ -362,7 +363,7 @@ def _usd_per_gpu_hour(inst: Instance) -> float:
 
 
 def _beyond_the_cap(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: int, candidates: list[_Best],
-                    excluded: list[Exclusion]) -> str | None:
+                    needing_more: list[Instance]) -> str | None:
     """A note when --max-nodes keeps out a much cheaper plan: where the cheapest row uses the most nodes allowed
     (or an instance needs more than that), its instance and those are tried at up to 4x the cap."""
     capped = [n for n in NODE_COUNTS if n <= req.max_nodes]
@@ -372,7 +373,6 @@ def _beyond_the_cap(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb:
     if winner is not None and winner.setup.nodes < capped[-1]:
         return None  # the cheapest row did not need the most nodes allowed: the cap does not bind
     probes = [winner.setup.instance.name] if winner is not None else []
-    needing_more = [catalog.instance(e.instance) for e in excluded if f"more than --max-nodes {req.max_nodes}" in e.reason]
     # the cheapest GPUs first: the probe tries few instances, and a run's cost follows the price of its GPU-hours
     probes += [i.name for i in sorted(needing_more, key=_usd_per_gpu_hour)]
     wider = req.model_copy(update={"max_nodes": min(4 * req.max_nodes, NODE_COUNTS[-1])})
@@ -409,8 +409,8 @@ def _other_stack(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: in
     shown = row.estimate.cost.total_usd if job.tokens else row.estimate.cost.usd_per_billion_tokens
     inst = catalog.instance(row.estimate.setup.instance)
     best: _Best | None = None
+    nodes = row.estimate.setup.nodes  # its node count only: the search's time stays the plan's
     for name in OWN_STACKS if req.framework == "auto" else (req.framework,):
-        nodes = row.estimate.setup.nodes  # its node count only: the search's time stays the plan's
         other = req.model_copy(update={"job": job.model_copy(update={"stack": name}), "max_nodes": nodes})
         try:
             found, _, _ = _evaluate_instance(other, catalog, inst, model, seq_len, gb, min_nodes=nodes)
@@ -525,7 +525,7 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
             if log.framework:
                 return f"--framework {req.framework} runs none of its configurations: {log.framework}"
             return log.batch or log.network or "no configuration could be formed"
-        nodes_needed = _nodes_needed(req, inst, model, catalog)
+        nodes_needed = log.nodes_needed = _nodes_needed(req, inst, model, catalog)
         tail = ""
         if nodes_needed:
             # counted with ZeRO-3 (_zero3_at): said so, since a framework without it may not fit on as many
@@ -719,6 +719,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     candidates: list[_Best] = []
     excluded: list[Exclusion] = []
     framework_whys: list[str | None] = []  # per excluded instance: the framework's reason if it alone excluded it
+    needing_more: list[Instance] = []  # excluded for needing more nodes than --max-nodes (where nodes can be costed)
     searched = 0
     for inst in sorted(catalog.instances.values(), key=lambda i: i.name):
         if wanted is not None and inst.name not in wanted:
@@ -735,10 +736,12 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         searched += n
         if not found:
             excluded.append(Exclusion(instance=inst.name, reason=_exclusion_reason(req, inst, log, model, catalog)))
+            if log.nodes_needed and log.nodes_needed > req.max_nodes and inst.network_gbps:
+                needing_more.append(inst)
             # "": no configuration formed at all (the GPU cannot run the precision): no say either way
             framework_whys.append(_framework_only(log) if n or log.framework else "")
         candidates.extend(found)
-    beyond = _beyond_the_cap(req, catalog, model, seq_len, gb, candidates, excluded)
+    beyond = _beyond_the_cap(req, catalog, model, seq_len, gb, candidates, needing_more)
     # best configuration per (instance, nodes), then the top rows overall
     # ranked with the handicap for machinery (COMPLEXITY), so a simpler setup within it comes first
     ranked = sorted(_best_per_nodes(candidates).values(), key=lambda c: (_adjusted(c, c.score), -c.step.tokens_per_s))

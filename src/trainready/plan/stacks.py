@@ -125,7 +125,7 @@ class Stack:
     attention_copy: bool = True
     """Eager modules copy the attention output before the output projection (SDPA's layout, transposed and made
     contiguous: saved twice); False: the kernel's output is read as a view (plan/activations.py)."""
-    zero3_16bit_shard: bool = False
+    deepspeed_zero_memory: bool = False
     """DeepSpeed's ZeRO memory: ZeRO-3 keeps each rank's shard of the 16-bit parameters beside the fp32 masters (its
     partitioned ds_tensor: 18 bytes per parameter over the ranks), and with the optimizer offloaded the gradients
     go to the host as they are reduced (runtime/zero/stage3.py and stage_1_and_2.py estimate_*_model_states_mem_needs);
@@ -179,7 +179,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           source="deepspeed/runtime/engine.py communication_data_type: bf16 when bf16 is enabled and "
                  "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
           ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", **_TRANSFORMERS_ATTENTION,
-          zero3_16bit_shard=True,
+          deepspeed_zero_memory=True,
           etp_source="deepspeed 0.19 module_inject/auto_ep_config.py: expert_parallel.expert_tensor_parallel_size "
                      "defaults to 1 (AutoEP); AutoTP splits every linear layer without EP"),
     Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",

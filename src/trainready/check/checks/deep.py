@@ -139,9 +139,7 @@ def _gemm_gpus(data: dict) -> tuple[list[tuple[str, float, float | None]], str]:
     """(GPU label, steady TFLOP/s, first-window TFLOP/s or None) per GPU from deep.json's gemm, each field
     checked (a hostile or broken file gives fewer rows, not a crash); and a note for a file that measured GPU 0
     only (trainready before every GPU was measured)."""
-    def number(v: object) -> float | None:
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e6 else None
-
+    number = node.gbps  # deep.json's one reader of a figure: finite, non-negative, bounded, else None
     rows = []
     gpus = data.get("gpus")
     if isinstance(gpus, list):

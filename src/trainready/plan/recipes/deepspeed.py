@@ -72,9 +72,7 @@ def reason(s: Setup) -> str | None:
                                            "splits every linear layer")
     if why:
         return why
-    if s.ep > 1:
-        return AUTOEP_DOES_NOT_START
-    if s.ep > 1:  # kept for when AUTOEP_DOES_NOT_START is lifted: AutoEP's own limits
+    if s.ep > 1:  # AutoEP's own limits first, then why even a row within them does not start here
         if s.model.family not in AUTOEP_FAMILIES:
             return (f"DeepSpeed AutoEP knows {', '.join(AUTOEP_FAMILIES)} models, not {s.model.family}; "
                     f"use --framework torchtitan or megatron")
@@ -82,6 +80,7 @@ def reason(s: Setup) -> str | None:
             return "DeepSpeed AutoEP here only with tp 1, pp 1 and full training; use --framework megatron"
         if why := collective_a2a_reason(s, "DeepSpeed AutoEP"):
             return why
+        return AUTOEP_DOES_NOT_START
     return None
 
 
