@@ -125,12 +125,22 @@ def deepspeed_config(path: str) -> dict:
         [*sys.argv[4:], "--use_cpu", "--output_dir", "trainer-output"])
     hf = HfTrainerDeepSpeedConfig(cfg)
     hf.trainer_config_process(args)
-    return hf.config
+    cfg = hf.config
+    if os.environ.get("RECIPE_TORCH_ADAM") and "optimizer" in cfg:
+        # test plumbing: torch's AdamW on the offloaded fp32 states in place of DeepSpeed's CPU-Adam, whose JIT C++
+        # build takes about 50 s; DeepSpeed's own switch (engine.get_optimizer_configuration), the offload kept
+        cfg["optimizer"]["params"]["torch_adam"] = True
+    return cfg
+
+
+QLORA_BASE = dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                  bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
 
 
 def hf_model():
     """A tiny Hugging Face Llama (what AutoTP knows how to split), or a tiny Mixtral with RECIPE_MOE=1 (AutoEP);
-    wrapped in PEFT LoRA of rank RECIPE_LORA_RANK when set, as the recipe's note says."""
+    wrapped in PEFT LoRA of rank RECIPE_LORA_RANK when set, as the recipe's note says; with RECIPE_QLORA=1 the
+    base is saved and loaded again 4-bit through bitsandbytes with the note's BitsAndBytesConfig (QLORA_BASE)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
@@ -140,6 +150,15 @@ def hf_model():
         model = MixtralForCausalLM(MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2))
     else:
         model = LlamaForCausalLM(LlamaConfig(**shape))
+    if os.environ.get("RECIPE_QLORA"):
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        base = "base"  # random weights (the same seed on every rank), written here: nothing is downloaded
+        if dist.get_rank() == 0:  # transformers writes config.json from the main process only
+            model.save_pretrained(base)
+        dist.barrier()
+        model = AutoModelForCausalLM.from_pretrained(base, quantization_config=BitsAndBytesConfig(**QLORA_BASE),
+                                                     dtype=torch.bfloat16, device_map="cpu")
     if os.environ.get("RECIPE_LORA_RANK"):
         from peft import LoraConfig, get_peft_model
 
@@ -158,8 +177,9 @@ def hf_llama_engine(path: str):
     cfg = deepspeed_config(path)
     model = hf_model()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(trainable, lr=1e-2),
-                                             config=cfg)
+    # with an "optimizer" block (offload rows) DeepSpeed builds the optimizer and the Trainer passes none
+    client = None if "optimizer" in cfg else torch.optim.AdamW(trainable, lr=1e-2)
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=trainable, optimizer=client, config=cfg)
     return engine, opt, cfg
 
 
