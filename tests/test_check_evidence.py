@@ -137,6 +137,24 @@ def test_infiniband_judges_infiniband_ports_only():
     assert down["net.infiniband"].status == "fail" and "Polling" in down["net.infiniband"].reason
 
 
+def test_infiniband_ports_keep_the_parsers_records():
+    """Issue 25: one port record per tool (parsers.system.IbPort, IbvPort), which judges `active`; the facts hold
+    those records with their device and file, not a third copy of their fields."""
+    from trainready.check.context import Context
+    from trainready.check.facts import Facts
+    from trainready.check.parsers import system
+
+    devinfo = real("ib", "ibv_devinfo-vv_ConnectX6-dual-port_IB-port1-active_IB-port2-PORT_DOWN-DISABLED_ucx9908.txt")
+    ports = Facts(Context(Bundle({"ibv_devinfo.txt": devinfo}, None, source="test"), None, None)).infiniband.ports
+    assert all(isinstance(p.record, system.IbvPort) and p.source == "ibv_devinfo.txt" for p in ports)
+    assert [(p.device, p.port, p.active, p.physical) for p in ports] == [("mlx5_0", 1, True, None),
+                                                                          ("mlx5_1", 1, False, None)]
+    _, by_id = judge({"ibv_devinfo.txt": devinfo})
+    assert by_id["net.infiniband"].status == "fail" and "mlx5_1 port 1: PORT_DOWN" in by_id["net.infiniband"].reason
+    # ibstat without its "Physical state" line: Active is up (a port is Active only over a link)
+    assert system.IbPort(state="Active").active and not system.IbPort(state="Active", physical_state="Polling").active
+
+
 # ---------------------------------------------------------------- one root cause, one verdict
 
 

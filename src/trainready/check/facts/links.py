@@ -38,24 +38,37 @@ def nvlink(f: Facts) -> NvlinkFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class IbPort:
+class RdmaPort:
+    """A port as one tool listed it: the parser's own record (ibstat's IbPort, which has the physical state, or
+    ibv_devinfo's IbvPort), its device, and the file it came from. The records judge `active` themselves."""
     device: str
-    port: int | None
-    state: str | None
-    physical: str | None
-    link_layer: str | None
-    rate: float | None
+    record: system.IbPort | system.IbvPort
     source: str
 
     @property
+    def port(self) -> int | None:
+        return self.record.number
+
+    @property
+    def state(self) -> str | None:
+        return self.record.state
+
+    @property
+    def physical(self) -> str | None:
+        return getattr(self.record, "physical_state", None)  # ibv_devinfo does not show it
+
+    @property
+    def link_layer(self) -> str | None:
+        return self.record.link_layer
+
+    @property
     def active(self) -> bool:
-        return (self.state or "").lower() in ("active", "port_active") and \
-            (self.physical is None or self.physical.lower() == "linkup")
+        return self.record.active
 
 
 @dataclass
 class IbFacts:
-    ports: list[IbPort] = field(default_factory=list)
+    ports: list[RdmaPort] = field(default_factory=list)
     read: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -69,7 +82,7 @@ def infiniband(f: Facts) -> IbFacts:
         out.notes += ibstat.notes
         for ca in ibstat.cas:
             for p in ca.ports:
-                out.ports.append(IbPort(ca.name, p.number, p.state, p.physical_state, p.link_layer, p.rate_gbps, "ibstat.txt"))
+                out.ports.append(RdmaPort(ca.name, p, "ibstat.txt"))
     devinfo = f.parsed("ibv_devinfo.txt", system.parse_ibv_devinfo)
     if devinfo is not None:
         out.read.append("ibv_devinfo.txt")
@@ -79,7 +92,7 @@ def infiniband(f: Facts) -> IbFacts:
                 continue  # EFA is checked by net.efa
             for p in device.ports:
                 if (device.hca_id, p.number) not in known:
-                    out.ports.append(IbPort(device.hca_id, p.number, p.state, None, p.link_layer, None, "ibv_devinfo.txt"))
+                    out.ports.append(RdmaPort(device.hca_id, p, "ibv_devinfo.txt"))
     return out
 
 

@@ -239,7 +239,8 @@ class IbPort(_Frozen):
 
     @property
     def active(self) -> bool:
-        return (self.state or "").lower() == "active" and (self.physical_state or "").lower() == "linkup"
+        # a port is Active only over a link, so a listing without its physical state still reads as up
+        return (self.state or "").lower() == "active" and (self.physical_state or "linkup").lower() == "linkup"
 
 
 class IbCa(_Frozen):
