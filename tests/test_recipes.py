@@ -21,7 +21,7 @@ import pytest
 from trainready.errors import UsageError
 from trainready.plan.job import JobSpec
 from trainready.plan.model_spec import ModelSpec
-from trainready.plan.recipes import CHOICES, FRAMEWORKS, deepspeed, framework_for, hf_tp, megatron, recipe_for
+from trainready.plan.recipes import CHOICES, FRAMEWORKS, deepspeed, framework_for, hf_tp, recipe_for
 from trainready.plan.recipes import torchtitan as titan
 from trainready.plan.search import PlanRequest, plan
 from trainready.plan.setup import resolve
@@ -196,39 +196,15 @@ def check_deepspeed(s, r, monkeypatch):
                                zero_offload_param=zc.offload_param is not None)
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def check_megatron(s, r):
     need("megatron.core")
-    import torch
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+    from megatron_worker import megatron_fields
 
-    args = {}
-    for line in r.config.splitlines():
-        flag, *value = line.split()
-        assert flag in megatron.FLAGS, f"{flag}: not a flag this module knows (megatron.FLAGS)"
-        assert flag not in args, f"{flag} given twice"
-        args[flag] = _value(value[0]) if value else True
-    fields = {megatron.FLAGS[f]: v for f, v in args.items() if megatron.FLAGS[f]}
-    if "add_bias_linear" in fields:  # --disable-bias-linear sets the field to False
-        fields["add_bias_linear"] = False
-    if "--num-virtual-stages-per-pipeline-rank" in args:  # validate_args sets the field from it
-        fields["virtual_pipeline_model_parallel_size"] = args["--num-virtual-stages-per-pipeline-rank"]
-    if "--num-experts" in args:  # arguments.py: --num-experts is TransformerConfig.num_moe_experts
-        fields["num_moe_experts"] = args["--num-experts"]
-    if "--moe-layer-freq" in args:  # arguments.py moe_freq_type: a Python list expression
-        fields["moe_layer_freq"] = eval(args["--moe-layer-freq"], {"__builtins__": {}})  # noqa: S307
+    args, fields = megatron_fields(r.config)
+    if "--moe-layer-freq" in args:
         assert sum(fields["moe_layer_freq"]) == s.model.num_moe_layers
-    dtype = torch.bfloat16 if args.get("--bf16") else torch.float16 if args.get("--fp16") else torch.float32
-    fields["params_dtype"] = fields["pipeline_dtype"] = dtype  # as Megatron-LM derives them from --bf16/--fp16
     known = {f.name for f in dataclasses.fields(MLATransformerConfig)}
     assert set(fields) <= known, set(fields) - known
     config = (MLATransformerConfig if fields.get("multi_latent_attention") else TransformerConfig)(**fields)
@@ -387,11 +363,9 @@ def test_expert_tp_only_where_the_framework_has_it(catalog):
 
 
 def _megatron_args(r) -> dict:
-    args = {}
-    for line in r.config.splitlines():
-        flag, *value = line.split()
-        args[flag] = _value(value[0]) if value else True
-    return args
+    from megatron_worker import megatron_fields
+
+    return megatron_fields(r.config)[0]
 
 
 @pytest.mark.parametrize("name", ["llama-2-7b", "llama-3-8b", "llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b",
@@ -597,8 +571,9 @@ def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=Non
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE),
            **(worker_env or {})}
     flags = trainer_words(r) if framework == "deepspeed" and deepspeed.hf_trainer(s) else []
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len), *flags],
+    worker = ([str(HERE / "megatron_worker.py"), r.config_file] if framework == "megatron" else
+              [str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len), *flags])
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *worker],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
     if expect_fail is not None:
@@ -732,6 +707,21 @@ def test_the_recommended_offload_rows_train_on_two_gloo_processes(tmp_path, cata
     need("accelerate")
     run_two(tmp_path, catalog, "deepspeed", "deepspeed-hf", worker_env={"RECIPE_TORCH_ADAM": "1"},
             strategy="zero3", offload=offload)
+
+
+TINY_MOE = ModelSpec(name="tiny-moe", family="qwen3_moe", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
+                     moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
+
+
+@pytest.mark.parametrize("layout", [{"pp": 2}, {"ep": 2}])
+def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, catalog, layout):
+    """Issue 28: the Megatron rows `plan` gives Mixtral and DeepSeek-R1 (distributed optimizer, pipeline stages,
+    expert parallelism with the alltoall dispatcher) through megatron-core 0.16.1's own model, grids, 1F1B
+    schedule, dispatcher and distributed optimizer, built from the recipe's flags on 2 gloo processes
+    (tests/megatron_worker.py; the CPU patches in tests/megatron_cpu_shim.py, each with its reason)."""
+    need("megatron.core")
+    run_two(tmp_path, catalog, "megatron", None, model_spec=TINY_MOE, strategy="zero1", **layout)
 
 
 def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
