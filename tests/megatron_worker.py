@@ -9,7 +9,8 @@ parts: parallel_state's grids, GPTModel with the local (non-Transformer-Engine) 
 --bf16, its DistributedDataParallel and distributed optimizer, the schedules of get_forward_backward_func and
 finalize_model_grads. Without Transformer Engine: no fused kernels and no grouped GEMM (--moe-grouped-gemm is
 turned off), the rest as the flags say. It prints "ok <loss before> <loss after>" on the last pipeline stage
-of data-parallel rank 0 after 3 steps on fixed batches.
+of data-parallel rank 0 after 3 steps on fixed batches, and "params <rank> <count>" for the parameters each
+rank holds (its pipeline stage, its share of the experts).
 """
 
 import dataclasses
@@ -99,6 +100,7 @@ def main() -> None:
     if config.num_moe_experts:  # the routed experts are split: this rank holds num_experts / ep of them
         moe = next(m for m in model.modules() if type(m).__name__ == "MoELayer")
         assert len(moe.local_expert_indices) == config.num_moe_experts // config.expert_model_parallel_size
+    print(f"params {dist.get_rank()} {sum(p.numel() for p in model.parameters())}", flush=True)  # this rank's
     if config.bf16:
         model = Float16Module(config, model)  # as Megatron-LM's get_model does for --bf16
     ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce="--overlap-grad-reduce" in args,

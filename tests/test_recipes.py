@@ -578,10 +578,11 @@ def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=Non
     ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
     if expect_fail is not None:
         assert proc.returncode != 0 and expect_fail in proc.stderr, proc.stderr[-3000:]
-        return
+        return None
     assert proc.returncode == 0 and ok, proc.stderr[-3000:]
     first, last = map(float, ok[0].split()[1:])
     assert last < first  # it trained: the loss on the batch went down
+    return s, proc.stdout
 
 
 @pytest.mark.parametrize("strategy, ckpt", [("zero3", "selective-op"), ("ddp", "full")])
@@ -721,7 +722,14 @@ def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, cat
     schedule, dispatcher and distributed optimizer, built from the recipe's flags on 2 gloo processes
     (tests/megatron_worker.py; the CPU patches in tests/megatron_cpu_shim.py, each with its reason)."""
     need("megatron.core")
-    run_two(tmp_path, catalog, "megatron", None, model_spec=TINY_MOE, strategy="zero1", **layout)
+    from trainready.plan.memory import param_counts
+
+    s, out = run_two(tmp_path, catalog, "megatron", None, model_spec=TINY_MOE, strategy="zero1", **layout)
+    held = [int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("params ")]
+    assert len(held) == 2
+    # the memory model's parameters on the worst stage (its stage's blocks, its 1/ep of the experts) are what
+    # megatron-core's GPTModel holds on the fullest rank
+    assert param_counts(s).local == pytest.approx(max(held), rel=1e-3), (param_counts(s), held)  # 0.05% / exact
 
 
 def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
