@@ -2,6 +2,7 @@
 process per rank under torchrun with gloo. Started by tests/test_recipes.py.
 
     torchrun --nproc-per-node=2 recipe_worker.py titan torchtitan.args
+    torchrun --nproc-per-node=2 recipe_worker.py titan-moe torchtitan.args  (torchtitan's Qwen3 MoE, its EP)
     torchrun --nproc-per-node=2 recipe_worker.py deepspeed ds_config.json SEQ_LEN
     torchrun --nproc-per-node=2 recipe_worker.py deepspeed-hf ds_config.json SEQ_LEN  (a Hugging Face Llama)
 
@@ -107,6 +108,133 @@ def run_titan(path: str) -> tuple[float, float]:
         fully_shard(block, **kw)
     fully_shard(model, **kw)
     dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
+    accum = t.global_batch_size // (t.local_batch_size * dp)
+    assert accum * t.local_batch_size * dp == t.global_batch_size
+    return train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
+
+
+def import_titan_moe() -> None:
+    """Imports torchtitan's MoE modules on a machine without triton. models/common/token_dispatcher.py imports
+    distributed/minimal_async_ep, whose kernels.py runs `import triton` and defines its async-EP kernels at
+    import time (@triton.jit decorators, tl.* annotations); the standard all-to-all dispatcher never launches
+    them. A stub whose jit hands the function back and whose attributes are an inert placeholder stands in
+    for triton while minimal_async_ep (api.py, kernels.py) alone imports, its other imports loaded first, and
+    leaves sys.modules after, so torch's own triton probes (inductor) never see it. With triton installed
+    nothing is stubbed."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("triton") is None:
+        import torch.distributed._symmetric_memory  # noqa: F401  api.py's other imports, loaded without the stub
+        import torchtitan.distributed  # noqa: F401
+        import torchtitan.tools.logging  # noqa: F401
+
+        class Placeholder:  # tl.constexpr, tl.pointer_type(tl.int64), tl.bfloat16, ...: stored, never run
+            def __getattr__(self, name):
+                return self
+
+            def __call__(self, *args, **kwargs):
+                return self
+
+        def module_attr(name):
+            if name.startswith("__"):  # __file__, __path__, ...: absent, as inspect and importlib expect
+                raise AttributeError(name)
+            return Placeholder()
+
+        def jit(fn=None, **kwargs):  # both @triton.jit and @triton.jit(do_not_specialize=[...])
+            return fn if fn is not None else (lambda f: f)
+
+        triton, language = types.ModuleType("triton"), types.ModuleType("triton.language")
+        triton.jit, triton.language = jit, language
+        triton.__getattr__ = language.__getattr__ = module_attr
+        sys.modules.update({"triton": triton, "triton.language": language})
+        try:
+            import torchtitan.distributed.minimal_async_ep  # noqa: F401
+        finally:
+            del sys.modules["triton"], sys.modules["triton.language"]
+    import torchtitan.models.qwen3  # noqa: F401  (token_dispatcher now finds minimal_async_ep imported)
+
+
+def tiny_qwen3_moe(seq_len: int):
+    """torchtitan's Qwen3Model, its tiny MoE shape after models/qwen3/config_registry.py (qwen3_moe_debug):
+    every block MoE with 4 routed experts of FFN 128, top-2, RoPE theta 1e6, no q/k norm."""
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import (make_gqa_config, make_moe_config,
+                                                       make_routed_experts_config, make_router_config)
+    from torchtitan.models.qwen3 import (_EMBEDDING_INIT, _LINEAR_INIT, _moe_experts_init, _qwen3_norm,
+                                         _residual_output_init)
+    from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+
+    experts, head_dim = 4, DIM // HEADS
+    block = Qwen3TransformerBlock.Config(
+        attention_norm=_qwen3_norm(DIM), ffn_norm=_qwen3_norm(DIM),
+        attention=make_gqa_config(
+            dim=DIM, n_heads=HEADS, n_kv_heads=HEADS, head_dim=head_dim, fuse_qkv=True, qk_norm=None,
+            wqkv_param_init=_LINEAR_INIT, wo_param_init=_residual_output_init(LAYERS),
+            # causal SDPA, not Qwen3's flex attention, which has no backward on CPU
+            inner_attention=ScaledDotProductAttention.Config(),
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=seq_len, theta=1e6)),
+        moe=make_moe_config(
+            num_experts=experts,
+            router=make_router_config(dim=DIM, num_experts=experts, gate_param_init=_LINEAR_INIT, top_k=2,
+                                      score_func="softmax", route_norm=True),
+            routed_experts=make_routed_experts_config(
+                dim=DIM, hidden_dim=FFN, num_experts=experts, top_k=2, param_init=_moe_experts_init(LAYERS),
+                comm_backend="standard")))  # the all-to-all dispatcher (gloo carries it)
+    return Qwen3Model.Config(
+        vocab_size=VOCAB, dim=DIM, norm=_qwen3_norm(DIM), layers=[block] * LAYERS,
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM, param_init=_EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_LINEAR_INIT))
+
+
+def run_titan_moe(path: str) -> tuple[float, float]:
+    """torchtitan's own Qwen3 MoE model through its own parallelize_qwen3 (expert parallelism, then FSDP2 on
+    the dp and efsdp meshes of its ParallelDims), with the recipe's parallelism / training / compile / AC
+    sections; the routed experts must come out split over the "ep" mesh."""
+    import functools
+
+    import torchtitan.tools.utils as tu
+
+    tu.device_type = "cpu"  # torchtitan falls back to "cuda" at import; ParallelDims builds its meshes on it
+    import_titan_moe()
+    import torchtitan.distributed.fsdp as tfsdp
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.utils import set_spmd_backend
+    from torchtitan.models.qwen3.parallelize import parallelize_qwen3
+    from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+    # --training.enable_cpu_offload: torchtitan's CPUOffloadPolicy() pins memory, which needs an accelerator
+    tfsdp.CPUOffloadPolicy = functools.partial(tfsdp.CPUOffloadPolicy, pin_memory=False)
+    cfg = titan_config(open(path).read().split())
+    p, t = cfg.parallelism, cfg.training
+    dims = ParallelDims.from_config(p, dist.get_world_size())
+    dims.build_mesh()
+    set_spmd_backend(p.spmd_backend)  # as Trainer.__init__
+    model_config = tiny_qwen3_moe(t.seq_len)
+    # the part of Qwen3Model.Config.update_from_config this needs: the sharding plan model.parallelize applies
+    # (the whole call imports torchtitan.trainer, hence datasets)
+    set_qwen3_sharding_config(model_config, enable_sp=p.enable_sequence_parallel,
+                              enable_ep=p.expert_parallel_degree > 1)
+    torch.manual_seed(0)
+    model = model_config.build()
+    with torch.no_grad():
+        model.init_weights()  # torchtitan's init (each module's param_init), as Trainer.__init__
+    model = parallelize_qwen3(model, parallel_dims=dims, training=t, parallelism=p, compile_config=cfg.compile,
+                              ac_config=cfg.activation_checkpoint, dump_folder=".")
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            # torchtitan sets gradient divide factor 1, so FSDP2 reduces with PREMUL_SUM, which gloo lacks;
+            # a plain SUM is the same arithmetic
+            m.set_force_sum_reduction_for_comms(True)
+    w1 = model.layers["0"].moe.routed_experts.inner_experts.w1_EFD  # (experts, FFN, DIM)
+    names = w1.device_mesh.mesh_dim_names if isinstance(w1, DTensor) else ()
+    # expert parallelism really split the routed experts: dim 0 sharded over the "ep" mesh dim of its degree
+    assert dims.ep == 1 or ("ep" in names and w1.placements[names.index("ep")].is_shard(0)
+                            and w1.device_mesh.size(names.index("ep")) == dims.ep), (names, w1.placements)
+    dp = dims.dp_replicate * dims.dp_shard  # the batch degree (Trainer.__init__'s "batch" mesh)
     accum = t.global_batch_size // (t.local_batch_size * dp)
     assert accum * t.local_batch_size * dp == t.global_batch_size
     return train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
@@ -256,10 +384,10 @@ def run_deepspeed(path: str) -> tuple[float, float]:
 
 def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
-    if kind == "titan":
+    if kind in ("titan", "titan-moe"):
         dist.init_process_group("gloo")
-    first, last = {"titan": run_titan, "deepspeed": run_deepspeed, "deepspeed-hf": run_deepspeed_hf,
-                   "saved-in-layers": saved_in_layers}[kind](path)
+    first, last = {"titan": run_titan, "titan-moe": run_titan_moe, "deepspeed": run_deepspeed,
+                   "deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers}[kind](path)
     if int(os.environ["RANK"]) == 0:
         print(f"ok {first:.4f} {last:.4f}", flush=True)
     dist.barrier()

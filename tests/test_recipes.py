@@ -732,6 +732,16 @@ def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, cat
     assert param_counts(s).local == pytest.approx(max(held), rel=1e-3), (param_counts(s), held)  # 0.05% / exact
 
 
+@pytest.mark.parametrize("offload", ["none", "optimizer+params"])
+def test_the_recommended_torchtitan_expert_parallel_rows_train_on_two_gloo_processes(tmp_path, catalog, offload):
+    """Issue 28: the torchtitan rows `plan` gives DeepSeek-R1 (FSDP2 with expert parallelism, with and without CPU
+    offload): torchtitan's own Qwen3 MoE model through its parallelize_qwen3 with the recipe's sections, on 2 gloo
+    processes; the worker asserts the routed experts are split over the "ep" mesh. Under the default spmd_types
+    backend, torch 2.13.0 stops in fully_shard: the recipe names partial_dtensor."""
+    need("torchtitan.config")
+    run_two(tmp_path, catalog, "torchtitan", "titan-moe", model_spec=TINY_MOE, strategy="zero3", ep=2, offload=offload)
+
+
 def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
     """Review of issue 28: transformers 5.23's MoE tp_plan styles are refused by AutoTP (Mixtral) or leave the model
     unsplit (gpt-oss), so a MoE row with tp > 1 cannot be a DeepSpeed row."""

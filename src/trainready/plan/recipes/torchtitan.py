@@ -125,6 +125,10 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
     """The command-line overrides that make torchtitan run exactly this setup."""
     replicate, shard = (s.dp, 1) if s.strategy == "ddp" else (1, s.dp)
     a: list[tuple[str, object]] = [
+        # the DTensor path for the model-parallel axes: the default spmd_types path stops in fully_shard under
+        # torch 2.13.0 ("When dp_mesh_dims is provided, all parameters must be DTensors on the full SPMD mesh",
+        # the EP rows on 2 processes in the tests); partial_dtensor trains them
+        ("--parallelism.spmd_backend", "partial_dtensor"),
         ("--parallelism.data_parallel_replicate_degree", replicate),
         ("--parallelism.data_parallel_shard_degree", shard),
         ("--parallelism.tensor_parallel_degree", s.tp),
@@ -184,7 +188,9 @@ def custom_model_note(m, module: str, config: str) -> str:
                  + (f", the first {e.first_dense_layers} layers dense" if e.first_dense_layers else "")
                  + (f", every {e.layer_freq}th layer MoE" if e.layer_freq > 1 else ""))
     return (f"torchtitan ships no config for {m.name}: write {module}/config_registry.py with "
-            f"`def {config}() -> Trainer.Config` after torchtitan/models/{template}/config_registry.py, with {dims}")
+            f"`def {config}() -> Trainer.Config` after torchtitan/models/{template}/config_registry.py, with {dims}; "
+            f"its hf_assets_path names the model's tokenizer (torchtitan's scripts/download_hf_assets.py) and its "
+            f"dataloader your data (the shipped configs' c4_test lives in torchtitan's source tree only)")
 
 
 def ac_mode(s: Setup) -> str:
@@ -197,7 +203,9 @@ def recipe(s: Setup) -> Recipe:
     args = args_lines(overrides(s)) + f"\nactivation_checkpoint:{ac_mode(s)}"
     program = f"-m torchtitan.train --module {module} --config {config} $(cat {ARGS_FILE})"
     notes.insert(0, f"torchtitan {VERSION}: save the config as {ARGS_FILE}; the subcommand "
-                    f"activation_checkpoint:... stays last")
+                    f"activation_checkpoint:... stays last. It needs a PyTorch newer than 2.13.0 (the nightly its "
+                    f"README recommends): after the first step it calls torch.distributed.set_timeout, which 2.13.0 "
+                    f"lacks")
     if not shipped:
         notes.append(custom_model_note(s.model, module, config))
     if s.strategy == "ddp":
