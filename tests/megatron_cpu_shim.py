@@ -15,6 +15,10 @@ on gloo processes. Each, and why (file:line in megatron-core 0.16.1):
    (the name is bound only when TE imports, moe_utils.py:22-39, but the router reads it, moe_utils.py:1192).
 7. maybe_move_tensor_to_cpu converts CUDA tensors only (moe_utils.py:1093); the alltoall split sizes are
    given the numpy form the GPU path gives them, as all_to_all_single takes no tensor split sizes.
+8. The local spec's torch norm refuses sequence parallelism (transformer/torch_norm.py:32) only because it does
+   not mark its weights: with --sequence-parallel the norm is built as torch's and its parameters marked
+   sequence_parallel, as Transformer Engine's and the fused norms mark theirs (fusions/fused_layer_norm.py), so
+   finalize_model_grads all-reduces their gradients over the TP ranks.
 """
 
 import contextlib
@@ -84,9 +88,10 @@ class _Event:
 
 
 def install() -> None:
-    """Patches 1-7, once, before megatron-core builds anything (the mode of 1 stays on in this thread)."""
+    """Patches 1-8, once, before megatron-core builds anything (the mode of 1 stays on in this thread)."""
     import megatron.core.transformer.moe.moe_utils as mu
     import megatron.core.transformer.moe.token_dispatcher as td
+    import megatron.core.transformer.torch_norm as tn
 
     DeviceToCPU().__enter__()  # 1
     torch.cuda.current_device = lambda: torch.device("cpu")  # 2
@@ -110,3 +115,15 @@ def install() -> None:
         return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
 
     mu.maybe_move_tensor_to_cpu = td.maybe_move_tensor_to_cpu = move
+    wrapped_new = tn.WrappedTorchNorm.__new__
+
+    def norm(cls, config, hidden_size, eps=1e-5, **kwargs):  # 8
+        if not config.sequence_parallel:
+            return wrapped_new(cls, config, hidden_size, eps, **kwargs)
+        module = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}[config.normalization](
+            hidden_size, eps=eps)
+        for p in module.parameters():
+            p.sequence_parallel = True
+        return module
+
+    tn.WrappedTorchNorm.__new__ = norm

@@ -9,7 +9,7 @@ parts: parallel_state's grids, GPTModel with the local (non-Transformer-Engine) 
 --bf16, its DistributedDataParallel and distributed optimizer, the schedules of get_forward_backward_func and
 finalize_model_grads. Without Transformer Engine: no fused kernels and no grouped GEMM (--moe-grouped-gemm is
 turned off), the rest as the flags say. It prints "ok <loss before> <loss after>" on the last pipeline stage
-of data-parallel rank 0 after 3 steps on fixed batches, and "params <rank> <count>" for the parameters each
+of data-parallel rank 0 after 3 steps on fixed batches, and "params <count> <count>" for the parameters each
 rank holds (its pipeline stage, its share of the experts).
 """
 
@@ -100,7 +100,11 @@ def main() -> None:
     if config.num_moe_experts:  # the routed experts are split: this rank holds num_experts / ep of them
         moe = next(m for m in model.modules() if type(m).__name__ == "MoELayer")
         assert len(moe.local_expert_indices) == config.num_moe_experts // config.expert_model_parallel_size
-    print(f"params {dist.get_rank()} {sum(p.numel() for p in model.parameters())}", flush=True)  # this rank's
+    held = [None] * dist.get_world_size()  # the parameters each rank holds, printed once by rank 0
+    dist.all_gather_object(held, sum(p.numel() for p in model.parameters()))
+    if dist.get_rank() == 0:
+        sys.stdout.write(f"params {' '.join(map(str, held))}\n")  # one write: the ranks share this pipe
+        sys.stdout.flush()
     if config.bf16:
         model = Float16Module(config, model)  # as Megatron-LM's get_model does for --bf16
     ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce="--overlap-grad-reduce" in args,
@@ -135,7 +139,8 @@ def main() -> None:
             dist.all_reduce(loss, group=ps.get_data_parallel_group())
             losses.append(loss.item() / dp)
     if last and ps.get_data_parallel_rank() == 0:
-        print(f"ok {losses[0]:.4f} {losses[-1]:.4f}", flush=True)
+        sys.stdout.write(f"ok {losses[0]:.4f} {losses[-1]:.4f}\n")
+        sys.stdout.flush()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
 

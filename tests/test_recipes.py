@@ -623,7 +623,8 @@ def test_autotp_keeps_what_its_modules_keep_on_each_rank(tmp_path, catalog):
         assert saved == pytest.approx(measured, rel=0.05), (tp, saved, measured)
 
 
-@pytest.mark.parametrize("strategy, method", [("zero3", "full"), ("ddp", "lora"), ("zero3", "lora")])
+@pytest.mark.parametrize("strategy, method", [("zero1", "full"), ("zero2", "full"), ("zero3", "full"),
+                                              ("ddp", "lora"), ("zero3", "lora")])
 def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, catalog, strategy, method):
     """Issue 28: the rows `plan` recommends for the seed questions (7B-70B full on ZeRO-3, LoRA on DDP and ZeRO-3)
     through their JSON and command: a Hugging Face Llama (PEFT LoRA where the row says so) under a real
@@ -715,21 +716,24 @@ TINY_MOE = ModelSpec(name="tiny-moe", family="qwen3_moe", vocab_size=128, hidden
                      moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
 
 
-@pytest.mark.parametrize("layout", [{"pp": 2}, {"ep": 2}])
-def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, catalog, layout):
-    """Issue 28: the Megatron rows `plan` gives Mixtral and DeepSeek-R1 (distributed optimizer, pipeline stages,
-    expert parallelism with the alltoall dispatcher) through megatron-core 0.16.1's own model, grids, 1F1B
+@pytest.mark.parametrize("strategy, layout", [("zero1", {"pp": 2}), ("zero1", {"ep": 2}), ("ddp", {"ep": 2}),
+                                              ("zero1", {"tp": 2, "ep": 2})])
+def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, catalog, strategy, layout):
+    """Issue 28: the Megatron rows `plan` gives Mixtral and DeepSeek-R1 (distributed optimizer or not, pipeline
+    stages, expert parallelism with the alltoall dispatcher, tensor + sequence parallelism) through megatron-core 0.16.1's own model, grids, 1F1B
     schedule, dispatcher and distributed optimizer, built from the recipe's flags on 2 gloo processes
     (tests/megatron_worker.py; the CPU patches in tests/megatron_cpu_shim.py, each with its reason)."""
     need("megatron.core")
     from trainready.plan.memory import param_counts
 
-    s, out = run_two(tmp_path, catalog, "megatron", None, model_spec=TINY_MOE, strategy="zero1", **layout)
-    held = [int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("params ")]
+    s, out = run_two(tmp_path, catalog, "megatron", None, model_spec=TINY_MOE, strategy=strategy, **layout)
+    (held,) = [list(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("params ")]
     assert len(held) == 2
     # the memory model's parameters on the worst stage (its stage's blocks, its 1/ep of the experts) are what
     # megatron-core's GPTModel holds on the fullest rank
-    assert param_counts(s).local == pytest.approx(max(held), rel=1e-3), (param_counts(s), held)  # 0.05% / exact
+    # exact at ep 2; 0.05% at pp 2 (the final norm); 0.34% at tp 2: megatron keeps norms and routers whole on each
+    # TP rank where the model splits every block parameter (a far smaller share at real widths)
+    assert param_counts(s).local == pytest.approx(max(held), rel=0.005), (param_counts(s), held)
 
 
 @pytest.mark.parametrize("offload", ["none", "optimizer+params"])
