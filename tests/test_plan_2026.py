@@ -654,6 +654,49 @@ def test_the_default_stack_names_a_much_cheaper_run_under_a_frameworks_own(catal
     assert not any("plan again with --stack" in n for n in plan(named, catalog).notes)  # asked for: not a default
 
 
+@pytest.mark.parametrize("stack", ["hf-trainer", "deepspeed"])
+def test_zero2_model_states_are_what_deepspeeds_own_estimator_counts(catalog, stack):
+    """DeepSpeed's estimate_zero2_model_states_mem_needs (runtime/zero/stage_1_and_2.py): 2 bytes per parameter for
+    the 16-bit weights plus 18 over the GPUs (16-bit and fp32 gradients, fp32 masters, Adam). The default stack
+    too: its ZeRO rows run on DeepSpeed (the recipe is DeepSpeed's JSON). ZeRO-1 keeps the 16-bit gradients whole
+    (2 bytes more per parameter, less 2 over the GPUs); stage 0 holds 16-bit and fp32 gradients at the step."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    for model, gpus in (("llama-2-7b", 8), ("llama-2-13b", 8), ("llama-2-70b", 16)):
+        n = None
+        for strategy in ("zero2", "zero1", "ddp"):
+            s = _setup(catalog, model=model, instance="p4d.24xlarge", gpus=gpus, strategy=strategy, stack=stack,
+                       micro_batch=1, activation_checkpointing="full")
+            assert framework_for(s)[0] == "deepspeed"  # the default stack's row runs on DeepSpeed, and counts so
+            m = estimate_memory(s.with_(runs_on="deepspeed"))
+            ours = m.weights + m.gradients + m.optimizer
+            n = s.model.param_count()
+            _, gpu = estimate_zero2_model_states_mem_needs(n, num_gpus_per_node=8, num_nodes=gpus // 8,
+                                                           cpu_offload=False, additional_buffer_factor=1.0)
+            expected = {"zero2": gpu, "zero1": gpu + 2.0 * n - 2.0 * n / gpus, "ddp": 20.0 * n}[strategy]
+            assert ours == pytest.approx(expected, rel=0.005), (model, strategy, ours / GiB, expected / GiB)
+
+
+def test_the_default_stacks_deepspeed_rows_hold_deepspeeds_model_states(catalog):
+    """Issue 28: `plan` recommends DeepSpeed for the default stack's ZeRO rows (70B full on 2x p4d: ZeRO-3), so their
+    memory is DeepSpeed's: the 16-bit shard beside the fp32 masters, as its estimator counts; the same row through
+    `estimate` (framework "auto") agrees, and --framework megatron on the same stack does not count them."""
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=2e9), instances=["p4d.24xlarge"], top=5), catalog)
+    rows = [row for row in r.rows if row.framework == "deepspeed" and row.estimate.setup.strategy == "zero3"
+            and row.estimate.setup.offload == "none"]
+    assert rows, [(row.framework, row.estimate.setup.strategy) for row in r.rows]
+    st = rows[0].estimate.setup
+    job = JobSpec(model="llama-2-70b", instance=st.instance, gpus=st.gpus, strategy="zero3", micro_batch=st.micro_batch,
+                  global_batch=st.global_batch, seq_len=st.seq_len, activation_checkpointing=st.activation_checkpointing)
+    s = resolve(job, catalog)
+    shard = 2.0 * s.model.param_count() / s.gpus_per_node / s.nodes / GiB  # the 16-bit shard, GiB per GPU
+    on_ds, plain = estimate_memory(s.with_(runs_on="deepspeed")), estimate_memory(s.with_(runs_on="megatron"))
+    assert on_ds.weights / GiB - plain.weights / GiB == pytest.approx(shard, rel=0.01)
+    assert rows[0].estimate.memory.per_gpu_gib.weights == pytest.approx(on_ds.weights / GiB)
+    assert estimate_setup(s).memory.per_gpu_gib.peak == pytest.approx(rows[0].estimate.memory.per_gpu_gib.peak)
+
+
 def test_zero3_model_states_are_what_deepspeeds_own_estimator_counts(catalog):
     """Issue 28: predicted memory checked against the framework's own. DeepSpeed's
     estimate_zero3_model_states_mem_needs (runtime/zero/stage3.py): 18 bytes per parameter over the GPUs (its

@@ -18,6 +18,7 @@ from .confidence import ConfidenceInfo, confidence_info, summary
 from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, estimate_memory, qlora_moe_note
 from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
+from .recipes import framework_for
 from .setup import Setup
 from .stacks import resolve_stack
 from .storage import StoragePlan, storage_plan
@@ -225,6 +226,8 @@ def run_cost(s: Setup, checkpoint_bytes: float, tokens_per_s: float, tokens: flo
 
 
 def estimate_setup(s: Setup, *, spot_mtbf_h: float | None = None, memory_margin: float = GPU_MARGIN) -> EstimateResult:
+    if s.runs_on is None:  # the framework `plan` would give the row ("auto"), whose memory it then counts
+        s = s.with_(runs_on=framework_for(s)[0])
     mem = estimate_memory(s)
     step = estimate_step(s)
     return assemble(s, mem, step, spot_mtbf_h=spot_mtbf_h, memory_margin=memory_margin)

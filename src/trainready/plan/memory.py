@@ -34,7 +34,7 @@ from .activations import (
 from .attention import attention_path
 from .model_spec import ModelSpec
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
-from .stacks import get_stack
+from .stacks import Stack, get_stack
 
 GiB = 1024**3
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
@@ -121,6 +121,12 @@ def _per_gpu(s: Setup, pc: ParamCounts, nbytes: float, shard: int) -> float:
     return nbytes * n / shard
 
 
+def deepspeed_states(s: Setup, stack: Stack) -> bool:
+    """The row's model states are DeepSpeed's ZeRO (Stack.deepspeed_zero_memory): the deepspeed stack's rows, and a
+    row of the default stack, which leaves the framework to the recipe, when DeepSpeed runs it (Setup.runs_on)."""
+    return stack.deepspeed_zero_memory or s.runs_on == "deepspeed"
+
+
 def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, host-offloaded) bytes per GPU for the model states."""
     dp = s.shard_dp  # ZeRO/FSDP shard over the data- and context-parallel ranks
@@ -157,9 +163,16 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1
     shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
     weights = _per_gpu(s, pc, w_b, shard_w) + working + units
-    if z3 and stack.deepspeed_zero_memory and not pure and s.offload == "none":
+    ds = deepspeed_states(s, stack)
+    if z3 and ds and not pure and s.offload == "none":
         weights += _per_gpu(s, pc, 2.0, dp)  # the partitioned 16-bit parameters (Stack.deepspeed_zero_memory)
     grads = _per_gpu(s, pc, g_b, shard_grad)
+    if ds and mixed and not pure and not z3 and s.offload == "none":
+        # DeepSpeed keeps 16-bit gradients (its grad_accum_dtype defaults to the model's) and fp32 ones for the
+        # masters: ZeRO-2 both partitioned, 2 + 4 bytes over the ranks (runtime/zero/stage_1_and_2.py
+        # estimate_zero2_model_states_mem_needs); ZeRO-1 the 16-bit ones whole until the step; stage 0's bf16/fp16
+        # optimizer copies every gradient to fp32 at the step beside the 16-bit ones (fp16/unfused_optimizer.py)
+        grads = _per_gpu(s, pc, 2.0, shard_grad) + _per_gpu(s, pc, 4.0, dp if s.strategy != "ddp" else 1)
     # unsharded gradients kept over the micro-batches, one as well (torch.distributed.pipelining turns gradient
     # sync off for every backward and reduces once after the last; FSDP2 keeps them in the reduce dtype): the
     # sharded ones exist only after that reduce-scatter, when these are freed
@@ -178,7 +191,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         gpu_weights = (2.0 * pc.local if not z3 else _per_gpu(s, pc, 2.0, dp) + units)
         # DeepSpeed moves each gradient partition to the host as it is reduced (its estimators count no gradients
         # on the GPU with cpu_offload); Megatron's optimizer offload keeps its gradient buffer on the GPU
-        gpu_grads = 0.0 if stack.deepspeed_zero_memory else _per_gpu(s, pc, 2.0, dp)
+        gpu_grads = 0.0 if ds else _per_gpu(s, pc, 2.0, dp)
         return gpu_weights, max(gpu_grads, accumulated), 0.0, host
     return units, max(2.0 * pc.block, accumulated), 0.0, host  # optimizer+params: only gathered units stay
 

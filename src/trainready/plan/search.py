@@ -24,7 +24,7 @@ from .job import JobSpec
 from .live_info import LivePlan, LiveRow
 from .memory import GiB, estimate_memory, qlora_moe_note
 from .performance import estimate_step
-from .recipes import Recipe, framework_for, framework_reason, recipe_for
+from .recipes import Recipe, framework_for, recipe_for
 from .setup import (
     Setup,
     check_fp8_recipe_precision,
@@ -274,9 +274,10 @@ def _interleaved(s: Setup, mem, step, limit_gib: float, framework: str):
     for v in VIRTUAL_STAGES:
         if s.model.num_layers % (s.pp * v):
             continue
-        cand = s.with_(pp_virtual=v)
-        if framework_reason(cand, framework):
+        runs_on, why_not = framework_for(s.with_(pp_virtual=v), framework)
+        if why_not:
             continue
+        cand = s.with_(pp_virtual=v, runs_on=runs_on)
         ok, cand_mem = _fits(cand, limit_gib)
         if not ok:
             continue
@@ -462,10 +463,11 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                 for ckpt in ("none", "full"):
                     s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, strategy=strategy,
                                    offload=offload, checkpointing=ckpt)
-                    why_not = framework_reason(s, req.framework)
+                    runs_on, why_not = framework_for(s, req.framework)
                     if why_not:  # not recommended: the framework would not run what the row says
                         log.framework = log.framework or why_not
                         continue
+                    s = s.with_(runs_on=runs_on)  # its memory is that framework's (memory.deepspeed_states)
                     searched += 1
                     best, smallest = _largest_fitting(s, per_dp, limit)
                     if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
@@ -611,8 +613,9 @@ def _zero3_at(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: 
         return None
     n = nodes * inst.gpu_count
     gb = max(_global_batch(req.job, seq_len), n)
-    return base.with_(nodes=nodes, dp=n, strategy="zero3", checkpointing="full", micro_batch=1,
-                      grad_accum=max(1, gb // n), inter_node_gbps=base.inter_node_gbps or 100.0)
+    s = base.with_(nodes=nodes, dp=n, strategy="zero3", checkpointing="full", micro_batch=1,
+                   grad_accum=max(1, gb // n), inter_node_gbps=base.inter_node_gbps or 100.0)
+    return s.with_(runs_on=framework_for(s, req.framework)[0])
 
 
 def _nodes_needed(req: PlanRequest, inst: Instance, model, catalog: Catalog) -> int | None:

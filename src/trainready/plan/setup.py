@@ -81,6 +81,9 @@ class Setup:
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
+    # the framework that runs the row (plan/recipes framework_for); the default stack leaves it to the recipe, and a
+    # row DeepSpeed runs holds DeepSpeed's model states (memory.deepspeed_states). None: not chosen yet
+    runs_on: str | None = None
 
     @property
     def n_gpus(self) -> int:

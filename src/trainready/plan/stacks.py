@@ -127,9 +127,11 @@ class Stack:
     contiguous: saved twice); False: the kernel's output is read as a view (plan/activations.py)."""
     deepspeed_zero_memory: bool = False
     """DeepSpeed's ZeRO memory: ZeRO-3 keeps each rank's shard of the 16-bit parameters beside the fp32 masters (its
-    partitioned ds_tensor: 18 bytes per parameter over the ranks), and with the optimizer offloaded the gradients
-    go to the host as they are reduced (runtime/zero/stage3.py and stage_1_and_2.py estimate_*_model_states_mem_needs);
-    False: the 16-bit copy exists only while a unit is gathered (FSDP2's MixedPrecisionPolicy casts on gather)."""
+    partitioned ds_tensor: 18 bytes per parameter over the ranks); stages 0-2 keep 16-bit gradients beside fp32
+    ones (ZeRO-2: 2 + 4 bytes over the ranks; ZeRO-1 the 16-bit ones whole; stage 0 both whole at the step); with
+    the optimizer offloaded the gradients go to the host as they are reduced (runtime/zero/stage3.py and stage_1_and_2.py estimate_*_model_states_mem_needs);
+    False: the 16-bit copy exists only while a unit is gathered (FSDP2's MixedPrecisionPolicy casts on gather). A row
+    of a stack without a framework of its own (hf-trainer) that DeepSpeed runs counts them too (Setup.runs_on)."""
     sequence_parallel: bool = False
     """With TP the activations outside the split matmuls (norms, residual stream, the inputs of column-parallel
     linears) are split over the TP ranks along the sequence (Megatron's --sequence-parallel, torchtitan's

@@ -161,10 +161,10 @@ def recipe(s: Setup) -> Recipe:
         notes.append("stage3_gather_16bit_weights_on_model_save: Trainer.save_model (and PEFT's adapter save) "
                      "gathers the ZeRO-3 shards into whole 16-bit weights; without it the output holds only "
                      "DeepSpeed's shards, to convert with zero_to_fp32.py")
-    if s.strategy == "ddp" and s.precision in ("bf16", "fp16") and s.pp == 1:
-        notes.append(f"ZeRO stage 0 with {s.precision}: DeepSpeed keeps {s.precision} gradients and an fp32 master "
-                     f"copy (runtime/engine.py DDP_BFLOAT16/FP16 wrapper): 16 bytes per parameter where the row's "
-                     f"ddp counts 18 (fp32 gradients), so it fits with room to spare")
+    if s.strategy == "ddp" and s.precision in ("bf16", "fp16") and s.pp == 1 and s.method == "full":
+        notes.append(f"ZeRO stage 0 with {s.precision}: DeepSpeed's {s.precision} optimizer wrapper keeps {s.precision} "
+                     f"gradients and at the step their fp32 copies beside the fp32 masters (runtime/engine.py "
+                     f"DDP_BFLOAT16, fp16/unfused_optimizer.py): 20 bytes per parameter, as the row counts")
     if s.tp > 1:
         notes.append(f"AutoTP training (tensor_parallel.autotp_size {s.tp}): Hugging Face transformers "
                      f"models; all ranks of a TP group must read the same batch (deepspeed/runtime/engine.py). "
