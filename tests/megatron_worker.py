@@ -2,15 +2,15 @@
 megatron-core 0.16.1 on CPU, one process per rank under torchrun with gloo, and the CPU patches of
 tests/megatron_cpu_shim.py. Started by tests/test_recipes.py.
 
-    torchrun --nproc-per-node=2 megatron_worker.py megatron.args
+    torchrun --nproc-per-node=2 megatron_worker.py A.args [B.args ...]
 
 What Megatron-LM's pretrain_gpt.py and training.py do with the flags is done here with megatron-core's own
 parts: parallel_state's grids, GPTModel with the local (non-Transformer-Engine) layer spec, Float16Module for
 --bf16, its DistributedDataParallel and distributed optimizer, the schedules of get_forward_backward_func and
 finalize_model_grads. Without Transformer Engine: no fused kernels and no grouped GEMM (--moe-grouped-gemm is
-turned off), the rest as the flags say. It prints "ok <loss before> <loss after>" on the last pipeline stage
-of data-parallel rank 0 after 3 steps on fixed batches, and "params <count> <count>" for the parameters each
-rank holds (its pipeline stage, its share of the experts).
+turned off), the rest as the flags say. For each file it prints "ok FILE <loss before> <loss after>" on the last pipeline
+stage of data-parallel rank 0 after 3 steps on fixed batches, and "params FILE <count> <count>" for the
+parameters each rank holds (its pipeline stage, its share of the experts).
 """
 
 import dataclasses
@@ -58,10 +58,8 @@ def megatron_fields(text: str) -> tuple[dict, dict]:
     return args, fields
 
 
-def main() -> None:
-    import megatron_cpu_shim
-
-    megatron_cpu_shim.install()
+def run(path: str) -> None:
+    """One recipe's args file: its model, grids, optimizer and 3 steps; "params NAME ..." and "ok NAME ..." lines."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -72,7 +70,7 @@ def main() -> None:
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    args, fields = megatron_fields(open(sys.argv[1]).read())
+    args, fields = megatron_fields(open(path).read())
     if args.get("--swiglu"):  # pretrain_gpt.py's model builder: gated SiLU
         fields.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu, bias_activation_fusion=False)
     # no Transformer Engine or CUDA kernels on CPU: megatron-core's own switches for its unfused paths
@@ -81,7 +79,6 @@ def main() -> None:
                   persist_layer_norm=False)
     config = TransformerConfig(**{k: v for k, v in fields.items()
                                   if k in {f.name for f in dataclasses.fields(TransformerConfig)}})
-    dist.init_process_group("gloo")
     ps.initialize_model_parallel(tensor_model_parallel_size=config.tensor_model_parallel_size,
                                  pipeline_model_parallel_size=config.pipeline_model_parallel_size,
                                  expert_model_parallel_size=config.expert_model_parallel_size,
@@ -103,7 +100,7 @@ def main() -> None:
     held = [None] * dist.get_world_size()  # the parameters each rank holds, printed once by rank 0
     dist.all_gather_object(held, sum(p.numel() for p in model.parameters()))
     if dist.get_rank() == 0:
-        sys.stdout.write(f"params {' '.join(map(str, held))}\n")  # one write: the ranks share this pipe
+        sys.stdout.write(f"params {path} {' '.join(map(str, held))}\n")  # one write: the ranks share this pipe
         sys.stdout.flush()
     if config.bf16:
         model = Float16Module(config, model)  # as Megatron-LM's get_model does for --bf16
@@ -139,9 +136,20 @@ def main() -> None:
             dist.all_reduce(loss, group=ps.get_data_parallel_group())
             losses.append(loss.item() / dp)
     if last and ps.get_data_parallel_rank() == 0:
-        sys.stdout.write(f"ok {losses[0]:.4f} {losses[-1]:.4f}\n")
+        sys.stdout.write(f"ok {path} {losses[0]:.4f} {losses[-1]:.4f}\n")
         sys.stdout.flush()
     ps.destroy_model_parallel()
+    dist.barrier()
+
+
+def main() -> None:
+    """Each args file given, one after the other in one process group (megatron-core and torch import once)."""
+    import megatron_cpu_shim
+
+    megatron_cpu_shim.install()
+    dist.init_process_group("gloo")
+    for path in sys.argv[1:]:
+        run(path)
     dist.destroy_process_group()
 
 

@@ -384,7 +384,8 @@ def run_deepspeed(path: str) -> tuple[float, float]:
 
 
 def run_rows(manifest: str) -> None:
-    """Every row of the manifest (a JSON list of name, config, seq, flags, env) through run_deepspeed_hf, one after
+    """Every row of the manifest (a JSON list of name, config, seq, flags, env, and kind: run_deepspeed_hf unless
+    "saved-in-layers") through its function, one after
     the other in this process group: torch, DeepSpeed and transformers import once (about 6 s of each 2-process
     run). Rank 0 prints "ok NAME <loss before> <loss after>" or "fail NAME <error>" per row; a failing row leaves
     the next ones to run, and the exit status says whether any failed."""
@@ -397,7 +398,8 @@ def run_rows(manifest: str) -> None:
         os.environ.update(row["env"])
         sys.argv[3:] = [str(row["seq"]), *row["flags"]]  # where deepspeed_config and run_deepspeed_hf read them
         try:
-            first, last = run_deepspeed_hf(row["config"])
+            first, last = {"deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers}[
+                row.get("kind", "deepspeed-hf")](row["config"])
             line = f"ok {row['name']} {first:.4f} {last:.4f}"
         except Exception as exc:  # reported by name; the test fails on it
             failed += 1
