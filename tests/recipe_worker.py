@@ -5,7 +5,7 @@ process per rank under torchrun with gloo. Started by tests/test_recipes.py.
     torchrun --nproc-per-node=2 recipe_worker.py titan-moe torchtitan.args  (torchtitan's Qwen3 MoE, its EP)
     torchrun --nproc-per-node=2 recipe_worker.py deepspeed ds_config.json SEQ_LEN
     torchrun --nproc-per-node=2 recipe_worker.py deepspeed-hf ds_config.json SEQ_LEN  (a Hugging Face Llama)
-    torchrun --nproc-per-node=2 recipe_worker.py deepspeed-rows rows.json  (several of the above in one group)
+    torchrun --nproc-per-node=2 recipe_worker.py rows rows.json  (several of the above in one process group)
 
 It prints "ok <loss before> <loss after>" on rank 0 after training on one fixed batch.
 """
@@ -83,9 +83,18 @@ def titan_config(args: list[str]):
     return tyro.cli(Job, args=args, default=Job(), registry=custom_registry)
 
 
+def titan_on_cpu() -> None:
+    """torchtitan falls back to "cuda" when no accelerator is found (tools/utils.py device_type), and its
+    parallel_dims copies that name at import to build its meshes on: "cpu", before anything imports it."""
+    import torchtitan.tools.utils as tu
+
+    tu.device_type = "cpu"
+
+
 def run_titan(path: str) -> tuple[float, float]:
     """FSDP2 as torchtitan applies it (models/llama3/parallelize.py): the AC policy on every
     block, fully_shard per block and on the whole model with its MixedPrecisionPolicy."""
+    titan_on_cpu()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from torchtitan.config import TORCH_DTYPE_MAP
@@ -195,9 +204,7 @@ def run_titan_moe(path: str) -> tuple[float, float]:
     sections; the routed experts must come out split over the "ep" mesh."""
     import functools
 
-    import torchtitan.tools.utils as tu
-
-    tu.device_type = "cpu"  # torchtitan falls back to "cuda" at import; ParallelDims builds its meshes on it
+    titan_on_cpu()
     import_titan_moe()
     import torchtitan.distributed.fsdp as tfsdp
     from torch.distributed.fsdp import FSDPModule
@@ -384,10 +391,9 @@ def run_deepspeed(path: str) -> tuple[float, float]:
 
 
 def run_rows(manifest: str) -> None:
-    """Every row of the manifest (a JSON list of name, config, seq, flags, env, and kind: run_deepspeed_hf unless
-    "saved-in-layers") through its function, one after
-    the other in this process group: torch, DeepSpeed and transformers import once (about 6 s of each 2-process
-    run). Rank 0 prints "ok NAME <loss before> <loss after>" or "fail NAME <error>" per row; a failing row leaves
+    """Every row of the manifest (a JSON list of name, kind, config, seq, flags, env) through the function of its
+    kind, one after the other in this process group: torch, DeepSpeed, transformers and torchtitan import once
+    (about 6 s of each 2-process run). Rank 0 prints "ok NAME <loss before> <loss after>" or "fail NAME <error>" per row; a failing row leaves
     the next ones to run, and the exit status says whether any failed."""
     import gc
 
@@ -398,8 +404,8 @@ def run_rows(manifest: str) -> None:
         os.environ.update(row["env"])
         sys.argv[3:] = [str(row["seq"]), *row["flags"]]  # where deepspeed_config and run_deepspeed_hf read them
         try:
-            first, last = {"deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers}[
-                row.get("kind", "deepspeed-hf")](row["config"])
+            first, last = {"deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers, "titan": run_titan,
+                           "titan-moe": run_titan_moe}[row["kind"]](row["config"])
             line = f"ok {row['name']} {first:.4f} {last:.4f}"
         except Exception as exc:  # reported by name; the test fails on it
             failed += 1
@@ -415,9 +421,9 @@ def run_rows(manifest: str) -> None:
 
 def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
-    if kind in ("titan", "titan-moe", "deepspeed-rows"):
+    if kind in ("titan", "titan-moe", "rows"):
         dist.init_process_group("gloo")
-    if kind == "deepspeed-rows":
+    if kind == "rows":
         run_rows(path)
     first, last = {"titan": run_titan, "titan-moe": run_titan_moe, "deepspeed": run_deepspeed,
                    "deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers}[kind](path)

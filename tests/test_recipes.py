@@ -557,6 +557,10 @@ def test_cli_framework_choice():
 TINY = ModelSpec(name="tiny", family="llama", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
                  num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64)
 
+TINY_MOE = ModelSpec(name="tiny-moe", family="qwen3_moe", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
+                     moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
+
 
 def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=None, **job):
     """The tiny model through the recipe emitted for a 2-GPU setup of it, on 2 CPU processes (`worker_env`: what
@@ -584,10 +588,50 @@ def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=Non
     return s, proc.stdout
 
 
-@pytest.mark.parametrize("strategy, ckpt", [("zero3", "selective-op"), ("ddp", "full")])
-def test_torchtitan_recipe_trains_fsdp2_on_two_gloo_processes(tmp_path, catalog, strategy, ckpt):
+def run_rows(tmp_path, rows: list[dict]) -> dict[str, list[str]]:
+    """Rows (name, kind, recipe, seq, flags, env) through recipe_worker.run_rows, one torchrun of 2 gloo processes
+    for all: {name: the words after "ok NAME"}. Fails naming every row that failed or gave no result."""
+    manifest = []
+    for row in rows:
+        r = row.pop("recipe")
+        (tmp_path / f"{row['name']}.{r.config_file}").write_text(r.config)
+        manifest.append({**row, "config": f"{row['name']}.{r.config_file}"})
+    (tmp_path / "rows.json").write_text(json.dumps(manifest))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(HERE / "recipe_worker.py"), "rows", "rows.json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    results = {ln.split()[1]: ln.split() for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "fail "))}
+    failed = {row["name"]: " ".join(results.get(row["name"], ["no result"])) for row in manifest
+              if results.get(row["name"], [""])[0] != "ok"}
+    assert not failed and proc.returncode == 0, (failed, proc.stderr[-3000:])
+    return {name: words[2:] for name, words in results.items()}
+
+
+def trained(results: dict[str, list[str]]) -> None:
+    for name, (first, last) in results.items():
+        assert float(last) < float(first), (name, first, last)  # the loss on the fixed batch went down
+
+
+def test_the_torchtitan_rows_train_on_two_gloo_processes(tmp_path, catalog):
+    """The torchtitan recipe on 2 gloo processes, one torchrun: FSDP2 and DDP dense rows with torchtitan's own
+    op-level and full recompute policies (a 2-block model), and, for issue 28, the rows `plan` gives DeepSeek-R1
+    (FSDP2 with expert parallelism, with and without CPU offload): torchtitan's own Qwen3 MoE model through its
+    parallelize_qwen3 with the recipe's sections; the worker asserts the routed experts are split over the "ep"
+    mesh. Under the default spmd_types backend, torch 2.13.0 stops in fully_shard: the recipe names
+    partial_dtensor."""
     need("torchtitan.config")
-    run_two(tmp_path, catalog, "torchtitan", "titan", strategy=strategy, activation_checkpointing=ckpt)
+    rows = []
+    for name, kind, job in (("zero3-selective", "titan", dict(strategy="zero3", activation_checkpointing="selective-op")),
+                            ("ddp-full", "titan", dict(strategy="ddp", activation_checkpointing="full")),
+                            ("moe-ep2", "titan-moe", dict(model_spec=TINY_MOE, strategy="zero3", ep=2)),
+                            ("moe-ep2-offload", "titan-moe", dict(model_spec=TINY_MOE, strategy="zero3", ep=2,
+                                                                  offload="optimizer+params"))):
+        job.setdefault("model_spec", TINY)
+        s = resolve(JobSpec(gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job), catalog)
+        rows.append({"name": name, "kind": kind, "recipe": recipe_for(s, "torchtitan"), "seq": s.seq_len,
+                     "flags": [], "env": {}})
+    trained(run_rows(tmp_path, rows))
 
 
 def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(tmp_path, catalog):
@@ -609,17 +653,10 @@ def test_autotp_keeps_what_its_modules_keep_on_each_rank(tmp_path, catalog):
         s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
                             strategy="zero1", tp=tp, stack="deepspeed", activation_checkpointing="none"), catalog)
         r = recipe_for(s, "deepspeed")
-        (tmp_path / f"tp{tp}.json").write_text(r.config)
         setups[f"tp{tp}"] = s
-        rows.append({"name": f"tp{tp}", "kind": "saved-in-layers", "config": f"tp{tp}.json", "seq": s.seq_len,
+        rows.append({"name": f"tp{tp}", "kind": "saved-in-layers", "recipe": r, "seq": s.seq_len,
                      "flags": trainer_words(r), "env": {}})
-    (tmp_path / "rows.json").write_text(json.dumps(rows))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(HERE / "recipe_worker.py"), "deepspeed-rows", "rows.json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    measured = {ln.split()[1]: float(ln.split()[2]) for ln in proc.stdout.splitlines() if ln.startswith("ok ")}
+    measured = {name: float(words[0]) for name, words in run_rows(tmp_path, rows).items()}
     for name, s in setups.items():
         saved, layer, _, _ = activation_parts(s)
         assert saved == TINY.num_layers * layer  # no recompute: every layer's activations for one micro-batch
@@ -665,20 +702,11 @@ def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, ca
         if s.method == "qlora":  # the worker loads the base as the note tells the user to
             note = next(n for n in r.notes if "BitsAndBytesConfig" in n)
             assert all(f"{k}={v!r}" in note or f"{k}={v}" in note for k, v in QLORA_BASE.items()), note
-        (tmp_path / f"{name}.json").write_text(r.config)
-        rows.append({"name": name, "config": f"{name}.json", "seq": s.seq_len, "flags": trainer_words(r), "env": env})
-    (tmp_path / "rows.json").write_text(json.dumps(rows))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(HERE / "recipe_worker.py"), "deepspeed-rows", "rows.json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    results = {ln.split()[1]: ln for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "fail "))}
-    failed = {name: results.get(name, "no result") for name in DEEPSPEED_ROWS
-              if not results.get(name, "").startswith("ok ")}
-    assert not failed and proc.returncode == 0, (failed, proc.stderr[-3000:])
-    for name, line in results.items():
-        first, last = map(float, line.split()[2:])
-        assert last < first, (name, line)  # it trained: the loss on the batch went down
+        rows.append({"name": name, "kind": "deepspeed-hf", "recipe": r, "seq": s.seq_len, "flags": trainer_words(r),
+                     "env": env})
+    results = run_rows(tmp_path, rows)
+    assert set(results) == set(DEEPSPEED_ROWS)
+    trained(results)
 
 
 def test_qlora_base_weighs_what_bitsandbytes_stores(tmp_path, catalog):
@@ -721,11 +749,6 @@ def test_qlora_base_weighs_what_bitsandbytes_stores(tmp_path, catalog):
     assert predicted == pytest.approx(measured, rel=0.02), (predicted, measured)
 
 
-TINY_MOE = ModelSpec(name="tiny-moe", family="qwen3_moe", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
-                     num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
-                     moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
-
-
 MEGATRON_ROWS = {"zero1-pp2": dict(strategy="zero1", pp=2), "zero1-ep2": dict(strategy="zero1", ep=2),
                  "ddp-ep2": dict(strategy="ddp", ep=2), "zero1-tp2-ep2": dict(strategy="zero1", tp=2, ep=2)}
 
@@ -760,16 +783,6 @@ def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, cat
         # exact at ep 2; 0.05% at pp 2 (the final norm); 0.34% at tp 2: megatron keeps norms and routers whole on
         # each TP rank where the model splits every block parameter (a far smaller share at real widths)
         assert len(held) == 2 and param_counts(s).local == pytest.approx(max(held), rel=0.005), (name, held)
-
-
-@pytest.mark.parametrize("offload", ["none", "optimizer+params"])
-def test_the_recommended_torchtitan_expert_parallel_rows_train_on_two_gloo_processes(tmp_path, catalog, offload):
-    """Issue 28: the torchtitan rows `plan` gives DeepSeek-R1 (FSDP2 with expert parallelism, with and without CPU
-    offload): torchtitan's own Qwen3 MoE model through its parallelize_qwen3 with the recipe's sections, on 2 gloo
-    processes; the worker asserts the routed experts are split over the "ep" mesh. Under the default spmd_types
-    backend, torch 2.13.0 stops in fully_shard: the recipe names partial_dtensor."""
-    need("torchtitan.config")
-    run_two(tmp_path, catalog, "torchtitan", "titan-moe", model_spec=TINY_MOE, strategy="zero3", ep=2, offload=offload)
 
 
 def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
