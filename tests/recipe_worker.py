@@ -198,10 +198,11 @@ def tiny_qwen3_moe(seq_len: int):
         lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_LINEAR_INIT))
 
 
-def run_titan_moe(path: str) -> tuple[float, float]:
+def run_titan_moe(path: str) -> tuple[float, float, float]:
     """torchtitan's own Qwen3 MoE model through its own parallelize_qwen3 (expert parallelism, then FSDP2 on
     the dp and efsdp meshes of its ParallelDims), with the recipe's parallelism / training / compile / AC
-    sections; the routed experts must come out split over the "ep" mesh."""
+    sections; the routed experts must come out split over the "ep" mesh. Also returns the parameter elements the
+    fullest rank holds."""
     import functools
 
     titan_on_cpu()
@@ -245,7 +246,10 @@ def run_titan_moe(path: str) -> tuple[float, float]:
     dp = dims.dp_replicate * dims.dp_shard  # the batch degree (Trainer.__init__'s "batch" mesh)
     accum = t.global_batch_size // (t.local_batch_size * dp)
     assert accum * t.local_batch_size * dp == t.global_batch_size
-    return train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
+    held = [None] * dist.get_world_size()  # parameter elements each rank holds: its FSDP shards, its experts
+    dist.all_gather_object(held, sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()))
+    first, last = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), t.local_batch_size, accum, t.seq_len)
+    return first, last, float(max(held))
 
 
 def deepspeed_config(path: str) -> dict:
@@ -404,9 +408,9 @@ def run_rows(manifest: str) -> None:
         os.environ.update(row["env"])
         sys.argv[3:] = [str(row["seq"]), *row["flags"]]  # where deepspeed_config and run_deepspeed_hf read them
         try:
-            first, last = {"deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers, "titan": run_titan,
-                           "titan-moe": run_titan_moe}[row["kind"]](row["config"])
-            line = f"ok {row['name']} {first:.4f} {last:.4f}"
+            values = {"deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers, "titan": run_titan,
+                      "titan-moe": run_titan_moe}[row["kind"]](row["config"])
+            line = f"ok {row['name']} " + " ".join(f"{v:.4f}" for v in values)
         except Exception as exc:  # reported by name; the test fails on it
             failed += 1
             line = f"fail {row['name']} {type(exc).__name__}: {exc}".replace("\n", " ")

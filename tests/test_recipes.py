@@ -609,7 +609,7 @@ def run_rows(tmp_path, rows: list[dict]) -> dict[str, list[str]]:
 
 
 def trained(results: dict[str, list[str]]) -> None:
-    for name, (first, last) in results.items():
+    for name, (first, last, *_) in results.items():
         assert float(last) < float(first), (name, first, last)  # the loss on the fixed batch went down
 
 
@@ -621,7 +621,9 @@ def test_the_torchtitan_rows_train_on_two_gloo_processes(tmp_path, catalog):
     mesh. Under the default spmd_types backend, torch 2.13.0 stops in fully_shard: the recipe names
     partial_dtensor."""
     need("torchtitan.config")
-    rows = []
+    from trainready.plan.memory import _per_gpu, param_counts
+
+    rows, setups = [], {}
     for name, kind, job in (("zero3-selective", "titan", dict(strategy="zero3", activation_checkpointing="selective-op")),
                             ("ddp-full", "titan", dict(strategy="ddp", activation_checkpointing="full")),
                             ("moe-ep2", "titan-moe", dict(model_spec=TINY_MOE, strategy="zero3", ep=2)),
@@ -629,9 +631,16 @@ def test_the_torchtitan_rows_train_on_two_gloo_processes(tmp_path, catalog):
                                                                   offload="optimizer+params"))):
         job.setdefault("model_spec", TINY)
         s = resolve(JobSpec(gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job), catalog)
+        setups[name] = s
         rows.append({"name": name, "kind": kind, "recipe": recipe_for(s, "torchtitan"), "seq": s.seq_len,
                      "flags": [], "env": {}})
-    trained(run_rows(tmp_path, rows))
+    results = run_rows(tmp_path, rows)
+    trained(results)
+    for name in ("moe-ep2", "moe-ep2-offload"):
+        # the parameter elements the fullest rank holds (FSDP2 shards over dp, the experts over ep then efsdp)
+        # are the memory model's per-GPU count (memory._per_gpu of one byte a parameter): exact here
+        s = setups[name]
+        assert _per_gpu(s, param_counts(s), 1.0, s.shard_dp) == pytest.approx(float(results[name][2]), rel=1e-3)
 
 
 def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(tmp_path, catalog):
