@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from cloud_stubs import invoke
 from run_helpers import env_for_run
 
 from trainready.data.bench import DataBenchResult, planned_need
@@ -223,7 +224,8 @@ def test_locations_that_cannot_be_a_dataset(tmp_path, monkeypatch):
              (long, f"{long}: the name '{'x' * 20}...{'x' * 12}' is 300 bytes, longer than the file system allows "
                     "(255); choose a shorter name")]
     monkeypatch.chdir(tmp_path)
-    for url, message in cases:
-        code, out, err = bench(url, "--workers", "0", "--seconds", "1")
+    monkeypatch.setenv("COLUMNS", "250")  # Rich wraps messages at the terminal width; keep them on one line
+    for url, message in cases:  # in this process: the command refuses each before reading anything
+        code, out, err = invoke("data", "bench", url, "--workers", "0", "--seconds", "1")
         assert (code, out) == (2, ""), url
         assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1, err

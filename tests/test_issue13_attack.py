@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from cloud_stubs import cli_run
 
 from trainready.errors import UsageError
 from trainready.plan.hf_config import from_dict, load_hf_config
@@ -185,8 +186,7 @@ def test_reasons_give_advice_plan_can_follow(catalog):
 # --- found here, fixed in files other helpers owned --------------------------------------------------
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+    return cli_run(*args, columns=80, cwd=cwd)  # in this process
 
 
 def rows_tps(out) -> float:

@@ -3,10 +3,9 @@ total and activated counts, Hugging Face configs read offline, and the errors fo
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
+from cloud_stubs import cli_run
 
 from trainready.errors import UsageError
 from trainready.plan.hf_config import from_dict
@@ -245,8 +244,7 @@ def test_spec_validation_messages():
 
 # --- catalog ---------------------------------------------------------------------------------------
 def _cli(*args, columns=200):
-    proc = subprocess.run([sys.executable, "-m", "trainready", *args], capture_output=True, text=True,
-                          env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin"})
+    proc = cli_run(*args, columns=columns)  # in this process
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return proc.stdout
 

@@ -4,10 +4,9 @@ FLOPs, the --ep option and the plan's EP degrees."""
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 
 import pytest
+from cloud_stubs import cli_run
 
 from trainready.errors import UsageError
 from trainready.plan import efficiency as eff
@@ -34,8 +33,7 @@ def setup(catalog, model=TOY, **kw):
 
 
 def cli(*args):
-    proc = subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
-                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    proc = cli_run(*args)  # in this process
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     return proc
 

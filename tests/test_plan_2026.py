@@ -676,6 +676,12 @@ def test_zero2_model_states_are_what_deepspeeds_own_estimator_counts(catalog, st
                                                            cpu_offload=False, additional_buffer_factor=1.0)
             expected = {"zero2": gpu, "zero1": gpu + 2.0 * n - 2.0 * n / gpus, "ddp": 20.0 * n}[strategy]
             assert ours == pytest.approx(expected, rel=0.005), (model, strategy, ours / GiB, expected / GiB)
+        # with the optimizer offloaded, ZeRO-2 sends its gradient partitions to the host as they are reduced, but
+        # ZeRO-1 keeps the 16-bit gradients whole until the step (review of issue 28)
+        for strategy, grads in (("zero2", 0.0), ("zero1", 2.0 * n)):
+            s = _setup(catalog, model=model, instance="p4d.24xlarge", gpus=gpus, strategy=strategy, stack=stack,
+                       offload="optimizer", micro_batch=1, activation_checkpointing="full")
+            assert estimate_memory(s.with_(runs_on="deepspeed")).gradients == pytest.approx(grads), strategy
 
 
 def test_the_default_stacks_deepspeed_rows_hold_deepspeeds_model_states(catalog):
@@ -695,6 +701,38 @@ def test_the_default_stacks_deepspeed_rows_hold_deepspeeds_model_states(catalog)
     assert on_ds.weights / GiB - plain.weights / GiB == pytest.approx(shard, rel=0.01)
     assert rows[0].estimate.memory.per_gpu_gib.weights == pytest.approx(on_ds.weights / GiB)
     assert estimate_setup(s).memory.per_gpu_gib.peak == pytest.approx(rows[0].estimate.memory.per_gpu_gib.peak)
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "megatron", "deepspeed", "auto"])
+def test_a_saved_row_reads_back_to_the_memory_plan_counted(catalog, framework):
+    """Review of issue 28: `plan --save` writes the row's framework into the job, so `estimate --job` counts that
+    framework's memory (a torchtitan row read back as DeepSpeed's gained its 16-bit shard: 34.8 -> 38.3 GiB, over the
+    margin); and `estimate` without --micro-batch picks it with that memory, so the note it prints is true."""
+    from trainready.plan.search import job_for_row, largest_fitting_micro_batch
+
+    req = PlanRequest(job=JobSpec(model="llama-2-13b", tokens=2e9), instances=["p4d.24xlarge"], max_nodes=1,
+                      framework=framework)
+    row = plan(req, catalog).rows[0]
+    job = job_for_row(req.job, row)
+    assert job.framework == row.framework
+    again = estimate_setup(resolve(job, catalog)).memory
+    assert again.per_gpu_gib.peak == pytest.approx(row.estimate.memory.per_gpu_gib.peak)
+    assert again.fits_with_margin == row.estimate.memory.fits_with_margin
+    picked, note = largest_fitting_micro_batch(resolve(job.model_copy(update={"micro_batch": None}), catalog))
+    fits = estimate_setup(picked).memory.fits_with_margin
+    assert fits == ("the largest that fits" in note), (note, fits)
+
+
+def test_estimate_picks_the_micro_batch_with_deepspeeds_memory(catalog):
+    """Review of issue 28: llama-2-7b ZeRO-3 on 2x p4d runs on DeepSpeed; the micro-batch was chosen with the default
+    stack's memory (8: 36.6 GiB over the 36 GiB limit) while the printed peak was DeepSpeed's."""
+    from trainready.plan.search import largest_fitting_micro_batch
+
+    s = resolve(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", gpus=16, strategy="zero3",
+                        activation_checkpointing="full"), catalog)
+    picked, note = largest_fitting_micro_batch(s)
+    assert picked.runs_on == "deepspeed" and "the largest that fits" in note
+    assert estimate_setup(picked).memory.fits_with_margin
 
 
 def test_zero3_model_states_are_what_deepspeeds_own_estimator_counts(catalog):

@@ -104,6 +104,7 @@ def check_torchtitan(s, r):
     cfg = titan_config(r.config.split())
     p, t = cfg.parallelism, cfg.training
     ParallelDims.from_config(p, s.n_gpus)  # degrees multiply to the world size
+    assert p.spmd_backend == "partial_dtensor"  # the default spmd_types stops in fully_shard under torch 2.13.0
     assert (p.tensor_parallel_degree, p.pipeline_parallel_degree) == (s.tp, s.pp)
     assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree == s.dp
     assert (p.data_parallel_shard_degree == 1) == (s.strategy == "ddp")

@@ -1,10 +1,9 @@
 """Stacks by name, op-level selective checkpointing, QLoRA dequantization and CPU-Adam offload."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cloud_stubs import cli_run
 
 from trainready.errors import UsageError
 from trainready.plan.activations import op_sac_bytes_per_token, op_sac_matmuls
@@ -19,8 +18,7 @@ from trainready.plan.stacks import DEFAULT_STACK, STACKS, checkpointing_kind, ge
 
 
 def cli(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    proc = cli_run(*args, cwd=cwd)  # in this process
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     return proc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -10,6 +11,7 @@ from trainready.catalog import load_catalog
 from trainready.plan.estimate import estimate_setup
 from trainready.plan.fit import GPU_MARGIN
 from trainready.plan.job import JobSpec, save_job
+from trainready.plan.recipes import FRAMEWORKS
 from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
 from trainready.report.calibration import applied, resolve_calibration
@@ -26,6 +28,8 @@ Exit codes: 0 ok (also when the setup does not fit: see memory.fits and memory.f
 
 HW = o.HW
 PAR = o.PAR
+# the frameworks a job can name (JobSpec.framework, trainready.plan.recipes.FRAMEWORKS); NAME in -h
+RunsOn = o.labelled(Enum("RunsOn", {c.replace("-", "_"): c for c in FRAMEWORKS}, type=str), "NAME")
 
 
 def estimate(
@@ -64,6 +68,7 @@ def estimate(
     kernels: o.KernelsOpt = None,
     attention_kernel: o.AttentionOpt = None,
     stack: o.StackOpt = None,
+    framework: Annotated[Optional[RunsOn], typer.Option("--framework", show_choices=False, help="The framework that runs the job: torchtitan, deepspeed, megatron or hf-tp; its memory is that framework's (DeepSpeed's ZeRO states). [default: the --job file's (plan --save writes its row's), else the first that runs it, as plan's --framework auto]", rich_help_panel=PAR)] = None,
     spot: o.Spot = None,
     region: o.Region = None,
     usd_per_hour: o.UsdPerHour = None,
@@ -85,7 +90,7 @@ def estimate(
                       global_batch=global_batch, seq_len=seq_len,
                       precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
                       optimizer_dtype=optimizer_dtype, reduce_dtype=reduce_dtype, kernels=kernels,
-                      attention_kernel=attention_kernel, stack=stack, spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      attention_kernel=attention_kernel, stack=stack, framework=framework, spot=spot, region=region, usd_per_hour=usd_per_hour)
     catalog = load_catalog(catalog_file)
     spec = resolve_model(job)
     setup = resolve(job, catalog, model=spec)

@@ -225,9 +225,14 @@ def run_cost(s: Setup, checkpoint_bytes: float, tokens_per_s: float, tokens: flo
                    compute_h=compute_h, train_h=train_h, spot_h=spot_h, total_usd=total)
 
 
+def on_its_framework(s: Setup) -> Setup:
+    """`s` with the framework that runs it (Setup.runs_on), chosen as `plan` chooses: the job's framework, or the
+    first that runs it; its memory is then that framework's (memory.deepspeed_states)."""
+    return s if s.runs_on is not None else s.with_(runs_on=framework_for(s, s.framework)[0])
+
+
 def estimate_setup(s: Setup, *, spot_mtbf_h: float | None = None, memory_margin: float = GPU_MARGIN) -> EstimateResult:
-    if s.runs_on is None:  # the framework `plan` would give the row ("auto"), whose memory it then counts
-        s = s.with_(runs_on=framework_for(s)[0])
+    s = on_its_framework(s)
     mem = estimate_memory(s)
     step = estimate_step(s)
     return assemble(s, mem, step, spot_mtbf_h=spot_mtbf_h, memory_margin=memory_margin)

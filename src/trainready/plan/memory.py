@@ -190,8 +190,13 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     if s.offload == "optimizer":
         gpu_weights = (2.0 * pc.local if not z3 else _per_gpu(s, pc, 2.0, dp) + units)
         # DeepSpeed moves each gradient partition to the host as it is reduced (its estimators count no gradients
-        # on the GPU with cpu_offload); Megatron's optimizer offload keeps its gradient buffer on the GPU
-        gpu_grads = 0.0 if ds else _per_gpu(s, pc, 2.0, dp)
+        # on the GPU with cpu_offload), but ZeRO-1 leaves the 16-bit gradients outside its partition in place until
+        # the step (stage_1_and_2.py clears them only when partitioning gradients); Megatron's optimizer offload
+        # keeps its gradient buffer on the GPU
+        if ds:
+            gpu_grads = _per_gpu(s, pc, 2.0, 1) if s.strategy in ("zero1", "ddp") else 0.0
+        else:
+            gpu_grads = _per_gpu(s, pc, 2.0, dp)
         return gpu_weights, max(gpu_grads, accumulated), 0.0, host
     return units, max(2.0 * pc.block, accumulated), 0.0, host  # optimizer+params: only gathered units stay
 

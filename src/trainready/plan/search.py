@@ -18,7 +18,7 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
-from .estimate import EstimateResult, assemble, run_cost
+from .estimate import EstimateResult, assemble, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
@@ -322,6 +322,7 @@ def _largest_fitting(s: Setup, per_dp: int, limit_gib: float):
 def largest_fitting_micro_batch(s: Setup, memory_margin: float = GPU_MARGIN) -> tuple[Setup, str]:
     """For `estimate` without --micro-batch: the largest micro-batch dividing the per-GPU
     batch that fits the GPU by the fit rule (plan/fit.py; micro-batch 1 if none does)."""
+    s = on_its_framework(s)  # its memory is that framework's, as estimate_setup then counts it
     per_dp = s.global_batch // s.dp
     chosen = s.with_(micro_batch=1, grad_accum=per_dp)
     fits = False
@@ -833,4 +834,5 @@ def job_for_row(job: JobSpec, row: PlanRow) -> JobSpec:
         "offload": best.offload, "ep": best.ep,
         "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
         "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
-        "tp_overlap": best.tp_overlap or None})  # None: off
+        "tp_overlap": best.tp_overlap or None,  # None: off
+        "framework": row.framework})  # its memory is that framework's (Setup.runs_on)

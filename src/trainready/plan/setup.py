@@ -84,6 +84,7 @@ class Setup:
     # the framework that runs the row (plan/recipes framework_for); the default stack leaves it to the recipe, and a
     # row DeepSpeed runs holds DeepSpeed's model states (memory.deepspeed_states). None: not chosen yet
     runs_on: str | None = None
+    framework: str = "auto"  # the one asked for (JobSpec.framework, plan's --framework) that runs_on is chosen by
 
     @property
     def n_gpus(self) -> int:
@@ -525,5 +526,6 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  attention_kernel=st.attention_kernel, inter_node_gbps=inter, tokens=job.tokens,
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
+                 framework=job.framework or "auto",
                  pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=recipe,
                  **moe_comm(job, model, st.stack, precision))

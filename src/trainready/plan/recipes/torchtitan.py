@@ -205,7 +205,10 @@ def recipe(s: Setup) -> Recipe:
     notes.insert(0, f"torchtitan {VERSION}: save the config as {ARGS_FILE}; the subcommand "
                     f"activation_checkpoint:... stays last. It needs a PyTorch newer than 2.13.0 (the nightly its "
                     f"README recommends): after the first step it calls torch.distributed.set_timeout, which 2.13.0 "
-                    f"lacks")
+                    f"lacks. --parallelism.spmd_backend partial_dtensor: the default spmd_types stopped in "
+                    f"fully_shard under torch 2.13.0 where partial_dtensor trained (trainready's tests); torchtitan "
+                    f"calls its DTensor backends deprecated (models/llama3/config_registry.py), so on a newer torch "
+                    f"try the default by dropping that line")
     if not shipped:
         notes.append(custom_model_note(s.model, module, config))
     if s.strategy == "ddp":
