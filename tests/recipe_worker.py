@@ -397,11 +397,11 @@ def run_deepspeed(path: str) -> tuple[float, float]:
 def run_rows(manifest: str) -> None:
     """Every row of the manifest (a JSON list of name, kind, config, seq, flags, env) through the function of its
     kind, one after the other in this process group: torch, DeepSpeed, transformers and torchtitan import once
-    (about 6 s of each 2-process run). Rank 0 prints "ok NAME <loss before> <loss after>" or "fail NAME <error>" per row; a failing row leaves
-    the next ones to run, and the exit status says whether any failed."""
+    (about 6 s of each 2-process run). Rank 0 prints "ok NAME <values>" per row. A rank whose row raises prints
+    "fail NAME rank R: <error>" and exits at once (os._exit), so torchrun stops the group: the other rank may be
+    waiting in that row's collective."""
     import gc
 
-    failed = 0
     for row in json.load(open(manifest)):
         for key in [k for k in os.environ if k.startswith("RECIPE_")]:
             del os.environ[key]
@@ -410,23 +410,26 @@ def run_rows(manifest: str) -> None:
         try:
             values = {"deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers, "titan": run_titan,
                       "titan-moe": run_titan_moe}[row["kind"]](row["config"])
-            line = f"ok {row['name']} " + " ".join(f"{v:.4f}" for v in values)
-        except Exception as exc:  # reported by name; the test fails on it
-            failed += 1
-            line = f"fail {row['name']} {type(exc).__name__}: {exc}".replace("\n", " ")
+        except Exception as exc:  # reported by name and rank; the test fails on it
+            error = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+            sys.stdout.write(f"fail {row['name']} rank {dist.get_rank()}: {error}\n")
+            sys.stdout.flush()
+            os._exit(1)
         if dist.get_rank() == 0:
-            sys.stdout.write(line + "\n")
+            sys.stdout.write(f"ok {row['name']} " + " ".join(f"{v:.4f}" for v in values) + "\n")
             sys.stdout.flush()
         gc.collect()
         dist.barrier()
     dist.destroy_process_group()
-    sys.exit(1 if failed else 0)
+    sys.exit(0)
 
 
 def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
     if kind in ("titan", "titan-moe", "rows"):
-        dist.init_process_group("gloo")
+        from datetime import timedelta
+
+        dist.init_process_group("gloo", timeout=timedelta(seconds=180))  # a stuck collective fails, not hangs 30 min
     if kind == "rows":
         run_rows(path)
     first, last = {"titan": run_titan, "titan-moe": run_titan_moe, "deepspeed": run_deepspeed,

@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -589,6 +590,20 @@ def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=Non
     return s, proc.stdout
 
 
+def run_group(cmd: list[str], cwd, env, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`cmd` (a torchrun) in its own session: on a timeout the whole group is killed, workers included, and the test
+    fails with what it printed, rather than leaving workers behind."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[-3:])} ran past {timeout:.0f} s: {err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_rows(tmp_path, rows: list[dict]) -> dict[str, list[str]]:
     """Rows (name, kind, recipe, seq, flags, env) through recipe_worker.run_rows, one torchrun of 2 gloo processes
     for all: {name: the words after "ok NAME"}. Fails naming every row that failed or gave no result."""
@@ -599,9 +614,8 @@ def run_rows(tmp_path, rows: list[dict]) -> dict[str, list[str]]:
         manifest.append({**row, "config": f"{row['name']}.{r.config_file}"})
     (tmp_path / "rows.json").write_text(json.dumps(manifest))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(HERE / "recipe_worker.py"), "rows", "rows.json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                      str(HERE / "recipe_worker.py"), "rows", "rows.json"], tmp_path, env)
     results = {ln.split()[1]: ln.split() for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "fail "))}
     failed = {row["name"]: " ".join(results.get(row["name"], ["no result"])) for row in manifest
               if results.get(row["name"], [""])[0] != "ok"}
@@ -783,9 +797,8 @@ def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, cat
         setups.setdefault(job["gpus"], {})[f"{name}.args"] = s
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
     for ranks, group in setups.items():  # one torchrun per world size
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc-per-node={ranks}", str(HERE / "megatron_worker.py"), *group], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=600)
+        proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                          str(HERE / "megatron_worker.py"), *group], tmp_path, env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         lines = {(ln.split()[0], ln.split()[1]): ln.split()[2:] for ln in proc.stdout.splitlines()
                  if ln.startswith(("ok ", "params "))}
@@ -793,9 +806,14 @@ def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, cat
             first, last = map(float, lines[("ok", name)])
             assert last < first, name  # it trained: the loss on the batch went down
             held = list(map(int, lines[("params", name)]))
-            # exact at ep 2; 0.05% at pp 2 (the final norm); 0.34-0.4% with tp 2: megatron keeps norms and routers
-            # whole on each TP rank where the model splits every block parameter (a far smaller share at real widths)
-            assert len(held) == ranks and param_counts(s).local == pytest.approx(max(held), rel=0.005), (name, held)
+            assert len(held) == ranks
+            # exact without tp or pp; with pp the final norm may sit on the other stage (hidden); with tp megatron
+            # keeps norms and routers whole on each TP rank where the model splits every block parameter (a far
+            # smaller share at real widths): at most that half of them here
+            m = s.model
+            whole = (m.num_layers * (2 * m.hidden_size + m.router_params()) + m.hidden_size) * (1 - 1 / s.tp)
+            slack = whole + (m.hidden_size if s.pp > 1 else 0)
+            assert abs(param_counts(s).local - max(held)) <= slack, (name, param_counts(s).local, held, slack)
 
 
 def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
