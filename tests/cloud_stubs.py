@@ -287,14 +287,20 @@ def cli_run(*args: object, columns: int = 200, cwd=None) -> subprocess.Completed
     """`trainready ARGS` in this process (invoke) at `columns` (Rich wraps at the terminal width), in `cwd`: what
     subprocess.run gives, without the 3-5 s of a fresh interpreter per call (issue 25). Tests of what only a real
     process shows (its environment, a pipe, signals) keep subprocess.run."""
+    from trainready.cli import console
+
     old_columns, old_cwd = os.environ.get("COLUMNS"), os.getcwd()
+    # Rich reads COLUMNS once, when the console is made (at import): the consoles of this process get the width
+    old_widths = console.out._width, console.err._width
     os.environ["COLUMNS"] = str(columns)
+    console.out.width = console.err.width = columns
     try:
         if cwd is not None:
             os.chdir(cwd)
         code, out, err = invoke(*map(str, args))
     finally:
         os.chdir(old_cwd)
+        console.out._width, console.err._width = old_widths
         if old_columns is None:
             os.environ.pop("COLUMNS", None)
         else:
