@@ -68,7 +68,7 @@ def estimate(
     kernels: o.KernelsOpt = None,
     attention_kernel: o.AttentionOpt = None,
     stack: o.StackOpt = None,
-    framework: Annotated[Optional[RunsOn], typer.Option("--framework", show_choices=False, help="The framework that runs the job: torchtitan, deepspeed, megatron or hf-tp; its memory is that framework's (DeepSpeed's ZeRO states). [default: the --job file's (plan --save writes its row's), else the first that runs it, as plan's --framework auto]", rich_help_panel=PAR)] = None,
+    framework: Annotated[Optional[RunsOn], typer.Option("--framework", show_choices=False, help="The framework that runs the job: torchtitan, deepspeed, megatron or hf-tp; its memory is that framework's (DeepSpeed's ZeRO states). [default: the --job file's (plan --framework X --save writes it), else the first that runs it, as plan's --framework auto]", rich_help_panel=PAR)] = None,
     spot: o.Spot = None,
     region: o.Region = None,
     usd_per_hour: o.UsdPerHour = None,

@@ -107,7 +107,7 @@ def plan(
         result = live_plan(result, catalog, regions=regions, data=data, max_age=max_age, spot=bool(job.spot),
                            spot_mtbf_h=spot_mtbf_hours, deadline_s=live_deadline)
     if save is not None and result.rows:
-        save_job(job_for_row(job, result.rows[0]), save)
+        save_job(job_for_row(job, result.rows[0], req.framework), save)
     if html is not None:
         from .render_html import plan_html
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainready.catalog import Catalog, Instance
 from trainready.errors import UsageError, closest, printable
@@ -83,6 +83,13 @@ class PlanRequest(BaseModel):
                             "each row in the first that runs it")
     calibration: CalibrationFile | None = Field(None, description="calibrated factors for the rows on its GPU "
                                                                   "(plan/calibration_file.py)")
+
+    @model_validator(mode="after")
+    def _the_jobs_framework(self) -> "PlanRequest":
+        """A job that names its framework (JobSpec.framework) is planned on it unless --framework says otherwise."""
+        if self.framework == "auto" and self.job.framework is not None:
+            self.framework = self.job.framework
+        return self
 
 
 class PlanRow(BaseModel):
@@ -822,9 +829,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                       searched=searched, notes=notes)
 
 
-def job_for_row(job: JobSpec, row: PlanRow) -> JobSpec:
+def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
     """`job` with the layout of a plan row, as `plan --save` writes it: the file `estimate --job` and `run --job`
-    read back to the same setup. Fields the row leaves at their convention stay None, so older releases read it."""
+    read back to the same setup. Fields the row leaves at their convention stay None, so older releases read it;
+    the framework too when the plan's was "auto" (the same setup picks the same one again)."""
     best = row.estimate.setup
     return job.model_copy(update={
         "model_spec": resolve_model(job), "instance": best.instance, "gpu": None, "gpus": best.gpus,
@@ -835,4 +843,4 @@ def job_for_row(job: JobSpec, row: PlanRow) -> JobSpec:
         "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
         "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
         "tp_overlap": best.tp_overlap or None,  # None: off
-        "framework": row.framework})  # its memory is that framework's (Setup.runs_on)
+        "framework": row.framework if framework != "auto" else job.framework})  # its memory is that framework's
