@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cloud_stubs import cli_run
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
@@ -405,9 +406,8 @@ def test_odd_bytes_and_huge_lines_are_read(tmp_path):
 # --------------------------------------------------------------------------- CLI
 
 def trainready(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """The installed command as a user runs it (through cli.main: its error and JSON-error paths)."""
-    return subprocess.run([sys.executable, "-m", "trainready", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, env={**os.environ, "COLUMNS": "300", "TRAINREADY_DEBUG": ""})
+    """The command as a user runs it (through cli.main: its error and JSON-error paths), in this process."""
+    return cli_run(*args, columns=300, cwd=cwd)
 
 
 def test_cli_json_and_exit_codes():

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cloud_stubs import cli_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_run import make_run_dir  # noqa: E402
@@ -116,9 +117,7 @@ def no_external_references(text: str) -> None:
 
 
 def cli(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=120)
+    proc = cli_run(*args, cwd=cwd)  # in this process
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
     return proc
 
