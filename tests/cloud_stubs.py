@@ -292,8 +292,10 @@ def cli_run(*args: object, columns: int = 200, cwd=None) -> subprocess.Completed
     old_columns, old_cwd = os.environ.get("COLUMNS"), os.getcwd()
     # Rich reads COLUMNS once, when the console is made (at import): the consoles of this process get the width
     old_widths = console.out._width, console.err._width
+    old_colors = console.out._color_system, console.err._color_system
     os.environ["COLUMNS"] = str(columns)
     console.out.width = console.err.width = columns
+    console.out._color_system = console.err._color_system = None  # as through a pipe, whatever the import saw
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -301,6 +303,7 @@ def cli_run(*args: object, columns: int = 200, cwd=None) -> subprocess.Completed
     finally:
         os.chdir(old_cwd)
         console.out._width, console.err._width = old_widths
+        console.out._color_system, console.err._color_system = old_colors
         if old_columns is None:
             os.environ.pop("COLUMNS", None)
         else:

@@ -3,6 +3,7 @@ forward, batch sizes that suit the layout, and context parallelism."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -524,6 +525,7 @@ def test_a_frozen_norm_weight_saves_no_normalized_copy():
     """Hugging Face's RMSNorm (fp32 upcast, weight * normalized.to(bf16)) run through autograd: with the weight
     frozen (LoRA) the bf16 normalized tensor is not saved, as activations._norm_bytes says."""
     import torch
+
     from trainready.plan.activations import _norm_bytes
     from trainready.plan.presets import preset
 
@@ -721,6 +723,32 @@ def test_a_saved_row_reads_back_to_the_memory_plan_counted(catalog, framework):
     picked, note = largest_fitting_micro_batch(resolve(job.model_copy(update={"micro_batch": None}), catalog))
     fits = estimate_setup(picked).memory.fits_with_margin
     assert fits == ("the largest that fits" in note), (note, fits)
+
+
+def test_a_named_framework_must_run_the_job_in_estimate_as_in_plan(tmp_path):
+    """Second review of issue 28: estimate counted 'no framework' memory, silently, for a framework that cannot run
+    the job (named with --framework or in the job file), where plan refuses; `--framework auto` sets a job file's
+    framework aside in both commands; estimate's JSON says whose memory it counted."""
+    from cloud_stubs import cli_run
+
+    out = cli_run("estimate", "--model", "llama-2-13b", "--instance", "p5.48xlarge", "--strategy", "zero3",
+                  "--stack", "torchtitan", "--framework", "megatron")
+    assert out.returncode == 2 and out.stderr.startswith("error: --framework megatron cannot run this job: ")
+    job = tmp_path / "j.toml"
+    out = cli_run("plan", "--model", "llama-2-13b", "--instances", "p4d.24xlarge", "--max-nodes", "1",
+                  "--framework", "torchtitan", "--save", job, "--json")
+    assert out.returncode == 0 and 'framework = "torchtitan"' in job.read_text()
+    out = cli_run("estimate", "--job", job, "--method", "lora")
+    assert out.returncode == 2 and f'{job}: framework = "torchtitan" cannot run this job' in out.stderr, out.stderr
+    out = cli_run("plan", "--job", job, "--method", "lora")
+    assert out.returncode == 2 and 'the job\'s framework = "torchtitan"' in out.stderr, out.stderr
+    again = json.loads(cli_run("plan", "--job", job, "--framework", "auto", "--json").stdout)
+    assert again["framework"] == "auto" and again["rows"][0]["framework"] == "deepspeed"
+    counted = json.loads(cli_run("estimate", "--job", job, "--json").stdout)
+    assert counted["setup"]["framework"] == "torchtitan" and "memory as torchtitan holds it" in counted["assumptions"]
+    auto = json.loads(cli_run("estimate", "--job", job, "--framework", "auto", "--json").stdout)
+    assert auto["setup"]["framework"] == "deepspeed"
+    assert auto["memory"]["per_gpu_gib"]["weights"] > counted["memory"]["per_gpu_gib"]["weights"]  # the 16-bit shard
 
 
 def test_estimate_picks_the_micro_batch_with_deepspeeds_memory(catalog):

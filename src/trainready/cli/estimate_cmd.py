@@ -8,10 +8,11 @@ from typing import Annotated, Optional
 import typer
 
 from trainready.catalog import load_catalog
+from trainready.errors import UsageError
 from trainready.plan.estimate import estimate_setup
 from trainready.plan.fit import GPU_MARGIN
 from trainready.plan.job import JobSpec, save_job
-from trainready.plan.recipes import FRAMEWORKS
+from trainready.plan.recipes import CHOICES, framework_for
 from trainready.plan.search import largest_fitting_micro_batch
 from trainready.plan.setup import resolve, resolve_model
 from trainready.report.calibration import applied, resolve_calibration
@@ -28,8 +29,8 @@ Exit codes: 0 ok (also when the setup does not fit: see memory.fits and memory.f
 
 HW = o.HW
 PAR = o.PAR
-# the frameworks a job can name (JobSpec.framework, trainready.plan.recipes.FRAMEWORKS); NAME in -h
-RunsOn = o.labelled(Enum("RunsOn", {c.replace("-", "_"): c for c in FRAMEWORKS}, type=str), "NAME")
+# the frameworks a job can name (JobSpec.framework, trainready.plan.recipes.CHOICES: auto too); NAME in -h
+RunsOn = o.labelled(Enum("RunsOn", {c.replace("-", "_"): c for c in CHOICES}, type=str), "NAME")
 
 
 def estimate(
@@ -68,7 +69,7 @@ def estimate(
     kernels: o.KernelsOpt = None,
     attention_kernel: o.AttentionOpt = None,
     stack: o.StackOpt = None,
-    framework: Annotated[Optional[RunsOn], typer.Option("--framework", show_choices=False, help="The framework that runs the job: torchtitan, deepspeed, megatron or hf-tp; its memory is that framework's (DeepSpeed's ZeRO states). [default: the --job file's (plan --framework X --save writes it), else the first that runs it, as plan's --framework auto]", rich_help_panel=PAR)] = None,
+    framework: Annotated[Optional[RunsOn], typer.Option("--framework", show_choices=False, help="The framework that runs the job: torchtitan, deepspeed, megatron or hf-tp; its memory is that framework's (DeepSpeed's ZeRO states); auto: the first that runs it. [default: the --job file's (plan --framework X --save writes it), else auto]", rich_help_panel=PAR)] = None,
     spot: o.Spot = None,
     region: o.Region = None,
     usd_per_hour: o.UsdPerHour = None,
@@ -90,7 +91,9 @@ def estimate(
                       global_batch=global_batch, seq_len=seq_len,
                       precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
                       optimizer_dtype=optimizer_dtype, reduce_dtype=reduce_dtype, kernels=kernels,
-                      attention_kernel=attention_kernel, stack=stack, framework=framework, spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      attention_kernel=attention_kernel, stack=stack, spot=spot, region=region, usd_per_hour=usd_per_hour)
+    if framework is not None:  # auto sets aside the job file's framework
+        job = job.model_copy(update={"framework": None if framework.value == "auto" else framework.value})
     catalog = load_catalog(catalog_file)
     spec = resolve_model(job)
     setup = resolve(job, catalog, model=spec)
@@ -101,6 +104,12 @@ def estimate(
     chosen_note = None
     if job.micro_batch is None:
         setup, chosen_note = largest_fitting_micro_batch(setup, memory_margin)
+    if setup.framework != "auto":  # one named (here or in the job file) must run it, as plan refuses otherwise
+        runs_on, why = framework_for(setup, setup.framework)
+        if runs_on is None:
+            named = (f"--framework {setup.framework}" if framework is not None
+                     else f'{job_path}: framework = "{setup.framework}"')
+            raise UsageError(f"{named} cannot run this job: {why} (--framework auto: the first that runs it)")
     result = estimate_setup(setup, spot_mtbf_h=spot_mtbf_hours, memory_margin=memory_margin)
     if chosen_note:
         result.assumptions.insert(0, chosen_note)

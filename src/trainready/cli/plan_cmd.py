@@ -61,7 +61,7 @@ def plan(
     fp8_recipe: o.Fp8RecipeOpt = None,
     capacity_factor: o.CapacityFactor = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
-    framework: Annotated[Framework, typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it.", rich_help_panel=C)] = "auto",
+    framework: Annotated[Optional[Framework], typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it. [default: the --job file's framework, else auto]", rich_help_panel=C)] = None,
     top: Annotated[int, typer.Option("--top", parser=o.number_for(PlanRequest, "top", "5"), help="Rows to show, 1 to 100.", rich_help_panel=C)] = 5,
     max_usd: Annotated[Optional[float], typer.Option("--max-usd", parser=o.number_for(PlanRequest, "max_usd", "5000"), help="Budget for the whole run.", rich_help_panel=C)] = None,
     deadline_hours: Annotated[Optional[float], typer.Option("--deadline-hours", parser=o.number_for(PlanRequest, "deadline_hours", "48"), help="Wall-clock limit.", rich_help_panel=C)] = None,
@@ -101,7 +101,7 @@ def plan(
     req = PlanRequest(job=job, by=by.value, top=top, max_usd=max_usd, deadline_hours=deadline_hours,
                       clouds=split(clouds), instances=split(instances), max_nodes=max_nodes,
                       min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours,
-                      framework=getattr(framework, "value", framework), calibration=cal)
+                      calibration=cal, **({"framework": framework.value} if framework is not None else {}))
     result = run_plan(req, catalog)
     if live or regions or data or live_deadline is not None:  # --regions/--data/--live-deadline alone mean --live
         result = live_plan(result, catalog, regions=regions, data=data, max_age=max_age, spot=bool(job.spot),

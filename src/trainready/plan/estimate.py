@@ -16,11 +16,11 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .confidence import ConfidenceInfo, confidence_info, summary
 from .fit import GPU_MARGIN, fit_of
-from .memory import GiB, MemoryResult, estimate_memory, qlora_moe_note
+from .memory import GiB, MemoryResult, deepspeed_states, estimate_memory, qlora_moe_note
 from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
 from .recipes import framework_for
 from .setup import Setup
-from .stacks import resolve_stack
+from .stacks import get_stack, resolve_stack
 from .storage import StoragePlan, storage_plan
 
 ESTIMATE_SCHEMA_VERSION = 1
@@ -72,6 +72,9 @@ class SetupInfo(BaseModel):
     kernels: str
     attention_kernel: str
     stack: str = Field(description="training stack preset whose defaults apply (plan/stacks.py; hf-trainer unless named)")
+    framework: str | None = Field(None, description="the framework that runs the setup, whose memory was counted "
+                                                     "(the job's, or the first that runs it, as plan's auto); None: "
+                                                     "none runs it as estimated")
     inter_node_gbps: float | None
     spot: bool
 
@@ -265,6 +268,10 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     assumptions = [
         resolved.describe(named=s.stack_named),
         *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method)]),
+        (f"memory as {s.runs_on} holds it" + (" (DeepSpeed's ZeRO: 16-bit gradients beside the fp32 ones, ZeRO-3's "
+                                              "16-bit shard)" if deepspeed_states(s, get_stack(s.stack)) else "")
+         + ("" if s.framework != "auto" else ": the first framework that runs this setup (--framework to name one)")
+         if s.runs_on else "memory as no framework holds it: none runs this setup as estimated"),
         f"efficiency factors: {s.efficiency.source}" if s.efficiency is not None else
         f"efficiency factors for {s.gpu.arch} (see docs/planner.md)",
         f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "
@@ -323,6 +330,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,
                         lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels, stack=s.stack,
+                        framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,
                         spot=s.spot),
         memory=MemoryInfo(

@@ -80,10 +80,10 @@ class JobSpec(BaseModel):
     attention_kernel: Literal["sdpa", "flash2", "flash1"] | None = Field(None, description="None: the stack's")
     stack: str | None = Field(None, description="training stack preset (plan/stacks.py); None: the default, "
                                                 "hf-trainer. Explicit kernels/attention_kernel/reduce_dtype win")
-    framework: Literal["torchtitan", "deepspeed", "megatron", "hf-tp"] | None = Field(
+    framework: Literal["auto", "torchtitan", "deepspeed", "megatron", "hf-tp"] | None = Field(
         None, description="the framework that runs the job (plan/recipes; `plan --framework X --save` writes it, "
                           "`plan --job` plans on it): its memory is that framework's (DeepSpeed's ZeRO states for "
-                          "deepspeed); None: the first that runs it, as plan's --framework auto")
+                          "deepspeed); None or auto: the first that runs it, as plan's --framework auto")
     expert_load_imbalance: float | None = Field(
         None, ge=1.0, le=64.0, description="MoE: routed tokens on the busiest expert-parallel rank over the mean; "
                                            "None: 1.15 assumed (dropless routing with a trained router); 1.0: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from trainready.catalog import Catalog, Instance
 from trainready.errors import UsageError, closest, printable
@@ -84,11 +84,15 @@ class PlanRequest(BaseModel):
     calibration: CalibrationFile | None = Field(None, description="calibrated factors for the rows on its GPU "
                                                                   "(plan/calibration_file.py)")
 
+    _framework_from_job: bool = PrivateAttr(False)
+
     @model_validator(mode="after")
     def _the_jobs_framework(self) -> "PlanRequest":
-        """A job that names its framework (JobSpec.framework) is planned on it unless --framework says otherwise."""
-        if self.framework == "auto" and self.job.framework is not None:
+        """A job that names its framework (JobSpec.framework) is planned on it unless the request names one (auto
+        included: `plan --job J --framework auto` plans every framework again)."""
+        if "framework" not in self.model_fields_set and self.job.framework not in (None, "auto"):
             self.framework = self.job.framework
+            self._framework_from_job = True
         return self
 
 
@@ -696,7 +700,9 @@ def _refuse_static_conflict(req: PlanRequest, rows: list, whys: list[str | None]
         return
     distinct = set(whys)
     if len(distinct) == 1 and None not in distinct:
-        raise UsageError(f"--framework {req.framework} cannot run this job: {distinct.pop()}")
+        named = (f'the job\'s framework = "{req.framework}" (--framework auto plans every framework)'
+                 if req._framework_from_job else f"--framework {req.framework}")
+        raise UsageError(f"{named} cannot run this job: {distinct.pop()}")
 
 
 def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:

@@ -296,7 +296,8 @@ def add_memory_estimate(diagnosis: Diagnosis, job: JobSpec) -> None:
     fitting: list[tuple[str, float]] = []
     for label, change in _oom_variants(job):
         try:
-            variant = estimate_setup(resolve(job.model_copy(update=change), catalog)).memory
+            # judged on whichever framework runs the variant: the job's may not run another strategy or offload
+            variant = estimate_setup(resolve(job.model_copy(update={**change, "framework": None}), catalog)).memory
         except TrainreadyError:
             continue  # e.g. a global batch the new micro-batch does not divide
         if variant.fits:
