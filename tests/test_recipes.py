@@ -559,6 +559,9 @@ def test_cli_framework_choice():
 TINY = ModelSpec(name="tiny", family="llama", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
                  num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64)
 
+TINY_MIXTRAL = ModelSpec(name="tiny-mixtral", family="mixtral", vocab_size=128, hidden_size=64, num_layers=2,
+                         num_heads=4, num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
+                         moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
 TINY_MOE = ModelSpec(name="tiny-moe", family="qwen3_moe", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
                      moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
@@ -694,6 +697,9 @@ DEEPSPEED_ROWS = {  # name: (the row's job, what the worker builds: RECIPE_LORA_
     "zero3": (dict(strategy="zero3"), {}),
     "ddp-lora": (dict(strategy="ddp", method="lora", lora_rank=8), {"RECIPE_LORA_RANK": "8"}),
     "zero3-lora": (dict(strategy="zero3", method="lora", lora_rank=8), {"RECIPE_LORA_RANK": "8"}),
+    # Mixtral's LoRA rows: a transformers MoE (fused 3D experts) under ZeRO-3 with PEFT on its linear layers
+    "zero3-lora-moe": (dict(strategy="zero3", method="lora", lora_rank=8, model_spec=TINY_MIXTRAL),
+                       {"RECIPE_LORA_RANK": "8", "RECIPE_MOE": "1"}),
     "ddp-qlora": (dict(strategy="ddp", method="qlora", lora_rank=8), {"RECIPE_LORA_RANK": "8", "RECIPE_QLORA": "1"}),
     "zero3-qlora": (dict(strategy="zero3", method="qlora", lora_rank=8),
                     {"RECIPE_LORA_RANK": "8", "RECIPE_QLORA": "1"}),
@@ -708,7 +714,8 @@ DEEPSPEED_ROWS = {  # name: (the row's job, what the worker builds: RECIPE_LORA_
 
 def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, catalog):
     """Issue 28: every kind of DeepSpeed row `plan` recommends for the seed questions (7B-72B full on ZeRO-1/2/3, with
-    optimizer and parameter offload, LoRA and QLoRA on DDP and ZeRO-3, AutoTP tp 2 on ZeRO-1 and ZeRO-3) through its
+    optimizer and parameter offload, LoRA and QLoRA on DDP and ZeRO-3, Mixtral's LoRA on ZeRO-3, AutoTP tp 2 on ZeRO-1
+    and ZeRO-3) through its
     JSON and command: a Hugging Face Llama (PEFT LoRA where the row says so; for QLoRA the base saved and loaded
     again 4-bit by bitsandbytes with the note's BitsAndBytesConfig) under a real deepspeed.initialize on 2 gloo
     processes, the JSON's "auto" filled by transformers as the Trainer does, and the loss on a fixed batch falls.
@@ -720,8 +727,8 @@ def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, ca
 
     rows = []
     for name, (job, env) in DEEPSPEED_ROWS.items():
-        s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job),
-                    catalog)
+        s = resolve(JobSpec(**{"model_spec": TINY, **job}, gpu="h100", gpus=2, seq_len=32, global_batch=8,
+                            micro_batch=2), catalog)
         r = recipe_for(s, "deepspeed")
         if s.method == "qlora":  # the worker loads the base as the note tells the user to
             note = next(n for n in r.notes if "BitsAndBytesConfig" in n)
