@@ -700,6 +700,8 @@ DEEPSPEED_ROWS = {  # name: (the row's job, what the worker builds: RECIPE_LORA_
     # Mixtral's LoRA rows: a transformers MoE (fused 3D experts) under ZeRO-3 with PEFT on its linear layers
     "zero3-lora-moe": (dict(strategy="zero3", method="lora", lora_rank=8, model_spec=TINY_MIXTRAL),
                        {"RECIPE_LORA_RANK": "8", "RECIPE_MOE": "1"}),
+    "zero3-qlora-moe": (dict(strategy="zero3", method="qlora", lora_rank=8, model_spec=TINY_MIXTRAL),
+                        {"RECIPE_LORA_RANK": "8", "RECIPE_MOE": "1", "RECIPE_QLORA": "1"}),
     "ddp-qlora": (dict(strategy="ddp", method="qlora", lora_rank=8), {"RECIPE_LORA_RANK": "8", "RECIPE_QLORA": "1"}),
     "zero3-qlora": (dict(strategy="zero3", method="qlora", lora_rank=8),
                     {"RECIPE_LORA_RANK": "8", "RECIPE_QLORA": "1"}),
@@ -714,9 +716,9 @@ DEEPSPEED_ROWS = {  # name: (the row's job, what the worker builds: RECIPE_LORA_
 
 def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, catalog):
     """Issue 28: every kind of DeepSpeed row `plan` recommends for the seed questions (7B-72B full on ZeRO-1/2/3, with
-    optimizer and parameter offload, LoRA and QLoRA on DDP and ZeRO-3, Mixtral's LoRA on ZeRO-3, AutoTP tp 2 on ZeRO-1
-    and ZeRO-3) through its
-    JSON and command: a Hugging Face Llama (PEFT LoRA where the row says so; for QLoRA the base saved and loaded
+    optimizer and parameter offload, LoRA and QLoRA on DDP and ZeRO-3, Mixtral's LoRA and QLoRA on ZeRO-3, AutoTP
+    tp 2 on ZeRO-1 and ZeRO-3) through its JSON and command: a Hugging Face Llama or Mixtral (PEFT LoRA where the row
+    says so; for QLoRA the base saved and loaded
     again 4-bit by bitsandbytes with the note's BitsAndBytesConfig) under a real deepspeed.initialize on 2 gloo
     processes, the JSON's "auto" filled by transformers as the Trainer does, and the loss on a fixed batch falls.
     One torchrun runs them all (recipe_worker.run_rows: the imports once). AutoTP's batch assertion counts every
