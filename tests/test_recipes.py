@@ -825,6 +825,28 @@ def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, cat
             assert abs(param_counts(s).local - max(held)) <= slack, (name, param_counts(s).local, held, slack)
 
 
+def test_torchtitan_notes_say_what_the_recipe_needs_beyond_its_lines(catalog):
+    """Running the real torchtitan.train (issue 28): torchtitan 0.3.0 calls torch.distributed.set_timeout after step
+    1, which torch 2.13.0 lacks; a custom model's registry function must name a tokenizer and a dataloader (the
+    shipped configs' c4_test is in torchtitan's source tree only); partial_dtensor is a backend torchtitan calls
+    deprecated. The notes say so."""
+    s = resolve(JobSpec(model_spec=TINY_MOE, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
+                        strategy="zero3", ep=2), catalog)
+    notes = " ".join(recipe_for(s, "torchtitan").notes)
+    assert "newer than 2.13.0" in notes and "set_timeout" in notes
+    assert "hf_assets_path" in notes and "dataloader" in notes
+    assert "partial_dtensor" in notes and "deprecated" in notes
+
+
+def test_deepspeed_stage0_note_counts_what_its_bf16_wrapper_holds(catalog):
+    """DeepSpeed's stage 0 with bf16 holds bf16 gradients and their fp32 copies at the step (fp16/unfused_optimizer.py):
+    20 bytes per parameter, which the row counts (memory.deepspeed_states); the note said 16."""
+    s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
+                        strategy="ddp"), catalog)
+    note = next(n for n in recipe_for(s, "deepspeed").notes if n.startswith("ZeRO stage 0"))
+    assert "20 bytes per parameter" in note and "16 bytes" not in note
+
+
 def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
     """Review of issue 28: transformers 5.23's MoE tp_plan styles are refused by AutoTP (Mixtral) or leave the model
     unsplit (gpt-oss), so a MoE row with tp > 1 cannot be a DeepSpeed row."""
