@@ -48,8 +48,9 @@ browser:
 # process, as most tests wait on torchrun, moto or a subprocess. `pytest tests/x.py` alone still runs in one.
 # worksteal: a worker that runs out takes queued tests from the other, so the long torchrun tests do not leave
 # one core idle at the end (2 cores: 10 min 46 s with the default distribution, 9 min 59 s with this).
+# --durations=10: every run lists its ten slowest tests, the ones to share or shorten (issue 25).
 test: $(VENV)/.dev $(if $(CI),browser)
-	$(BIN)/python -m pytest -q -n logical --maxprocesses=4 --dist worksteal
+	$(BIN)/python -m pytest -q -n logical --maxprocesses=4 --dist worksteal --durations=10
 
 bench: $(VENV)/.dev
 	$(BIN)/python bench/plan_accuracy.py
