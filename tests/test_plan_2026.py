@@ -715,6 +715,10 @@ def test_a_saved_row_reads_back_to_the_memory_plan_counted(catalog, framework):
     req = PlanRequest(job=JobSpec(model="llama-2-13b", tokens=2e9), instances=["p4d.24xlarge"], max_nodes=1,
                       framework=framework)
     row = plan(req, catalog).rows[0]
+    said = [a for a in row.estimate.assumptions if a.startswith("memory as ")]
+    # the framework named, not "the first that runs it" (the search's setups carry the request's framework)
+    assert said[0].startswith(f"memory as {row.framework} holds it") and ("first framework" in said[0]) == (
+        framework == "auto"), said
     job = job_for_row(req.job, row, req.framework)
     assert job.framework == (row.framework if framework != "auto" else None)  # auto picks the same one again
     again = estimate_setup(resolve(job, catalog)).memory

@@ -184,7 +184,7 @@ def _global_batch(job: JobSpec, seq_len: int) -> int:
 
 
 def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: int,
-                calibration: CalibrationFile | None = None) -> Setup | None:
+                calibration: CalibrationFile | None = None, framework: str = "auto") -> Setup | None:
     gpu = catalog.gpu_of(inst)
     precision = job.precision or default_precision(gpu)
     if not gpu.peak_tflops(precision) and precision != "fp32":
@@ -202,7 +202,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  lora_rank=job.lora_rank, kernels=st.kernels, attention_kernel=st.attention_kernel,
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
-                 stack=st.stack.name, stack_named=job.stack is not None,
+                 stack=st.stack.name, stack_named=job.stack is not None, framework=framework,
                  tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
                  fp8_recipe=fp8_recipe,
                  **moe_comm(job, model, st.stack, precision))
@@ -443,7 +443,7 @@ def _other_stack(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: in
 def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model, seq_len: int,
                        gb: int, min_nodes: int = 1) -> tuple[list[_Best], _InstanceLog, int]:
     log = _InstanceLog()
-    base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
+    base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration, req.framework)
     if base is None:
         recipe = chosen_fp8_recipe(req.job, job_stack(req.job).stack)
         log.batch = ((req.job.precision == "fp8" and fp8_recipe_problem(recipe, catalog.gpu_of(inst)))
@@ -620,14 +620,13 @@ def _best_per_nodes(candidates: list[_Best], value=lambda c: c.score) -> dict[tu
 def _zero3_at(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes: int):
     """The leanest plain configuration at `nodes`: ZeRO-3, full recompute, smallest micro-batch."""
     seq_len = req.job.seq_len or default_seq_len(model)
-    base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration)
+    base = _base_setup(req.job, catalog, inst, model, seq_len, req.calibration, req.framework)
     if base is None:
         return None
     n = nodes * inst.gpu_count
     gb = max(_global_batch(req.job, seq_len), n)
-    s = base.with_(nodes=nodes, dp=n, strategy="zero3", checkpointing="full", micro_batch=1,
-                   grad_accum=max(1, gb // n), inter_node_gbps=base.inter_node_gbps or 100.0)
-    return s.with_(runs_on=framework_for(s, req.framework)[0])
+    return on_its_framework(base.with_(nodes=nodes, dp=n, strategy="zero3", checkpointing="full", micro_batch=1,
+                                       grad_accum=max(1, gb // n), inter_node_gbps=base.inter_node_gbps or 100.0))
 
 
 def _nodes_needed(req: PlanRequest, inst: Instance, model, catalog: Catalog) -> int | None:
