@@ -34,7 +34,7 @@ from .activations import (
 from .attention import attention_path
 from .model_spec import ModelSpec
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
-from .stacks import Stack, get_stack
+from .stacks import get_stack
 
 GiB = 1024**3
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
@@ -121,10 +121,10 @@ def _per_gpu(s: Setup, pc: ParamCounts, nbytes: float, shard: int) -> float:
     return nbytes * n / shard
 
 
-def deepspeed_states(s: Setup, stack: Stack) -> bool:
+def deepspeed_states(s: Setup) -> bool:
     """The row's model states are DeepSpeed's ZeRO (Stack.deepspeed_zero_memory): the deepspeed stack's rows, and a
     row of the default stack, which leaves the framework to the recipe, when DeepSpeed runs it (Setup.runs_on)."""
-    return stack.deepspeed_zero_memory or s.runs_on == "deepspeed"
+    return get_stack(s.stack).deepspeed_zero_memory or s.runs_on == "deepspeed"
 
 
 def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
@@ -163,7 +163,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1
     shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
     weights = _per_gpu(s, pc, w_b, shard_w) + working + units
-    ds = deepspeed_states(s, stack)
+    ds = deepspeed_states(s)
     if z3 and ds and not pure and s.offload == "none":
         weights += _per_gpu(s, pc, 2.0, dp)  # the partitioned 16-bit parameters (Stack.deepspeed_zero_memory)
     grads = _per_gpu(s, pc, g_b, shard_grad)
