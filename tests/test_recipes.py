@@ -580,17 +580,16 @@ def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=Non
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE),
            **(worker_env or {})}
     flags = trainer_words(r) if framework == "deepspeed" and deepspeed.hf_trainer(s) else []
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len), *flags],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                      str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len), *flags], tmp_path, env,
+                     timeout=240)
     ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
     if expect_fail is not None:
         assert proc.returncode != 0 and expect_fail in proc.stderr, proc.stderr[-3000:]
-        return None
+        return
     assert proc.returncode == 0 and ok, proc.stderr[-3000:]
     first, last = map(float, ok[0].split()[1:])
     assert last < first  # it trained: the loss on the batch went down
-    return s, proc.stdout
 
 
 def run_group(cmd: list[str], cwd, env, timeout: float = 600) -> subprocess.CompletedProcess:
