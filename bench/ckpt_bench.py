@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from trainready.store.manager import CheckpointManager  # noqa: E402
+from trainready.store.manager import CheckpointManager, CheckpointManagerOptions  # noqa: E402
 
 GB = 1e9
 
@@ -148,7 +148,7 @@ def bench_local(state: dict[str, Any], base: Path, repeats: int) -> dict[str, An
     nbytes = state_bytes(state)
     # warm-up (imports, DCP planner, first-touch of code paths) on a tiny state, untimed
     tiny = make_state(1 << 20, 2, seed=1)
-    with CheckpointManager(base / "warmup", async_save=False, keep_hot=1) as mgr:
+    with CheckpointManager(base / "warmup", options=CheckpointManagerOptions(async_save=False, keep_hot=1)) as mgr:
         mgr.save(0, tiny)
         mgr.restore(zeros_like_state(tiny))
     torch_save(tiny, base / "warmup.pt")
@@ -158,7 +158,7 @@ def bench_local(state: dict[str, Any], base: Path, repeats: int) -> dict[str, An
 
     sha = [timed(lambda: sha256_state(state)) for _ in range(repeats)]
     disk, tsave, msave = [], [], []
-    sync = CheckpointManager(base / "hot-sync", async_save=False, keep_hot=1)
+    sync = CheckpointManager(base / "hot-sync", options=CheckpointManagerOptions(async_save=False, keep_hot=1))
     order = ["disk", "torch", "mgr"]
     for r in range(repeats):
         log(f"  sync round {r + 1}/{repeats}")
@@ -179,7 +179,7 @@ def bench_local(state: dict[str, Any], base: Path, repeats: int) -> dict[str, An
     bufs = zeros_like_state(state)  # the staging floor: a plain copy into touched host buffers
     copy = [timed(lambda b=bufs: copy_state(state, b)) for _ in range(repeats)]
     del bufs
-    asyn = CheckpointManager(base / "hot-async", async_save=True, keep_hot=1)
+    asyn = CheckpointManager(base / "hot-async", options=CheckpointManagerOptions(async_save=True, keep_hot=1))
     first_block = None
     blocked, total = [], []
     try:
@@ -294,8 +294,9 @@ def bench_s3(state: dict[str, Any], base: Path, repeats: int) -> dict[str, Any]:
         s3.create_bucket(Bucket=bucket)
         raw = base / "s3-raw.bin"
         raw_write(state, raw)
-        mgr = CheckpointManager(base / "hot-s3", archive=f"s3://{bucket}/ckpt", async_save=False, keep_hot=1,
-                                keep_archive=1)
+        mgr = CheckpointManager(base / "hot-s3",
+                                options=CheckpointManagerOptions(async_save=False, keep_hot=1, keep_archive=1),
+                                archive=f"s3://{bucket}/ckpt")
         upload, hot_save, put, multipart = [], [], [], []
         part = TransferConfig(multipart_threshold=_S3_PART, multipart_chunksize=_S3_PART, use_threads=False)
         try:

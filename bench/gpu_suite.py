@@ -948,7 +948,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def bench_checkpoint(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, scratch: Path) -> None:
-    from trainready.store import CheckpointManager
+    from trainready.store import CheckpointManager, CheckpointManagerOptions
 
     dev = "cuda" if cuda else "cpu"
     logging_quiet()
@@ -970,11 +970,11 @@ def bench_checkpoint(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, s
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         # warm-up on a tiny state (imports, DCP planner): untimed
-        with CheckpointManager(scratch / "warmup", async_save=False, keep_hot=1) as mgr:
+        with CheckpointManager(scratch / "warmup", options=CheckpointManagerOptions(async_save=False, keep_hot=1)) as mgr:
             mgr.save(0, {"model": {"w": torch.ones(16, device=dev)}})
         shutil.rmtree(scratch / "warmup", ignore_errors=True)
 
-        with CheckpointManager(scratch / "sync", async_save=False, keep_hot=1) as mgr:
+        with CheckpointManager(scratch / "sync", options=CheckpointManagerOptions(async_save=False, keep_hot=1)) as mgr:
             t0 = time.perf_counter()
             mgr.save(1, state)
             save_s = time.perf_counter() - t0
@@ -987,7 +987,7 @@ def bench_checkpoint(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, s
         cold = _evict(scratch / "sync")
         into = {g: {k: torch.zeros_like(v) for k, v in state[g].items()} for g in state}
         _sync(cuda)
-        with CheckpointManager(scratch / "sync", async_save=False, keep_hot=1) as mgr:
+        with CheckpointManager(scratch / "sync", options=CheckpointManagerOptions(async_save=False, keep_hot=1)) as mgr:
             t0 = time.perf_counter()
             step = mgr.restore(into)
             _sync(cuda)
@@ -1007,7 +1007,7 @@ def bench_checkpoint(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, s
             sec["skipped"].append({"what": "async save", "reason": f"section time budget ({clock.budget_s:.0f} s) "
                                                                    f"reached"})
             return
-        with CheckpointManager(scratch / "async", async_save=True, keep_hot=1) as mgr:
+        with CheckpointManager(scratch / "async", options=CheckpointManagerOptions(async_save=True, keep_hot=1)) as mgr:
             mgr.save(1, state)  # the first async save allocates the host staging buffers
             mgr.wait()
             t0 = time.perf_counter()

@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainready.store import CheckpointManager, Position, training_state
+from trainready.store import CheckpointManager, CheckpointManagerOptions, Position, training_state
 
 
 def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
@@ -67,8 +67,9 @@ def main() -> None:
     position = Position()
     state = training_state(model, optimizer, scheduler, position=position)
 
-    with CheckpointManager(args.hot, args.archive, keep_hot=2, save_interval_steps=args.save_every,
-                           async_save=not args.sync, when_busy=args.when_busy) as mgr:
+    options = CheckpointManagerOptions(keep_hot=2, save_interval_steps=args.save_every, async_save=not args.sync,
+                                       when_busy=args.when_busy)
+    with CheckpointManager(args.hot, args.archive, options) as mgr:
         if not args.no_preemption_handler:
             mgr.install_preemption_handler(deadline_s=100)
         restored = mgr.restore(state)

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainready.store import CheckpointManager, Position, training_state
+from trainready.store import CheckpointManager, CheckpointManagerOptions, Position, training_state
 
 BATCH = 8
 
@@ -109,11 +109,11 @@ def main() -> int:
     position, data = Position(), dataset()
     torch.manual_seed(99)
     state = training_state(model, optimizer, scheduler, position=position)
-    mgr = CheckpointManager(args.hot.format(node=node), args.archive, keep_hot=args.keep_hot,
-                            keep_archive=args.keep_archive, async_save=not args.sync, run_id=args.run_id,
-                            retry_initial_s=0.1, retry_max_s=0.5)
+    options = CheckpointManagerOptions(keep_hot=args.keep_hot, keep_archive=args.keep_archive, async_save=not args.sync,
+                                       retry_initial_s=0.1, retry_max_s=0.5,
+                                       save_interval_steps=args.save_every if args.preempt else None)
+    mgr = CheckpointManager(args.hot.format(node=node), args.archive, options, run_id=args.run_id)
     if args.preempt:
-        mgr.save_interval_steps = args.save_every
         mgr.install_preemption_handler(deadline_s=args.preempt)
     details = mgr.restore_details(state)
     start = details.step if details else 0

@@ -691,7 +691,7 @@ def test_plain_dcp_example_in_docs(tmp_path, monkeypatch):
     """docs/store.md's example loads a checkpoint the manager saved with plain DCP: every tensor,
     the optimizer's param_groups, the scheduler and the data position come back."""
     torch = pytest.importorskip("torch")
-    from trainready.store import CheckpointManager, Position, training_state
+    from trainready.store import CheckpointManager, CheckpointManagerOptions, Position, training_state
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "store.md").read_text()
     block = re.search(r"```python\n(.*?)```", doc.split("## Reading a checkpoint without trainready", 1)[1], re.S)
@@ -709,7 +709,7 @@ def test_plain_dcp_example_in_docs(tmp_path, monkeypatch):
         scheduler.step()
         optimizer.zero_grad()
     monkeypatch.chdir(tmp_path)
-    with CheckpointManager(hot="pulled", async_save=False) as mgr:
+    with CheckpointManager(options=CheckpointManagerOptions(async_save=False), hot="pulled") as mgr:
         mgr.save(1500, training_state(model, optimizer, scheduler, position=Position(epoch=1, index=40960)))
     index = json.loads((tmp_path / "pulled" / checkpoint_name(1500, 1) / "tensors.json").read_text())["tensors"]
     assert sorted(index) == sorted([f"model/{k}" for k in model.state_dict()]

@@ -345,7 +345,7 @@ class LaggedMarks(HostMarks):  # the CudaMarks seam: read a step later, as on a 
     source = "cuda-events"
     lagged = True
 
-session._marks = lambda device, timing: LaggedMarks()
+session._marks = lambda device, timing, clock: LaggedMarks()
 sess = trainready.init(run_dir=sys.argv[1], hot=sys.argv[1] + "/hot", total_steps=4)
 model = torch.nn.Linear(2, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "trainready"
 
 # lowest first; a module may import its own layer and those below it
 LAYERS = {
-    "errors": 0, "io": 0, "dist": 0, "parent_death": 0, "version": 0, "limits": 0,
+    "errors": 0, "io": 0, "dist": 0, "parent_death": 0, "version": 0, "limits": 0, "clock": 0,
     "catalog": 1,
     "plan": 2, "cloud": 2,
     "store": 3, "data": 3,

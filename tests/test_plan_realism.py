@@ -281,9 +281,9 @@ def test_archive_total_is_every_checkpoint_of_the_run(catalog):
 
 def test_the_archive_retention_assumed_is_what_trainready_run_applies():
     from trainready.run.session import Session
-    from trainready.store import CheckpointManager
+    from trainready.store import CheckpointManagerOptions
 
-    assert inspect.signature(CheckpointManager).parameters["keep_archive"].default is storage.ARCHIVE_KEEP
+    assert CheckpointManagerOptions().keep_archive is storage.ARCHIVE_KEEP
     assert "keep_archive" not in inspect.getsource(Session._make_manager)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainready.store import CheckpointManager
+from trainready.store import CheckpointManager, CheckpointManagerOptions
 from trainready.store.dcp_io import read_index
 from trainready.store.errors import CheckpointError
 from trainready.store.inspect import list_checkpoints, prune, pull, verify_checkpoints
@@ -101,7 +101,7 @@ def _state(value: float) -> dict:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     hot = tmp_path_factory.mktemp("base") / "hot"
-    with CheckpointManager(hot, async_save=False, keep_hot=5) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False, keep_hot=5)) as mgr:
         mgr.save(1, _state(1.0))
         mgr.save(2, _state(2.0))
     return hot
@@ -179,7 +179,7 @@ def test_a_crafted_tensor_index_never_runs_and_restore_falls_back(name, base, tm
     with pytest.raises(CheckpointError, match=r"\.metadata"):
         read_index(hot / checkpoint_name(2, 1))
     loaded = _state(0.0)
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         result = mgr.restore_details(loaded)
     assert result.step == 1 and torch.equal(loaded["model"]["w"], _state(1.0)["model"]["w"])
     assert ".metadata" in result.skipped[0] and checkpoint_name(2, 1) in result.skipped[0]
@@ -196,7 +196,7 @@ def test_archived_crafted_checkpoints_are_refused_after_download(base, tmp_path)
     sentinels.mkdir()
     archive = _plant(base, tmp_path, {"tensors.json": None, ".metadata": corpus(sentinels)["dotted_filesystem_popen"]})
     loaded = _state(0.0)
-    with CheckpointManager(tmp_path / "fresh-node", str(archive), async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "fresh-node", str(archive), options=CheckpointManagerOptions(async_save=False)) as mgr:
         result = mgr.restore_details(loaded)
     assert (result.step, result.tier) == (1, "archive") and "step-000000000002" in result.skipped[0]
     assert not list(sentinels.iterdir())
@@ -207,7 +207,7 @@ def test_a_crafted_dcp_metadata_beside_a_valid_json_index_is_never_read(base, tm
     sentinels.mkdir()
     hot = _plant(base, tmp_path, {".metadata": corpus(sentinels)["os_system"]})
     loaded = _state(0.0)
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(loaded) == 2
     assert torch.equal(loaded["model"]["w"], _state(2.0)["model"]["w"]) and not list(sentinels.iterdir())
 
@@ -215,7 +215,7 @@ def test_a_crafted_dcp_metadata_beside_a_valid_json_index_is_never_read(base, tm
 def test_checkpoints_from_before_the_json_index_still_restore(base, tmp_path):
     hot = _plant(base, tmp_path, {"tensors.json": None})  # DCP's own .metadata, decoded as data
     loaded = _state(0.0)
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(loaded) == 2
     assert torch.equal(loaded["model"]["w"], _state(2.0)["model"]["w"])
     assert torch.equal(loaded["model"]["b"], torch.arange(3))
@@ -245,7 +245,7 @@ def test_a_crafted_tensor_record_never_runs(name, base, tmp_path):
         entry.update(file="__0_0.distcp", at=0, length=len(record))
     hot = _plant(base, tmp_path, {"__0_0.distcp": record, "tensors.json": json.dumps(index).encode()})
     loaded = _state(0.0)
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         result = mgr.restore_details(loaded)
     assert result.step == 1 and "__0_0.distcp" in result.skipped[0]
     assert not list(sentinels.iterdir())
@@ -272,7 +272,7 @@ def test_a_tensor_index_is_validated_field_by_field(change, why, base, tmp_path)
     hot = _plant(base, tmp_path, {"tensors.json": json.dumps(index).encode()})
     with pytest.raises(CheckpointError, match=why):
         read_index(hot / checkpoint_name(2, 1))
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(_state(0.0)) == 1
 
 
@@ -283,7 +283,7 @@ def test_a_symlinked_data_file_is_refused(base, tmp_path):
     shutil.copy(target, outside)
     target.unlink()
     target.symlink_to(outside)  # same bytes, same checksum: but a checkpoint never reads outside itself
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         result = mgr.restore_details(_state(0.0))
     assert result.step == 1 and "not a regular file" in result.skipped[0]
 
@@ -332,7 +332,7 @@ def test_an_index_cannot_make_restore_allocate_what_it_does_not_store(base, tmp_
     state = json.loads((base / checkpoint_name(2, 1) / "state.json").read_bytes())
     state["model"]["huge"] = {"__tensor__": "model/huge"}
     hot = _plant(base, tmp_path, {"tensors.json": json.dumps(index).encode(), "state.json": json.dumps(state).encode()})
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         result = mgr.restore_details(_state(0.0))
     assert result.step == 1 and "stores" in result.skipped[0]
 
@@ -354,7 +354,7 @@ def test_files_the_manifest_does_not_vouch_for_are_never_read(base, tmp_path, al
     hot = _plant(base, tmp_path, {"tensors.json": None})  # the manifest now lists no tensors.json
     os.mkfifo(hot / checkpoint_name(2, 1) / "tensors.json")
     loaded = _state(0.0)
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(loaded) == 2  # read through the listed .metadata, decoded as data
     assert torch.equal(loaded["model"]["w"], _state(2.0)["model"]["w"])
 
@@ -369,7 +369,7 @@ def test_a_manifest_that_is_not_a_file_is_unreadable_not_a_hang(kind, base, tmp_
     manifest.unlink()
     os.mkdir(manifest) if kind == "directory" else os.mkfifo(manifest)
     assert {c.name: c.status for c in list_checkpoints(str(hot)).checkpoints}[checkpoint_name(2, 1)] == "unreadable"
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(_state(0.0)) == 1
 
 
@@ -385,7 +385,7 @@ def test_a_symlinked_checkpoint_directory_is_never_read_or_deleted_through(base,
     assert statuses[checkpoint_name(1, 1)] == "unreadable"
     prune(str(a), keep=1)
     assert (b / checkpoint_name(1, 1) / MANIFEST).exists()
-    with CheckpointManager(a, async_save=False, keep_hot=1) as mgr:
+    with CheckpointManager(a, options=CheckpointManagerOptions(async_save=False, keep_hot=1)) as mgr:
         mgr.save(3, _state(3.0))
         mgr.wait()
     assert (b / checkpoint_name(1, 1) / MANIFEST).exists()
@@ -404,12 +404,12 @@ def test_generations_past_9999_stay_visible(tmp_path):
     from trainready.store.manifest import LEASE, Lease, parse_name
 
     hot = tmp_path / "hot"
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         run = mgr.run_id
     (hot / LEASE).write_text(Lease(run_id=run, generation=9999).model_dump_json())
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.generation == 10000
         mgr.save(5, _state(5.0))
     assert parse_name(checkpoint_name(5, 10000)) == (5, 10000) and parse_name("step-000000000005-g00001") is None
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(_state(0.0)) == 5

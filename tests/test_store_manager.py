@@ -9,7 +9,7 @@ import ckpt_worker as job
 import pytest
 import torch
 
-from trainready.store import CheckpointManager, Position, training_state
+from trainready.store import CheckpointManager, CheckpointManagerOptions, Position, training_state
 from trainready.store.errors import BadStateError, CheckpointError, FencedError, StorageFullError
 from trainready.store.manifest import MANIFEST, checkpoint_name
 
@@ -39,10 +39,12 @@ def _names(path):
 @pytest.mark.parametrize("async_save", [False, True])
 def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, async_save):
     reference = job.digest(*_train(10)[:2])
-    with CheckpointManager(tmp_path / "hot", tmp_path / "archive", async_save=async_save) as mgr:
+    with CheckpointManager(tmp_path / "hot", tmp_path / "archive",
+                           options=CheckpointManagerOptions(async_save=async_save)) as mgr:
         _train(6, mgr)
     fresh = _state()
-    with CheckpointManager(tmp_path / "hot", tmp_path / "archive", async_save=async_save) as mgr:
+    with CheckpointManager(tmp_path / "hot", tmp_path / "archive",
+                           options=CheckpointManagerOptions(async_save=async_save)) as mgr:
         assert mgr.restore(fresh[4]) == 6
         assert fresh[3].index == 6 * job.BATCH and fresh[2].last_epoch == 6
         _train(10, mgr, fresh, start=6)
@@ -51,7 +53,7 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, async_sav
 
 def test_async_save_holds_the_values_at_the_call(tmp_path):
     weights = {"w": torch.zeros(1000)}
-    with CheckpointManager(tmp_path / "hot", async_save=True) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=True)) as mgr:
         mgr.save(1, {"model": weights})
         weights["w"].add_(1.0)  # the next optimizer step, at once
         mgr.wait()
@@ -72,7 +74,7 @@ def test_restore_on_empty_tiers_returns_none_and_resave_is_harmless(tmp_path):
 
 @pytest.mark.parametrize("damage", ["bitflip", "truncate", "delete", "manifest"])
 def test_corrupt_newest_falls_back_to_previous_with_a_warning(tmp_path, damage, caplog):
-    with CheckpointManager(tmp_path / "hot", keep_hot=3, async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(keep_hot=3, async_save=False)) as mgr:
         _train(3, mgr)
     newest = tmp_path / "hot" / checkpoint_name(3, 1)
     data = newest / "__0_0.distcp"
@@ -98,7 +100,7 @@ def test_corrupt_newest_falls_back_to_previous_with_a_warning(tmp_path, damage, 
 
 
 def test_every_checkpoint_broken_is_an_error_not_a_fresh_start(tmp_path):
-    with CheckpointManager(tmp_path / "hot", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, {"model": {"w": torch.ones(4)}})
     os.truncate(tmp_path / "hot" / checkpoint_name(1, 1) / "__0_0.distcp", 10)
     with CheckpointManager(tmp_path / "hot") as mgr, pytest.raises(CheckpointError, match="none restorable"):
@@ -120,14 +122,14 @@ def test_wiped_hot_tier_restores_from_the_archive(tmp_path):
 
 
 def test_disk_full_is_a_clear_error_and_keeps_committed_checkpoints(tmp_path, monkeypatch):
-    with CheckpointManager(tmp_path / "hot", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, {"model": {"w": torch.ones(4)}})
         monkeypatch.setenv("TRAINREADY_FAULT", "hot.data_written:enospc")
         with pytest.raises(StorageFullError, match="no space left.*committed checkpoints are intact"):
             mgr.save(2, {"model": {"w": torch.full((4,), 2.0)}})
     monkeypatch.delenv("TRAINREADY_FAULT")
     loaded = {"model": {"w": torch.zeros(4)}}
-    with CheckpointManager(tmp_path / "hot", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(loaded) == 1
         assert torch.equal(loaded["model"]["w"], torch.ones(4))
         assert mgr.save(2, {"model": {"w": torch.full((4,), 2.0)}}) is True  # space freed: saving works again
@@ -136,7 +138,7 @@ def test_disk_full_is_a_clear_error_and_keeps_committed_checkpoints(tmp_path, mo
 
 
 def test_background_errors_surface_on_the_next_call(tmp_path, monkeypatch):
-    mgr = CheckpointManager(tmp_path / "hot", async_save=True)
+    mgr = CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=True))
     monkeypatch.setenv("TRAINREADY_FAULT", "hot.data_written:eio")
     mgr.save(1, {"model": {"w": torch.ones(4)}})
     with pytest.raises(CheckpointError, match="I/O error"):
@@ -145,10 +147,12 @@ def test_background_errors_surface_on_the_next_call(tmp_path, monkeypatch):
 
 
 def test_a_newer_writer_fences_the_older_one(tmp_path):
-    old = CheckpointManager(tmp_path / "hot", tmp_path / "archive", async_save=False)
+    old = CheckpointManager(tmp_path / "hot", tmp_path / "archive",
+                            options=CheckpointManagerOptions(async_save=False))
     old.save(1, {"model": {"w": torch.ones(2)}})
     old.wait()
-    new = CheckpointManager(tmp_path / "hot", tmp_path / "archive", async_save=False)
+    new = CheckpointManager(tmp_path / "hot", tmp_path / "archive",
+                            options=CheckpointManagerOptions(async_save=False))
     assert (new.run_id, new.generation) == (old.run_id, old.generation + 1)
     with pytest.raises(FencedError, match="generation 2"):
         old.save(2, {"model": {"w": torch.ones(2)}})
@@ -159,7 +163,7 @@ def test_a_newer_writer_fences_the_older_one(tmp_path):
 
 
 def test_another_run_cannot_take_over_a_prefix(tmp_path):
-    with CheckpointManager(tmp_path / "hot", run_id="run-a", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False), run_id="run-a") as mgr:
         mgr.save(1, {"model": {"w": torch.ones(2)}})
     with pytest.raises(FencedError, match="holds run 'run-a'"):
         CheckpointManager(tmp_path / "hot", run_id="run-b")
@@ -167,7 +171,8 @@ def test_another_run_cannot_take_over_a_prefix(tmp_path):
 
 
 def test_retention_keeps_the_newest_per_tier(tmp_path):
-    with CheckpointManager(tmp_path / "hot", tmp_path / "archive", keep_hot=2, keep_archive=3, async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", tmp_path / "archive",
+                           options=CheckpointManagerOptions(keep_hot=2, keep_archive=3, async_save=False)) as mgr:
         for step in range(1, 7):
             mgr.save(step, {"model": {"w": torch.full((2,), float(step))}})
             mgr.wait()
@@ -176,7 +181,7 @@ def test_retention_keeps_the_newest_per_tier(tmp_path):
 
 
 def test_restore_a_given_step_and_clear_errors_for_bad_input(tmp_path):
-    with CheckpointManager(tmp_path / "hot", async_save=False, keep_hot=5) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False, keep_hot=5)) as mgr:
         for step in (1, 2):
             mgr.save(step, {"model": {"w": torch.full((2,), float(step))}})
         loaded = {"model": {"w": torch.zeros(2)}}
@@ -188,7 +193,7 @@ def test_restore_a_given_step_and_clear_errors_for_bad_input(tmp_path):
         with pytest.raises(BadStateError, match="non-negative"):
             mgr.save(-1, loaded)
     with pytest.raises(BadStateError, match="keep_hot=0"):
-        CheckpointManager(tmp_path / "hot", keep_hot=0)
+        CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(keep_hot=0))
 
 
 def test_when_busy_skip_never_piles_up(tmp_path, monkeypatch):
@@ -196,7 +201,7 @@ def test_when_busy_skip_never_piles_up(tmp_path, monkeypatch):
     import trainready.store.faults as faults
 
     monkeypatch.setattr(faults, "HANG_S", 1.5)
-    with CheckpointManager(tmp_path / "hot", when_busy="skip") as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(when_busy="skip")) as mgr:
         assert mgr.save(1, {"model": {"w": torch.ones(2)}}) is True
         assert mgr.save(2, {"model": {"w": torch.ones(2)}}) is False  # first still writing
         mgr.wait()
@@ -204,7 +209,8 @@ def test_when_busy_skip_never_piles_up(tmp_path, monkeypatch):
 
 
 def test_manifest_records_what_was_written(tmp_path):
-    with CheckpointManager(tmp_path / "hot", async_save=False, metadata={"model": "tiny"}) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False),
+                           metadata={"model": "tiny"}) as mgr:
         mgr.save(5, {"model": {"w": torch.ones(2)}}, metadata={"loss": 1.25})
     manifest = json.loads((tmp_path / "hot" / checkpoint_name(5, 1) / MANIFEST).read_text())
     assert manifest["schema_version"] == 1 and manifest["step"] == 5 and manifest["world_size"] == 1

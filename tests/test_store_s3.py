@@ -11,7 +11,7 @@ import torch
 from s3server import TcpProxy
 
 from trainready.io import sha256_file
-from trainready.store import ArchiveUnavailableError, CheckpointManager
+from trainready.store import ArchiveUnavailableError, CheckpointManager, CheckpointManagerOptions
 from trainready.store.manifest import MANIFEST, FileEntry, checkpoint_name
 from trainready.store.tiers import ArchiveTier
 
@@ -23,7 +23,8 @@ def _objects(endpoint, bucket):
 
 def test_save_to_s3_then_restore_on_a_new_node(tmp_path, s3_bucket, moto):
     state = {"model": {"w": torch.arange(1000, dtype=torch.float32)}}
-    with CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run-1", async_save=True) as mgr:
+    with CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run-1",
+                           options=CheckpointManagerOptions(async_save=True)) as mgr:
         mgr.save(7, state)
     keys = _objects(moto.url, s3_bucket)
     name = checkpoint_name(7, 1)
@@ -59,7 +60,8 @@ def test_a_bucket_with_default_kms_encryption_archives_and_restores(tmp_path, s3
     _kms_bucket(s3_bucket)
     url = f"s3://{s3_bucket}/run"
     with caplog.at_level(logging.WARNING, "trainready.store"):
-        with CheckpointManager(tmp_path / "hot", url, retry_initial_s=0.05, retry_max_s=0.2) as mgr:
+        with CheckpointManager(tmp_path / "hot", url,
+                               options=CheckpointManagerOptions(retry_initial_s=0.05, retry_max_s=0.2)) as mgr:
             for step in (1, 2, 3):
                 mgr.save(step, {"model": {"w": torch.full((1000,), float(step))}})
                 mgr.wait(timeout_s=30)
@@ -76,11 +78,12 @@ def test_an_object_left_by_an_earlier_attempt_is_trusted_by_content_not_size(tmp
     """A torn earlier upload left an object of the right size and the wrong bytes: a retry that
     skips objects by size archives it, and restoring from the archive then fails."""
     state = {"model": {"w": torch.arange(1000, dtype=torch.float32)}}
-    with CheckpointManager(tmp_path / "probe", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "probe", options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(7, state)
     good = tmp_path / "probe" / checkpoint_name(7, 1) / "__0_0.distcp"
     s3 = boto3.client("s3")
-    with CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run",
+                           options=CheckpointManagerOptions(async_save=False)) as mgr:
         s3.put_object(Bucket=s3_bucket, Key=f"run/{checkpoint_name(7, 1)}/__0_0.distcp", Body=b"\0" * good.stat().st_size)
         mgr.save(7, state)
     stored = s3.get_object(Bucket=s3_bucket, Key=f"run/{checkpoint_name(7, 1)}/__0_0.distcp")["Body"].read()
@@ -135,7 +138,8 @@ def test_a_mismatching_upload_is_retried_and_never_stops_training(tmp_path, s3_b
         return real(self, local, name, entry)
 
     monkeypatch.setattr(ArchiveTier, "upload", flaky)
-    with CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run", retry_initial_s=0.05, retry_max_s=0.1) as mgr:
+    with CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run",
+                           options=CheckpointManagerOptions(retry_initial_s=0.05, retry_max_s=0.1)) as mgr:
         mgr.save(1, {"model": {"w": torch.ones(10)}})
         mgr.wait(timeout_s=30)
         mgr.save(2, {"model": {"w": torch.ones(10)}})  # a fatal upload error used to be raised here
@@ -169,7 +173,8 @@ def test_two_writers_racing_for_a_prefix_never_share_a_generation(tmp_path, s3_b
 
     def claim(name):
         try:
-            mgr = CheckpointManager(tmp_path / name, url, run_id="r1", async_save=False)
+            mgr = CheckpointManager(tmp_path / name, url, options=CheckpointManagerOptions(async_save=False),
+                                    run_id="r1")
             generations[name] = mgr.generation
             mgr.close()
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -190,10 +195,11 @@ def test_restore_never_prefers_a_commit_made_by_a_fenced_writer(tmp_path, s3_buc
     the instant between its fence check and its commit. That commit is never restored."""
     url = f"s3://{s3_bucket}/run"
     state = lambda v: {"model": {"w": torch.full((4,), float(v))}}  # noqa: E731
-    old = CheckpointManager(tmp_path / "old", url, async_save=False)
+    old = CheckpointManager(tmp_path / "old", url, options=CheckpointManagerOptions(async_save=False))
     old.save(5, state(5))
     old.wait()
-    new = CheckpointManager(tmp_path / "new", url, async_save=False)  # generation 2 fences generation 1
+    # generation 2 fences generation 1
+    new = CheckpointManager(tmp_path / "new", url, options=CheckpointManagerOptions(async_save=False))
     old._replicator.check_fence = lambda: None  # the zombie's check passed just before the takeover
     old._replicator.on_archived = lambda name: None
     old.save(10, state(10))
@@ -220,7 +226,8 @@ def test_archive_outage_training_goes_on_and_uploads_catch_up(tmp_path, s3_bucke
     url = f"s3://{s3_bucket}/run"
     try:
         with caplog.at_level(logging.WARNING, "trainready.store"):
-            mgr = CheckpointManager(tmp_path / "hot", url, keep_hot=2, retry_initial_s=0.1, retry_max_s=0.5)
+            mgr = CheckpointManager(tmp_path / "hot", url,
+                                    options=CheckpointManagerOptions(keep_hot=2, retry_initial_s=0.1, retry_max_s=0.5))
             mgr.save(1, {"model": {"w": torch.ones(100)}})
             mgr.wait(timeout_s=30)
             proxy.down()

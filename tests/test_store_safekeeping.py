@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from trainready.store import CheckpointManager, PreemptedError
+from trainready.store import CheckpointManager, CheckpointManagerOptions, PreemptedError
 from trainready.store.inspect import list_checkpoints, prune, verify_checkpoints
 from trainready.store.manifest import LEASE, MANIFEST, checkpoint_name
 
@@ -35,8 +35,8 @@ def test_an_archive_outage_keeps_the_newest_archived_and_keep_hot_and_says_what_
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
     try:
         with caplog.at_level(logging.WARNING, "trainready.store"):
-            mgr = CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run", keep_hot=2, retry_initial_s=0.05,
-                                    retry_max_s=0.2)
+            mgr = CheckpointManager(tmp_path / "hot", f"s3://{s3_bucket}/run",
+                                    options=CheckpointManagerOptions(keep_hot=2, retry_initial_s=0.05, retry_max_s=0.2))
             mgr.save(1, _state(1))
             mgr.wait(timeout_s=30)
             proxy.down()
@@ -68,7 +68,7 @@ def _corrupt_manifest(path, data: bytes) -> None:
 def test_unreadable_manifests_are_kept_reported_and_never_deleted(tmp_path, damage):
     """Before: retention and `ckpt prune` deleted them as uncommitted debris."""
     hot = tmp_path / "hot"
-    with CheckpointManager(hot, keep_hot=1, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(keep_hot=1, async_save=False)) as mgr:
         mgr.save(1, _state(1))
     victim = hot / checkpoint_name(1, 1)
     if damage is None:  # a manifest that names another step than its directory
@@ -76,7 +76,7 @@ def test_unreadable_manifests_are_kept_reported_and_never_deleted(tmp_path, dama
         _corrupt_manifest(victim, text.encode())
     else:
         _corrupt_manifest(victim, damage)
-    with CheckpointManager(hot, keep_hot=1, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(keep_hot=1, async_save=False)) as mgr:
         for step in (2, 3, 4):
             mgr.save(step, _state(step))
         mgr.wait()
@@ -93,12 +93,12 @@ def test_unreadable_manifests_are_kept_reported_and_never_deleted(tmp_path, dama
 def test_a_damaged_lease_is_rebuilt_from_the_newest_manifests_with_a_warning(tmp_path, garbage, caplog):
     """Before: every later run of the job ended in a pydantic traceback until someone deleted it."""
     hot, archive = tmp_path / "hot", tmp_path / "archive"
-    with CheckpointManager(hot, str(archive), run_id="job-7", async_save=False) as mgr:
+    with CheckpointManager(hot, str(archive), options=CheckpointManagerOptions(async_save=False), run_id="job-7") as mgr:
         mgr.save(3, _state(3))
     (hot / LEASE).write_bytes(garbage)
     (archive / LEASE).write_bytes(garbage)
     with caplog.at_level(logging.WARNING, "trainready.store"):
-        with CheckpointManager(hot, str(archive), async_save=False) as mgr:
+        with CheckpointManager(hot, str(archive), options=CheckpointManagerOptions(async_save=False)) as mgr:
             assert (mgr.run_id, mgr.generation) == ("job-7", 2)
             loaded = _state(0)
             assert mgr.restore(loaded) == 3 and float(loaded["model"]["w"][0]) == 3.0
@@ -117,7 +117,7 @@ def test_leases_are_written_durably(tmp_path, monkeypatch):
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", record)
-    CheckpointManager(tmp_path / "hot", str(tmp_path / "archive"), async_save=False).close()
+    CheckpointManager(tmp_path / "hot", str(tmp_path / "archive"), options=CheckpointManagerOptions(async_save=False)).close()
     for root in (tmp_path / "hot", tmp_path / "archive"):
         assert str(root) in synced, f"{root} (holding writer.json) was never fsynced"
         assert any(p.startswith(str(root / f".{LEASE}.")) for p in synced), "the new lease was not fsynced"
@@ -127,9 +127,9 @@ def test_prune_follows_the_managers_rule_own_run_only(tmp_path):
     """Before: prune deleted by its own rule, across runs. Now: the run the lease names (or
     --run-id), with the manager's retention rule."""
     hot = tmp_path / "hot"
-    with CheckpointManager(tmp_path / "elsewhere", run_id="other", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "elsewhere", options=CheckpointManagerOptions(async_save=False), run_id="other") as mgr:
         mgr.save(1, _state(1))
-    with CheckpointManager(hot, run_id="mine", keep_hot=5, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(keep_hot=5, async_save=False), run_id="mine") as mgr:
         for step in (5, 6):
             mgr.save(step, _state(step))
     os.rename(tmp_path / "elsewhere" / checkpoint_name(1, 1), hot / checkpoint_name(1, 1))  # another run's, planted
@@ -141,7 +141,8 @@ def test_prune_follows_the_managers_rule_own_run_only(tmp_path):
 
 def test_checkpoints_are_private_by_default(tmp_path, monkeypatch):
     monkeypatch.delenv("TRAINREADY_FILE_MODE", raising=False)
-    with CheckpointManager(tmp_path / "hot", str(tmp_path / "archive"), async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", str(tmp_path / "archive"),
+                           options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, _state(1))
     for root in (tmp_path / "hot", tmp_path / "archive"):
         ckpt = root / checkpoint_name(1, 1)
@@ -152,7 +153,7 @@ def test_checkpoints_are_private_by_default(tmp_path, monkeypatch):
 
 def test_group_readable_when_configured(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINREADY_FILE_MODE", "group")
-    with CheckpointManager(tmp_path / "hot", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, _state(1))
     ckpt = tmp_path / "hot" / checkpoint_name(1, 1)
     assert stat.S_IMODE(os.stat(ckpt).st_mode) == 0o750
@@ -163,9 +164,9 @@ def test_group_readable_when_configured(tmp_path, monkeypatch):
 
 def test_a_fenced_writer_never_takes_the_prefix_back_when_the_lease_goes_missing(tmp_path):
     hot = tmp_path / "hot"
-    zombie = CheckpointManager(hot, async_save=False, keep_hot=5)
+    zombie = CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False, keep_hot=5))
     zombie.save(1, _state(1))
-    live = CheckpointManager(hot, async_save=False, keep_hot=5)
+    live = CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False, keep_hot=5))
     live.save(3, _state(3))
     for damage in ("remove", "corrupt"):
         if damage == "remove":
@@ -177,7 +178,7 @@ def test_a_fenced_writer_never_takes_the_prefix_back_when_the_lease_goes_missing
         live.save(5 if damage == "remove" else 7, _state(5))  # the newer writer goes on, and takes its lease back
     live.close()
     assert not (hot / checkpoint_name(4, 1)).exists()
-    with CheckpointManager(hot, async_save=False) as mgr:
+    with CheckpointManager(hot, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(_state(0)) == 7
 
 
@@ -200,10 +201,11 @@ def _archive_down_once(monkeypatch):
 
 def test_a_fresh_node_waits_for_an_unreachable_archive_instead_of_starting_from_scratch(tmp_path, monkeypatch):
     archive = str(tmp_path / "archive")
-    with CheckpointManager(tmp_path / "first-node", archive, async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "first-node", archive, options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, _state(1))
     _archive_down_once(monkeypatch)
-    with CheckpointManager(tmp_path / "new-node", archive, async_save=False, retry_initial_s=0.05) as mgr:
+    with CheckpointManager(tmp_path / "new-node", archive,
+                           options=CheckpointManagerOptions(async_save=False, retry_initial_s=0.05)) as mgr:
         assert mgr.generation == 2 and mgr.restore(_state(0)) == 1  # it waited, then saw the run
 
 
@@ -216,17 +218,18 @@ def test_a_fresh_node_refuses_when_the_archive_stays_unreachable(tmp_path, monke
 
     monkeypatch.setattr(ArchiveTier, "read_lease", down)
     with pytest.raises(ArchiveUnavailableError, match="holds nothing of the run"):
-        CheckpointManager(tmp_path / "new-node", str(tmp_path / "archive"), claim_wait_s=0.3, retry_initial_s=0.05)
+        CheckpointManager(tmp_path / "new-node", str(tmp_path / "archive"),
+                          options=CheckpointManagerOptions(claim_wait_s=0.3, retry_initial_s=0.05))
 
 
 def test_a_node_that_knows_the_run_starts_during_an_outage_and_catches_up(tmp_path, monkeypatch):
     """It claimed from its hot tier; the archive's lease (of the dead writer before it) must not
     then fence its uploads forever."""
     archive = str(tmp_path / "archive")
-    with CheckpointManager(tmp_path / "hot", archive, async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", archive, options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, _state(1))
     _archive_down_once(monkeypatch)
-    with CheckpointManager(tmp_path / "hot", archive, async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", archive, options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.generation == 2 and mgr.lease.fenced is None  # nothing known of the archive: nothing fenced
         assert mgr.restore(_state(0)) == 1
         mgr.save(2, _state(2))
@@ -237,13 +240,14 @@ def test_a_node_that_knows_the_run_starts_during_an_outage_and_catches_up(tmp_pa
 
 def test_one_unreadable_archive_entry_does_not_hide_the_others(tmp_path):
     archive = tmp_path / "archive"
-    with CheckpointManager(tmp_path / "hot", str(archive), async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", str(archive), options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, _state(1))
     (archive / checkpoint_name(2, 1)).mkdir()
     (archive / checkpoint_name(2, 1) / MANIFEST).mkdir()
     statuses = {c.name: c.status for c in list_checkpoints(f"file://{archive}").checkpoints}
     assert statuses == {checkpoint_name(1, 1): "committed", checkpoint_name(2, 1): "unreadable"}
-    with CheckpointManager(tmp_path / "fresh", f"file://{archive}", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "fresh", f"file://{archive}",
+                           options=CheckpointManagerOptions(async_save=False)) as mgr:
         assert mgr.restore(_state(0)) == 1
 
 
@@ -255,7 +259,8 @@ def test_preempted_is_what_the_ranks_agreed_not_what_one_rank_saw(tmp_path):
     from trainready.dist import STOP
 
     try:
-        with CheckpointManager(tmp_path / "hot", async_save=False, save_interval_steps=100) as mgr:
+        with CheckpointManager(tmp_path / "hot",
+                               options=CheckpointManagerOptions(async_save=False, save_interval_steps=100)) as mgr:
             mgr.install_preemption_handler()
             STOP.request(signal.SIGTERM)  # as the handler does when the signal arrives
             assert not mgr.preempted      # seen here, not yet agreed
@@ -275,7 +280,8 @@ def test_the_preemption_save_returns_and_the_caller_decides_how_to_exit(tmp_path
     from trainready.dist import STOP
 
     try:
-        mgr = CheckpointManager(tmp_path / "hot", async_save=True, save_interval_steps=100)
+        mgr = CheckpointManager(tmp_path / "hot",
+                                options=CheckpointManagerOptions(async_save=True, save_interval_steps=100))
         mgr.install_preemption_handler(deadline_s=5)
         STOP.request(signal.SIGTERM)
         assert mgr.should_save(7)
@@ -287,7 +293,7 @@ def test_the_preemption_save_returns_and_the_caller_decides_how_to_exit(tmp_path
         with pytest.raises(PreemptedError, match="stopped for preemption after step 7.*reached_preemption"):
             mgr.save(8, {"model": {"w": torch.ones(3)}})
         assert mgr.PREEMPTION_EXIT_CODE == 143
-        old_style = CheckpointManager(tmp_path / "hot2", async_save=False)
+        old_style = CheckpointManager(tmp_path / "hot2", options=CheckpointManagerOptions(async_save=False))
         with pytest.warns(DeprecationWarning, match="no longer exits"):
             old_style.install_preemption_handler(exit_code=137)
         assert old_style.PREEMPTION_EXIT_CODE == 137
@@ -302,7 +308,7 @@ def test_status_is_a_typed_snapshot(tmp_path):
 
     from trainready.store import ManagerStatus
 
-    with CheckpointManager(tmp_path / "hot", async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False)) as mgr:
         mgr.save(1, {"model": {"w": torch.ones(2)}})
         st = mgr.status()
         assert isinstance(st, ManagerStatus) and st.saving is False and st.archived_step is None

@@ -19,9 +19,10 @@ import logging
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainready.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("trainready")
 
@@ -117,6 +118,13 @@ class DistContext:
             self._workers[name] = dist.new_group(backend="gloo")
         return self._workers[name]
 
+    def retain(self) -> DistContext:
+        """One more user of a context someone passed in (a session hands its own to its checkpoint manager);
+        pair with release(), as after acquire()."""
+        with _lock:
+            self._users += 1
+        return self
+
     def release(self) -> None:
         """Drop one user; the last one destroys the groups (no gloo work may outlive the interpreter)."""
         global _current
@@ -183,9 +191,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 class StopRequest:
     """A stop asked for by a signal: which one (`signum`) and when (`at`, monotonic)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.signum: int | None = None
         self.at: float | None = None
+        self.clock = clock  # `at` is read against the same clock by whoever owns the grace period
         self._installed: set[int] = set()
 
     @property
@@ -202,7 +211,7 @@ class StopRequest:
     def request(self, signum: int) -> None:
         """Record a stop as if `signum` had arrived (another rank was signalled: stop together)."""
         if self.signum is None:
-            self.signum, self.at = int(signum), time.monotonic()
+            self.signum, self.at = int(signum), self.clock.monotonic()
 
     def reset(self) -> None:
         """Forget a stop request and restore default handlers (tests, or a new job in this process)."""

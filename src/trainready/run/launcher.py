@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainready import parent_death
+from trainready.clock import SYSTEM_CLOCK, Clock
 from trainready.io import child_umask, dir_mode, file_mode, make_dir, open_nofollow, parse_json, redact, redact_argv, redact_json
 
 from . import kill_cause
@@ -43,6 +44,14 @@ RUN_SCHEMA_VERSION = 1
 PYTHONS = ("python", "python3", sys.executable, os.path.basename(sys.executable))
 SHIM = Path(__file__).with_name("shim.py")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the ssh session closed
+
+
+def spawn_agent(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """The process spawner a Launcher uses by default: torchrun's agent in a session of its own (a Ctrl-C at the
+    terminal reaches the launcher alone, which forwards it), output on one pipe, dying with the launcher, and
+    creating files as privately as ours."""
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=parent_death.setter(), umask=child_umask())
 
 
 def torchrun_argv(spec: LaunchSpec) -> list[str]:
@@ -118,17 +127,26 @@ def process_start_unix(pid: int | None = None) -> float | None:
 
 
 class Launcher:
-    """One launch of a run (a run may be launched again with the same command: it resumes)."""
+    """One launch of a run (a run may be launched again with the same command: it resumes).
+
+    `spec` holds its options. What it works with is passed in: `on_output` (each line for the console) and
+    `on_records` (new telemetry records, for the live view); `spawn(argv, env)` starts the agent and returns a
+    Popen-like object whose stdout is its output (default: torchrun's agent, spawn_agent); `clock` (billing, the
+    grace period, polling); `install_signal(signum, handler)` routes a stop signal to it and returns the handler
+    it replaced (default signal.signal; a test or an embedding application passes its own)."""
 
     def __init__(self, spec: LaunchSpec, on_output: Callable[[str], None], on_records: Callable[[list], None],
-                 started_unix: float | None = None):
+                 started_unix: float | None = None, *,
+                 spawn: Callable[[list[str], dict[str, str]], subprocess.Popen] = spawn_agent,
+                 clock: Clock = SYSTEM_CLOCK, install_signal: Callable[[int, Any], Any] = signal.signal):
         """`started_unix`: when this launch began costing money (the CLI passes its process's start);
         default now."""
         self.spec = spec
         self.on_output, self.on_records = on_output, on_records
+        self.spawn, self.clock, self.install_signal = spawn, clock, install_signal
         self.agent: subprocess.Popen | None = None
         self.signalled: int | None = None
-        self.start_unix = min(time.time(), started_unix or time.time())
+        self.start_unix = min(clock.time(), started_unix or clock.time())
         self._starting = True  # no step reported since the launch or the latest (re)start of the workers
         self._spend: SpendWarnings | None = None
         self._budget_stop: str | None = None  # set when the launcher stopped the workers for the budget
@@ -161,7 +179,7 @@ class Launcher:
             return info, False
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past json's parser
             pass
-        aside = path.with_name(f"run.json.corrupt-{int(time.time())}")
+        aside = path.with_name(f"run.json.corrupt-{int(self.clock.time())}")
         os.replace(path, aside)
         # it may hold an unredacted command of an older version: take away what our mode would not give
         os.chmod(aside, os.stat(aside).st_mode & file_mode())
@@ -334,7 +352,7 @@ class Launcher:
         spent = prior_s * per_s
         need_s, why = measured_relaunch_s(records)
         need_s = max(need_s, KILL_S * MARGIN)  # at the very least, starting and being stopped again
-        now_s = max(0.0, time.time() - self.start_unix)  # this launcher's own start-up, billed too
+        now_s = max(0.0, self.clock.time() - self.start_unix)  # this launcher's own start-up, billed too
         if spent + per_s * (now_s + need_s) >= s.budget_usd * 0.999:
             left = max(0.0, s.budget_usd - spent)
             if prior_s <= 0:
@@ -348,9 +366,9 @@ class Launcher:
     def _end(self, result: LaunchResult) -> None:
         info = self._info  # ours since _begin (the lock): not read back, so a damaged file cannot lose it
         launch = info["launches"][-1]
-        launch.update(end_unix=time.time(), exit_code=result.exit_code, reason=result.reason, message=result.message)
+        launch.update(end_unix=self.clock.time(), exit_code=result.exit_code, reason=result.reason, message=result.message)
         self._write_info(info)
-        writer = TelemetryWriter(self.spec.run_dir, source="launcher")
+        writer = TelemetryWriter(self.spec.run_dir, source="launcher", clock=self.clock)
         writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
         writer.close()
         result.summary = summarize(self.spec.run_dir)
@@ -374,29 +392,26 @@ class Launcher:
         env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store, **os.environ, **self.settings.to_env(),
                "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command),
                "TRAINREADY_USER_UMASK": f"{_current_umask():o}"}  # the shim gives the script the user's umask back
-        writer = TelemetryWriter(self.spec.run_dir, source="launcher")
+        writer = TelemetryWriter(self.spec.run_dir, source="launcher", clock=self.clock)
         writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
         writer.close()
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
+        previous = {sig: self.install_signal(sig, self._on_signal) for sig in FORWARDED}
         result = LaunchResult(EXIT_INTERNAL, "failed", "the launcher stopped unexpectedly")
         try:
-            self.agent = subprocess.Popen(torchrun_argv(self.spec), env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=parent_death.setter(),  # dies with us
-                                          umask=child_umask())  # its logs are as private as our files
+            self.agent = self.spawn(torchrun_argv(self.spec), env)
             pump = threading.Thread(target=self._pump, daemon=True)
             pump.start()
             while self.agent.poll() is None:
                 self._poll_telemetry()
                 self._watch_budget()
                 self._escalate_if_overdue()
-                time.sleep(0.25)
+                self.clock.sleep(0.25)
             pump.join(timeout=5)
             self._poll_telemetry()
             result = self._outcome(self.agent.returncode)
         finally:
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                self.install_signal(sig, handler)
             self._end(result)  # run.json and summary.json, whatever happened
         return result
 
@@ -405,7 +420,7 @@ class Launcher:
             return
         if self.signalled is None:
             self.signalled = signum
-            self._signal_deadline = time.monotonic() + self.spec.settings.grace_s
+            self._signal_deadline = self.clock.monotonic() + self.spec.settings.grace_s
             self.on_output(f"trainready: {signal.Signals(signum).name}: asking the workers to save and stop "
                            f"(up to {self.spec.settings.grace_s:.0f} s; signal again to stop at once)")
             # to the workers, not the agent: they save and exit 0, and torchrun, seeing success, exits
@@ -426,7 +441,7 @@ class Launcher:
 
     def _escalate_if_overdue(self) -> None:
         """Past the grace period the workers are stuck (a hung collective?): torchrun stops them."""
-        if self._signal_deadline is not None and time.monotonic() > self._signal_deadline and self.agent is not None:
+        if self._signal_deadline is not None and self.clock.monotonic() > self._signal_deadline and self.agent is not None:
             self._signal_deadline = None
             self._escalated = True
             self.on_output("trainready: the workers did not stop within the grace period: terminating them")
@@ -494,10 +509,10 @@ class Launcher:
         if self._spend is None or s.usd_per_hour is None or s.budget_usd is None or self._budget_stop:
             return
         per_s = usd_per_second(s.usd_per_hour, s.nnodes)
-        spent = per_s * (s.prior_s + time.time() - self.start_unix)
+        spent = per_s * (s.prior_s + self.clock.time() - self.start_unix)
         crossed = self._spend.crossed(spent)
         if crossed:  # as telemetry: the live view shows it (once), report lists it
-            writer = TelemetryWriter(self.spec.run_dir, source="launcher")
+            writer = TelemetryWriter(self.spec.run_dir, source="launcher", clock=self.clock)
             for message in crossed:
                 writer.write("budget", message=message, spent_usd=round(spent, 4), projected_usd=self._projected)
             writer.close()

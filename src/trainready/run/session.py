@@ -26,7 +26,6 @@ import os
 import signal
 import statistics
 import sys
-import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,7 +35,8 @@ from typing import Any, Iterator, NamedTuple
 import torch
 import torch.distributed as dist
 
-from trainready.dist import STOP, DistContext, identity
+from trainready.clock import SYSTEM_CLOCK, Clock
+from trainready.dist import STOP, DistContext, StopRequest, identity
 from trainready.errors import UsageError
 from trainready.io import redact
 
@@ -90,22 +90,30 @@ class Decision:
 
 
 class Session:
-    """See the module docstring. Build it with `trainready.init()`."""
+    """See the module docstring. Build it with `trainready.init()`.
 
-    def __init__(self, settings: RunSettings, *, flops_per_token: float | None = None, backend: str | None = None):
+    `settings` are the run's options. What the session works with is passed in, each defaulting to the process's
+    own: `context` (the ranks and their control group; default: built on torch.distributed's world, which is
+    initialized first if torchrun started us), `stop` (the stop request signals reach) and `clock` (billing, step
+    pacing and the grace period). The checkpoint manager it makes shares all three."""
+
+    def __init__(self, settings: RunSettings, *, flops_per_token: float | None = None, backend: str | None = None,
+                 context: DistContext | None = None, stop: StopRequest = STOP, clock: Clock = SYSTEM_CLOCK):
         self.settings = settings
-        self._init_distributed(backend)
+        self.stop, self.clock = stop, clock
+        if context is None:
+            self._init_distributed(backend)
         me = identity()
         self.rank, self.world_size, self.local_rank = me.rank, me.world_size, me.local_rank
         self.device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-        self.ctx = DistContext.acquire()
+        self.ctx = context.retain() if context is not None else DistContext.acquire()
         self._group = self.ctx.control
         self._watch = start_watch(settings.launcher_pid, settings.launcher_start_ticks,
                                   watch_parent="TORCHELASTIC_RUN_ID" in os.environ)
-        self.telemetry = TelemetryWriter(settings.run_dir if self.rank == 0 else None, source="rank0")
+        self.telemetry = TelemetryWriter(settings.run_dir if self.rank == 0 else None, source="rank0", clock=clock)
         self.flops_per_token = settings.flops_per_token or flops_per_token
         self.gpu_name, self.peak_flops = _detect_peak(self.device, settings.peak_tflops)
-        launch = settings.launch_unix or time.time()
+        launch = settings.launch_unix or clock.time()
         if settings.budget_usd is not None and settings.usd_per_hour is None:
             raise UsageError("a budget needs a price: give usd_per_hour= (per node-hour) with budget_usd=")
         # under the launcher it announces the 50%/80% crossings on its own clock; on our own we do
@@ -118,12 +126,12 @@ class Session:
         self._mtbf_h = mtbf_h
         self.manager = self._make_manager()
         self._stop_at: float | None = None  # monotonic time a budget stop began: the grace period counts from it
-        STOP.install()
+        stop.install()
         self.start_step = 0
         self._next_step = 0
         self._steps_this_launch = 0
         self._since_save = 0
-        self._last_end = time.perf_counter()
+        self._last_end = clock.perf_counter()
         self._pace: deque[float] = deque(maxlen=_PACE_WINDOW)
         self._stalls: deque[float] = deque(maxlen=5)  # the slowest rank's stall of each save (exchanged)
         self._local_stall = 0.0
@@ -134,7 +142,7 @@ class Session:
         self._last_saved: int | None = None
         self._finished = False
         self._dropped_seen = 0
-        self._marks: Marks = _marks(self.device, settings.timing)
+        self._marks: Marks = _marks(self.device, settings.timing, clock)
         self._measured: set[str] = set() if self.world_size > 1 else {"comm"}  # one rank: nothing to communicate
         self._splits = SplitQueue()
         self._rank_every = max(1, -(-self.world_size // RANK_LISTS_MAX))
@@ -150,10 +158,11 @@ class Session:
         dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
 
     def _make_manager(self) -> Any:
-        from trainready.store import CheckpointManager
+        from trainready.store import CheckpointManager, CheckpointManagerOptions
 
-        return CheckpointManager(self.settings.hot_dir, self.settings.archive, keep_hot=self.settings.keep_hot,
-                                 async_save=self.settings.async_save)
+        options = CheckpointManagerOptions(keep_hot=self.settings.keep_hot, async_save=self.settings.async_save)
+        return CheckpointManager(self.settings.hot_dir, self.settings.archive, options, context=self.ctx, stop=self.stop,
+                                 clock=self.clock)
 
     def _start_record(self) -> None:
         import socket
@@ -197,15 +206,15 @@ class Session:
     def restore(self, state: dict[str, Any]) -> int | None:
         """Load the newest checkpoint that verifies into `state`; returns its step (the last one
         completed) or None. Training continues at `sess.start_step`."""
-        t0 = time.perf_counter()
+        t0 = self.clock.perf_counter()
         result = self.manager.restore_details(state)
-        duration = time.perf_counter() - t0
+        duration = self.clock.perf_counter() - t0
         step = result.step if result else None
         self.start_step = self._next_step = 0 if step is None else step + 1
         self._last_saved = step
         self.telemetry.write("restore", step=step, tier=result.tier if result else None,
                              skipped=list(result.skipped) if result else [], duration_s=_r(duration))
-        self._last_end = time.perf_counter()
+        self._last_end = self.clock.perf_counter()
         return step
 
     def watch(self, ddp_model: Any) -> Any:
@@ -224,7 +233,8 @@ class Session:
     @contextmanager
     def step(self, tokens: float | None = None) -> Iterator[StepTimer]:
         """Time one training step; `tokens`: tokens this rank processes in it."""
-        timer = StepTimer(tokens=tokens or 0, comm_watch=self._comm_watch, marks=self._marks, measured=self._measured)
+        timer = StepTimer(tokens=tokens or 0, comm_watch=self._comm_watch, marks=self._marks, measured=self._measured,
+                          now=self.clock.perf_counter)
         timer.begin()
         yield timer
         if self.device.type == "cuda" and not self._marks.lagged:  # host clocks on a GPU: wait for its work
@@ -272,13 +282,13 @@ class Session:
         step = self._next_step
         ready = self._splits.push(step, finished.pending) if finished is not None else None
         split_of, split = ready if ready is not None else (None, StepTimes())
-        now_perf = time.perf_counter()
+        now_perf = self.clock.perf_counter()
         interval = now_perf - self._last_end
         self._last_end = now_perf
         commit = self.manager.last_commit  # set when a (background) commit finishes
         if commit is not None:
             self._last_saved = commit[0]
-        now = time.time()
+        now = self.clock.time()
         unknown = math.nan
 
         def known(value: float | None) -> float:
@@ -287,7 +297,7 @@ class Session:
                            split_of=unknown if split_of is None else float(split_of), split_s=known(split.step_s),
                            data_s=known(split.data_s), comm_s=known(split.comm_s), optimizer_s=known(split.optimizer_s),
                            tokens=finished.tokens if finished else 0.0, interval_s=interval,
-                           signal=float(STOP.signum or 0), now=now, commit_s=commit[1] if commit else 0.0,
+                           signal=float(self.stop.signum or 0), now=now, commit_s=commit[1] if commit else 0.0,
                            stall_s=self._local_stall, billed_s=self.budget.clock.billed_s(now))
         rows = self._exchange(mine)
         self._next_step += 1
@@ -318,7 +328,7 @@ class Session:
             self._stalls.append(stall)
         signals = [int(s) for s in col["signal"] if s]
         if signals:
-            STOP.request(signals[0])  # another rank was signalled: stop together (no-op where one was)
+            self.stop.request(signals[0])  # another rank was signalled: stop together (no-op where one was)
             return Decision(save=True, stop="signal")
         if self.settings.max_steps is not None and self._steps_this_launch >= self.settings.max_steps:
             return Decision(save=False, stop="max_steps")
@@ -329,7 +339,7 @@ class Session:
         for warning in view.warnings:
             self._warn("budget", warning, spent_usd=view.spent_usd, projected_usd=view.projected_usd)
         if view.stop:
-            self._stop_at = time.monotonic()
+            self._stop_at = self.clock.monotonic()
             return Decision(save=True, stop="budget")
         # with a budget, what the final checkpoint costs must be known early: save at the second step
         measure = self.settings.budget_usd is not None and commit_s == 0 and self._steps_this_launch == 2
@@ -404,9 +414,9 @@ class Session:
     # ---- saving and stopping -----------------------------------------------------------------
 
     def _save(self, step: int, state: dict[str, Any]) -> bool:
-        t0 = time.perf_counter()
+        t0 = self.clock.perf_counter()
         saved = self.manager.save(step, state)
-        stall = time.perf_counter() - t0
+        stall = self.clock.perf_counter() - t0
         if saved:
             self._local_stall = stall
             self._since_save = 0
@@ -420,8 +430,8 @@ class Session:
         signal or the budget decision, record what is really committed, and exit."""
         from trainready.store.errors import ArchiveUnavailableError
 
-        started = (STOP.at if reason == "signal" else self._stop_at) or time.monotonic()
-        remaining = max(1.0, self.settings.grace_s - 5.0 - (time.monotonic() - started))
+        started = (self.stop.at if reason == "signal" else self._stop_at) or self.clock.monotonic()
+        remaining = max(1.0, self.settings.grace_s - 5.0 - (self.clock.monotonic() - started))
         upload_error = save_error = None
         try:
             self.manager.wait(timeout_s=remaining)
@@ -432,17 +442,18 @@ class Session:
         commit = self.manager.last_commit
         committed = commit[0] if commit else self._last_saved
         self._last_saved = committed
-        now = time.time()
+        now = self.clock.time()
         kept = f"with a checkpoint of step {committed}" if committed is not None else "with no checkpoint"
         if save_error:
             kept += f" (the final save failed: {save_error})"
         if reason == "signal":
-            message = f"stopped by signal {signal.Signals(STOP.signum).name if STOP.signum else '?'} after step {step}, {kept}"
+            signum = self.stop.signum
+            message = f"stopped by signal {signal.Signals(signum).name if signum else '?'} after step {step}, {kept}"
         elif reason == "budget":
             message = f"{self.budget.stop_message(self.budget.clock.billed_s(now), step)}; {kept}"
         else:
             message = f"stopped after {self._steps_this_launch} steps (max_steps)"
-        exit_code = {"signal": 128 + (STOP.signum or signal.SIGTERM), "budget": EXIT_BUDGET, "max_steps": 0}[reason]
+        exit_code = {"signal": 128 + (self.stop.signum or signal.SIGTERM), "budget": EXIT_BUDGET, "max_steps": 0}[reason]
         message = redact(message)
         info = {"schema_version": 1, "reason": reason, "step": step, "checkpoint": committed,
                 "message": message, "exit_code": exit_code, "upload_error": redact(upload_error) if upload_error else None,
@@ -452,7 +463,7 @@ class Session:
         if self.local_rank == 0 and self.settings.run_dir is not None:  # every node's launcher reads its own
             RunDir(self.settings.run_dir).write_stop(info)
         try:
-            self.finish(timeout_s=max(1.0, self.settings.grace_s - 5.0 - (time.monotonic() - started)))
+            self.finish(timeout_s=max(1.0, self.settings.grace_s - 5.0 - (self.clock.monotonic() - started)))
         except Exception as exc:  # never trade a clean stop for a traceback: what is committed is intact
             log.error("while finishing after the stop: %s", exc)
         # under the launcher every worker exits 0 (torchrun would restart a failure) and the
@@ -473,12 +484,12 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values and all(math.isfinite(v) for v in values) else None
 
 
-def _marks(device: torch.device, timing: str) -> Marks:
+def _marks(device: torch.device, timing: str, clock: Clock) -> Marks:
     if device.type == "cuda" and timing in ("auto", "cuda-events"):
         return CudaMarks()
     if timing == "cuda-events":
         log.warning("timing=cuda-events needs a CUDA device; using host clocks on %s", device)
-    return HostMarks()
+    return HostMarks(clock.perf_counter)
 
 
 def split_fields(col: dict[str, list[float]], source: str, rank_every: int = 1) -> dict[str, Any]:

@@ -13,11 +13,11 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainready.clock import SYSTEM_CLOCK, Clock
 from trainready.io import file_mode, make_dir, parse_json
 
 TELEMETRY_SCHEMA_VERSION = 1
@@ -42,9 +42,9 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
 class TelemetryWriter:
     """Appends records to RUN_DIR/telemetry.jsonl (or nowhere, when there is no run dir)."""
 
-    def __init__(self, run_dir: Path | None, source: str):
+    def __init__(self, run_dir: Path | None, source: str, clock: Clock = SYSTEM_CLOCK):
         self.path = Path(run_dir) / FILE if run_dir else None
-        self.source = source
+        self.source, self.clock = source, clock
         self._fd: int | None = None
         self._failed = False
         if self.path is not None:
@@ -52,7 +52,7 @@ class TelemetryWriter:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
 
     def write(self, type_: str, **fields: Any) -> dict[str, Any]:
-        record = _clean({"schema_version": TELEMETRY_SCHEMA_VERSION, "type": type_, "t": round(time.time(), 3),
+        record = _clean({"schema_version": TELEMETRY_SCHEMA_VERSION, "type": type_, "t": round(self.clock.time(), 3),
                          "source": self.source, **fields})
         if self._fd is not None:
             line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"

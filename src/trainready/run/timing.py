@@ -24,9 +24,8 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
-clock = time.perf_counter
 PARTS = ("data", "comm", "optimizer")
 
 
@@ -47,8 +46,11 @@ class HostMarks:
     source = "host"
     lagged = False
 
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now  # the session's clock, passed in
+
     def record(self) -> float:
-        return clock()
+        return self.now()
 
     def elapsed_s(self, a: float, b: float) -> float:
         return b - a
@@ -208,13 +210,15 @@ class StepTimer:
     marks: Marks = field(default_factory=HostMarks)
     measured: set[str] = field(default_factory=set)
     metrics: dict[str, Any] = field(default_factory=dict)
+    now: Callable[[], float] = time.perf_counter
+    """The host clock of the step's own time (the session's)."""
     _spans: list[tuple[str, Any, Any]] = field(default_factory=list)
     _t0: float = 0.0
     _begin: Any = None
     _mark: Any = None
 
     def begin(self) -> None:
-        self._t0 = clock()
+        self._t0 = self.now()
         self._begin = self._mark = self.marks.record()
 
     def data(self, batch: Any = None) -> Any:
@@ -255,7 +259,7 @@ class StepTimer:
         end = self.marks.record()
         tail = self.comm_watch.take() if self.comm_watch is not None else None
         pending = PendingSplit(self.marks, self._begin, end, list(self._spans), tail, frozenset(self.measured))
-        return FinishedStep(host_s=clock() - self._t0, tokens=float(self.tokens or 0), pending=pending)
+        return FinishedStep(host_s=self.now() - self._t0, tokens=float(self.tokens or 0), pending=pending)
 
 
 @dataclass

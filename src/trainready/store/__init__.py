@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, PreemptedError,
                      StorageFullError)
+from .options import CheckpointManagerOptions
 
 if TYPE_CHECKING:
     from .manager import CheckpointManager, ManagerStatus, RestoreResult
@@ -21,7 +22,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "CheckpointManager", "ManagerStatus", "RestoreResult", "training_state", "ModelState", "OptimizerState", "Position", "RNGState",
+    "CheckpointManager", "CheckpointManagerOptions", "ManagerStatus", "RestoreResult", "training_state", "ModelState",
+    "OptimizerState", "Position", "RNGState",
     "CheckpointError", "StorageFullError", "FencedError", "ArchiveUnavailableError", "BadStateError", "PreemptedError",
 ]
 

@@ -19,20 +19,21 @@ import shutil
 import signal
 import socket
 import threading
-import time
 import warnings
 from dataclasses import asdict, dataclass
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any
 
-from trainready.dist import STOP, DistContext
+from trainready.clock import SYSTEM_CLOCK, Clock
+from trainready.dist import STOP, DistContext, StopRequest
 from trainready.io import PreconditionFailed, redact
 
 from . import retention
 from .errors import (ArchiveUnavailableError, BadStateError, CheckpointError, FencedError, PreemptedError, describe,
                      raise_agreed)
 from .manifest import Lease, Manifest, checkpoint_name
+from .options import CheckpointManagerOptions
 from .replicator import Replicator
 from .restore import RestoreResult, restore_newest
 from .snapshot import Stager, take_snapshot, write_hot
@@ -41,7 +42,7 @@ from .tiers import ArchiveTier, HotTier, Ref
 log = logging.getLogger("trainready.store")
 CLAIM_ATTEMPTS = 5
 
-__all__ = ["CheckpointManager", "RestoreResult"]
+__all__ = ["CheckpointManager", "CheckpointManagerOptions", "RestoreResult"]
 
 
 
@@ -72,50 +73,42 @@ class ManagerStatus:
 
 class CheckpointManager:
     """Tiered checkpoints: `hot` is a local directory (the node's NVMe), `archive` any fsspec URL
-    (local/shared path, file://, s3://) or None.
+    (local/shared path, file://, s3://) or None; `options` (CheckpointManagerOptions) say how many to keep
+    and how to write, verify and upload them.
 
-    keep_hot / keep_archive: committed checkpoints to keep per tier (None: keep all). The hot tier
-      also keeps the newest archived checkpoint; during an archive outage older unarchived ones are
-      dropped (status().dropped_unarchived) rather than filling the disk.
-    async_save: stage to host memory and write in the background.
-    when_busy: a save while one is still being written either "wait"s for it or is "skip"ped
-      (agreed by all ranks).
-    run_id: names the run owning this prefix (default: the one found there, else a new one);
-      a different run_id for a prefix that holds another run is refused (FencedError).
-    checksums: "auto" (for small files and files changed since commit), "always" or "never"
-      (sizes are always checked) when restoring from the hot tier; downloads are always checked.
-    claim_wait_s: how long to wait for an unreachable archive at start when this node's hot tier
-      knows nothing of the run (starting without it could start from scratch while the archive
-      holds the run's checkpoints: after this, ArchiveUnavailableError). A hot tier that knows the
-      run starts at once and catches up with the archive later.
+    run_id: names the run owning this prefix (default: the one found there, else a new one); a different run_id
+      for a prefix that holds another run is refused (FencedError).
+    metadata: written into every checkpoint's manifest (a save's own metadata is added to it).
+
+    What it works with is passed in, each defaulting to the process's own:
+    process_group / context: the ranks that save together (default: torch.distributed's world, or one process;
+      a DistContext someone already holds, such as a Session's, is shared rather than built again);
+    stop: the stop request that signals reach (trainready.dist.STOP);
+    clock: the clock of the claim wait, the lease and the preemption deadline (trainready.clock).
+
+    Earlier releases took the options' fields as keyword arguments of this constructor; they are still taken, with a
+    DeprecationWarning, and cannot be mixed with `options`.
     """
 
-    def __init__(self, hot: str | os.PathLike, archive: str | None = None, *, keep_hot: int = 2,
-                 keep_archive: int | None = None, async_save: bool = True,
-                 when_busy: Literal["wait", "skip"] = "wait", run_id: str | None = None,
-                 save_interval_steps: int | None = None, checksums: Literal["auto", "always", "never"] = "auto",
-                 metadata: dict[str, Any] | None = None, process_group: Any = None,
-                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0, claim_wait_s: float = 60.0):
-        if keep_hot < 1:
-            raise BadStateError(f"keep_hot={keep_hot}: keep at least 1 checkpoint on the hot tier")
-        if keep_archive is not None and keep_archive < 1:
-            raise BadStateError(f"keep_archive={keep_archive}: use None to keep every archived checkpoint, or >= 1")
-        if when_busy not in ("wait", "skip"):
-            raise BadStateError(f"when_busy={when_busy!r}: valid values are 'wait', 'skip'")
-        if checksums not in ("auto", "always", "never"):
-            raise BadStateError(f"checksums={checksums!r}: valid values are 'auto', 'always', 'never'")
-        self.keep_hot, self.keep_archive, self.async_save, self.when_busy = keep_hot, keep_archive, async_save, when_busy
-        self.save_interval_steps, self.metadata = save_interval_steps, dict(metadata or {})
-        self.claim_wait_s, self._retry_initial_s = claim_wait_s, retry_initial_s
-        self.checksums = {"auto": None, "always": True, "never": False}[checksums]
+    def __init__(self, hot: str | os.PathLike, archive: str | None = None,
+                 options: CheckpointManagerOptions | None = None, *, run_id: str | None = None,
+                 metadata: dict[str, Any] | None = None, process_group: Any = None, context: DistContext | None = None,
+                 stop: StopRequest = STOP, clock: Clock = SYSTEM_CLOCK, **option_fields: Any):
+        options = _options_from(options, option_fields)
+        self.options = options
+        self.metadata = dict(metadata or {})
+        self.stop, self.clock = stop, clock
         self.hot = HotTier(hot)
         self.archive = ArchiveTier(archive) if archive else None
-        self.ctx = DistContext.acquire(process_group)
+        if context is not None and process_group is not None:
+            raise BadStateError("give process_group or context, not both: a context already names its ranks")
+        self.ctx = context.retain() if context is not None else DistContext.acquire(process_group)
         self._writer_group = self.ctx.worker_group("trainready-checkpoint-writer")
         self._errors: list[BaseException] = []
         self._inflight: Future | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainready-writer") if async_save else None
-        self._stager = Stager() if async_save else None
+        self._executor = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainready-writer")
+                          if options.async_save else None)
+        self._stager = Stager() if options.async_save else None
         self._chores: ThreadPoolExecutor | None = None
         self._chore: Future | None = None
         self._retention_lock = threading.Lock()
@@ -134,7 +127,8 @@ class CheckpointManager:
         atexit.register(self._at_exit)
         if self.archive is not None and self.ctx.node_leader:
             self._replicator = Replicator(self.hot, self.archive, self.ctx.node, self.ctx.nodes, self.ctx.rank == 0,
-                                          self._on_archived, self._check_archive_fence, retry_initial_s, retry_max_s)
+                                          self._on_archived, self._check_archive_fence, options.retry_initial_s,
+                                          options.retry_max_s)
             self._archived_at_start()
 
     # ---- ownership ---------------------------------------------------------------------------
@@ -201,7 +195,7 @@ class CheckpointManager:
         claim_wait_s, then refuses rather than start from scratch beside an archive it cannot see."""
         if self.archive is None:
             return None, []
-        deadline, delay = time.monotonic() + self.claim_wait_s, max(self._retry_initial_s, 0.05)
+        deadline, delay = self.clock.monotonic() + self.options.claim_wait_s, max(self.options.retry_initial_s, 0.05)
         while True:
             try:
                 return self.archive.read_lease(), self.archive.list()
@@ -210,13 +204,13 @@ class CheckpointManager:
                     log.warning("archive unreachable at start (%s); claiming from the hot tier %s, which holds this "
                                 "run, and catching up with the archive later", exc, self.hot.root)
                     return None, []
-                if time.monotonic() + delay > deadline:
+                if self.clock.monotonic() + delay > deadline:
                     raise ArchiveUnavailableError(
                         f"{exc}; this node's hot tier {self.hot.root} holds nothing of the run, so starting without the "
-                        f"archive could start from scratch beside its checkpoints. Waited {self.claim_wait_s:.0f}s; "
+                        f"archive could start from scratch beside its checkpoints. Waited {self.options.claim_wait_s:.0f}s; "
                         "retry when it is reachable (or use another archive for a new run)") from None
                 log.warning("archive unreachable at start (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)
+                self.clock.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
     def _pick_run(self, run_id: str | None, leases: list[Lease], refs: list[Ref]) -> str:
@@ -235,7 +229,7 @@ class CheckpointManager:
 
     def _lease(self, run_id: str, generation: int, fenced: dict[int, int] | None) -> Lease:
         return Lease(run_id=run_id, generation=generation, host=socket.gethostname(), pid=os.getpid(),
-                     started_unix=time.time(), fenced=fenced)
+                     started_unix=self.clock.time(), fenced=fenced)
 
     def _is_mine(self, lease: Lease | None) -> bool:
         # generation and process identity: a writer that claimed the same generation while the
@@ -285,14 +279,15 @@ class CheckpointManager:
         if self._stopped_at is not None:  # stopped for preemption: nothing more to save
             return False
         if self._preempt is not None:
-            (stop,) = self.ctx.any_true(STOP.requested)
+            (stop,) = self.ctx.any_true(self.stop.requested)
             if stop:
                 self._agree_stop()
                 return True
-        return bool(self.save_interval_steps) and step % self.save_interval_steps == 0
+        every = self.options.save_interval_steps
+        return bool(every) and step % every == 0
 
     def _agree_stop(self) -> None:
-        STOP.request(signal.SIGTERM)  # another rank was signalled: this one stops too
+        self.stop.request(signal.SIGTERM)  # another rank was signalled: this one stops too
         self._preempt["agreed"] = True
 
     def save(self, step: int, state: dict[str, Any], *, metadata: dict[str, Any] | None = None) -> bool:
@@ -310,7 +305,7 @@ class CheckpointManager:
             raise BadStateError(f"step must be a non-negative int, got {step!r}")
         busy = self._inflight is not None and not self._inflight.done()
         error = self._take_error(replicator=True)
-        stopping = self._preempt is not None and (STOP.requested or self._preempt["agreed"])
+        stopping = self._preempt is not None and (self.stop.requested or self._preempt["agreed"])
         everyone = self.ctx.all_gather((step in self._saved, busy, stopping, describe(error)))
         raise_agreed(error, [e[3] for e in everyone])
         already, busy, stopping = (any(e[i] for e in everyone) for i in range(3))
@@ -319,7 +314,7 @@ class CheckpointManager:
         if already:
             return False
         if busy:
-            if self.when_busy == "skip" and not stopping:
+            if self.options.when_busy == "skip" and not stopping:
                 return False
             self._await_inflight()
             raise_agreed(self._take_error(replicator=False), [])  # the writer's errors reach every rank alike
@@ -421,7 +416,7 @@ class CheckpointManager:
         self._apply_hot_retention()
         if self.ctx.rank == 0 and self.archive is not None:
             self._check_archive_fence()
-            for doomed in retention.plan(self.refs(self.archive), self.keep_archive).delete:
+            for doomed in retention.plan(self.refs(self.archive), self.options.keep_archive).delete:
                 self.archive.delete(doomed)
 
     def _apply_hot_retention(self) -> None:
@@ -430,7 +425,7 @@ class CheckpointManager:
             rep = self._replicator.status if self._replicator else None
             archived = set(rep.archived) if rep else None
             protect = [rep.pending] if rep and rep.pending else []
-            decided = retention.plan(self.refs(self.hot), self.keep_hot, archived=archived, protect=protect)
+            decided = retention.plan(self.refs(self.hot), self.options.keep_hot, archived=archived, protect=protect)
             for name in decided.delete:
                 self.hot.delete(name)
             if decided.dropped_unarchived:
@@ -438,14 +433,14 @@ class CheckpointManager:
                 log.warning("dropped %s from the hot tier %s before it reached the archive %s (keep_hot=%d; last "
                             "upload error: %s); the newest archived checkpoint and the newest %d are kept",
                             ", ".join(decided.dropped_unarchived), self.hot.root,
-                            self.archive.url if self.archive else "-", self.keep_hot,
-                            (rep.last_error if rep else "") or "none", self.keep_hot)
+                            self.archive.url if self.archive else "-", self.options.keep_hot,
+                            (rep.last_error if rep else "") or "none", self.options.keep_hot)
 
     # ---- restoring ---------------------------------------------------------------------------
 
     def verify_hot(self, name: str, entries: Any) -> list[str]:
         """Problems with a hot checkpoint's files (sizes always; checksums as `checksums` says)."""
-        return self.hot.verify(name, entries, self.checksums)
+        return self.hot.verify(name, entries, self.options.verify_checksums)
 
     def note_archived(self, name: str) -> None:
         if self._replicator is not None:
@@ -572,7 +567,7 @@ class CheckpointManager:
                           stacklevel=2)
             self.PREEMPTION_EXIT_CODE = exit_code
         self._preempt = {"agreed": False, "deadline_s": deadline_s}
-        STOP.install(signals)
+        self.stop.install(signals)
 
     def reached_preemption(self, step: int | None = None) -> bool:
         """Whether the training loop should stop for preemption: the ranks agreed to stop and the stop's
@@ -588,8 +583,8 @@ class CheckpointManager:
         return bool(self._preempt and self._preempt["agreed"])
 
     def _finish_preemption(self, step: int) -> None:
-        started = STOP.at or time.monotonic()
-        remaining = max(1.0, self._preempt["deadline_s"] - (time.monotonic() - started))
+        started = self.stop.at or self.clock.monotonic()
+        remaining = max(1.0, self._preempt["deadline_s"] - (self.clock.monotonic() - started))
         self._stopped_at = step
         try:
             self.close(timeout_s=remaining)
@@ -614,3 +609,19 @@ def _fence_map(refs: list[Ref], run_id: str, leases: list[Lease]) -> dict[int, i
         if bound >= 0:
             bounds[generation] = bound
     return bounds
+
+
+def _options_from(options: CheckpointManagerOptions | None, fields: dict[str, Any]) -> CheckpointManagerOptions:
+    """The options object, or one built from the keyword arguments of releases before it (deprecated)."""
+    if not fields:
+        return options if options is not None else CheckpointManagerOptions()
+    known = set(CheckpointManagerOptions.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"CheckpointManager() got unexpected keyword argument(s) {', '.join(unknown)}; "
+                        f"its options are {', '.join(sorted(known))}")
+    if options is not None:
+        raise BadStateError(f"give the options in `options` alone, not also as keywords ({', '.join(sorted(fields))})")
+    warnings.warn(f"CheckpointManager({', '.join(f'{k}=' for k in fields)}...): pass "
+                  "options=CheckpointManagerOptions(...) instead", DeprecationWarning, stacklevel=3)
+    return CheckpointManagerOptions(**fields)
