@@ -382,10 +382,10 @@ def test_a_session_with_lagged_marks_writes_each_split_under_the_step_it_describ
     assert data.unmeasured_steps == 1 and data.seconds >= 3 * 0.015  # the last step's split was never read
 
 
-def test_rank_times_checked_in_bulk_or_one_by_one_give_the_same_view():
-    """The per-rank view checks every rank time at once and falls back to record by record when one is not a
-    time: a bad value drops its record (counted), unknown (None) times stay unknown, a launch with fewer ranks
-    fills the others with unknown, and the scores are those of the plain records."""
+def test_bad_rank_times_drop_their_sample_and_keep_the_view():
+    """The decoder checks every rank time (record_decoder): a record with one bad value loses its rank times
+    (counted), unknown (None) times stay unknown, a launch with fewer ranks fills the others with unknown, and
+    the scores are those of the plain records."""
     launches, records = crash_then_resume()
     clean = compute_goodput(launches, records)
     holes = [dict(r, rank_step_s=[None, 4.5], rank_comm_s=[None, 0.0]) if r.get("step") == 7 else r for r in records]
@@ -395,7 +395,7 @@ def test_rank_times_checked_in_bulk_or_one_by_one_give_the_same_view():
     for bad in ("4.5", True, -1.0, float("nan"), 10**400):
         hostile = [dict(r, rank_step_s=[bad, 4.5]) if r.get("step") == 7 else r for r in records]
         g = compute_goodput(launches, hostile)
-        assert g.skipped == {"rank_step_s: rank step " + ("not a number" if bad in ("4.5", True) else
+        assert g.skipped == {"step field: rank_step_s " + ("not a number" if bad in ("4.5", True) else
                                                           "negative" if bad == -1.0 else
                                                           "not finite" if bad != bad else "too large"): 2}, bad
         assert g.ranks[1].samples == clean.ranks[1].samples - 2 and g.slowest_ranks == [1]
@@ -458,8 +458,10 @@ def test_a_multi_node_run_reads_each_nodes_telemetry_once(tmp_path, monkeypatch)
         (tmp_path / node / "run.json").write_text(run_json)
         (tmp_path / node / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     reads = []
-    real = summary_module.read_records
-    monkeypatch.setattr(summary_module, "read_records", lambda path, **kw: reads.append(path) or real(path, **kw))
+    import trainready.run.run_dir as run_dir_module  # the one reader of a run directory's files
+
+    real = run_dir_module.read_records
+    monkeypatch.setattr(run_dir_module, "read_records", lambda path, **kw: reads.append(path) or real(path, **kw))
     s = summarize(tmp_path)
     assert s.run_dir == str(tmp_path / "node1") and s.steps_logged == 20 and s.goodput.steps_kept == 15
     assert summary_module._lead_node_dir(tmp_path) == tmp_path / "node1"

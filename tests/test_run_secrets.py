@@ -48,10 +48,10 @@ def _telemetry(run_dir: Path, records: list[dict]) -> None:
 
 
 EARLIER = [{"type": "launch", "t": 1000.0, "argv": [], "node_rank": 0, "prior_billed_s": 0.0},
-           {"type": "step", "t": 1050.0, "source": "rank0", "step": 0},
+           {"type": "step", "t": 1050.0, "source": "rank0", "step": 0, "interval_s": 40.0},
            {"type": "exit", "t": 1100.0, "exit_code": 0, "reason": "finished", "message": "training finished"},
            {"type": "launch", "t": 2000.0, "argv": [], "node_rank": 0, "prior_billed_s": 100.0},
-           {"type": "step", "t": 2030.0, "source": "rank0", "step": 1}]  # killed: no exit record
+           {"type": "step", "t": 2030.0, "source": "rank0", "step": 1, "interval_s": 20.0}]  # killed: no exit record
 
 
 # ---------------------------------------------------------------- prior spend when run.json is torn

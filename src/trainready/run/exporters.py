@@ -34,7 +34,6 @@ from trainready.errors import UsageError, closest, printable
 from trainready.io import make_dir, parse_json, read_regular, replace_durable
 
 from .run_dir import RunDir
-from .telemetry import read_records
 
 STATE_FILE = "exporters.json"
 FLUSH_EVERY_S = 2.0  # flush each backend and save exporters.json at most this often
@@ -334,7 +333,7 @@ class _Lane(threading.Thread):
         try:
             if self.sink.eager:  # rank 0 runs here: open now, while the workers start (MLflow's first open is slow)
                 self._open()
-            backlog, _ = read_records(RunDir(self.sink.run_dir).telemetry)
+            backlog = RunDir(self.sink.run_dir).read_records()
             self._take(backlog)
             flushed = time.monotonic()
             while True:

@@ -26,17 +26,13 @@ import operator
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 from .budget import usd_per_second
+from .record_decoder import decode_launches, decode_records
 from .goodput_model import BadputCause, GoodputReport, LaunchGoodput, RankStats, RankWindow
 from .kill_cause import vanished_as
 
-MAX_S = 1e6  # a duration above 11.6 days in one record is not a measurement: skipped as malformed
-MAX_UNIX = 1e11  # year 5138
-MAX_STEP = 10**12
-MAX_WORLD = 10**6
 WINDOWS = 60
 SLOW_SCORE = 1.05  # a rank 5% slower than the typical one is named
 
@@ -61,131 +57,12 @@ CAUSES: dict[str, tuple[str, str]] = {
 }
 
 
-class _Bad(Exception):
-    pass
-
-
-def _num(value: Any, what: str, lo: float = 0.0, hi: float = MAX_S, optional: bool = True) -> float | None:
-    kind = type(value)
-    if (kind is float or kind is int) and lo <= value <= hi:  # the common case, fast (NaN fails the comparison)
-        return float(value)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Bad(f"{what} not a number")
-    if isinstance(value, int) and not -hi <= value <= hi:  # 10**400: math.isfinite would raise OverflowError
-        raise _Bad(f"{what} too large" if value > 0 else f"{what} negative")
-    if not math.isfinite(value):
-        raise _Bad(f"{what} not finite")
-    if value < lo:
-        raise _Bad(f"{what} negative" if lo == 0 else f"{what} below {lo:g}")
-    if value > hi:
-        raise _Bad(f"{what} too large")
-    return float(value)
-
-
-def _int(value: Any, what: str, lo: int = 0, hi: int = MAX_STEP, optional: bool = True) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _Bad(f"{what} not an integer in {lo}..{hi}")
-    return value
-
-
-_SPLIT = ("data_s", "comm_s", "optimizer_s", "compute_s", "unattributed_s", "straggler_s")
-_STEP_NUMBERS = tuple((key, MAX_S if key.endswith("_s") else 1e18) for key in (
-    "step_s", "data_s_max", "tokens_per_s", "mfu", "cost_usd", "projected_usd", "eta_s", "tokens", *_SPLIT))
-
-
-def _screen_one(r: dict[str, Any], skipped: Counter) -> dict[str, Any]:
-    """A record with the fields goodput and the summary read checked; raises _Bad for a record whose
-    core fields are unusable; an optional field that is malformed becomes None (unknown), counted."""
-    kind = r.get("type")
-    if not isinstance(kind, str):
-        raise _Bad("type not a string")
-    out = dict(r)
-    out["t"] = _num(r.get("t"), "t", hi=MAX_UNIX, optional=False)
-    if kind == "step":
-        out["step"] = _int(r.get("step"), "step", optional=False)
-        out["interval_s"] = _num(r.get("interval_s"), "interval_s", optional=False)
-        for key, hi in _STEP_NUMBERS:
-            try:
-                out[key] = _num(r.get(key), key, hi=hi)
-            except _Bad as exc:
-                skipped[f"step field: {exc}"] += 1
-                out[key] = None
-        for key in ("split_step", "slowest_rank"):
-            try:
-                out[key] = _int(r.get(key), key)
-            except _Bad as exc:
-                skipped[f"step field: {exc}"] += 1
-                out[key] = None
-        if "split_step" not in r:
-            out.pop("split_step")  # an older record: its split is its own step's
-        if not isinstance(r.get("metrics", {}), dict):
-            skipped["step field: metrics not an object"] += 1
-            out["metrics"] = {}
-        nonfinite = (out.get("metrics") or {}).get("nonfinite", [])
-        if not isinstance(nonfinite, list) or not all(isinstance(n, str) for n in nonfinite):
-            skipped["step field: metrics.nonfinite not a list of names"] += 1
-            out["metrics"] = {**out["metrics"], "nonfinite": []}
-        if not isinstance(r.get("timing", ""), (str, type(None))):
-            skipped["step field: timing not a string"] += 1
-            out["timing"] = "unknown"  # not "host", which a record without the field means (older versions)
-        if not isinstance(r.get("ckpt", {}), dict):
-            skipped["step field: ckpt not an object"] += 1
-            out["ckpt"] = {}
-        unmeasured = r.get("unmeasured", [])
-        if not isinstance(unmeasured, list) or not all(isinstance(u, str) for u in unmeasured):
-            skipped["step field: unmeasured not a list of names"] += 1
-            out["unmeasured"] = []
-    elif kind == "restore":
-        out["step"] = _int(r.get("step"), "restore step")
-        try:
-            out["duration_s"] = _num(r.get("duration_s"), "restore duration_s")
-        except _Bad as exc:
-            skipped[f"restore field: {exc}"] += 1
-            out["duration_s"] = None
-    elif kind == "ckpt":
-        out["step"] = _int(r.get("step"), "ckpt step", optional=False)
-        out["stall_s"] = _num(r.get("stall_s"), "stall_s", optional=False)
-    elif kind == "start":
-        out["world_size"] = _int(r.get("world_size"), "world_size", lo=1, hi=MAX_WORLD)
-        out["restart_count"] = _int(r.get("restart_count"), "restart_count") or 0
-        out["nnodes"] = _int(r.get("nnodes"), "nnodes", lo=1, hi=MAX_WORLD)
-        out["usd_per_hour"] = _num(r.get("usd_per_hour"), "usd_per_hour", hi=1e7)
-        out["total_steps"] = _int(r.get("total_steps"), "total_steps")
-        try:
-            out["budget_usd"] = _num(r.get("budget_usd"), "budget_usd", hi=1e12)
-        except _Bad as exc:
-            skipped[f"start field: {exc}"] += 1
-            out["budget_usd"] = None
-    elif kind in ("end", "stop"):
-        if kind == "stop" and "cost_usd" in r:
-            try:
-                out["cost_usd"] = _num(r.get("cost_usd"), "stop cost_usd", hi=1e12)
-            except _Bad as exc:
-                skipped[f"stop field: {exc}"] += 1
-                out["cost_usd"] = None
-        for key in ("last_saved", "checkpoint", "last_step", "step", "archived"):
-            if key in r:
-                out[key] = _int(r.get(key), f"{kind} {key}", lo=-1)
-    if kind in ("budget", "ckpt_interval", "exit", "stop") and not isinstance(r.get("message", ""), str):
-        raise _Bad("message not a string")
-    return out
-
-
 def screen(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Telemetry records with malformed ones left out (wrong types, negative or huge times, NaN),
-    and how many were left out, by reason. The summary and goodput read only screened records."""
+    """Telemetry records decoded by the one decoder (record_decoder: the documented models' types and bounds),
+    malformed ones left out, and how many were left out or made unknown, by reason. The summary and goodput read
+    only screened records."""
     skipped: Counter = Counter()
-    out = []
-    for r in records:
-        try:
-            out.append(_screen_one(r, skipped))
-        except _Bad as exc:
-            skipped[f"{r.get('type') if isinstance(r.get('type'), str) else '?'}: {exc}"] += 1
-    return out, dict(skipped)
+    return decode_records(records, skipped), dict(skipped)
 
 
 # ---- the timeline ---------------------------------------------------------------------------------
@@ -224,20 +101,12 @@ class _Launch:
 
 
 def valid_launches(launches: list[Any], skipped: dict[str, int]) -> list[dict[str, Any]]:
-    """run.json's launches whose start and end are usable (a number, not before the start); the
+    """run.json's launches whose start and end are usable (times, the end not before the start), decoded; the
     others are counted in `skipped` by reason."""
-    out = []
-    for la in launches:
-        try:
-            if not isinstance(la, dict):
-                raise _Bad("not an object")
-            start = _num(la.get("start_unix"), "start_unix", hi=MAX_UNIX, optional=False)
-            end = _num(la.get("end_unix"), "end_unix", hi=MAX_UNIX)
-            if end is not None and end < start:
-                raise _Bad("ends before it starts")
-            out.append(la)
-        except _Bad as exc:
-            skipped[f"launch: {exc}"] = skipped.get(f"launch: {exc}", 0) + 1
+    counted: Counter = Counter()
+    out = decode_launches(launches, counted)
+    for why, count in counted.items():
+        skipped[why] = skipped.get(why, 0) + count
     return out
 
 
@@ -265,6 +134,9 @@ def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]
     if early:
         skipped["record before the first launch"] += early
     return out, source
+
+
+_SPLIT = ("data_s", "comm_s", "optimizer_s", "compute_s", "unattributed_s", "straggler_s")
 
 
 def _split_of(r: dict[str, Any]) -> dict[str, Any]:
@@ -414,54 +286,21 @@ def _final_lineage(launches: list[_Launch], kept: dict[int, _Exec], running: boo
 
 def _rank_samples(execs: list[_Exec], world: int | None, skipped: Counter
                   ) -> list[tuple[int, list[float | None], list[float | None]]]:
-    """(step, every rank's step time, every rank's exposed comm) of the executions whose split has them;
-    a list of the wrong length or with a value that is not a time is skipped, counted."""
-    candidates: list[tuple[int, list[Any], list[Any]]] = []
-    wrong_length = 0
+    """(step, every rank's step time, every rank's exposed comm) of the executions whose split has them; the
+    decoder has checked every value (a time or None), so only a list of the wrong length is skipped, counted."""
+    samples: list[tuple[int, list[float | None], list[float | None]]] = []
     for ex in execs:
         split = ex.split
         steps = split.get("rank_step_s") if split else None
         if steps is None:
             continue
         n = ex.world or world
-        if not isinstance(steps, list) or n is None or len(steps) != n:
-            wrong_length += 1
-            continue
-        comms = split.get("rank_comm_s")
-        candidates.append((ex.step, steps, comms if isinstance(comms, list) and len(comms) == n else [None] * n))
-    flat = list(chain.from_iterable(chain.from_iterable((s, c) for _, s, c in candidates)))
-    if _plain_times(flat):  # the common case, checked in bulk: every value None or a time
-        if wrong_length:
-            skipped["rank_step_s: length is not the world size"] += wrong_length
-        return candidates
-    samples = []  # value by value, counted in record order
-    for ex in execs:
-        split = ex.split or {}
-        steps, comms = split.get("rank_step_s"), split.get("rank_comm_s")
-        if steps is None:
-            continue
-        n = ex.world or world
-        if not isinstance(steps, list) or n is None or len(steps) != n:
+        if n is None or len(steps) != n:
             skipped["rank_step_s: length is not the world size"] += 1
             continue
-        if not isinstance(comms, list) or len(comms) != n:
-            comms = [None] * n
-        try:
-            s, c = _numbers(steps, "rank step"), _numbers(comms, "rank comm")
-        except _Bad as exc:
-            skipped[f"rank_step_s: {exc}"] += 1
-            continue
-        samples.append((ex.step, s, c))
+        comms = split.get("rank_comm_s")
+        samples.append((ex.step, steps, comms if comms is not None and len(comms) == n else [None] * n))
     return samples
-
-
-def _plain_times(values: list[Any]) -> bool:
-    """Every value None or an int/float (not a bool) in 0..MAX_S: _numbers' fast case for all at once, in C
-    (a NaN or an infinity makes the sum not finite)."""
-    if not set(map(type, values)) <= {float, int, type(None)}:
-        return False
-    known = [v for v in values if v is not None] if None in values else values
-    return not known or (0 <= min(known) and max(known) <= MAX_S and math.isfinite(sum(known)))
 
 
 def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple[list[RankStats], list[int],
@@ -507,12 +346,6 @@ def _rank_view(execs: list[_Exec], world: int | None, skipped: Counter) -> tuple
                     key=lambda s: -s.straggler_score)
     return stats, [s.rank for s in ranked[:3]], _windows([step for step, _, _ in samples], step_cols,
                                                          basis_cols if work_known else None)
-
-
-def _numbers(values: list[Any], what: str) -> list[float | None]:
-    if all(v is None or (type(v) is float or type(v) is int) and 0 <= v <= MAX_S for v in values):
-        return values  # the common case: already clean
-    return [_num(v, what) for v in values]
 
 
 def _known(values: tuple[float | None, ...]) -> list[float]:

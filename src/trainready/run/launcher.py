@@ -37,7 +37,7 @@ from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, Laun
 from .records import StopInfo
 from .run_dir import RunDir, run_info_problem
 from .summary import billed_seconds, launches_from_telemetry, summarize
-from .telemetry import FILE, TelemetryWriter, median_step_s, read_records
+from .telemetry import FILE, TelemetryWriter, median_step_s
 from .watchdog import children, process_start_ticks
 
 RUN_SCHEMA_VERSION = 1
@@ -228,7 +228,7 @@ class Launcher:
             raise UsageError(f"--run-dir {printable(run_dir)}: cannot write {where} ({exc.strerror or exc}): fix that, "
                              "or give a --run-dir on a writable disk") from None
         # earlier launches' telemetry; the live view starts after it (nothing appends: the lock is ours, no workers)
-        records, self._offset = read_records(run_dir / FILE)
+        records, self._offset = RunDir(run_dir).read_new_records()
         info, rebuilt = self._load_info(records)
         # run.json holds the command with its secrets hidden: compare like with like
         command = redact_argv(self.spec.command)
@@ -490,7 +490,7 @@ class Launcher:
             self.on_output(text)
 
     def _poll_telemetry(self) -> None:
-        records, self._offset = read_records(self.spec.run_dir / FILE, self._offset)
+        records, self._offset = RunDir(self.spec.run_dir).read_new_records(self._offset)
         for r in records:
             if r.get("type") == "start":
                 self._starting = True  # a (re)started attempt: nothing new to save until its first step

@@ -102,9 +102,9 @@ def check_budget(budget_usd: float | None, price: Price, nnodes: int, step_s: fl
 def measured_step_s(run_dir: Path) -> float | None:
     """Median step time of this run's earlier launches, if any."""
     from .run_dir import RunDir
-    from .telemetry import median_step_s, read_records
+    from .telemetry import median_step_s
 
-    return median_step_s(read_records(RunDir(run_dir).telemetry)[0])
+    return median_step_s(RunDir(run_dir).read_records())
 
 
 def check_archive(url: str | None) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import json
+import stat
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,11 @@ from pydantic import ValidationError
 from trainready.errors import UsageError, printable
 from trainready.io import parse_json, read_regular, replace_durable
 
+from .record_decoder import decode_launches, decode_records
 from .records import StopInfo
 from .settings import STOP_FILE
 from .telemetry import FILE as TELEMETRY_FILE
+from .telemetry import read_records
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -81,6 +85,38 @@ class RunDir:
             raise UsageError(f"{printable(path)}: unreadable ({problem})")
         return info
 
+    def read_records(self, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
+        """telemetry.jsonl's records, decoded against the documented models (record_decoder): lines that are not
+        records, and records that are malformed, are left out and counted in `skipped` by reason ([] when the file
+        is absent). A directory, device, FIFO or symlink loop in its place is a UsageError naming it."""
+        path = _regular(self.telemetry)
+        counted: Counter = Counter()
+        try:
+            raw = read_records(path, skipped=counted)[0]
+        except OSError as exc:  # permission denied, an I/O error
+            raise UsageError(f"{printable(path)}: unreadable ({exc.strerror})") from None
+        records = decode_records(raw, counted)
+        if skipped is not None:
+            for why, count in counted.items():
+                skipped[why] = skipped.get(why, 0) + count
+        return records
+
+    def read_new_records(self, since: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Records appended since byte offset `since`, decoded as read_records decodes them, and the offset to go
+        on from (a line still being written waits for the next call): how the launcher follows a live run."""
+        raw, offset = read_records(self.telemetry, since)
+        return decode_records(raw), offset
+
+    def read_launches(self, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
+        """run.json's launches that can be used, decoded (record_decoder.decode_launches); the others counted in
+        `skipped`. [] when there is no run.json; one that cannot be read is a UsageError (read_run_info)."""
+        counted: Counter = Counter()
+        launches = decode_launches(self.read_run_info().get("launches", []), counted)
+        if skipped is not None:
+            for why, count in counted.items():
+                skipped[why] = skipped.get(why, 0) + count
+        return launches
+
     def read_run_bytes(self) -> bytes:
         """run.json's bytes for the launcher, which rebuilds a torn one from telemetry: FileNotFoundError when
         absent; a file that is not regular or too large is a UsageError naming it."""
@@ -106,11 +142,10 @@ class RunDir:
             return None
         if not isinstance(info, dict):
             return None
-        try:
-            stop = StopInfo.model_validate({k: v for k, v in info.items() if k in StopInfo.model_fields})
+        try:  # the model bounds the exit code to 0..255
+            return StopInfo.model_validate({k: v for k, v in info.items() if k in StopInfo.model_fields})
         except ValidationError:
             return None
-        return stop if 0 <= stop.exit_code <= 255 else None
 
     def write_stop(self, info: dict[str, Any]) -> None:
         replace_durable(self.stop_json, json.dumps(info, indent=2).encode())
@@ -139,6 +174,20 @@ def run_info_problem(info: dict[str, Any], every_launch: bool = False) -> str | 
     if every_launch and not all(isinstance(launch, dict) for launch in launches):
         return "'launches' is not a list of objects"
     return None
+
+
+def _regular(path: Path) -> Path:
+    """`path` when it is a regular file or absent; a directory, a device (/dev/zero never ends), a FIFO or a
+    symlink loop in its place is a UsageError, not a hang or a traceback."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise UsageError(f"{printable(path)}: unreadable ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{printable(path)}: not a regular file")
+    return path
 
 
 def _kind(value: object) -> str:

@@ -22,7 +22,6 @@ from trainready.io import redact_argv
 from .launcher import Launcher, LaunchSpec
 from .run_dir import RunDir
 from .summary import SPLIT_PARTS, WARMUP_STEPS, has_split, split_total
-from .telemetry import read_records
 
 PARTS = ("data", "comm", "compute", "optimizer", "other", "unattributed")
 ADVICE = {
@@ -86,7 +85,7 @@ def _median(values: list[float]) -> float | None:
 
 
 def measure(run_dir, processes: int, exit_code: int) -> ScalingPoint:
-    records, _ = read_records(RunDir(run_dir).telemetry)
+    records = RunDir(run_dir).read_records()
     steps = [r for r in records if r["type"] == "step"][WARMUP_STEPS:]
     split = [r for r in steps if has_split(r)]
     # a part any step did not measure is unknown for the point: never counted as zero (issue 15)

@@ -11,25 +11,24 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import stat
 import statistics
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainready.errors import UsageError, printable
+from trainready.errors import UsageError
 from trainready.io import redact, redact_argv, redact_json
 from trainready.plan.divergence import PlanCheck
 
 from .budget import usd_per_second
-from .goodput import compute_goodput, screen, valid_launches
+from .goodput import compute_goodput, valid_launches
 from .goodput_model import GoodputReport
 from .kill_cause import vanished_as
 from .records import finite
 from .run_dir import RunDir
 from .settings import node_run_dirs
-from .telemetry import FILE, read_records
+from .telemetry import FILE
 
 SUMMARY_SCHEMA_VERSION = 1
 WARMUP_STEPS = 2
@@ -99,20 +98,6 @@ class RunSummary(BaseModel):
                                                        "prediction for the run's job spec, part by part")
 
 
-def _regular(path: Path) -> Path:
-    """`path` when it is a regular file or absent; a directory, a device (/dev/zero never ends), a FIFO or a
-    symlink loop in its place is a UsageError, not a hang or a traceback."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return path
-    except OSError as exc:
-        raise UsageError(f"{printable(path)}: unreadable ({exc.strerror})") from None
-    if not stat.S_ISREG(mode):
-        raise UsageError(f"{printable(path)}: not a regular file")
-    return path
-
-
 @contextlib.contextmanager
 def gc_paused():
     """Python's cycle collector off for a burst of allocation that makes no garbage cycles: reading
@@ -136,10 +121,8 @@ def load_run_info(run_dir: Path) -> dict[str, Any]:
 
 
 def _read_telemetry(run_dir: Path, skipped: dict[str, int]) -> list[dict[str, Any]]:
-    try:
-        return read_records(_regular(run_dir / FILE), skipped=skipped)[0]
-    except OSError as exc:  # permission denied, an I/O error
-        raise UsageError(f"{printable(run_dir / FILE)}: unreadable ({exc.strerror})") from None
+    """The node's telemetry records, decoded (RunDir.read_records); what was left out counted in `skipped`."""
+    return RunDir(run_dir).read_records(skipped)
 
 
 _LEADS: dict[Path, tuple[tuple[Any, ...], Path]] = {}  # run dir -> (its nodes' telemetry size and time, the lead)
@@ -202,7 +185,7 @@ def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None,
         raw, unreadable = read
     if not info and not raw:
         raise UsageError(f"{run_dir} is not a trainready run directory (no run.json, no {FILE})")
-    records, _skipped = screen(raw)  # malformed records (wrong types, negative or huge times) left out, counted
+    records = raw  # decoded as read: malformed records (wrong types, negative or huge times) left out, counted
     if records_out is not None:
         records_out.extend(records)
     all_launches = info.get("launches", []) if isinstance(info.get("launches", []), list) else []
@@ -213,7 +196,7 @@ def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None,
     starts = [r for r in records if r["type"] == "start"]
     stop = next((r for r in reversed(records) if r["type"] == "stop"), None)
     launches = info.get("launches", [])
-    last_launch = _launch_fields(launches[-1]) if launches else {}
+    last_launch = launches[-1] if launches else {}  # decoded: a field of the wrong type is unknown (None)
     steady = _steady(steps, records)
     saved, archived = _checkpoints(records)
     status = _status(last_launch, records)
@@ -238,7 +221,7 @@ def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None,
         eta_s=steps[-1].get("eta_s") if steps else None, cost=_cost(starts, steps, stop, launches, records),
         warnings=[r["message"] for r in records if r["type"] == "budget" and r.get("message")],
         stop=redact_json({k: v for k, v in stop.items() if k not in ("schema_version", "type", "source")}) if stop else None,
-        goodput=_goodput(all_launches, records, status, info.get("config"), {**unreadable, **_skipped}),
+        goodput=_goodput(all_launches, records, status, info.get("config"), unreadable),
     )
 
 
@@ -252,20 +235,6 @@ def _goodput(launches: list[Any], records: list[dict[str, Any]], status: str, co
                              nnodes=nnodes if isinstance(nnodes, int) and nnodes > 0 else None, skipped=skipped,
                              screened=True)
     return report if report.billed_s > 0 or report.steps_kept else None
-
-
-def _launch_fields(launch: dict[str, Any]) -> dict[str, Any]:
-    """A run.json launch with the fields the status reads of the wrong type made unknown (None): an exit
-    code that is not an integer (a bool, a string, a float), a reason or message that is not text, a pid
-    that is not a positive integer (a string such as "self" would name this process)."""
-    def typed(key: str, kind: type) -> Any:
-        value = launch.get(key)
-        return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-    pid = typed("pid", int)
-    return {**launch, "exit_code": typed("exit_code", int), "reason": typed("reason", str),
-            "message": typed("message", str), "pid": pid if pid and pid > 0 else None,
-            "pid_start_ticks": typed("pid_start_ticks", int)}
 
 
 def _redacted(text: str | None) -> str | None:
