@@ -31,6 +31,13 @@ NO_DAC_OVERRIDE = ["--bounding-set=-dac_override,-dac_read_search"]
 def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNULL, cwd=None):
     """Run `trainready ckpt ARGS` (stdin not a terminal, output in pipes). `unprivileged`: with file
     permissions in force (root ignores them: then without its DAC-override capabilities, through setpriv)."""
+    if not unprivileged and stdin is subprocess.DEVNULL and set(env or {}) <= {"COLUMNS"}:
+        # nothing only a process of its own shows (its user, its environment, a terminal): the entry function in
+        # this process, seconds faster (issue 25)
+        from cloud_stubs import cli_run
+
+        proc = cli_run("ckpt", *args, columns=int((env or {}).get("COLUMNS", 200)), cwd=cwd)
+        return _checked(proc, args)
     prefix = []
     if unprivileged and os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
@@ -40,6 +47,10 @@ def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNUL
     proc = subprocess.run([*prefix, sys.executable, "-m", "trainready", "ckpt", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, stdin=stdin, cwd=cwd,
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
+    return _checked(proc, args)
+
+
+def _checked(proc: subprocess.CompletedProcess, args: tuple) -> subprocess.CompletedProcess:
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
     if "--json" not in args:  # people never read Python's None
         assert not re.search(r"\bNone\b", proc.stdout + proc.stderr), proc.stdout + proc.stderr

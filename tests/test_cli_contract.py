@@ -1,8 +1,9 @@
-"""What every command and subcommand promises (docs/cli.md), tried as a user tries it, through the
-installed `trainready` entry point: a bad option with --json gives the documented JSON error and exit 2;
--h works and shows types in words; -V prints the version; a reader that goes away (`| head`) ends the
-command the Unix way (SIGPIPE, 141 in the shell) without a traceback; no arguments prints help once and
-exits 2. The commands are read from the Typer app, so a new command is covered when it is added."""
+"""What every command and subcommand promises (docs/cli.md), tried as a user tries it: a bad option with --json
+gives the documented JSON error and exit 2; -h works and shows types in words; -V prints the version; a reader that
+goes away (`| head`) ends the command the Unix way (SIGPIPE, 141 in the shell) without a traceback; no arguments
+prints help once and exits 2. The commands are read from the Typer app, so a new command is covered when it is
+added. What only a real process shows (the installed entry point, its version, pipes and signals) runs through
+the installed `trainready`; the rest runs the same entry function (cli.main.run) in this process (issue 25)."""
 
 from __future__ import annotations
 
@@ -54,9 +55,17 @@ def user_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def trainready(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def installed(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The installed console script in a process of its own, as a user's shell runs it."""
     env = user_env()
     return subprocess.run([str(ENTRY), *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+
+
+def trainready(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The console script's entry function (cli.main.run) in this process, at 80 columns."""
+    from cloud_stubs import cli_run
+
+    return cli_run(*args, columns=80, cwd=cwd)
 
 
 def test_the_walk_sees_every_command():
@@ -124,7 +133,7 @@ def test_help_long_and_short_are_the_same():
 
 @pytest.mark.parametrize("flag", ["-V", "--version"])
 def test_version(flag):
-    proc = trainready(flag)
+    proc = installed(flag)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"trainready {version('trainready')}\n", "")
 
 

@@ -97,7 +97,7 @@ def test_budget_guard_stops_before_the_budget_with_a_checkpoint_then_resumes(tmp
     assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 2
 
     more = cmd[:cmd.index("--budget-usd") + 1] + [str(budget + 1000)] + cmd[cmd.index("--budget-usd") + 2:]
-    more[-1] = str(stop["step"] + 3)  # 4: a raised budget and fewer steps (a changed command: --resume)
+    more[more.index("--steps") + 1] = str(stop["step"] + 3)  # 4: a raised budget and fewer steps (--resume)
     more.insert(more.index("--"), "--resume")
     code, out = run(more, tmp_path)
     assert code == 0, out[-3000:]
@@ -299,7 +299,10 @@ def test_two_torchrun_agents_with_c10d_rendezvous(tmp_path):
 
 def test_ckpt_every_auto_says_what_it_chose(tmp_path):
     run_dir = tmp_path / "run"
-    code, out = run(run_cmd(run_dir, "--ckpt-every", "auto", "--mtbf-hours", "0.002", "--spot", steps=16), tmp_path)
+    # a 0.1 s data wait per step (a sleep: no CPU) keeps the step near the default model's, so Young/Daly's
+    # interval over a 7.2 s MTBF is a few steps and 16 steps see several saves
+    code, out = run(run_cmd(run_dir, "--ckpt-every", "auto", "--mtbf-hours", "0.002", "--spot", steps=16,
+                            script_args=("--data-delay-ms", "100")), tmp_path)
     assert code == 0, out[-3000:]
     chosen = [r for r in records(run_dir) if r["type"] == "ckpt_interval"]
     assert chosen and "Young/Daly" in chosen[0]["message"] and "MTBF 0.002 h given" in chosen[0]["message"]

@@ -58,7 +58,10 @@ def test_launcher_killed_during_a_save(baseline, tmp_path):
 
 def test_killed_during_an_upload_then_hot_tier_wiped(baseline, tmp_path, s3_bucket):
     run_dir, marker = tmp_path / "run", tmp_path / "marker"
-    cmd = run_cmd(run_dir, *OPTS, "--archive", f"s3://{s3_bucket}/tiny", steps=STEPS)
+    # steps paced by a 0.2 s data wait (a sleep: the same numbers, no CPU) so each checkpoint's upload ends before
+    # the next one is committed: the third upload is then step 14's, as with the default model's slower steps
+    cmd = run_cmd(run_dir, *OPTS, "--archive", f"s3://{s3_bucket}/tiny", steps=STEPS,
+                  script_args=("--data-delay-ms", "200"))
     proc = start(cmd, tmp_path, {"TRAINREADY_FAULT": "archive.file_uploaded:hang#3", "TRAINREADY_FAULT_MARKER": str(marker)})
     wait_for(marker.exists, 90, "the third upload to start")
     kill_launcher(proc, run_dir)
