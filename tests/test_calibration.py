@@ -13,8 +13,6 @@ import json
 import math
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -297,8 +295,9 @@ def test_divergence_names_the_part_and_what_to_do():
 
 # --- the CLI round trip ------------------------------------------------------------------------------------
 def cli(*args, env):
-    proc = subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
-                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **env})
+    from cloud_stubs import cli_run  # the entry function in this process (issue 25)
+
+    proc = cli_run(*args, env=env)
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     return proc
 

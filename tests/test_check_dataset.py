@@ -3,8 +3,6 @@ becomes the data.layout finding: many small objects warn, a packed dataset passe
 a usage error (exit 2)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 from check_bundles import BUNDLES
@@ -27,9 +25,9 @@ def small_dir(tmp_path_factory):
 
 
 def cli(*args):
-    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TRAINREADY_NO_IMDS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "trainready", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=60)
+    from cloud_stubs import cli_run  # the entry function in this process (issue 25)
+
+    proc = cli_run(*args, env={"TRAINREADY_NO_IMDS": "1"})
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr[-2000:]
     return proc
 
