@@ -158,5 +158,9 @@ def test_only_the_run_directory_reads_telemetry_and_every_reader_decodes():
                     any(alias.name == "read_records" for alias in node.names):
                 importers.append(path.relative_to(src).as_posix())
     assert importers == ["run/run_dir.py"]
+    writers = sorted(path.relative_to(src).as_posix() for path in src.rglob("*.py")
+                     if "TelemetryWriter(" in path.read_text() and path.name != "telemetry.py")
+    assert writers == ["run/run_dir.py", "run/session.py"]  # the session's other ranks: a writer to nowhere
+    assert "TelemetryWriter(None," in (src / "run" / "session.py").read_text()
     goodput = (src / "run" / "goodput.py").read_text()
     assert "MAX_S" not in goodput and "isinstance(value" not in goodput and "def _num(" not in goodput

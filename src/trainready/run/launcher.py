@@ -37,7 +37,7 @@ from .launch_spec import EXIT_BUDGET, EXIT_INTERNAL, EXIT_OK, LaunchResult, Laun
 from .records import StopInfo
 from .run_dir import RunDir, run_info_problem
 from .summary import billed_seconds, launches_from_telemetry, summarize
-from .telemetry import FILE, TelemetryWriter, median_step_s
+from .telemetry import FILE, median_step_s
 from .watchdog import children, process_start_ticks
 
 RUN_SCHEMA_VERSION = 1
@@ -368,7 +368,7 @@ class Launcher:
         launch = info["launches"][-1]
         launch.update(end_unix=self.clock.time(), exit_code=result.exit_code, reason=result.reason, message=result.message)
         self._write_info(info)
-        writer = TelemetryWriter(self.spec.run_dir, source="launcher", clock=self.clock)
+        writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
         writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
         writer.close()
         result.summary = summarize(self.spec.run_dir)
@@ -392,7 +392,7 @@ class Launcher:
         env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store, **os.environ, **self.settings.to_env(),
                "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command),
                "TRAINREADY_USER_UMASK": f"{_current_umask():o}"}  # the shim gives the script the user's umask back
-        writer = TelemetryWriter(self.spec.run_dir, source="launcher", clock=self.clock)
+        writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
         writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
         writer.close()
         previous = {sig: self.install_signal(sig, self._on_signal) for sig in FORWARDED}
@@ -512,7 +512,7 @@ class Launcher:
         spent = per_s * (s.prior_s + self.clock.time() - self.start_unix)
         crossed = self._spend.crossed(spent)
         if crossed:  # as telemetry: the live view shows it (once), report lists it
-            writer = TelemetryWriter(self.spec.run_dir, source="launcher", clock=self.clock)
+            writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
             for message in crossed:
                 writer.write("budget", message=message, spent_usd=round(spent, 4), projected_usd=self._projected)
             writer.close()

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trainready.clock import SYSTEM_CLOCK, Clock
 from trainready.errors import UsageError, printable
 from trainready.io import parse_json, read_regular, replace_durable
 
@@ -25,7 +26,7 @@ from .record_decoder import decode_launches, decode_records
 from .records import StopInfo
 from .settings import STOP_FILE
 from .telemetry import FILE as TELEMETRY_FILE
-from .telemetry import read_records
+from .telemetry import TelemetryWriter, read_records
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -84,6 +85,11 @@ class RunDir:
         if problem:
             raise UsageError(f"{printable(path)}: unreadable ({problem})")
         return info
+
+    def telemetry_writer(self, source: str, clock: Clock = SYSTEM_CLOCK) -> TelemetryWriter:
+        """An appender of records to telemetry.jsonl (one O_APPEND write each; private mode) as `source` writes them
+        ("launcher" or "rank0"), stamped by `clock`."""
+        return TelemetryWriter(self.path, source=source, clock=clock)
 
     def read_records(self, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
         """telemetry.jsonl's records, decoded against the documented models (record_decoder): lines that are not

@@ -110,7 +110,9 @@ class Session:
         self._group = self.ctx.control
         self._watch = start_watch(settings.launcher_pid, settings.launcher_start_ticks,
                                   watch_parent="TORCHELASTIC_RUN_ID" in os.environ)
-        self.telemetry = TelemetryWriter(settings.run_dir if self.rank == 0 else None, source="rank0", clock=clock)
+        # rank 0 writes the run's records; the others keep a writer to nowhere (the same calls, no file)
+        self.telemetry = (RunDir(settings.run_dir).telemetry_writer("rank0", clock)
+                          if self.rank == 0 and settings.run_dir is not None else TelemetryWriter(None, "rank0", clock))
         self.flops_per_token = settings.flops_per_token or flops_per_token
         self.gpu_name, self.peak_flops = _detect_peak(self.device, settings.peak_tflops)
         launch = settings.launch_unix or clock.time()
