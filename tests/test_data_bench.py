@@ -43,6 +43,15 @@ def bench(*args: str, env: dict | None = None, code: str | None = None) -> tuple
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def refused(*args: str) -> tuple[int, str, str]:
+    """`data bench ARGS` that must stop before reading anything: the entry function in this process (issue 25)."""
+    from cloud_stubs import cli_run
+
+    proc = cli_run("data", "bench", *args)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 def test_keeps_up_reads_every_sample_cold_and_warm(packed):
     code, out, err = bench(str(packed), "--workers", "0", "--seconds", "120", "--plan-tokens-per-s", "1", "--json")
     assert (code, err) == (0, "")  # no progress bar in a pipe
@@ -160,7 +169,7 @@ def test_without_torch_is_a_usage_error_saying_what_to_install(packed):
      "unknown model 'llama-2-7x'. Did you mean: llama-2-7b, llama-2-70b, llama-3-70b?"),
 ])
 def test_usage_errors(packed, args, message):
-    code, out, err = bench(*(a.format(ds=packed) for a in args))
+    code, out, err = refused(*(a.format(ds=packed) for a in args))
     assert (code, out) == (2, "") and err.startswith(f"error: {message}") and len(err.splitlines()) == 1
 
 
@@ -172,13 +181,14 @@ def test_too_many_workers_is_refused_before_any_starts(packed):
     """--workers 100000 once forked thousands of processes and never finished."""
     cpus = _cpus()
     cap = min(4 * cpus, 256)
+    # a process of its own: should the check ever go, the forks must not come from the test process
     code, out, err = bench(str(packed), "--workers", "100000", "--seconds", "1")
     assert (code, out) == (2, "")
     assert err == (f"error: --workers 100000 is too many for this machine: at most {cap} (4 per CPU, {cpus} CPUs "
                    "usable here, never more than 256)\n")
-    code, out, err = bench(str(packed), "--workers", str(cap + 1), "--seconds", "1", "--json")
+    code, out, err = refused(str(packed), "--workers", str(cap + 1), "--seconds", "1", "--json")
     assert code == 2 and json.loads(out)["error"]["message"].startswith(f"--workers {cap + 1} is too many")
-    assert bench(str(packed), "--workers", "-1")[::2] == (2, "error: --workers -1: must be 0 (read in the main "
+    assert refused(str(packed), "--workers", "-1")[::2] == (2, "error: --workers -1: must be 0 (read in the main "
                                                              "process) or more\n")
 
 
@@ -205,7 +215,7 @@ def test_default_workers_fit_the_cpus_and_torch_never_warns(packed):
                                      "consumes, e.g. 50000"),
 ])
 def test_numbers_that_are_not_finite_or_out_of_range(packed, args, message):
-    code, out, err = bench(str(packed), "--workers", "0", *args)
+    code, out, err = refused(str(packed), "--workers", "0", *args)
     assert (code, out, err) == (2, "", f"error: {message}\n")
 
 

@@ -35,6 +35,15 @@ def trainready(*args: str, cwd, env=None, timeout=180) -> tuple[int, str]:
     return run([sys.executable, "-m", "trainready", *args], cwd, env, timeout)
 
 
+def refused(*args: str, cwd) -> tuple[int, str]:
+    """`trainready ARGS` that must stop before anything starts: the entry function in this process (issue 25);
+    stdout and stderr together, as `trainready` gives them."""
+    from cloud_stubs import cli_run
+
+    proc = cli_run(*args, cwd=cwd)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def billed_s(run_dir) -> float:
     """Wall time of every launch as run.json records it: what the run cost at $1 per second."""
     return sum(la["end_unix"] - la["start_unix"] for la in json.loads((run_dir / "run.json").read_text())["launches"])
@@ -192,7 +201,7 @@ def test_failing_worker_is_named_with_its_last_lines(tmp_path):
     ([], "no training command"),
 ])
 def test_bad_input_is_a_clear_message_before_anything_starts(tmp_path, args, message):
-    code, out = trainready("run", "--run-dir", str(tmp_path / "run"), *args, cwd=tmp_path, timeout=60)
+    code, out = refused("run", "--run-dir", str(tmp_path / "run"), *args, cwd=tmp_path)
     assert code == 2, out
     assert message in out and "Traceback" not in out
     assert not (tmp_path / "run").exists()
@@ -201,8 +210,8 @@ def test_bad_input_is_a_clear_message_before_anything_starts(tmp_path, args, mes
 def test_budget_below_one_step_of_the_planned_job(tmp_path):
     job = tmp_path / "job.toml"
     save_job(JobSpec(model="llama-2-7b", instance="p4d.24xlarge", strategy="zero3", micro_batch=1, seq_len=4096), job)
-    code, out = trainready("run", "--run-dir", str(tmp_path / "run"), "--job", str(job), "--budget-usd", "0.001",
-                           "--", "python", str(TINY_GPT), cwd=tmp_path, timeout=60)
+    code, out = refused("run", "--run-dir", str(tmp_path / "run"), "--job", str(job), "--budget-usd", "0.001",
+                        "--", "python", str(TINY_GPT), cwd=tmp_path)
     assert code == 2 and "below the cost of one step" in out and "plan's estimate" in out, out
 
 
