@@ -63,10 +63,11 @@ def _global_stop_untouched():
 
 @pytest.mark.parametrize("fields, named", [
     ({"keep_hot": 0}, "keep_hot=0"), ({"keep_archive": 0}, "keep_archive=0"),
-    ({"save_interval_steps": 0}, "save_interval_steps=0"), ({"keep_hot": True}, "keep_hot=True"),
+    ({"save_interval_steps": -1}, "save_interval_steps=-1"), ({"keep_hot": True}, "keep_hot=True"),
     ({"when_busy": "queue"}, "'wait', 'skip'"), ({"checksums": "sometimes"}, "'auto', 'always', 'never'"),
     ({"retry_initial_s": -1}, "retry_initial_s=-1"), ({"claim_wait_s": float("nan")}, "claim_wait_s=nan"),
     ({"retry_initial_s": 5, "retry_max_s": 1}, "below retry_initial_s=5"), ({"async_save": "yes"}, "async_save='yes'"),
+    ({"claim_wait_s": 10**400}, "claim_wait_s=1000"), ({"retry_max_s": float("inf")}, "retry_max_s=inf"),
 ])
 def test_options_name_the_bad_value_and_the_valid_ones(fields, named):
     with pytest.raises(BadStateError, match=named.replace("(", r"\(")):
@@ -100,13 +101,53 @@ def test_manager_waits_for_an_unreachable_archive_on_the_clock_it_is_given(tmp_p
     with pytest.raises(ArchiveUnavailableError, match="Waited 60s"):
         CheckpointManager(tmp_path / "hot", tmp_path / "archive",
                           CheckpointManagerOptions(claim_wait_s=60.0, retry_initial_s=1.0, retry_max_s=4.0),
-                          clock=clock)
+                          stop=StopRequest(clock=clock), clock=clock)
     assert 55 <= sum(clock.slept) <= 60 and time.monotonic() - started < 20
 
 
+def test_earlier_releases_attributes_read_and_refuse_a_write(tmp_path):
+    """save_interval_steps=0 meant "never" before the options object and still does; the old attributes read the
+    options, and a write, which the manager would ignore, says where the option went."""
+    with pytest.raises(BadStateError, match="archive= got the options"):  # once made a folder named after them
+        CheckpointManager(tmp_path / "hot", CheckpointManagerOptions())
+    with CheckpointManager(tmp_path / "hot", None, CheckpointManagerOptions(save_interval_steps=0, async_save=False)) as mgr:
+        assert mgr.save_interval_steps == 0 and not any(mgr.should_save(step) for step in range(1, 50))
+        assert mgr.keep_hot == 2
+        with pytest.raises(AttributeError, match=r"options=CheckpointManagerOptions\(save_interval_steps=...\)"):
+            mgr.save_interval_steps = 5
+    with pytest.raises(BadStateError, match="options=dict: give a CheckpointManagerOptions"):
+        CheckpointManager(tmp_path / "hot", options={"keep_hot": 3})
+
+
+def test_a_stop_request_on_another_clock_is_refused(tmp_path):
+    """A grace period is measured from when the stop was asked for: a stop stamped by one clock and read against
+    another made an 18-hour deadline of a 30-second one."""
+    with pytest.raises(BadStateError, match="same clock"):
+        CheckpointManager(tmp_path / "hot", stop=StopRequest(), clock=FakeClock())
+    with pytest.raises(BadStateError, match="same clock"):
+        CheckpointManager(tmp_path / "hot", stop=StopRequest(clock=FakeClock()))
+    from trainready.errors import UsageError
+
+    with pytest.raises(UsageError, match="same clock"):
+        _session(tmp_path, FakeClock(), StopRequest())
+
+
+def test_a_session_that_cannot_start_gives_back_its_share_of_the_context(tmp_path):
+    ctx = DistContext(_users=1)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    clock = FakeClock()
+    with pytest.raises(Exception, match="file"):
+        Session(RunSettings(run_dir=tmp_path / "run", hot=str(blocker / "hot")), context=ctx,
+                stop=StopRequest(clock=clock), clock=clock)
+    assert ctx._users == 1  # the caller's share alone
+
+
 def test_manager_stops_on_the_stop_request_it_is_given(tmp_path):
-    stop = StopRequest(clock=FakeClock())
-    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False), stop=stop) as mgr:
+    clock = FakeClock()
+    stop = StopRequest(clock=clock)
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False), stop=stop,
+                           clock=clock) as mgr:
         mgr.install_preemption_handler(deadline_s=30, signals=())
         assert not mgr.should_save(1)
         stop.request(signal.SIGTERM)  # as a signal routed to this request would
@@ -124,7 +165,8 @@ def test_a_context_passed_in_is_shared_and_released_once_per_user():
 
 def test_manager_records_its_lease_on_the_clock_it_is_given(tmp_path):
     clock = FakeClock()
-    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False), clock=clock) as mgr:
+    with CheckpointManager(tmp_path / "hot", options=CheckpointManagerOptions(async_save=False),
+                           stop=StopRequest(clock=clock), clock=clock) as mgr:
         assert mgr.lease.started_unix == clock.now
 
 
@@ -143,7 +185,8 @@ def _records(tmp_path) -> list[dict]:
 def test_session_bills_and_stops_for_the_budget_on_the_clock_it_is_given(tmp_path):
     """$1 a second and a $300 budget: hours of training on the clock given, none in real time; the session stops
     before the budget with a checkpoint, and every number it records is the given clock's."""
-    clock, stop = FakeClock(), StopRequest()
+    clock = FakeClock()
+    stop = StopRequest(clock=clock)
     sess = _session(tmp_path, clock, stop, budget_usd=300.0, usd_per_hour=3600.0, total_steps=1000, async_save=False)
     state = {"model": {"w": torch.zeros(2)}}
     try:
@@ -165,7 +208,8 @@ def test_session_bills_and_stops_for_the_budget_on_the_clock_it_is_given(tmp_pat
 
 
 def test_session_stops_on_the_stop_request_it_is_given(tmp_path):
-    clock, stop = FakeClock(), StopRequest()
+    clock = FakeClock()
+    stop = StopRequest(clock=clock)
     sess = _session(tmp_path, clock, stop, total_steps=100, async_save=False)
     try:
         with pytest.raises(SystemExit) as stopped:
@@ -254,3 +298,31 @@ def test_launcher_grace_period_runs_on_the_clock_it_is_given(tmp_path):
 def test_the_system_clock_is_the_default():
     assert Launcher.__init__.__kwdefaults__["clock"] is SYSTEM_CLOCK
     assert Session.__init__.__kwdefaults__["clock"] is SYSTEM_CLOCK
+
+
+def test_a_launch_ends_cleanly_when_a_collaborator_fails(tmp_path):
+    """A signal handler that cannot be installed (an application's non-main thread) or a spawner that hands over
+    no output: the launch is recorded as ended, the handlers put back, and the run directory free for the next."""
+    spec = _launch_spec(tmp_path)
+    installed: list = []
+
+    def second_fails(sig, handler):
+        if sig == signal.SIGTERM and handler is not signal.SIG_DFL:  # the second of SIGINT, SIGTERM, SIGHUP
+            raise ValueError("signal only works in main thread of the main interpreter")
+        installed.append((sig, handler))
+        return signal.SIG_DFL
+
+    with pytest.raises(ValueError, match="main thread"):
+        Launcher(spec, [].append, lambda records: None, spawn=FakeSpawner(0.0), install_signal=second_fails).run()
+    assert installed[-1] == (installed[0][0], signal.SIG_DFL)  # the one that went in was put back
+    launch = json.loads((spec.run_dir / "run.json").read_text())["launches"][-1]
+    assert launch["end_unix"] is not None and launch["reason"] == "failed"
+
+    def no_output(argv, env):
+        return subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.DEVNULL)
+
+    with pytest.raises(RuntimeError, match="without stdout"):
+        Launcher(spec, [].append, lambda records: None, spawn=no_output).run()
+    result = Launcher(spec, [].append, lambda records: None, spawn=FakeSpawner(0.0), clock=FakeClock(),
+                      install_signal=lambda sig, handler: signal.SIG_DFL).run()
+    assert result.reason == "finished"  # the lock of the failed launches was let go

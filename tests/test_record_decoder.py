@@ -164,3 +164,47 @@ def test_only_the_run_directory_reads_telemetry_and_every_reader_decodes():
     assert "TelemetryWriter(None," in (src / "run" / "session.py").read_text()
     goodput = (src / "run" / "goodput.py").read_text()
     assert "MAX_S" not in goodput and "isinstance(value" not in goodput and "def _num(" not in goodput
+
+
+def test_nulls_and_long_runs_the_readers_take_as_unknown(tmp_path):
+    """From the review: a script's own `t.log(nonfinite=None)` made report end in a TypeError; an ETA past 11.6
+    days was called malformed; a start record with a null world size lost the run's price and budget."""
+    run = make_run_dir(tmp_path / "run", steps=20, ckpt_every=10)
+    lines = [json.loads(line) for line in (run / "telemetry.jsonl").read_text().splitlines()]
+    for record in lines:
+        if record["type"] == "step":
+            record["metrics"] = {"loss": 1.0, "nonfinite": None}
+            record["eta_s"] = 2e6
+        if record["type"] == "start":
+            record.update(world_size=None, nnodes=None, restart_count=None)
+    (run / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    from trainready.run.summary import summarize
+
+    summary = summarize(run)
+    assert summary.nonfinite_losses == 0 and summary.eta_s == 2e6
+    assert summary.cost.usd_per_hour is not None and summary.world_size is None
+    assert summary.worker_restarts == 0
+    kept = RunDir(run).read_records()
+    assert all(r["eta_s"] == 2e6 for r in kept if r["type"] == "step")
+
+
+def test_the_launcher_rebuilds_a_run_json_whose_launch_cannot_be_counted(tmp_path):
+    """A launch whose start is not a time ended `trainready run` in a TypeError (billing subtracted strings): the
+    file is moved aside and rebuilt from telemetry, as a torn one is."""
+    from trainready.run.launcher import Launcher
+    from trainready.run.launch_spec import LaunchSpec
+    from trainready.run.settings import RunSettings
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"schema_version": 1, "kind": "trainready-run", "command": ["python", "t.py"],
+                                              "config": {}, "environment": {}, "created_unix": 1.0,
+                                              "launches": [{"start_unix": "x", "end_unix": None}]}))
+    said: list[str] = []
+    launcher = Launcher(LaunchSpec(command=["python", "t.py"], settings=RunSettings(run_dir=run)), said.append,
+                        lambda records: None)
+    launcher._begin()
+    import os
+
+    os.close(launcher._lock_fd)
+    assert list(run.glob("run.json.corrupt-*")) and any("was unreadable" in line for line in said)

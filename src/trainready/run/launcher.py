@@ -395,10 +395,15 @@ class Launcher:
         writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
         writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
         writer.close()
-        previous = {sig: self.install_signal(sig, self._on_signal) for sig in FORWARDED}
+        previous: dict[int, Any] = {}
         result = LaunchResult(EXIT_INTERNAL, "failed", "the launcher stopped unexpectedly")
-        try:
+        try:  # the handlers too: one that cannot be installed still ends the launch and puts the others back
+            for sig in FORWARDED:
+                previous[sig] = self.install_signal(sig, self._on_signal)
             self.agent = self.spawn(torchrun_argv(self.spec), env)
+            if self.agent.stdout is None:  # a spawner of our own must hand over the output, or it is lost
+                self.agent.kill()
+                raise RuntimeError("the process spawner gave an agent without stdout: spawn with stdout=PIPE")
             pump = threading.Thread(target=self._pump, daemon=True)
             pump.start()
             while self.agent.poll() is None:
@@ -411,8 +416,14 @@ class Launcher:
             result = self._outcome(self.agent.returncode)
         finally:
             for sig, handler in previous.items():
-                self.install_signal(sig, handler)
-            self._end(result)  # run.json and summary.json, whatever happened
+                with contextlib.suppress(Exception):  # put back what can be; the launch is ended either way
+                    self.install_signal(sig, handler)
+            try:
+                self._end(result)  # run.json and summary.json, whatever happened
+            finally:
+                if self._lock_fd is not None:  # the run directory is free again (an application may launch anew)
+                    os.close(self._lock_fd)
+                    self._lock_fd = None
         return result
 
     def _on_signal(self, signum: int, _frame: Any) -> None:

@@ -62,7 +62,8 @@ class LaunchRecord(_Record):
 
 
 class StartRecord(_Record):
-    READ_CORE = frozenset({"t", "world_size", "restart_count", "nnodes", "usd_per_hour", "total_steps"})
+    READ_CORE = frozenset({"t"})  # a bad world size or price is unknown; the record's other fields still count
+    READ_FALLBACK = {"restart_count": 0}
     type: Literal["start"]
     world_size: int = Field(ge=1, le=MAX_WORLD)
     restart_count: int = Field(ge=0, le=MAX_STEP, description="torchrun's TORCHELASTIC_RESTART_COUNT: 0 on first start")
@@ -156,7 +157,7 @@ class StepRecord(_Record):
                                           "comm is unmeasured)")
     cost_usd: float | None = Field(ge=0, le=MAX_USD)
     projected_usd: float | None = Field(ge=0, le=MAX_USD)
-    eta_s: float | None = Field(ge=0, le=MAX_S)
+    eta_s: float | None = Field(ge=0, le=MAX_UNIX, description="remaining steps x pace (long runs: months)")
     ckpt: CkptStatus
     metrics: StepMetrics = Field(description="what the script passed to t.log() on rank 0")
 
@@ -212,7 +213,7 @@ class StopInfo(BaseModel):
 
 
 class StopRecord(StopInfo):
-    READ_CORE: ClassVar[frozenset[str]] = frozenset({"t", "step", "checkpoint", "message"})
+    READ_CORE: ClassVar[frozenset[str]] = frozenset({"t", "message"})
     READ_NEEDED: ClassVar[frozenset[str]] = frozenset({"t"})
     READ_FALLBACK: ClassVar[dict[str, Any]] = {}
     type: Literal["stop"]
@@ -222,7 +223,7 @@ class StopRecord(StopInfo):
 
 
 class EndRecord(_Record):
-    READ_CORE = frozenset({"t", "last_step", "last_saved", "archived"})
+    READ_CORE = frozenset({"t"})
     type: Literal["end"]
     last_step: int = Field(ge=-1, le=MAX_STEP)
     steps_this_launch: int = Field(ge=0, le=MAX_STEP)

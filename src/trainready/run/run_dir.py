@@ -177,8 +177,13 @@ def run_info_problem(info: dict[str, Any], every_launch: bool = False) -> str | 
     launches = info.get("launches", [])
     if not isinstance(launches, list):
         return f"'launches' is a JSON {_kind(launches)}, not an array"
-    if every_launch and not all(isinstance(launch, dict) for launch in launches):
-        return "'launches' is not a list of objects"
+    if every_launch:
+        if not all(isinstance(launch, dict) for launch in launches):
+            return "'launches' is not a list of objects"
+        unusable: Counter = Counter()
+        if len(decode_launches(launches, unusable)) != len(launches):  # its spend cannot be counted: rebuild
+            return f"{sum(unusable[k] for k in unusable if k.startswith('launch: '))} unusable launch(es): " + \
+                ", ".join(k for k in unusable if k.startswith("launch: "))
     return None
 
 

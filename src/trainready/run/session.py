@@ -20,6 +20,7 @@ Contract: one session per process, used from the training thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -100,6 +101,11 @@ class Session:
     def __init__(self, settings: RunSettings, *, flops_per_token: float | None = None, backend: str | None = None,
                  context: DistContext | None = None, stop: StopRequest = STOP, clock: Clock = SYSTEM_CLOCK):
         self.settings = settings
+        if stop.clock is not clock:  # a grace period is measured from `stop.at`: on one clock, or it is nonsense
+            raise UsageError("the stop request and the session must use the same clock: pass "
+                             "stop=StopRequest(clock=...) with the clock given to the session")
+        if settings.budget_usd is not None and settings.usd_per_hour is None:
+            raise UsageError("a budget needs a price: give usd_per_hour= (per node-hour) with budget_usd=")
         self.stop, self.clock = stop, clock
         if context is None:
             self._init_distributed(backend)
@@ -107,17 +113,29 @@ class Session:
         self.rank, self.world_size, self.local_rank = me.rank, me.world_size, me.local_rank
         self.device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
         self.ctx = context.retain() if context is not None else DistContext.acquire()
+        self.telemetry = TelemetryWriter(None, "rank0", clock)
+        self.manager: Any = None
+        try:
+            self._start(settings, flops_per_token)
+        except BaseException:  # give back what was taken: a share of the (perhaps the caller's) context, files
+            if self.manager is not None:
+                with contextlib.suppress(Exception):
+                    self.manager.close(timeout_s=10.0)
+            self.telemetry.close()
+            self.ctx.release()
+            raise
+
+    def _start(self, settings: RunSettings, flops_per_token: float | None) -> None:
+        """What the constructor builds once it holds the context (undone by it if anything here fails)."""
+        clock = self.clock
         self._group = self.ctx.control
         self._watch = start_watch(settings.launcher_pid, settings.launcher_start_ticks,
                                   watch_parent="TORCHELASTIC_RUN_ID" in os.environ)
-        # rank 0 writes the run's records; the others keep a writer to nowhere (the same calls, no file)
-        self.telemetry = (RunDir(settings.run_dir).telemetry_writer("rank0", clock)
-                          if self.rank == 0 and settings.run_dir is not None else TelemetryWriter(None, "rank0", clock))
+        if self.rank == 0 and settings.run_dir is not None:  # rank 0 writes the run's records; others: nowhere
+            self.telemetry = RunDir(settings.run_dir).telemetry_writer("rank0", clock)
         self.flops_per_token = settings.flops_per_token or flops_per_token
         self.gpu_name, self.peak_flops = _detect_peak(self.device, settings.peak_tflops)
         launch = settings.launch_unix or clock.time()
-        if settings.budget_usd is not None and settings.usd_per_hour is None:
-            raise UsageError("a budget needs a price: give usd_per_hour= (per node-hour) with budget_usd=")
         # under the launcher it announces the 50%/80% crossings on its own clock; on our own we do
         self.budget = BudgetGuard(settings.budget_usd, CostClock(settings.usd_per_hour, settings.nnodes,
                                                                  settings.prior_s, launch),
@@ -128,7 +146,7 @@ class Session:
         self._mtbf_h = mtbf_h
         self.manager = self._make_manager()
         self._stop_at: float | None = None  # monotonic time a budget stop began: the grace period counts from it
-        stop.install()
+        self.stop.install()
         self.start_step = 0
         self._next_step = 0
         self._steps_this_launch = 0

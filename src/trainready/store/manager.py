@@ -71,6 +71,16 @@ class ManagerStatus:
     def as_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
+def _option(name: str) -> property:
+    def read(self: CheckpointManager) -> Any:
+        return getattr(self.options, name)
+
+    def write(self: CheckpointManager, _value: Any) -> None:
+        raise AttributeError(f"CheckpointManager.{name} is an option: make the manager with "
+                             f"options=CheckpointManagerOptions({name}=...)")
+    return property(read, write, doc=f"options.{name} (read-only)")
+
+
 class CheckpointManager:
     """Tiered checkpoints: `hot` is a local directory (the node's NVMe), `archive` any fsspec URL
     (local/shared path, file://, s3://) or None; `options` (CheckpointManagerOptions) say how many to keep
@@ -94,7 +104,16 @@ class CheckpointManager:
                  options: CheckpointManagerOptions | None = None, *, run_id: str | None = None,
                  metadata: dict[str, Any] | None = None, process_group: Any = None, context: DistContext | None = None,
                  stop: StopRequest = STOP, clock: Clock = SYSTEM_CLOCK, **option_fields: Any):
+        for name, where in (("hot", hot), ("archive", archive)):
+            if isinstance(where, CheckpointManagerOptions):  # CheckpointManager(hot, options): archive's place
+                raise BadStateError(f"{name}= got the options: pass them as options=CheckpointManagerOptions(...) "
+                                    "(the second positional argument is the archive URL)")
+            if not (isinstance(where, (str, os.PathLike)) or where is None and name == "archive"):
+                raise BadStateError(f"{name}={type(where).__name__}: give a path or URL (str or os.PathLike)")
         options = _options_from(options, option_fields)
+        if stop.clock is not clock:  # the preemption deadline is measured from `stop.at`: one clock for both
+            raise BadStateError("the stop request and the manager must use the same clock: pass "
+                                "stop=StopRequest(clock=...) with the clock given to the manager")
         self.options = options
         self.metadata = dict(metadata or {})
         self.stop, self.clock = stop, clock
@@ -130,6 +149,15 @@ class CheckpointManager:
                                           self._on_archived, self._check_archive_fence, options.retry_initial_s,
                                           options.retry_max_s)
             self._archived_at_start()
+
+    # the options of earlier releases were attributes: readable still, and a write says where they went instead
+    # of doing nothing (the manager reads `options`)
+    keep_hot = _option("keep_hot")
+    keep_archive = _option("keep_archive")
+    async_save = _option("async_save")
+    when_busy = _option("when_busy")
+    save_interval_steps = _option("save_interval_steps")
+    claim_wait_s = _option("claim_wait_s")
 
     # ---- ownership ---------------------------------------------------------------------------
 
@@ -613,6 +641,9 @@ def _fence_map(refs: list[Ref], run_id: str, leases: list[Lease]) -> dict[int, i
 
 def _options_from(options: CheckpointManagerOptions | None, fields: dict[str, Any]) -> CheckpointManagerOptions:
     """The options object, or one built from the keyword arguments of releases before it (deprecated)."""
+    if options is not None and not isinstance(options, CheckpointManagerOptions):
+        raise BadStateError(f"options={type(options).__name__}: give a CheckpointManagerOptions "
+                            "(from trainready.store import CheckpointManagerOptions)")
     if not fields:
         return options if options is not None else CheckpointManagerOptions()
     known = set(CheckpointManagerOptions.__dataclass_fields__)

@@ -19,7 +19,7 @@ class CheckpointManagerOptions:
     async_save: stage to host memory and write in the background.
     when_busy: a save while one is still being written either "wait"s for it or is "skip"ped (agreed by all
       ranks).
-    save_interval_steps: `should_save(step)` is true every this many steps (None: only for a preemption).
+    save_interval_steps: `should_save(step)` is true every this many steps (None or 0: only for a preemption).
     checksums: "auto" (for small files and files changed since commit), "always" or "never" (sizes are always
       checked) when restoring from the hot tier; downloads are always checked.
     retry_initial_s / retry_max_s: the replicator's back-off after a failed upload, doubling up to the maximum.
@@ -42,8 +42,9 @@ class CheckpointManagerOptions:
         _whole("keep_hot", self.keep_hot, 1, "keep at least 1 checkpoint on the hot tier")
         if self.keep_archive is not None:
             _whole("keep_archive", self.keep_archive, 1, "use None to keep every archived checkpoint, or >= 1")
-        if self.save_interval_steps is not None:
-            _whole("save_interval_steps", self.save_interval_steps, 1, "use None to save only when asked, or >= 1")
+        if self.save_interval_steps is not None:  # 0, as in earlier releases: the same as None
+            _whole("save_interval_steps", self.save_interval_steps, 0, "use None (or 0) to save only for a stop, "
+                                                                       "or >= 1")
         if not isinstance(self.async_save, bool):
             raise BadStateError(f"async_save={self.async_save!r}: valid values are True, False")
         if self.when_busy not in ("wait", "skip"):
@@ -51,9 +52,9 @@ class CheckpointManagerOptions:
         if self.checksums not in ("auto", "always", "never"):
             raise BadStateError(f"checksums={self.checksums!r}: valid values are 'auto', 'always', 'never'")
         for name in ("retry_initial_s", "retry_max_s", "claim_wait_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                raise BadStateError(f"{name}={value!r}: give a finite number of seconds >= 0")
+            if not _seconds(getattr(self, name)):
+                raise BadStateError(f"{name}={getattr(self, name)!r}: give a finite number of seconds from 0 to "
+                                    f"{MAX_SECONDS:g}")
         if self.retry_max_s < self.retry_initial_s:
             raise BadStateError(f"retry_max_s={self.retry_max_s} is below retry_initial_s={self.retry_initial_s}: "
                                 "the back-off starts at the first and doubles up to the second")
@@ -62,6 +63,19 @@ class CheckpointManagerOptions:
     def verify_checksums(self) -> bool | None:
         """checksums as the hot tier's verify takes it: None = decide per file."""
         return {"auto": None, "always": True, "never": False}[self.checksums]
+
+
+MAX_SECONDS = 1e9
+"""About 32 years: a wait or back-off past it is a mistake (and a deadline past a float's range an overflow)."""
+
+
+def _seconds(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return 0 <= float(value) <= MAX_SECONDS  # NaN fails; float(10**400) raises
+    except OverflowError:
+        return False
 
 
 def _whole(name: str, value: object, least: int, hint: str) -> None:
