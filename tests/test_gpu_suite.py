@@ -88,7 +88,11 @@ def test_dry_run_sections_hold_what_they_stand_for(dry):
     fp8 = [r for r in gemm if r["dtype"] == "fp8"]
     assert fp8 or any(s["what"] == "FP8 GEMMs" for s in sec["gemm"]["skipped"])
     models = {r["model"] for r in gemm}
-    assert {"reference", "llama-3.1-8b", "llama-3-70b (TP8 shard)", "qwen3-30b-a3b"} <= models
+    # each model's shapes measured, or (on a busy machine: the dry run's 10 s section budget) recorded as left out
+    left_out = {s["what"] for s in sec["gemm"]["skipped"] if "section time budget" in s["reason"]}
+    for model in ("llama-3.1-8b", "llama-3-70b (TP8 shard)", "qwen3-30b-a3b"):
+        assert model in models or any(what.startswith(f"{model} ") for what in left_out), (model, sec["gemm"])
+    assert "reference" in models  # the first shape is always measured: the budget is checked before each one
     grouped = [r for r in gemm if "experts" in r]
     assert {r["method"] for r in grouped} >= {"loop"}
     if not any(r["method"] == "grouped_mm" for r in grouped):  # this torch lacks it: said why
