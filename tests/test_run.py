@@ -132,14 +132,18 @@ def test_signal_saves_and_exits_then_resumes(tmp_path, sig, code):
 
 def test_resumable_by_default_and_another_command_is_another_run(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = run_cmd(run_dir, "--nproc-per-node", "2", steps=20)  # no --ckpt-every: auto
+    pace = ("--data-delay-ms", "100")  # a sleep (no CPU): 20 small-model steps outlast the kill below
+    cmd = run_cmd(run_dir, "--nproc-per-node", "2", steps=20, script_args=pace)  # no --ckpt-every: auto
     proc = start(cmd, tmp_path)
-    wait_for(lambda: any(r["type"] == "step" and r["step"] >= 4 for r in records(run_dir)), 120, "step 4")
+    # step 4, and the default's first checkpoint (step 1, written in the background) committed: steps of the small
+    # model are faster than an async commit, and a kill before it would rightly start from zero
+    wait_for(lambda: any(r["type"] == "step" and r["step"] >= 4 and (r.get("ckpt") or {}).get("last_saved") == 1
+                         for r in records(run_dir)), 120, "step 4 with step 1 committed")
     kill_launcher(proc, run_dir)  # kill -9: no final checkpoint
     saved = [r["step"] for r in records(run_dir) if r["type"] == "ckpt"]
     assert saved == [1]  # auto: the first checkpoint at the second step (then Young/Daly: hours on this CPU)
 
-    changed = run_cmd(run_dir, "--nproc-per-node", "2", steps=21)  # other script arguments: another experiment
+    changed = run_cmd(run_dir, "--nproc-per-node", "2", steps=21, script_args=pace)  # another experiment
     code, out = run(changed, tmp_path)
     assert code == 2 and "holds a run of" in out and "--resume" in out and "--run-dir" in out, out[-3000:]
     assert "Traceback" not in out and len(json.loads((run_dir / "run.json").read_text())["launches"]) == 1

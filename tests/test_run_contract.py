@@ -14,6 +14,9 @@ from run_helpers import alive, digest, kill_launcher, losses, records, run, run_
 
 STEPS = 40
 OPTS = ("--nproc-per-node", "2", "--ckpt-every", "5")
+PACE = ("--data-delay-ms", "50")
+"""A sleep per step (no CPU, the same numbers): the small model's 40 steps would otherwise end before a kill that
+waits for a step can land."""
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +79,12 @@ def test_killed_during_an_upload_then_hot_tier_wiped(baseline, tmp_path, s3_buck
 @pytest.mark.parametrize("after_step", [7, 23])
 def test_launcher_killed_mid_step(baseline, tmp_path, after_step):
     run_dir = tmp_path / "run"
-    cmd = run_cmd(run_dir, *OPTS, steps=STEPS)
+    cmd = run_cmd(run_dir, *OPTS, steps=STEPS, script_args=PACE)
     proc = start(cmd, tmp_path)
     wait_for(lambda: any(r["type"] == "step" and r["step"] >= after_step for r in records(run_dir)), 90,
              f"step {after_step}")
     kill_launcher(proc, run_dir)
+    assert not any(r["type"] == "end" for r in records(run_dir)), "the run ended before the kill: nothing was tested"
     code, out = run(cmd, tmp_path)
     assert code == 0, out[-3000:]
     assert_same_as_baseline(run_dir, out, baseline)
@@ -88,7 +92,7 @@ def test_launcher_killed_mid_step(baseline, tmp_path, after_step):
 
 def test_worker_killed_and_restarted_by_torchrun(baseline, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(run_cmd(run_dir, *OPTS, "--max-restarts", "2", steps=STEPS), tmp_path)
+    proc = start(run_cmd(run_dir, *OPTS, "--max-restarts", "2", steps=STEPS, script_args=PACE), tmp_path)
     wait_for(lambda: any(r["type"] == "step" and r["step"] >= 12 for r in records(run_dir)), 90, "step 12")
     victim = [w for r in records(run_dir) if r["type"] == "start" for w in r["workers"] if w["rank"] == 1][0]["pid"]
     import os
