@@ -103,11 +103,7 @@ class _Launch:
 def valid_launches(launches: list[Any], skipped: dict[str, int]) -> list[dict[str, Any]]:
     """run.json's launches whose start and end are usable (times, the end not before the start), decoded; the
     others are counted in `skipped` by reason."""
-    counted: Counter = Counter()
-    out = decode_launches(launches, counted)
-    for why, count in counted.items():
-        skipped[why] = skipped.get(why, 0) + count
-    return out
+    return decode_launches(launches, skipped)
 
 
 def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]],

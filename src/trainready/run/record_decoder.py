@@ -11,7 +11,6 @@ the models name is of its documented type and within its bounds, or absent."""
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -33,21 +32,21 @@ class BadRecord(Exception):
     """A record (or launch) left out: why."""
 
 
-def decode_records(raw: list[Any], skipped: Counter | None = None) -> list[dict[str, Any]]:
+def decode_records(raw: list[Any], skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """The usable records of `raw` (parsed telemetry lines), each decoded; what was left out or made unknown is
-    counted in `skipped` by reason."""
-    skipped = skipped if skipped is not None else Counter()
+    counted in `skipped` by reason (a plain dict or a Counter, added to)."""
+    skipped = skipped if skipped is not None else {}
     out = []
     for record in raw:
         try:
             out.append(decode_record(record, skipped))
         except BadRecord as exc:
             kind = record.get("type") if isinstance(record, dict) else None
-            skipped[f"{kind if isinstance(kind, str) else '?'}: {exc}"] += 1
+            _count(skipped, f"{kind if isinstance(kind, str) else '?'}: {exc}")
     return out
 
 
-def decode_record(record: Any, skipped: Counter) -> dict[str, Any]:
+def decode_record(record: Any, skipped: dict[str, int]) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise BadRecord("not an object")
     kind = record.get("type")
@@ -56,7 +55,7 @@ def decode_record(record: Any, skipped: Counter) -> dict[str, Any]:
     return _decode(RECORD_MODELS.get(kind, _Record), record, skipped, f"{kind} field")
 
 
-def decode_launches(launches: Any, skipped: Counter) -> list[dict[str, Any]]:
+def decode_launches(launches: Any, skipped: dict[str, int]) -> list[dict[str, Any]]:
     """run.json's launches that can be used (their start and end are times, the end not before the start), each
     decoded; the others are counted in `skipped` as "launch: <why>"."""
     out = []
@@ -70,11 +69,15 @@ def decode_launches(launches: Any, skipped: Counter) -> list[dict[str, Any]]:
                 raise BadRecord("ends before it starts")
             out.append(launch)
         except BadRecord as exc:
-            skipped[f"launch: {exc}"] += 1
+            _count(skipped, f"launch: {exc}")
     return out
 
 
-def _decode(model: type[BaseModel], record: dict[str, Any], skipped: Counter, label: str) -> dict[str, Any]:
+def _count(skipped: dict[str, int], why: str) -> None:
+    skipped[why] = skipped.get(why, 0) + 1
+
+
+def _decode(model: type[BaseModel], record: dict[str, Any], skipped: dict[str, int], label: str) -> dict[str, Any]:
     for name in model.READ_NEEDED:
         if name not in record:
             raise BadRecord(f"{name} missing")
@@ -89,7 +92,7 @@ def _decode(model: type[BaseModel], record: dict[str, Any], skipped: Counter, la
             raise BadRecord(problem)
         fallback = model.READ_FALLBACK.get(name)
         out[name] = fallback.copy() if isinstance(fallback, (dict, list)) else fallback
-        skipped[f"{label}: {problem}"] += 1
+        _count(skipped, f"{label}: {problem}")
     return out
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import stat
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,16 +95,12 @@ class RunDir:
         records, and records that are malformed, are left out and counted in `skipped` by reason ([] when the file
         is absent). A directory, device, FIFO or symlink loop in its place is a UsageError naming it."""
         path = _regular(self.telemetry)
-        counted: Counter = Counter()
+        skipped = skipped if skipped is not None else {}
         try:
-            raw = read_records(path, skipped=counted)[0]
+            raw = read_records(path, skipped=skipped)[0]
         except OSError as exc:  # permission denied, an I/O error
             raise UsageError(f"{printable(path)}: unreadable ({exc.strerror})") from None
-        records = decode_records(raw, counted)
-        if skipped is not None:
-            for why, count in counted.items():
-                skipped[why] = skipped.get(why, 0) + count
-        return records
+        return decode_records(raw, skipped)
 
     def read_new_records(self, since: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Records appended since byte offset `since`, decoded as read_records decodes them, and the offset to go
@@ -116,12 +111,7 @@ class RunDir:
     def read_launches(self, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
         """run.json's launches that can be used, decoded (record_decoder.decode_launches); the others counted in
         `skipped`. [] when there is no run.json; one that cannot be read is a UsageError (read_run_info)."""
-        counted: Counter = Counter()
-        launches = decode_launches(self.read_run_info().get("launches", []), counted)
-        if skipped is not None:
-            for why, count in counted.items():
-                skipped[why] = skipped.get(why, 0) + count
-        return launches
+        return decode_launches(self.read_run_info().get("launches", []), skipped if skipped is not None else {})
 
     def read_run_bytes(self) -> bytes:
         """run.json's bytes for the launcher, which rebuilds a torn one from telemetry: FileNotFoundError when
@@ -180,7 +170,7 @@ def run_info_problem(info: dict[str, Any], every_launch: bool = False) -> str | 
     if every_launch:
         if not all(isinstance(launch, dict) for launch in launches):
             return "'launches' is not a list of objects"
-        unusable: Counter = Counter()
+        unusable: dict[str, int] = {}
         if len(decode_launches(launches, unusable)) != len(launches):  # its spend cannot be counted: rebuild
             return f"{sum(unusable[k] for k in unusable if k.startswith('launch: '))} unusable launch(es): " + \
                 ", ".join(k for k in unusable if k.startswith("launch: "))
