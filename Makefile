@@ -44,13 +44,14 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq chromium; } || \
 	  echo "make browser: could not install chromium; the HTML page tests will skip and say why"
 
-# One worker per core, at most 4 (pytest-xdist): on 2 cores the suite takes about half the time it takes in one
-# process, as most tests wait on torchrun, moto or a subprocess. `pytest tests/x.py` alone still runs in one.
-# worksteal: a worker that runs out takes queued tests from the other, so the long torchrun tests do not leave
-# one core idle at the end (2 cores: 10 min 46 s with the default distribution, 9 min 59 s with this).
-# --durations=10: every run lists its ten slowest tests, the ones to share or shorten (issue 25).
+# One worker more than the cores, at most 4 (pytest-xdist): many tests wait (torchrun's start-up and shutdown, moto,
+# a kill that waits for a step), and two workers left a third of 2 cores idle (157% CPU; 10 min 52 s, against
+# 10 min 3 s with three, measured 2026-12-06). `pytest tests/x.py` alone still runs in one process.
+# worksteal: a worker that runs out takes queued tests from the others, so the long torchrun tests do not leave
+# a core idle at the end. --durations=10: every run lists its ten slowest tests, the ones to share or shorten.
+XDIST_WORKERS = $(shell $(PYTHON) -c 'import os; print(min(len(os.sched_getaffinity(0)) + 1, 4))' 2>/dev/null || echo 2)
 test: $(VENV)/.dev $(if $(CI),browser)
-	$(BIN)/python -m pytest -q -n logical --maxprocesses=4 --dist worksteal --durations=10
+	$(BIN)/python -m pytest -q -n $(XDIST_WORKERS) --dist worksteal --durations=10
 
 bench: $(VENV)/.dev
 	$(BIN)/python bench/plan_accuracy.py

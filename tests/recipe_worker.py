@@ -170,10 +170,13 @@ def tiny_qwen3_moe(seq_len: int):
     every block MoE with 4 routed experts of FFN 128, top-2, RoPE theta 1e6, no q/k norm."""
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
     from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.models.common.config_utils import (make_gqa_config, make_moe_config,
-                                                       make_routed_experts_config, make_router_config)
-    from torchtitan.models.qwen3 import (_EMBEDDING_INIT, _LINEAR_INIT, _moe_experts_init, _qwen3_norm,
-                                         _residual_output_init)
+    from torchtitan.models.common.config_utils import (
+        make_gqa_config,
+        make_moe_config,
+        make_routed_experts_config,
+        make_router_config,
+    )
+    from torchtitan.models.qwen3 import _EMBEDDING_INIT, _LINEAR_INIT, _moe_experts_init, _qwen3_norm, _residual_output_init
     from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
 
     experts, head_dim = 4, DIM // HEADS
@@ -395,26 +398,30 @@ def run_deepspeed(path: str) -> tuple[float, float]:
 
 
 def run_rows(manifest: str) -> None:
-    """Every row of the manifest (a JSON list of name, kind, config, seq, flags, env) through the function of its
-    kind, one after the other in this process group: torch, DeepSpeed, transformers and torchtitan import once
-    (about 6 s of each 2-process run). Rank 0 prints "ok NAME <values>" per row. A rank whose row raises prints
-    "fail NAME rank R: <error>" and exits at once (os._exit), so torchrun stops the group: the other rank may be
-    waiting in that row's collective."""
+    """Every row of the manifest (a JSON list of name, kind, config, seq, flags, env and, for a row that must not
+    start, expect) through the function of its kind, one after the other in this process group: torch, DeepSpeed,
+    transformers and torchtitan import once (about 6 s of each 2-process run). Rank 0 prints "ok NAME <values>" per
+    row. A rank whose row raises prints "fail NAME rank R: <error>" and exits at once (os._exit), so torchrun stops
+    the group: the other rank may be waiting in that row's collective. A row with `expect` must raise an error
+    holding that text on every rank: each prints "refused NAME rank R: <error>" and exits 0, so it comes last."""
     import gc
 
-    for row in json.load(open(manifest)):
+    rows = json.load(open(manifest))
+    assert all("expect" not in row for row in rows[:-1]), "a row that must fail ends the run: put it last"
+    for row in rows:
         for key in [k for k in os.environ if k.startswith("RECIPE_")]:
             del os.environ[key]
         os.environ.update(row["env"])
         sys.argv[3:] = [str(row["seq"]), *row["flags"]]  # where deepspeed_config and run_deepspeed_hf read them
         try:
             values = {"deepspeed-hf": run_deepspeed_hf, "saved-in-layers": saved_in_layers, "titan": run_titan,
-                      "titan-moe": run_titan_moe}[row["kind"]](row["config"])
+                      "titan-moe": run_titan_moe, "deepspeed": run_deepspeed}[row["kind"]](row["config"])
         except Exception as exc:  # reported by name and rank; the test fails on it
             error = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-            sys.stdout.write(f"fail {row['name']} rank {dist.get_rank()}: {error}\n")
+            refused = row.get("expect") is not None and row["expect"] in error
+            sys.stdout.write(f"{'refused' if refused else 'fail'} {row['name']} rank {dist.get_rank()}: {error}\n")
             sys.stdout.flush()
-            os._exit(1)
+            os._exit(0 if refused else 1)
         if dist.get_rank() == 0:
             sys.stdout.write(f"ok {row['name']} " + " ".join(f"{v:.4f}" for v in values) + "\n")
             sys.stdout.flush()

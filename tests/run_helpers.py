@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TINY_GPT = ROOT / "examples" / "tiny_gpt.py"
 SRC = ROOT / "src"
+EXIT_FAST = str(ROOT / "tests" / "exit_fast")  # conftest.py puts it on every test subprocess's PYTHONPATH
 
 
 def env_for_run(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_helpers import EXIT_FAST
+from shared_runs import shared_result
 
 from trainready.errors import UsageError
 from trainready.plan.job import JobSpec
@@ -567,31 +569,6 @@ TINY_MOE = ModelSpec(name="tiny-moe", family="qwen3_moe", vocab_size=128, hidden
                      moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
 
 
-def run_two(tmp_path, catalog, framework, kind, worker_env=None, expect_fail=None, **job):
-    """The tiny model through the recipe emitted for a 2-GPU setup of it, on 2 CPU processes (`worker_env`: what
-    the worker builds, RECIPE_LORA_RANK / RECIPE_MOE; `expect_fail`: text the run must fail with)."""
-    job.setdefault("model_spec", TINY)
-    try:
-        s = resolve(JobSpec(gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job), catalog)
-    except UsageError as e:
-        pytest.fail(str(e))
-    r = recipe_for(s, framework) if expect_fail is None else deepspeed.recipe(s)  # the refused JSON, as written
-    (tmp_path / r.config_file).write_text(r.config)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE),
-           **(worker_env or {})}
-    flags = trainer_words(r) if framework == "deepspeed" and deepspeed.hf_trainer(s) else []
-    proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      str(HERE / "recipe_worker.py"), kind, r.config_file, str(s.seq_len), *flags], tmp_path, env,
-                     timeout=240)
-    ok = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
-    if expect_fail is not None:
-        assert proc.returncode != 0 and expect_fail in proc.stderr, proc.stderr[-3000:]
-        return
-    assert proc.returncode == 0 and ok, proc.stderr[-3000:]
-    first, last = map(float, ok[0].split()[1:])
-    assert last < first  # it trained: the loss on the batch went down
-
-
 def run_group(cmd: list[str], cwd, env, timeout: float = 600) -> subprocess.CompletedProcess:
     """`cmd` (a torchrun) in its own session: on a timeout the whole group is killed, workers included, and the test
     fails with what it printed, rather than leaving workers behind."""
@@ -606,23 +583,54 @@ def run_group(cmd: list[str], cwd, env, timeout: float = 600) -> subprocess.Comp
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_rows(tmp_path, rows: list[dict]) -> dict[str, list[str]]:
-    """Rows (name, kind, recipe, seq, flags, env) through recipe_worker.run_rows, one torchrun of 2 gloo processes
-    for all: {name: the words after "ok NAME"}. Fails naming every row that failed or gave no result."""
+def run_rows(folder: Path, rows: list[dict]) -> dict:
+    """Rows (name, kind, recipe, seq, flags, env, expect) through recipe_worker.run_rows, one torchrun of 2 gloo
+    processes for all: what each row printed ({name: [lines]}), the exit code and the end of stderr."""
     manifest = []
     for row in rows:
         r = row.pop("recipe")
-        (tmp_path / f"{row['name']}.{r.config_file}").write_text(r.config)
+        (folder / f"{row['name']}.{r.config_file}").write_text(r.config)
         manifest.append({**row, "config": f"{row['name']}.{r.config_file}"})
-    (tmp_path / "rows.json").write_text(json.dumps(manifest))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    (folder / "rows.json").write_text(json.dumps(manifest))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{HERE}{os.pathsep}{EXIT_FAST}"}
     proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      str(HERE / "recipe_worker.py"), "rows", "rows.json"], tmp_path, env)
-    results = {ln.split()[1]: ln.split() for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "fail "))}
-    failed = {row["name"]: " ".join(results.get(row["name"], ["no result"])) for row in manifest
-              if results.get(row["name"], [""])[0] != "ok"}
-    assert not failed and proc.returncode == 0, (failed, proc.stderr[-3000:])
+                      str(HERE / "recipe_worker.py"), "rows", "rows.json"], folder, env)
+    lines: dict[str, list[str]] = {}
+    for ln in proc.stdout.splitlines():
+        if ln.startswith(("ok ", "fail ", "refused ")):
+            lines.setdefault(ln.split()[1], []).append(ln)
+    return {"lines": lines, "returncode": proc.returncode, "stderr": proc.stderr[-3000:]}
+
+
+def rows_ok(run: dict, names) -> dict[str, list[str]]:
+    """{name: the words after "ok NAME"} for `names`; fails naming every one of them that failed or gave no result
+    (a row that fails ends the shared run: the rows after it give none)."""
+    results = {name: run["lines"].get(name, ["no result"])[0].split() for name in names}
+    failed = {name: " ".join(words) for name, words in results.items() if words[0] != "ok"}
+    assert not failed, (failed, run["returncode"], run["stderr"])
     return {name: words[2:] for name, words in results.items()}
+
+
+def shared_rows(tmp_path_factory, worker_id, catalog) -> dict:
+    """Every row the DeepSpeed and torchtitan tests below train, in one torchrun made once for the whole session
+    (shared_runs): each test's own run used to import torch, DeepSpeed, transformers and torchtitan again on two
+    processes, about 15 s of CPU a test. The refused AutoEP row comes last (it ends the run)."""
+    def make(folder: Path) -> dict:
+        # AutoTP's tp 2 leaves DeepSpeed's model-parallel groups set for the rows after it in this process ("'NoneType'
+        # object has no attribute 'get_model_parallel_rank'" in a tp 1 row): every tp 2 row comes after the others
+        saved, ds = autotp_rows(catalog)[1], deepspeed_rows(catalog)
+        tp2 = [row for row in ds if row["name"].startswith("autotp2-")]
+        rows = [saved[0], *(row for row in ds if row not in tp2), zero2_plain_row(catalog), *titan_rows(catalog)[1],
+                saved[1], *tp2, autoep_row(catalog)]
+        return run_rows(folder, rows)
+    for module in ("deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "torchtitan.config"):
+        need(module)
+    return shared_result(tmp_path_factory, worker_id, "recipe-rows", make)
+
+
+@pytest.fixture
+def recipe_rows(tmp_path_factory, worker_id, catalog) -> dict:
+    return shared_rows(tmp_path_factory, worker_id, catalog)
 
 
 def trained(results: dict[str, list[str]]) -> None:
@@ -630,16 +638,9 @@ def trained(results: dict[str, list[str]]) -> None:
         assert float(last) < float(first), (name, first, last)  # the loss on the fixed batch went down
 
 
-def test_the_torchtitan_rows_train_on_two_gloo_processes(tmp_path, catalog):
-    """The torchtitan recipe on 2 gloo processes, one torchrun: FSDP2 and DDP dense rows with torchtitan's own
-    op-level and full recompute policies (a 2-block model), and, for issue 28, the rows `plan` gives DeepSeek-R1
-    (FSDP2 with expert parallelism, with and without CPU offload): torchtitan's own Qwen3 MoE model through its
-    parallelize_qwen3 with the recipe's sections; the worker asserts the routed experts are split over the "ep"
-    mesh. Under the default spmd_types backend, torch 2.13.0 stops in fully_shard: the recipe names
-    partial_dtensor."""
-    need("torchtitan.config")
-    from trainready.plan.memory import _per_gpu, param_counts
-
+def titan_rows(catalog) -> tuple[dict, list[dict]]:
+    """FSDP2 and DDP dense rows with torchtitan's own op-level and full recompute policies (a 2-block model), and the
+    rows `plan` gives DeepSeek-R1 (FSDP2 with expert parallelism, with and without CPU offload)."""
     rows, setups = [], {}
     for name, kind, job in (("zero3-selective", "titan", dict(strategy="zero3", activation_checkpointing="selective-op")),
                             ("ddp-full", "titan", dict(strategy="ddp", activation_checkpointing="full")),
@@ -648,41 +649,63 @@ def test_the_torchtitan_rows_train_on_two_gloo_processes(tmp_path, catalog):
                                                                   offload="optimizer+params"))):
         job.setdefault("model_spec", TINY)
         s = resolve(JobSpec(gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2, **job), catalog)
-        setups[name] = s
-        rows.append({"name": name, "kind": kind, "recipe": recipe_for(s, "torchtitan"), "seq": s.seq_len,
+        setups[f"titan-{name}"] = s
+        rows.append({"name": f"titan-{name}", "kind": kind, "recipe": recipe_for(s, "torchtitan"), "seq": s.seq_len,
                      "flags": [], "env": {}})
-    results = run_rows(tmp_path, rows)
+    return setups, rows
+
+
+def test_the_torchtitan_rows_train_on_two_gloo_processes(recipe_rows, catalog):
+    """The torchtitan recipe on 2 gloo processes: FSDP2 and DDP dense rows with torchtitan's own op-level and full
+    recompute policies (a 2-block model), and, for issue 28, the rows `plan` gives DeepSeek-R1 (FSDP2 with expert
+    parallelism, with and without CPU offload): torchtitan's own Qwen3 MoE model through its parallelize_qwen3 with
+    the recipe's sections; the worker asserts the routed experts are split over the "ep" mesh. Under the default
+    spmd_types backend, torch 2.13.0 stops in fully_shard: the recipe names partial_dtensor."""
+    from trainready.plan.memory import _per_gpu, param_counts
+
+    setups, _ = titan_rows(catalog)
+    results = rows_ok(recipe_rows, setups)
     trained(results)
-    for name in ("moe-ep2", "moe-ep2-offload"):
+    for name in ("titan-moe-ep2", "titan-moe-ep2-offload"):
         # the parameter elements the fullest rank holds (FSDP2 shards over dp, the experts over ep then efsdp)
         # are the memory model's per-GPU count (memory._per_gpu of one byte a parameter): exact here
         s = setups[name]
         assert _per_gpu(s, param_counts(s), 1.0, s.shard_dp) == pytest.approx(float(results[name][2]), rel=1e-3)
 
 
-def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(tmp_path, catalog):
-    need("deepspeed")
-    run_two(tmp_path, catalog, "deepspeed", "deepspeed", strategy="zero2")
+def zero2_plain_row(catalog) -> dict:
+    s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
+                        strategy="zero2"), catalog)
+    r = recipe_for(s, "deepspeed")
+    return {"name": "plain-zero2", "kind": "deepspeed", "recipe": r, "seq": s.seq_len,
+            "flags": trainer_words(r) if deepspeed.hf_trainer(s) else [], "env": {}}
 
 
-def test_autotp_keeps_what_its_modules_keep_on_each_rank(tmp_path, catalog):
-    """Tensor parallelism without sequence parallelism (DeepSpeed AutoTP, transformers' TP plans): every TP rank
-    keeps the norms' tensors whole. What autograd saves inside the decoder layers of a Hugging Face Llama under
-    a real deepspeed.initialize, tp 1 and tp 2 on 2 gloo processes (one torchrun), against the memory model's
-    activations."""
-    need("deepspeed")
-    need("transformers")
-    from trainready.plan.memory import activation_parts
+def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(recipe_rows):
+    """The ZeRO-2 JSON under a real deepspeed.initialize of a plain torch model (not the Trainer's)."""
+    trained(rows_ok(recipe_rows, ["plain-zero2"]))
 
+
+def autotp_rows(catalog) -> tuple[dict, list[dict]]:
     setups, rows = {}, []
     for tp in (1, 2):
         s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
                             strategy="zero1", tp=tp, stack="deepspeed", activation_checkpointing="none"), catalog)
         r = recipe_for(s, "deepspeed")
-        setups[f"tp{tp}"] = s
-        rows.append({"name": f"tp{tp}", "kind": "saved-in-layers", "recipe": r, "seq": s.seq_len,
+        setups[f"saved-tp{tp}"] = s
+        rows.append({"name": f"saved-tp{tp}", "kind": "saved-in-layers", "recipe": r, "seq": s.seq_len,
                      "flags": trainer_words(r), "env": {}})
-    measured = {name: float(words[0]) for name, words in run_rows(tmp_path, rows).items()}
+    return setups, rows
+
+
+def test_autotp_keeps_what_its_modules_keep_on_each_rank(recipe_rows, catalog):
+    """Tensor parallelism without sequence parallelism (DeepSpeed AutoTP, transformers' TP plans): every TP rank
+    keeps the norms' tensors whole. What autograd saves inside the decoder layers of a Hugging Face Llama under
+    a real deepspeed.initialize, tp 1 and tp 2 on 2 gloo processes, against the memory model's activations."""
+    from trainready.plan.memory import activation_parts
+
+    setups, _ = autotp_rows(catalog)
+    measured = {name: float(words[0]) for name, words in rows_ok(recipe_rows, setups).items()}
     for name, s in setups.items():
         saved, layer, _, _ = activation_parts(s)
         assert saved == TINY.num_layers * layer  # no recompute: every layer's activations for one micro-batch
@@ -713,17 +736,7 @@ DEEPSPEED_ROWS = {  # name: (the row's job, what the worker builds: RECIPE_LORA_
 }
 
 
-def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, catalog):
-    """Issue 28: every kind of DeepSpeed row `plan` recommends for the seed questions (7B-72B full on ZeRO-1/2/3, with
-    optimizer and parameter offload, LoRA and QLoRA on DDP and ZeRO-3, Mixtral's LoRA and QLoRA on ZeRO-3, AutoTP
-    tp 2 on ZeRO-1 and ZeRO-3) through its JSON and command: a Hugging Face Llama or Mixtral (PEFT LoRA where the row
-    says so; for QLoRA the base saved and loaded
-    again 4-bit by bitsandbytes with the note's BitsAndBytesConfig) under a real deepspeed.initialize on 2 gloo
-    processes, the JSON's "auto" filled by transformers as the Trainer does, and the loss on a fixed batch falls.
-    One torchrun runs them all (recipe_worker.run_rows: the imports once). AutoTP's batch assertion counts every
-    rank, so a JSON whose train_batch_size counted only data-parallel ranks would not start."""
-    for module in ("deepspeed", "transformers", "peft", "bitsandbytes", "accelerate"):
-        need(module)
+def deepspeed_rows(catalog) -> list[dict]:
     from recipe_worker import QLORA_BASE
 
     rows = []
@@ -736,9 +749,20 @@ def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(tmp_path, ca
             assert all(f"{k}={v!r}" in note or f"{k}={v}" in note for k, v in QLORA_BASE.items()), note
         rows.append({"name": name, "kind": "deepspeed-hf", "recipe": r, "seq": s.seq_len, "flags": trainer_words(r),
                      "env": env})
-    results = run_rows(tmp_path, rows)
-    assert set(results) == set(DEEPSPEED_ROWS)
-    trained(results)
+    return rows
+
+
+def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(recipe_rows, catalog):
+    """Issue 28: every kind of DeepSpeed row `plan` recommends for the seed questions (7B-72B full on ZeRO-1/2/3, with
+    optimizer and parameter offload, LoRA and QLoRA on DDP and ZeRO-3, Mixtral's LoRA and QLoRA on ZeRO-3, AutoTP
+    tp 2 on ZeRO-1 and ZeRO-3) through its JSON and command: a Hugging Face Llama or Mixtral (PEFT LoRA where the row
+    says so; for QLoRA the base saved and loaded
+    again 4-bit by bitsandbytes with the note's BitsAndBytesConfig) under a real deepspeed.initialize on 2 gloo
+    processes, the JSON's "auto" filled by transformers as the Trainer does, and the loss on a fixed batch falls.
+    One torchrun runs them all (recipe_worker.run_rows: the imports once). AutoTP's batch assertion counts every
+    rank, so a JSON whose train_batch_size counted only data-parallel ranks would not start."""
+    assert [row["name"] for row in deepspeed_rows(catalog)] == list(DEEPSPEED_ROWS)  # the QLoRA notes checked there
+    trained(rows_ok(recipe_rows, DEEPSPEED_ROWS))
 
 
 def test_qlora_base_weighs_what_bitsandbytes_stores(tmp_path, catalog):
@@ -803,7 +827,7 @@ def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, cat
         s = resolve(JobSpec(model_spec=TINY_MOE, gpu="h100", seq_len=32, global_batch=8, micro_batch=2, **job), catalog)
         (tmp_path / f"{name}.args").write_text(recipe_for(s, "megatron").config)
         setups.setdefault(job["gpus"], {})[f"{name}.args"] = s
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{HERE}{os.pathsep}{EXIT_FAST}"}
     for ranks, group in setups.items():  # one torchrun per world size
         proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                           str(HERE / "megatron_worker.py"), *group], tmp_path, env)
@@ -854,17 +878,27 @@ def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
     assert titan.CONFIGS.get("llama-3-8b") is None  # torchtitan's llama3 flavors scale RoPE as Llama 3.1 does
 
 
-def test_deepspeed_autoep_is_refused_because_it_does_not_start(tmp_path, catalog):
-    """DeepSpeed 0.19.8's AutoEP fails at deepspeed.initialize with transformers 5.23 (a TypeError in its output
-    recorder patch), so the recipe refuses EP rows and `plan` gives them to torchtitan or Megatron. If this run
-    starts one day, the refusal (deepspeed.AUTOEP_DOES_NOT_START) must go."""
-    need("deepspeed")
-    need("transformers")
+def autoep_row(catalog) -> dict:
     moe = ModelSpec(name="tiny-moe", family="mixtral", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
                     num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
                     moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
-    s = resolve(JobSpec(model_spec=moe, gpu="h100", gpus=2, strategy="zero2", ep=2), catalog)
+    s = resolve(JobSpec(model_spec=moe, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
+                        strategy="zero2", ep=2), catalog)
     assert "does not initialize with transformers" in framework_for(s, "deepspeed")[1]
-    run_two(tmp_path, catalog, "deepspeed", "deepspeed-hf", worker_env={"RECIPE_MOE": "1"},
-            expect_fail="_CanRecordRegistry.get() takes 2 positional arguments", model_spec=moe, strategy="zero2",
-            ep=2)
+    r = deepspeed.recipe(s)  # the refused JSON, as it would be written
+    return {"name": "autoep", "kind": "deepspeed-hf", "recipe": r, "seq": s.seq_len,
+            "flags": trainer_words(r) if deepspeed.hf_trainer(s) else [], "env": {"RECIPE_MOE": "1"},
+            "expect": "_CanRecordRegistry.get() takes 2 positional arguments"}
+
+
+def test_deepspeed_autoep_is_refused_because_it_does_not_start(recipe_rows, catalog):
+    """DeepSpeed 0.19.8's AutoEP fails at deepspeed.initialize with transformers 5.23 (a TypeError in its output
+    recorder patch), so the recipe refuses EP rows and `plan` gives them to torchtitan or Megatron. If this run
+    starts one day, the refusal (deepspeed.AUTOEP_DOES_NOT_START) must go. Both ranks fail with that error (the
+    shared run's last row)."""
+    autoep_row(catalog)  # the refusal's reason, checked there
+    lines = recipe_rows["lines"].get("autoep", [])
+    assert sorted(ln.split()[3] for ln in lines if ln.startswith("refused autoep rank")) == ["0:", "1:"], \
+        (lines, recipe_rows["stderr"])
+
+

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from run_helpers import SRC, TINY_GPT, digest, env_for_run, kill_launcher, records, run, run_cmd, start, wait_for
+from run_helpers import SMALL_MODEL, SRC, TINY_GPT, digest, env_for_run, kill_launcher, records, run, run_cmd, start, wait_for
 
 from trainready.plan.job import JobSpec, save_job
 from trainready.run.budget import EXIT_JITTER
@@ -248,10 +248,10 @@ def test_archive_problems_are_found_before_start(tmp_path, moto, case):
 
 
 def test_plain_python_without_launcher(tmp_path):
-    code, out = run([sys.executable, str(TINY_GPT), "--steps", "4"], tmp_path, timeout=120)
+    code, out = run([sys.executable, str(TINY_GPT), "--steps", "4", *SMALL_MODEL], tmp_path, timeout=120)
     assert code == 0 and digest(out), out[-2000:]
     assert list((tmp_path / "checkpoints").glob("step-000000000003-*"))
-    code, out = run([sys.executable, str(TINY_GPT), "--steps", "6"], tmp_path, timeout=120)
+    code, out = run([sys.executable, str(TINY_GPT), "--steps", "6", *SMALL_MODEL], tmp_path, timeout=120)
     assert code == 0 and "starting at step 4" in out
 
 
