@@ -49,7 +49,8 @@ browser:
 # 10 min 3 s with three, measured 2026-12-06). `pytest tests/x.py` alone still runs in one process.
 # worksteal: a worker that runs out takes queued tests from the others, so the long torchrun tests do not leave
 # a core idle at the end. --durations=10: every run lists its ten slowest tests, the ones to share or shorten.
-XDIST_WORKERS = $(shell $(PYTHON) -c 'import os; print(min(len(os.sched_getaffinity(0)) + 1, 4))' 2>/dev/null || echo 2)
+XDIST_WORKERS = $(or $(shell $(BIN)/python -c 'import os; f = getattr(os, "sched_getaffinity", None); \
+  print(min((len(f(0)) if f else os.cpu_count() or 1) + 1, 4))' 2>/dev/null),2)
 test: $(VENV)/.dev $(if $(CI),browser)
 	$(BIN)/python -m pytest -q -n $(XDIST_WORKERS) --dist worksteal --durations=10
 

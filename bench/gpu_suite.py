@@ -477,6 +477,7 @@ def grouped_gemms(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, plan
             if clock.out() and not first:
                 sec["skipped"].append({"what": what, "reason": f"section time budget ({clock.budget_s:.0f} s) reached"})
                 continue
+            first = False  # before the set-up: a first shape that fails does not carry the exemption on
             try:
                 a = torch.randn(experts * rows, k, device=dev, dtype=torch.bfloat16)
                 w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
@@ -497,7 +498,6 @@ def grouped_gemms(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, plan
                         grouped_ok = True
                         methods.append(("grouped_mm", fn, how))
                 methods.append(("loop", loop, f"{experts} torch.mm calls"))
-                first = False
                 flops = 2 * experts * rows * k * n
                 for method, fn, how in methods:
                     seconds = timed(fn, cuda, sz.row_s, sz.max_iters, sz.warmup, sz.min_iters)

@@ -9,6 +9,8 @@ Results are JSON: what the tests compare (names, numbers, lines), never a live o
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +22,14 @@ from filelock import FileLock
 _made: dict[str, dict[str, Any]] = {}  # without xdist (or for a second test on the same worker): kept here too
 
 
-def shared_result(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str,
-                  make: Callable[[Path], Any]) -> Any:
-    """`make(folder)`'s JSON result, made once per session for every worker (`worker_id`: xdist's fixture).
-    A failure inside `make` fails every test that asks, with the first failure's text."""
+def shared_result(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any],
+                  worker_id: str | None = None) -> Any:
+    """`make(folder)`'s JSON result, made once per session for every worker (`worker_id`: xdist's worker, read from
+    PYTEST_XDIST_WORKER, so this works with xdist not loaded too). A failure inside `make` fails every test that
+    asks, with the first failure's text."""
+    worker = worker_id if worker_id is not None else os.environ.get("PYTEST_XDIST_WORKER", "master")
     if name not in _made:
-        if worker_id == "master":  # one process: its own base folder is this session's alone
+        if worker == "master":  # one process: its own base folder is this session's alone
             _made[name] = _make(tmp_path_factory.mktemp(name), make)
         else:  # the base folder's parent is this session's, shared by its workers
             root = tmp_path_factory.getbasetemp().parent / "shared-runs"
@@ -34,10 +38,8 @@ def shared_result(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name
             with FileLock(str(stored) + ".lock"):
                 if stored.is_file():
                     _made[name] = json.loads(stored.read_text())
-                else:
-                    folder = root / name
-                    folder.mkdir()
-                    _made[name] = _make(folder, make)
+                else:  # a folder of its own: one left by a worker that died while making it is not reused
+                    _made[name] = _make(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root)), make)
                     stored.write_text(json.dumps(_made[name]))
     outcome = _made[name]
     if not outcome["ok"]:

@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from run_helpers import SRC, TINY_GPT, digest, records, run, run_cmd
+from run_helpers import EXIT_FAST, SRC, TINY_GPT, digest, records, run, run_cmd
 
 from trainready.errors import UsageError
 from trainready.run.exporters import Exporter, ExportSink, parse_log_to, step_scalars
@@ -117,7 +117,8 @@ def test_every_step_once_in_each_backend_across_a_resume_and_a_failing_exporter(
     inject = tmp_path / "inject"
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(FAULT)
-    code, out = run(cmd, tmp_path, env={"TRAINREADY_MAX_STEPS": "6", "PYTHONPATH": f"{inject}{os.pathsep}{SRC}"})
+    path = os.pathsep.join([EXIT_FAST, str(inject), str(SRC)])  # exit_fast runs the injected sitecustomize after it
+    code, out = run(cmd, tmp_path, env={"TRAINREADY_MAX_STEPS": "6", "PYTHONPATH": path})
     assert code == 0, out[-3000:]  # training went on: all 6 steps, a clean stop
     assert [r["step"] for r in records(run_dir) if r["type"] == "step"] == list(range(6))
     assert out.count("warning: --log-to") == 1 and out.count("--log-to wandb failed after step 3") == 1, out[-3000:]

@@ -603,34 +603,70 @@ def run_rows(folder: Path, rows: list[dict]) -> dict:
 
 
 def rows_ok(run: dict, names) -> dict[str, list[str]]:
-    """{name: the words after "ok NAME"} for `names`; fails naming every one of them that failed or gave no result
-    (a row that fails ends the shared run: the rows after it give none)."""
-    results = {name: run["lines"].get(name, ["no result"])[0].split() for name in names}
-    failed = {name: " ".join(words) for name, words in results.items() if words[0] != "ok"}
-    assert not failed, (failed, run["returncode"], run["stderr"])
-    return {name: words[2:] for name, words in results.items()}
+    """{name: the words after "ok NAME"} for `names`; fails naming every one of them that failed on any rank or gave
+    no result (a row that fails ends the shared run: the rows after it give none), and on a run that did not exit 0
+    (rank 0 may print "ok" for a row that rank 1 then fails)."""
+    lines = {name: run["lines"].get(name) or ["no result"] for name in names}
+    failed = {name: got for name, got in lines.items() if len(got) != 1 or not got[0].startswith("ok ")}
+    assert not failed and run["returncode"] == 0, (failed, run["returncode"], run["stderr"])
+    return {name: got[0].split()[2:] for name, got in lines.items()}
 
 
-def shared_rows(tmp_path_factory, worker_id, catalog) -> dict:
+def test_a_row_counts_only_when_every_rank_ran_it_and_the_run_exited_0():
+    """Review: rank 0 printing "ok" for a row that rank 1 then failed read as a pass."""
+    good = {"lines": {"x": ["ok x 4.9 1.2"], "xy": ["ok xy 1 0"]}, "returncode": 0, "stderr": ""}
+    assert rows_ok(good, ["x"]) == {"x": ["4.9", "1.2"]}
+    for bad in ({**good, "lines": {"x": ["ok x 4.9 1.2", "fail x rank 1: boom"]}}, {**good, "returncode": 1},
+                {**good, "lines": {"xy": ["ok xy 1 0"]}}):
+        with pytest.raises(AssertionError):
+            rows_ok(bad, ["x"])
+
+
+ROW_MODULES = {  # what each group of the shared run needs installed (a missing one leaves its rows out)
+    "deepspeed": ("deepspeed", "transformers", "peft", "bitsandbytes", "accelerate"),
+    "torchtitan": ("torchtitan.config",),
+}
+
+
+def installed(group: str) -> bool:
+    return all(importlib.util.find_spec(m.split(".")[0]) is not None for m in ROW_MODULES[group])
+
+
+def shared_rows(tmp_path_factory, catalog) -> dict:
     """Every row the DeepSpeed and torchtitan tests below train, in one torchrun made once for the whole session
     (shared_runs): each test's own run used to import torch, DeepSpeed, transformers and torchtitan again on two
-    processes, about 15 s of CPU a test. The refused AutoEP row comes last (it ends the run)."""
+    processes, about 15 s of CPU a test. The refused AutoEP row comes last (it ends the run). A group whose modules
+    are not installed is left out (its tests skip, saying which)."""
     def make(folder: Path) -> dict:
-        # AutoTP's tp 2 leaves DeepSpeed's model-parallel groups set for the rows after it in this process ("'NoneType'
-        # object has no attribute 'get_model_parallel_rank'" in a tp 1 row): every tp 2 row comes after the others
-        saved, ds = autotp_rows(catalog)[1], deepspeed_rows(catalog)
-        tp2 = [row for row in ds if row["name"].startswith("autotp2-")]
-        rows = [saved[0], *(row for row in ds if row not in tp2), zero2_plain_row(catalog), *titan_rows(catalog)[1],
-                saved[1], *tp2, autoep_row(catalog)]
-        return run_rows(folder, rows)
-    for module in ("deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "torchtitan.config"):
-        need(module)
-    return shared_result(tmp_path_factory, worker_id, "recipe-rows", make)
+        rows: list[dict] = []
+        if installed("deepspeed"):
+            # AutoTP's tp 2 leaves DeepSpeed's model-parallel groups set for the rows after it in this process
+            # ("'NoneType' object has no attribute 'get_model_parallel_rank'" in a tp 1 row): tp 2 rows come last
+            saved, ds = autotp_rows(catalog)[1], deepspeed_rows(catalog)
+            tp2 = [row for row in ds if row["name"].startswith("autotp2-")]
+            rows += [saved[0], *(row for row in ds if row not in tp2), zero2_plain_row(catalog)]
+            tail = [saved[1], *tp2, autoep_row(catalog)]
+        else:
+            tail = []
+        if installed("torchtitan"):
+            rows += titan_rows(catalog)[1]
+        return run_rows(folder, rows + tail)
+    return shared_result(tmp_path_factory, "recipe-rows", make)
 
 
 @pytest.fixture
-def recipe_rows(tmp_path_factory, worker_id, catalog) -> dict:
-    return shared_rows(tmp_path_factory, worker_id, catalog)
+def deepspeed_run(tmp_path_factory, catalog) -> dict:
+    """The shared run, for a test of its DeepSpeed rows (skipped, saying which, without the group's modules)."""
+    for module in ROW_MODULES["deepspeed"]:
+        need(module)
+    return shared_rows(tmp_path_factory, catalog)
+
+
+@pytest.fixture
+def titan_run(tmp_path_factory, catalog) -> dict:
+    for module in ROW_MODULES["torchtitan"]:
+        need(module)
+    return shared_rows(tmp_path_factory, catalog)
 
 
 def trained(results: dict[str, list[str]]) -> None:
@@ -655,7 +691,7 @@ def titan_rows(catalog) -> tuple[dict, list[dict]]:
     return setups, rows
 
 
-def test_the_torchtitan_rows_train_on_two_gloo_processes(recipe_rows, catalog):
+def test_the_torchtitan_rows_train_on_two_gloo_processes(titan_run, catalog):
     """The torchtitan recipe on 2 gloo processes: FSDP2 and DDP dense rows with torchtitan's own op-level and full
     recompute policies (a 2-block model), and, for issue 28, the rows `plan` gives DeepSeek-R1 (FSDP2 with expert
     parallelism, with and without CPU offload): torchtitan's own Qwen3 MoE model through its parallelize_qwen3 with
@@ -664,7 +700,7 @@ def test_the_torchtitan_rows_train_on_two_gloo_processes(recipe_rows, catalog):
     from trainready.plan.memory import _per_gpu, param_counts
 
     setups, _ = titan_rows(catalog)
-    results = rows_ok(recipe_rows, setups)
+    results = rows_ok(titan_run, setups)
     trained(results)
     for name in ("titan-moe-ep2", "titan-moe-ep2-offload"):
         # the parameter elements the fullest rank holds (FSDP2 shards over dp, the experts over ep then efsdp)
@@ -681,9 +717,9 @@ def zero2_plain_row(catalog) -> dict:
             "flags": trainer_words(r) if deepspeed.hf_trainer(s) else [], "env": {}}
 
 
-def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(recipe_rows):
+def test_deepspeed_zero2_recipe_trains_on_two_gloo_processes(deepspeed_run):
     """The ZeRO-2 JSON under a real deepspeed.initialize of a plain torch model (not the Trainer's)."""
-    trained(rows_ok(recipe_rows, ["plain-zero2"]))
+    trained(rows_ok(deepspeed_run, ["plain-zero2"]))
 
 
 def autotp_rows(catalog) -> tuple[dict, list[dict]]:
@@ -698,14 +734,14 @@ def autotp_rows(catalog) -> tuple[dict, list[dict]]:
     return setups, rows
 
 
-def test_autotp_keeps_what_its_modules_keep_on_each_rank(recipe_rows, catalog):
+def test_autotp_keeps_what_its_modules_keep_on_each_rank(deepspeed_run, catalog):
     """Tensor parallelism without sequence parallelism (DeepSpeed AutoTP, transformers' TP plans): every TP rank
     keeps the norms' tensors whole. What autograd saves inside the decoder layers of a Hugging Face Llama under
     a real deepspeed.initialize, tp 1 and tp 2 on 2 gloo processes, against the memory model's activations."""
     from trainready.plan.memory import activation_parts
 
     setups, _ = autotp_rows(catalog)
-    measured = {name: float(words[0]) for name, words in rows_ok(recipe_rows, setups).items()}
+    measured = {name: float(words[0]) for name, words in rows_ok(deepspeed_run, setups).items()}
     for name, s in setups.items():
         saved, layer, _, _ = activation_parts(s)
         assert saved == TINY.num_layers * layer  # no recompute: every layer's activations for one micro-batch
@@ -752,7 +788,7 @@ def deepspeed_rows(catalog) -> list[dict]:
     return rows
 
 
-def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(recipe_rows, catalog):
+def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(deepspeed_run, catalog):
     """Issue 28: every kind of DeepSpeed row `plan` recommends for the seed questions (7B-72B full on ZeRO-1/2/3, with
     optimizer and parameter offload, LoRA and QLoRA on DDP and ZeRO-3, Mixtral's LoRA and QLoRA on ZeRO-3, AutoTP
     tp 2 on ZeRO-1 and ZeRO-3) through its JSON and command: a Hugging Face Llama or Mixtral (PEFT LoRA where the row
@@ -762,7 +798,7 @@ def test_the_recommended_deepspeed_rows_train_on_two_gloo_processes(recipe_rows,
     One torchrun runs them all (recipe_worker.run_rows: the imports once). AutoTP's batch assertion counts every
     rank, so a JSON whose train_batch_size counted only data-parallel ranks would not start."""
     assert [row["name"] for row in deepspeed_rows(catalog)] == list(DEEPSPEED_ROWS)  # the QLoRA notes checked there
-    trained(rows_ok(recipe_rows, DEEPSPEED_ROWS))
+    trained(rows_ok(deepspeed_run, DEEPSPEED_ROWS))
 
 
 def test_qlora_base_weighs_what_bitsandbytes_stores(tmp_path, catalog):
@@ -891,14 +927,19 @@ def autoep_row(catalog) -> dict:
             "expect": "_CanRecordRegistry.get() takes 2 positional arguments"}
 
 
-def test_deepspeed_autoep_is_refused_because_it_does_not_start(recipe_rows, catalog):
+def test_deepspeed_autoep_is_refused_because_it_does_not_start(deepspeed_run, catalog):
     """DeepSpeed 0.19.8's AutoEP fails at deepspeed.initialize with transformers 5.23 (a TypeError in its output
     recorder patch), so the recipe refuses EP rows and `plan` gives them to torchtitan or Megatron. If this run
     starts one day, the refusal (deepspeed.AUTOEP_DOES_NOT_START) must go. Both ranks fail with that error (the
     shared run's last row)."""
-    autoep_row(catalog)  # the refusal's reason, checked there
-    lines = recipe_rows["lines"].get("autoep", [])
+    autoep_row(catalog)  # the refusal's reason, checked there, and on the default sequence and batch
+    moe = ModelSpec(name="tiny-moe", family="mixtral", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                    num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
+                    moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
+    s = resolve(JobSpec(model_spec=moe, gpu="h100", gpus=2, strategy="zero2", ep=2), catalog)
+    assert "does not initialize with transformers" in framework_for(s, "deepspeed")[1]
+    lines = deepspeed_run["lines"].get("autoep", [])
     assert sorted(ln.split()[3] for ln in lines if ln.startswith("refused autoep rank")) == ["0:", "1:"], \
-        (lines, recipe_rows["stderr"])
+        (lines, deepspeed_run["stderr"])
 
 

@@ -11,7 +11,20 @@ import sys
 import textwrap
 
 import pytest
-from run_helpers import SMALL_MODEL, SRC, TINY_GPT, digest, env_for_run, kill_launcher, records, run, run_cmd, start, wait_for
+from run_helpers import (
+    EXIT_FAST,
+    SMALL_MODEL,
+    SRC,
+    TINY_GPT,
+    digest,
+    env_for_run,
+    kill_launcher,
+    records,
+    run,
+    run_cmd,
+    start,
+    wait_for,
+)
 
 from trainready.plan.job import JobSpec, save_job
 from trainready.run.budget import EXIT_JITTER
@@ -276,7 +289,8 @@ def test_a_port_taken_between_torchruns_pick_and_rank0s_bind_does_not_fail_the_r
     with socket.socket() as thief:
         thief.bind(("", 0))
         thief.listen()
-        env = {"TAKEN_PORT": str(thief.getsockname()[1]), "PYTHONPATH": f"{inject}{os.pathsep}{SRC}"}
+        path = os.pathsep.join([EXIT_FAST, str(inject), str(SRC)])  # exit_fast runs the injected one after it
+        env = {"TAKEN_PORT": str(thief.getsockname()[1]), "PYTHONPATH": path}
         code, out = run(run_cmd(tmp_path / "run", "--nproc-per-node", "2", "--max-restarts", str(restarts), steps=4),
                         tmp_path, env=env)
     assert code == 0 and digest(out), out[-3000:]

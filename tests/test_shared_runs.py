@@ -32,10 +32,13 @@ def test_made_once_for_every_worker_and_a_failure_fails_each_reader_without_runn
         return {"rows": [1, 2]}
 
     monkeypatch.setattr(shared_runs, "_made", {})
-    assert shared_result(Factory(tmp_path, "gw0"), "gw0", "demo", make) == {"rows": [1, 2]}
+    assert shared_result(Factory(tmp_path, "gw0"), "demo", make, "gw0") == {"rows": [1, 2]}
     monkeypatch.setattr(shared_runs, "_made", {})  # another worker: another process, nothing in memory
-    assert shared_result(Factory(tmp_path, "gw1"), "gw1", "demo", make) == {"rows": [1, 2]}
+    assert shared_result(Factory(tmp_path, "gw1"), "demo", make, "gw1") == {"rows": [1, 2]}
     assert len(calls) == 1 and calls[0].parent == tmp_path / "shared-runs"
+    (tmp_path / "shared-runs" / "left-behind").mkdir()  # a worker killed while making "left-behind"
+    monkeypatch.setattr(shared_runs, "_made", {})
+    assert shared_result(Factory(tmp_path, "gw0"), "left-behind", make, "gw0") == {"rows": [1, 2]}
 
     def broken(folder):
         calls.append(folder)
@@ -44,15 +47,15 @@ def test_made_once_for_every_worker_and_a_failure_fails_each_reader_without_runn
     for worker in ("gw0", "gw1"):
         monkeypatch.setattr(shared_runs, "_made", {})
         with pytest.raises(pytest.fail.Exception, match="(?s)shared run .broken. failed.*rank 1 never started"):
-            shared_result(Factory(tmp_path, worker), worker, "broken", broken)
-    assert len(calls) == 2  # the failure was stored, not made again
+            shared_result(Factory(tmp_path, worker), "broken", broken, worker)
+    assert len(calls) == 3  # the failure was stored, not made again
 
 
 def test_without_xdist_it_is_made_in_this_process_in_a_folder_of_its_own(tmp_path, monkeypatch):
     monkeypatch.setattr(shared_runs, "_made", {})
     seen = []
     for _ in range(2):
-        assert shared_result(Factory(tmp_path, "master"), "master", "solo", lambda f: seen.append(f) or 7) == 7
+        assert shared_result(Factory(tmp_path, "master"), "solo", lambda f: seen.append(f) or 7, "master") == 7
     assert len(seen) == 1 and not (tmp_path / "shared-runs").exists()
 
 
