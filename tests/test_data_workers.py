@@ -122,3 +122,37 @@ def test_workers_start_with_torch_already_imported(mode, exitcode):
                           env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(exitcode)]
+
+
+KILLED_OWNER = """
+import multiprocessing.forkserver as forkserver, sys, time
+from torch.utils.data import DataLoader
+from trainready.data import ShardedDataset, worker_context
+
+if __name__ == "__main__":
+    loader = DataLoader(ShardedDataset(sys.argv[1], rank=0, world_size=1, shuffle=False), batch_size=None,
+                        num_workers=2, multiprocessing_context=worker_context())
+    it = iter(loader)
+    next(it)
+    print(forkserver._forkserver._forkserver_pid, *(w.pid for w in it._workers), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_workers_and_their_forkserver_end_when_the_training_process_is_killed(tmp_path):
+    """A forkserver-started worker is the forkserver's child, so torch's watchdog (is my parent alive?) never fired
+    and the forkserver waited on its workers: a SIGKILLed training process left all of them running (about 250 MB
+    each), one more set after every restart. Each worker now watches the process that started it."""
+    from run_helpers import alive, wait_for
+
+    pack(tmp_path / "ds", texts(300))
+    (tmp_path / "train.py").write_text(KILLED_OWNER)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "train.py"), str(tmp_path / "ds")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 3 and all(alive(p) for p in pids), pids
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    wait_for(lambda: not any(alive(p) for p in pids), 20, f"forkserver and workers {pids} to exit after the kill")

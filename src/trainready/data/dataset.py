@@ -47,6 +47,7 @@ from trainready.dist import identity
 from trainready.errors import UsageError
 from trainready.io import mismatch, verify_file
 
+from . import owner_watch
 from .assign import Run, Throughput, samples_per_rank, shard_order, simulate_buffer, span_runs, worker_span  # noqa: F401
 from .cache import SOURCE, CorruptShardError, MissingShardError, ShardCache, ShardError, cache_directory
 from .format import Format, decode, iter_members, sample_key
@@ -145,6 +146,9 @@ class ShardedDataset(IterableDataset):
         # Not a generator itself: the loaded state is consumed (and the position set) when iter()
         # is called, which is when StatefulDataLoader reads the state back for the next snapshot.
         worker, workers = _worker()
+        owner = self.__dict__.get("_owner")
+        if owner is not None and get_worker_info() is not None:
+            owner_watch.watch(owner)
         pending, self._pending = self._pending, None
         cur = self._fresh(worker, workers)
         if pending is not None and pending["epoch"] < self.epoch:
@@ -305,5 +309,6 @@ class ShardedDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:  # spawn-started workers: no clients, threads or caches across
         state = self.__dict__.copy()
-        state.update(_pid=-1, _fs=None, _cache=None, _verified=set())
+        # _owner: the process pickling us for a worker; a forkserver-started worker exits when it does (owner_watch)
+        state.update(_pid=-1, _fs=None, _cache=None, _verified=set(), _owner=os.getpid())
         return state
