@@ -156,3 +156,21 @@ def test_workers_and_their_forkserver_end_when_the_training_process_is_killed(tm
         proc.kill()
         proc.wait(timeout=30)
     wait_for(lambda: not any(alive(p) for p in pids), 20, f"forkserver and workers {pids} to exit after the kill")
+
+
+def _pickled_in_a_process_that_exits(root: str) -> bytes:
+    return pickle.dumps(ShardedDataset(root, rank=0, world_size=1, shuffle=False))
+
+
+def test_a_dataset_pickled_by_a_process_that_is_gone_still_feeds_fork_workers(tmp_path):
+    """Review: a pid carried inside the pickled dataset tied fork-started workers to the process that pickled it
+    (a pool, torch.save, an mp.Queue producer): they exited with 1 when it was gone. Workers watch the process
+    that started them instead."""
+    import multiprocessing
+
+    pack(tmp_path, texts(300))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        blob = pool.apply(_pickled_in_a_process_that_exits, (str(tmp_path),))
+    ds = pickle.loads(blob)
+    for context in ("fork", worker_context()):
+        assert len(list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context))) == 300

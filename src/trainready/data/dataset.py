@@ -146,9 +146,8 @@ class ShardedDataset(IterableDataset):
         # Not a generator itself: the loaded state is consumed (and the position set) when iter()
         # is called, which is when StatefulDataLoader reads the state back for the next snapshot.
         worker, workers = _worker()
-        owner = self.__dict__.get("_owner")
-        if owner is not None and get_worker_info() is not None:
-            owner_watch.watch(owner)
+        if get_worker_info() is not None:  # a forkserver-started worker exits with the process that started it
+            owner_watch.watch_starter()
         pending, self._pending = self._pending, None
         cur = self._fresh(worker, workers)
         if pending is not None and pending["epoch"] < self.epoch:
@@ -309,6 +308,5 @@ class ShardedDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:  # spawn-started workers: no clients, threads or caches across
         state = self.__dict__.copy()
-        # _owner: the process pickling us for a worker; a forkserver-started worker exits when it does (owner_watch)
-        state.update(_pid=-1, _fs=None, _cache=None, _verified=set(), _owner=os.getpid())
+        state.update(_pid=-1, _fs=None, _cache=None, _verified=set())
         return state

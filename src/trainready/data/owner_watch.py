@@ -6,13 +6,15 @@ children to let go of its pipe. So a training process that is SIGKILLed (a crash
 failed group, an OOM kill) left its data workers and their forkserver running for good: each holding torch and
 the data stack (about 250 MB each, measured) and its open shards, one more set after every restart.
 
-ShardedDataset records its owner's pid when it is pickled for a worker; in the worker, `watch(pid)` starts a
-daemon thread that waits on a pidfd of that process (no polling) and ends the worker when it exits. The
-forkserver then sees its pipe close and exits too. Where pidfd_open is missing (not Linux >= 5.3) the thread
-checks the pid once a second."""
+In each worker, ShardedDataset's iterator calls `watch_starter()`: a daemon thread waits on a pidfd of the
+process that started the worker (multiprocessing.parent_process(): the training process under fork, spawn and the
+forkserver alike; not a pid carried in the dataset, which a pickled copy would bring from another process) and ends
+the worker when it exits. The forkserver then sees its pipe close and exits too. Where pidfd_open is missing or
+refused the thread checks the pid once a second (a zombie counts as gone)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import select
 import threading
@@ -21,6 +23,13 @@ import time
 _watched: set[int] = set()  # owners this process already watches (a worker iterates once per epoch)
 _lock = threading.Lock()
 POLL_S = 1.0
+
+
+def watch_starter() -> None:
+    """watch() the process that started this one (a no-op where that is its parent: torch's watchdog covers it)."""
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid is not None:
+        watch(parent.pid)
 
 
 def watch(owner: int) -> None:
@@ -43,7 +52,9 @@ def watch(owner: int) -> None:
 
 def _wait(owner: int, fd: int | None) -> None:
     if fd is not None:
-        select.select([fd], [], [])  # readable when the process exits
+        poller = select.poll()  # not select.select: a descriptor past 1023 is fine here
+        poller.register(fd, select.POLLIN)
+        poller.poll()  # readable when the process exits
     else:
         while _alive(owner):
             time.sleep(POLL_S)
@@ -57,4 +68,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, another user's (a reused pid): treat as alive
         return True
-    return True
+    try:  # a killed process its parent has not reaped yet still answers kill(0): a zombie is gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
