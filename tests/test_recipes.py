@@ -914,11 +914,13 @@ def test_deepspeed_autotp_is_refused_for_moe_models(catalog):
     assert titan.CONFIGS.get("llama-3-8b") is None  # torchtitan's llama3 flavors scale RoPE as Llama 3.1 does
 
 
+AUTOEP_MOE = ModelSpec(name="tiny-moe", family="mixtral", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                       num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
+                       moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
+
+
 def autoep_row(catalog) -> dict:
-    moe = ModelSpec(name="tiny-moe", family="mixtral", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
-                    num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
-                    moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
-    s = resolve(JobSpec(model_spec=moe, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
+    s = resolve(JobSpec(model_spec=AUTOEP_MOE, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
                         strategy="zero2", ep=2), catalog)
     assert "does not initialize with transformers" in framework_for(s, "deepspeed")[1]
     r = deepspeed.recipe(s)  # the refused JSON, as it would be written
@@ -933,10 +935,7 @@ def test_deepspeed_autoep_is_refused_because_it_does_not_start(deepspeed_run, ca
     starts one day, the refusal (deepspeed.AUTOEP_DOES_NOT_START) must go. Both ranks fail with that error (the
     shared run's last row)."""
     autoep_row(catalog)  # the refusal's reason, checked there, and on the default sequence and batch
-    moe = ModelSpec(name="tiny-moe", family="mixtral", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
-                    num_kv_heads=4, ffn_hidden_size=128, max_seq_len=64, rope_theta=1e6,
-                    moe={"num_experts": 4, "experts_per_token": 2, "expert_ffn_hidden_size": 128})
-    s = resolve(JobSpec(model_spec=moe, gpu="h100", gpus=2, strategy="zero2", ep=2), catalog)
+    s = resolve(JobSpec(model_spec=AUTOEP_MOE, gpu="h100", gpus=2, strategy="zero2", ep=2), catalog)
     assert "does not initialize with transformers" in framework_for(s, "deepspeed")[1]
     lines = deepspeed_run["lines"].get("autoep", [])
     assert sorted(ln.split()[3] for ln in lines if ln.startswith("refused autoep rank")) == ["0:", "1:"], \

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import usd_per_second
-from .record_decoder import decode_launches, decode_records
 from .goodput_model import BadputCause, GoodputReport, LaunchGoodput, RankStats, RankWindow
 from .kill_cause import vanished_as
+from .record_decoder import decode_launches, decode_records
 
 WINDOWS = 60
 SLOW_SCORE = 1.05  # a rank 5% slower than the typical one is named
@@ -100,15 +100,9 @@ class _Launch:
     gone: str | None = None  # no end recorded: "killed" (same boot: SIGKILL) or "interrupted" (a reboot), else unknown
 
 
-def valid_launches(launches: list[Any], skipped: dict[str, int]) -> list[dict[str, Any]]:
-    """run.json's launches whose start and end are usable (times, the end not before the start), decoded; the
-    others are counted in `skipped` by reason."""
-    return decode_launches(launches, skipped)
-
-
 def _launch_windows(launches: list[dict[str, Any]], records: list[dict[str, Any]],
                     skipped: Counter) -> tuple[list[_Launch], str]:
-    valid = valid_launches(launches, skipped)
+    valid = decode_launches(launches, skipped)
     good = [(float(la["start_unix"]), None if la.get("end_unix") is None else float(la["end_unix"]),
              la.get("reason") if isinstance(la.get("reason"), str) else None,
              _gone(la, valid[i + 1] if i + 1 < len(valid) else None))

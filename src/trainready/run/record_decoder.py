@@ -55,9 +55,10 @@ def decode_record(record: Any, skipped: dict[str, int]) -> dict[str, Any]:
     return _decode(RECORD_MODELS.get(kind, _Record), record, skipped, f"{kind} field")
 
 
-def decode_launches(launches: Any, skipped: dict[str, int]) -> list[dict[str, Any]]:
+def decode_launches(launches: Any, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """run.json's launches that can be used (their start and end are times, the end not before the start), each
-    decoded; the others are counted in `skipped` as "launch: <why>"."""
+    decoded; the others are counted in `skipped` as "launch: <why>" (anything but a list: none)."""
+    skipped = skipped if skipped is not None else {}
     out = []
     for launch in launches if isinstance(launches, list) else []:
         try:

@@ -111,7 +111,7 @@ class RunDir:
     def read_launches(self, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
         """run.json's launches that can be used, decoded (record_decoder.decode_launches); the others counted in
         `skipped`. [] when there is no run.json; one that cannot be read is a UsageError (read_run_info)."""
-        return decode_launches(self.read_run_info().get("launches", []), skipped if skipped is not None else {})
+        return decode_launches(self.read_run_info().get("launches", []), skipped)
 
     def read_run_bytes(self) -> bytes:
         """run.json's bytes for the launcher, which rebuilds a torn one from telemetry: FileNotFoundError when

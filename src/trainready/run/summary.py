@@ -22,9 +22,10 @@ from trainready.io import redact, redact_argv, redact_json
 from trainready.plan.divergence import PlanCheck
 
 from .budget import usd_per_second
-from .goodput import compute_goodput, valid_launches
+from .goodput import compute_goodput
 from .goodput_model import GoodputReport
 from .kill_cause import vanished_as
+from .record_decoder import decode_launches
 from .records import finite
 from .run_dir import RunDir
 from .settings import node_run_dirs
@@ -189,7 +190,7 @@ def _summarize(run_dir: Path, records_out: list[dict[str, Any]] | None,
     if records_out is not None:
         records_out.extend(records)
     all_launches = info.get("launches", []) if isinstance(info.get("launches", []), list) else []
-    info = {**info, "launches": valid_launches(all_launches, {})}
+    info = {**info, "launches": decode_launches(all_launches)}
     if info_out is not None:
         info_out.update(info)
     steps = [r for r in records if r["type"] == "step"]

@@ -19,10 +19,10 @@ import shutil
 import signal
 import socket
 import threading
-import warnings
-from dataclasses import asdict, dataclass
 import uuid
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainready.clock import SYSTEM_CLOCK, Clock
@@ -70,6 +70,7 @@ class ManagerStatus:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
 
 def _option(name: str) -> property:
     def read(self: CheckpointManager) -> Any:
