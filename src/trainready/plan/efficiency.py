@@ -93,18 +93,28 @@ ARCH = {
                              attention_hd64=0.85, memory=0.80,
                              source="cuBLAS A100 GEMM reports; FlashAttention-2 paper, Fig. 4",
                              confidence="published"),
-    # Blackwell: not measured here; Hopper's fractions assumed: the optimistic end. Pessimistic:
-    # GEMM 0.68 x Hopper's, as B200 trained GPT-1.3B (mixed precision) 1.55x as fast as H200
-    # where the peaks differ 2.27x (Jarmusch & Chandrasekaran, arXiv 2512.02189); attention as
-    # FlashAttention-2's Ampere kernels if SDPA picks them: 0.62 x 312 x 1.72 / 2250 = 0.15.
-    # Check: a GPT-1.3B (hidden 2048, 24 layers, seq 2048, micro-batch 8) comes out 1.41x (the
-    # pessimistic end) to 1.92x (the point) an H200's speed here; the paper's 1.55x lies inside.
-    "blackwell": ArchEfficiency(gemm=0.75, gemm_k0=170, attention=0.63, attention_s0=1200,
+    # Blackwell: not measured here. GEMM published: torch.mm bf16 on a B200 (cuBLAS, torch 2.8 nightly
+    # with CUDA 12.8; pytorch/ao PR #2427, benchmarks/float8/bench_matmul.py, 2025-06) sustains 1.51/1.41/
+    # 1.45/1.42 PFLOP/s at 3072/4096/6144/8192 cubed: 0.67/0.63/0.65/0.63 of 2,250 -> 0.64 (the K ramp is
+    # Hopper's, assumed: cubes do not separate K). Pessimistic: 0.68 x Hopper's, as B200 trained GPT-1.3B
+    # (mixed precision) 1.55x as fast as H200 where the peaks differ 2.27x (Jarmusch & Chandrasekaran,
+    # arXiv 2512.02189); optimistic: the best cube, 0.67. Attention (assumed Hopper's): FlashAttention-4 on
+    # a B200 (Dao-AILab/flash-attention PR #2280, 2026-02, hd128 causal, seq 8192: forward 1418, backward
+    # 1209 TFLOP/s, 1,260 fwd+bwd with backward 2.5x the forward's FLOPs) is 0.56 of 2,250, where these
+    # factors give 0.63 x 8192/(8192+1200) = 0.55; pessimistic: FlashAttention-2's Ampere kernels if SDPA
+    # picks them, 0.62 x 312 x 1.72 / 2250 = 0.15 (tritonbench PR #171 measured FA2 on B200 at 315-362
+    # TFLOP/s forward, hd128, seq 1k-16k). Check: a GPT-1.3B (hidden 2048, 24 layers, seq 2048,
+    # micro-batch 8) comes out 1.41x (pessimistic), 1.81x (point) and 1.84x (optimistic) an H200's speed
+    # here; the paper's 1.55x lies inside.
+    "blackwell": ArchEfficiency(gemm=0.64, gemm_k0=170, attention=0.63, attention_s0=1200,
                                 attention_hd64=0.78, memory=0.80,
-                                source="assumed equal to Hopper (not measured)", confidence="assumed",
-                                gemm_range=(0.51, 0.75), attention_range=(0.15, 0.63),
-                                range_source="B200 vs H200 GPT-1.3B training, arXiv 2512.02189; "
-                                             "FlashAttention-2 (Ampere kernels) scaled by SM count x clock"),
+                                source="GEMM published (B200 torch.mm, pytorch/ao #2427); attention assumed "
+                                       "equal to Hopper's (FlashAttention-4 on B200 agrees)",
+                                confidence="assumed",
+                                gemm_range=(0.51, 0.67), attention_range=(0.15, 0.63),
+                                range_source="B200 vs H200 GPT-1.3B training, arXiv 2512.02189; B200 torch.mm "
+                                             "cubes, pytorch/ao #2427; FlashAttention-2 (Ampere kernels) "
+                                             "scaled by SM count x clock"),
     # Ada (L4, L40S): power-limited parts sustain a lower fraction of their tensor peak.
     # Reasoned range: datasheet peaks are at boost clock, which a 72 W (L4) or 350 W (L40S)
     # card does not hold under tensor load (pessimistic: ~30% below, 0.50); optimistic: the
