@@ -114,6 +114,28 @@ def test_winner_says_when_a_cheaper_setup_was_passed_over(catalog):
         assert why.startswith("cheapest that fits")
 
 
+def test_a_row_above_a_cheaper_one_says_why(catalog):
+    """Rows are ranked with a handicap per piece of machinery, so a row may sit above a cheaper one: it must say
+    which one and why (the table's cost column would otherwise read as unsorted). 70B on p4d: ZeRO-3 on 8 nodes
+    sits above ZeRO-3 + optimizer offload on 2 nodes, cheaper by the model."""
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=2e9), instances=["p4d.24xlarge"], top=5), catalog)
+    costs = [row.estimate.cost.total_usd for row in r.rows]
+    out_of_order = 0
+    for i, row in enumerate(r.rows):
+        cheaper_below = [j for j in range(i + 1, len(r.rows)) if costs[j] < costs[i] * (1 - 0.005)]
+        if not cheaper_below:
+            assert "for being simpler" not in row.why, row.why
+            continue
+        out_of_order += 1
+        j = cheaper_below[0]
+        lead = (1 - costs[j] / costs[i]) * 100
+        assert f"above #{j + 1} for being simpler: #{j + 1} is {lead:.0f}% cheaper" in row.why, row.why
+        below = r.rows[j].estimate.setup
+        machinery = "offload" if below.offload != "none" else "parallelism"
+        assert f"needs {machinery}" in row.why or machinery in row.why, row.why
+    assert out_of_order, [row.why for row in r.rows]  # the case this test is about occurs
+
+
 # --- advice with a way forward ------------------------------------------------------------------------
 
 def test_framework_advice_never_sends_the_user_in_a_circle(catalog):

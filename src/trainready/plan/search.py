@@ -645,12 +645,17 @@ def _comm_bound(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes
     return step.exposed_comm_s / step.step_s > 0.3
 
 
+def _machinery(s: Setup) -> list[str]:
+    """What a setup needs beyond plain data parallelism: tensor/pipeline/expert/context parallelism needs
+    Megatron-style code, offload needs host RAM and a CPU optimizer."""
+    parallel = [name for name, size in (("tensor", s.tp), ("pipeline", s.pp), ("expert", s.ep), ("context", s.cp))
+                if size > 1]
+    return ([f"{'/'.join(parallel)} parallelism"] if parallel else []) + (["offload"] if s.offload != "none" else [])
+
+
 def _adjusted(c: _Best, value: float) -> float:
-    """A score with a handicap for what a user must build or buy extra: tensor/pipeline/expert
-    parallelism needs Megatron-style code, offload needs host RAM and a CPU optimizer."""
-    model_parallel = c.setup.tp > 1 or c.setup.pp > 1 or c.setup.ep > 1 or c.setup.cp > 1
-    penalty = 1.0 + COMPLEXITY * (model_parallel + (c.setup.offload != "none"))
-    return value * penalty
+    """A score with a handicap of COMPLEXITY for each piece of machinery the setup needs (_machinery)."""
+    return value * (1.0 + COMPLEXITY * len(_machinery(c.setup)))
 
 
 def describe(s: Setup) -> str:
@@ -659,9 +664,12 @@ def describe(s: Setup) -> str:
     return f"{_nodes(s.nodes)} x {s.instance.name}, {s.strategy}{off}, {layout_text(s.tp, s.pp, s.pp_virtual, s.ep, s.expert_tp, s.cp)}"
 
 
-def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top: _Best | None = None) -> str:
+def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top: _Best | None = None,
+         passed: tuple[int, _Best] | None = None) -> str:
     """The row's reason, true by the tool's own figures. `top`: the best-scoring configuration of all that
-    fit; when the first row is not it (a simpler one within COMPLEXITY won), the first row says so."""
+    fit; when the first row is not it (a simpler one within COMPLEXITY won), the first row says so. `passed`:
+    the first row shown below this one that scores better by the model (rank, configuration): this row is
+    above it only for being simpler, and says so."""
     mem_pct = est.memory.per_gpu_gib.peak / est.memory.gpu_gib * 100
     comm_pct = est.throughput.step_breakdown_s.exposed_communication / est.throughput.step_time_s * 100
     facts = f"MFU {est.throughput.mfu * 100:.0f}%, {mem_pct:.0f}% of GPU memory, {est.throughput.bottleneck}-bound"
@@ -675,6 +683,12 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
                     f"{'cheaper' if by == 'cost' else 'faster'} by the model, less than the {COMPLEXITY:.0%} per "
                     f"added piece of machinery it must beat (model error); " + facts)
         return f"{word} that fits; " + facts
+    if passed is not None:
+        below, other = passed
+        lead = (1 - other.score / best.score) * 100
+        facts = (f"above #{below} for being simpler: #{below} is {lead:.0f}% "
+                 f"{'cheaper' if by == 'cost' else 'faster'} by the model but needs {' and '.join(_machinery(other.setup))}, "
+                 f"and each added piece must win by {COMPLEXITY:.0%} (model error); " + facts)
     if by == "cost":
         rel = (best.score / first.score - 1) * 100 if first.score not in (0, float("inf")) else 0
         speed = first.step.tokens_per_s and best.step.tokens_per_s / first.step.tokens_per_s
@@ -767,10 +781,14 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         if _adjusted(top, 1.0) <= _adjusted(ranked[0], 1.0):
             top = None
     rows: list[PlanRow] = []
-    for i, c in enumerate(ranked[: req.top], start=1):
+    shown_best = ranked[: req.top]
+    for i, c in enumerate(shown_best, start=1):
         est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,
                        memory_margin=req.memory_margin)
-        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top),
+        # a row shown below that is better by the model (ranked under this one only by the handicap)
+        passed = next(((j, d) for j, d in enumerate(shown_best[i:], start=i + 1) if d.score < c.score * (1 - TIE)),
+                      None)
+        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top, passed=passed),
                             framework=framework_for(c.setup, req.framework)[0], estimate=est))
     shown = {r.estimate.setup.instance for r in rows}
     others: list[Alternative] = []
