@@ -26,6 +26,11 @@ stacks) on a torch release the source names and that release predates cuDNN as S
 Hopper/Blackwell (torch 2.11, plan/stacks.py), the row is estimated with `--attention-kernel flash2`, the
 kernel that release ran; a row whose torch is not published keeps the stack's kernel.
 
+torch.compile (the `compile` column, from the row's framework release): "model+loss" rows (torchtitan from PR
+#1033, 2025-04, which compiles the loss with the model) are estimated with `--compile`; "model" rows (earlier
+torchtitan compiled the blocks only, the loss eager) and "yes" rows (what was compiled is not published) without:
+`--compile` changes the loss's memory only, and the blocks' compile is not an input.
+
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
 Usage: python bench/plan_accuracy_2024.py [--rows]
@@ -148,6 +153,8 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["attention_kernel"] = kernel
     if r["reduce_dtype"] in ("fp32", "bf16"):
         kw["reduce_dtype"] = r["reduce_dtype"]
+    if r["compile"] == "model+loss":  # torchtitan from PR #1033 (2025-04) compiles the loss with the model
+        kw["torch_compile"] = True
     return JobSpec(**kw)
 
 

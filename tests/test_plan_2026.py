@@ -330,6 +330,50 @@ def test_tp_overlap_flag_on_the_command_line(tmp_path):
     assert code == 0 and "TP communication overlapped" in " ".join(out.split())  # the setup line says so
 
 
+def test_compile_counts_the_loss_as_the_compiled_graph_holds_it(catalog):
+    """--compile: the fused cross-entropy keeps the bf16 logits and their bf16 gradient (4 bytes per logit) where
+    eager torchtitan keeps an fp32 log-softmax and two fp32 gradient buffers (12); nothing else moves, speed
+    included. Under TP the vocabulary-parallel loss keeps its eager figure."""
+    from trainready.plan.memory import activation_parts
+
+    job = dict(model="llama-3.1-8b", gpu="b200", gpus=8, micro_batch=2, seq_len=8192, stack="torchtitan",
+               activation_checkpointing="selective")
+    eager, compiled = _setup(catalog, **job), _setup(catalog, **job, torch_compile=True)
+    vocab, tokens = eager.model.vocab_size, 2 * 8192
+    (saved_e, layer_e, loss_e, _), (saved_c, layer_c, loss_c, _) = activation_parts(eager), activation_parts(compiled)
+    assert (saved_e, layer_e) == (saved_c, layer_c)
+    assert loss_e - loss_c == tokens * (12 - 4) * vocab
+    est_e, est_c = estimate_setup(eager), estimate_setup(compiled)
+    assert est_c.memory.per_gpu_gib.peak < est_e.memory.per_gpu_gib.peak - 7.0
+    assert est_c.throughput.tokens_per_s == est_e.throughput.tokens_per_s
+    assert est_c.setup.torch_compile and not est_e.setup.torch_compile
+    tp = dict(job, tp=2, gpus=8)
+    assert activation_parts(_setup(catalog, **tp))[2] == activation_parts(_setup(catalog, **tp, torch_compile=True))[2]
+    # a Hugging Face loop also holds its logits in eager (14 bytes); compiled, they are the saved ones (4)
+    hf = dict(job, stack="hf-trainer")
+    assert (activation_parts(_setup(catalog, **hf))[2] - activation_parts(_setup(catalog, **hf, torch_compile=True))[2]
+            == tokens * (14 - 4) * vocab)
+
+
+def test_compile_where_the_framework_has_none_is_refused(catalog, tmp_path):
+    from cloud_stubs import invoke
+
+    with pytest.raises(UsageError, match="stack megatron has no torch.compile.*hf-trainer, deepspeed, torchtitan"):
+        _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", gpus=8, stack="megatron", torch_compile=True)
+    s = _setup(catalog, model="llama-3.1-8b", gpu="h100-80gb", gpus=8, strategy="zero1", torch_compile=True)
+    fw, why = framework_for(s, "megatron")
+    assert fw is None and "--compile" in why  # the estimate counts a compiled loss Megatron would not run
+    base = ["estimate", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus", "8", "--micro-batch", "1"]
+    code, out, err = invoke(*base, "--stack", "megatron", "--compile")
+    assert code == 2 and "stack megatron has no torch.compile" in err and "Traceback" not in err
+    code, out, err = invoke(*base, "--stack", "torchtitan", "--compile", "--save", str(tmp_path / "job.toml"))
+    assert code == 0, err
+    assert "compiled with its loss" in " ".join(out.split())
+    assert "torch_compile = true" in (tmp_path / "job.toml").read_text()
+    code, out, err = invoke("estimate", "--job", str(tmp_path / "job.toml"), "--json")
+    assert code == 0 and json.loads(out)["setup"]["torch_compile"] is True
+
+
 def test_tp_overlap_is_ignored_with_a_reason_where_it_cannot_apply(catalog):
     ds = _setup(catalog, **{**_tp_job(tp_overlap=True), "stack": "deepspeed", "strategy": "zero3"})
     assert not ds.tp_overlap and any("--tp-overlap ignored: stack deepspeed" in n for n in ds.notes)

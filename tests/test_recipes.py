@@ -80,6 +80,8 @@ CASES = {
     "qlora zero3 x 2 nodes": dict(model="llama-3.1-70b", method="qlora", strategy="zero3", gpus=16),
     "gpt3 layernorm, learned positions": dict(model="gpt3-1.3b", strategy="zero1"),
     "gemma-2 geglu": dict(model="gemma-2-9b", strategy="zero3"),
+    "zero3, compiled with its loss": dict(model="llama-3.1-8b", strategy="zero3", torch_compile=True,
+                                          activation_checkpointing="full"),
 }
 
 
@@ -128,6 +130,9 @@ def check_torchtitan(s, r):
         assert t.global_batch_size // (t.local_batch_size * s.dp) == s.grad_accum
     assert t.enable_cpu_offload == (s.offload == "optimizer+params")
     assert cfg.compile.enable_async_tensor_parallel == (s.tp > 1 and s.tp_overlap)
+    assert cfg.compile.enable == (s.torch_compile or (s.tp > 1 and s.tp_overlap))
+    if s.torch_compile:  # the estimate counts the compiled loss: torchtitan must compile it
+        assert {"model", "loss"} <= set(cfg.compile.components)
     # Trainer.Config.__post_init__ (torchtitan/trainer.py; importing it needs tensorboard, datasets and
     # triton): CUDA graphs are refused with PP and with the default expert-parallel token dispatcher
     if p.pipeline_parallel_degree > 1 or p.expert_parallel_degree > 1:
@@ -174,6 +179,7 @@ def check_deepspeed(s, r, monkeypatch):
     cfg = json.loads(r.config)
     if deepspeed.hf_trainer(s):  # the Trainer fills "auto" from the command's flags, as a Trainer script would
         cfg = trainer_filled(cfg, r, world=s.n_gpus, monkeypatch=monkeypatch)
+        assert ("--torch_compile" in trainer_words(r)) == s.torch_compile  # a TrainingArguments flag (parsed above)
     # DeepSpeedConfig asks torch.distributed for the rank, then the mpu for the data-parallel size
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     # as deepspeed.initialize builds it: no mpu, the world from torch.distributed (every rank, TP ones included)
@@ -293,6 +299,7 @@ def check_hf_tp(s, r):
     dc = DistributedConfig(**kwargs)  # transformers' own checks of the mesh sizes
     assert (dc.tp_size, dc.dp_size, dc.pp_size, dc.ep_size) == (s.tp, s.dp, 1, getattr(s, "ep", 1))
     assert dc.fsdp_cpu_offload == (s.offload == "optimizer+params")
+    assert ("model = torch.compile(model)" in r.config.splitlines()) == s.torch_compile
     family = "gemma3_text" if s.model.family == "gemma3" else s.model.family
     config = CONFIG_MAPPING[family]()
     if s.tp > 1:

@@ -57,6 +57,7 @@ def plan(
     stack: o.StackOpt = None,
     expert_load_imbalance: o.LoadImbalance = None,
     tp_overlap: o.TpOverlap = None,
+    torch_compile: o.TorchCompile = None,
     moe_routing: o.MoeRouting = None,
     fp8_recipe: o.Fp8RecipeOpt = None,
     capacity_factor: o.CapacityFactor = None,
@@ -92,7 +93,7 @@ def plan(
                       lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
-                      tp_overlap=tp_overlap, moe_routing=moe_routing, capacity_factor=capacity_factor,
+                      tp_overlap=tp_overlap, torch_compile=torch_compile, moe_routing=moe_routing, capacity_factor=capacity_factor,
                       fp8_recipe=fp8_recipe, memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)
     memory_margin = GPU_MARGIN if job.memory_margin is None else job.memory_margin
     catalog = load_catalog(catalog_file)

@@ -97,7 +97,8 @@ def _setup_line(e: EstimateResult) -> str:
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}"
             + (f" ({s.fp8_recipe} scaling)" if s.fp8_recipe else "")
-            + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "") + ", "
+            + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "")
+            + (", compiled with its loss" if s.torch_compile else "") + ", "
             f"{'no' if s.activation_checkpointing == 'none' else s.activation_checkpointing} recompute")
 
 
@@ -179,6 +180,7 @@ def _how(e: EstimateResult) -> str:
     if s.ep > 1 or s.etp != s.tp:
         how += f", ep {s.ep} x etp {s.etp}"
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
+    how += ", compiled" if s.torch_compile else ""
     if s.activation_checkpointing != "none":
         how += f", {s.activation_checkpointing} recompute"
     if s.fp8_recipe:

@@ -148,14 +148,23 @@ def final_norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_by
 
 
 def loss_bytes_per_token(model: ModelSpec, act_bytes: int, keeps_logits: bool = True,
-                         loss_parallel: bool = False) -> int:
+                         loss_parallel: bool = False, compiled: bool = False) -> int:
     """Peak of the logits and cross-entropy buffers per token, reached as the loss is differentiated:
     the fp32 log-softmax saved for backward and two fp32 gradient buffers (12 bytes x vocab), plus the
     low-precision logits where the train step still holds them (measured on H200 with a Hugging Face
     model: 14 bytes x vocab with bf16). The forward's own peak, logits + fp32 copy + log-softmax
     (act_bytes + 8), is below either. torch's loss_parallel (vocabulary-sharded logits, per TP rank: the
     caller divides by tp) builds its backward in fresh fp32 buffers (zeros, exp of the log-softmax, their
-    sum, the product): 16 bytes x vocab beside the saved log-softmax."""
+    sum, the product): 16 bytes x vocab beside the saved log-softmax.
+
+    Compiled with the model (`compiled`; torchtitan PR #1033 compiles the loss "for a reduction of memory", and moved
+    the logits' fp32 upcast inside it, PR #551): Inductor fuses the upcast, the log-softmax and the NLL into
+    reductions that keep only per-token statistics, and their backward into one kernel that writes the gradient in
+    the logits' dtype. The graph saves the low-precision logits for backward, so the peak is those and their
+    gradient: 2 x act_bytes x vocab, counted from what the compiled graph holds (not measured here). Under
+    loss_parallel (DTensor, vocabulary-sharded) the eager figure is kept: not counted for a compiled graph."""
+    if compiled and not loss_parallel:
+        return 2 * act_bytes * model.vocab_size
     return ((act_bytes if keeps_logits else 0) + (16 if loss_parallel else 12)) * model.vocab_size
 
 

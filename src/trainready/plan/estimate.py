@@ -53,6 +53,8 @@ class SetupInfo(BaseModel):
                                                             "buffers padded to it); None: dropless, or a dense model")
     tp_overlap: bool = Field(False, description="tensor-parallel communication pipelined with the GEMMs (--tp-overlap; "
                                                 "only with tp > 1)")
+    torch_compile: bool = Field(False, description="the model and its loss compiled with torch.compile (--compile): "
+                                                   "the loss's memory as the compiled graph keeps it")
     ep: int = Field(1, description="expert-parallel size (MoE); ep x etp divides the tp x dp GPUs of a stage")
     etp: int = Field(1, description="expert tensor-parallel size (MoE): ranks each routed expert is split over "
                                     "(= tp for a dense model); etp != tp folds the expert grid over the attention "
@@ -323,6 +325,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
                         etp=s.expert_tp,
                         pp_virtual=s.pp_virtual, cp=s.cp, tp_overlap=s.tp_overlap and s.tp > 1,
+                        torch_compile=s.torch_compile,
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
                         fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,

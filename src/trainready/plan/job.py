@@ -100,6 +100,11 @@ class JobSpec(BaseModel):
     tp_overlap: bool | None = Field(None, description="tensor-parallel communication overlapped with the GEMMs (Megatron's "
                                                  "--tp-comm-overlap, torchtitan's async TP) where the stack has it; "
                                                  "None: off, as in both frameworks")
+    torch_compile: bool | None = Field(None, description="the model and its loss compiled with torch.compile as the "
+                                                         "stack's framework applies it (torchtitan --compile.enable, "
+                                                         "the Trainer's --torch_compile): the cross-entropy fused, "
+                                                         "its fp32 buffers never materialized (plan/activations.py); "
+                                                         "speed as the stack's kernels; None: off")
     fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "rowwise", "mxfp8"] | None = Field(
         None, description="FP8 scaling recipe with precision fp8 (plan/efficiency.py FP8_RECIPES); None: the "
                           "stack's (megatron: delayed, Megatron-Core's default; others: tensorwise)")

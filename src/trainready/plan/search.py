@@ -39,7 +39,7 @@ from .setup import (
     resolve_model,
     tp_splits_heads,
 )
-from .stacks import STACKS, default_etp, get_stack, optimizer_dtype_of, tp_overlap_of
+from .stacks import STACKS, default_etp, get_stack, optimizer_dtype_of, torch_compile_of, tp_overlap_of
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -204,6 +204,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  stack=st.stack.name, stack_named=job.stack is not None, framework=framework,
                  tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
+                 torch_compile=torch_compile_of(job.torch_compile, st.stack),
                  fp8_recipe=fp8_recipe,
                  **moe_comm(job, model, st.stack, precision))
     return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
@@ -866,4 +867,5 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
         "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
         "tp_overlap": best.tp_overlap or None,  # None: off
+        "torch_compile": best.torch_compile or None,  # None: off
         "framework": row.framework if framework != "auto" else job.framework})  # its memory is that framework's

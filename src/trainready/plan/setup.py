@@ -27,6 +27,7 @@ from .stacks import (
     optimizer_dtype_of,
     resolve_stack,
     stack_warnings,
+    torch_compile_of,
     tp_overlap_of,
 )
 
@@ -78,6 +79,7 @@ class Setup:
     pp_virtual: int = 1  # interleaved (virtual) pipeline stages per rank: 1 is plain 1F1B
     fp8_recipe: str = "tensorwise"  # FP8 scaling recipe (efficiency.FP8_RECIPES); read only under precision fp8
     tp_overlap: bool = False  # TP collectives pipelined with the GEMMs (efficiency.TP_OVERLAP_EXPOSED)
+    torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
@@ -509,6 +511,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)
     if why:
         notes.append(why)
+    compiled = torch_compile_of(job.torch_compile, st.stack)
     recipe = fp8_recipe_of(job, st.stack, gpu, precision)
     notes += stack_warnings(st.stack, fp8_recipe=recipe if precision == "fp8" else None,
                             token_drop=model.moe is not None and model.moe.capacity_factor is not None
@@ -527,5 +530,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
                  framework=job.framework or "auto",
-                 pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=recipe,
+                 pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=recipe, torch_compile=compiled,
                  **moe_comm(job, model, st.stack, precision))

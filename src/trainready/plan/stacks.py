@@ -145,6 +145,9 @@ class Stack:
     sink_attention: Literal["kernel", "eager"] = "kernel"
     """Attention with learned sinks (gpt-oss): "kernel" where the stack's kernel applies them; "eager" where the
     model class has no SDPA path and transformers runs its eager attention (plan/attention.py)."""
+    torch_compile: str | None = None
+    """How the framework compiles the model together with its loss (--compile); None: not modelled for it (its
+    kernels are its own, or its compile leaves the loss out): --compile is refused."""
     keeps_logits: bool = True
     """The train step holds the model's low-precision logits while the loss is differentiated (Hugging Face
     models return them in their output, which the training loop keeps); False: the loop drops them before
@@ -155,6 +158,8 @@ class Stack:
     (torchao float8, whose measured peak memory equals bf16's: torchao float8 README)."""
 
 
+_TRAINER_COMPILE = ("the Trainer's --torch_compile: the model's forward, which computes the loss from the labels "
+                    "(transformers loss_utils.ForCausalLMLoss upcasts the logits inside it)")
 _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to travel by a collective all-to-all "
                         "in the activation dtype, in the compute path (as torchtitan's 'standard' dispatcher)")
 
@@ -164,7 +169,7 @@ _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to
 _TRANSFORMERS_ATTENTION = {"window_attention": "masks", "sink_attention": "eager"}
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("hf-trainer", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
+    Stack("hf-trainer", torch_compile=_TRAINER_COMPILE, kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
           description="Hugging Face Transformers Trainer: eager PyTorch modules, SDPA attention, DDP (or FSDP) "
                       "over fp32 parameters under autocast",
           source="transformers: attn_implementation defaults to 'sdpa' (modeling_utils); Trainer bf16=True runs "
@@ -176,7 +181,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           etp_source="transformers 5.23 distributed/configuration_utils.py DistributedConfig.efsdp_size: "
                      "'Experts are not tensor-parallel', efsdp = fsdp x tp / ep (ep a multiple of tp); without "
                      "ep_size the model's TP plan splits the experts"),
-    Stack("deepspeed", kernels="eager", attention_kernel="sdpa", reduce_dtype="bf16", selective="op",
+    Stack("deepspeed", torch_compile=_TRAINER_COMPILE, kernels="eager", attention_kernel="sdpa", reduce_dtype="bf16", selective="op",
           description="a Hugging Face model under DeepSpeed ZeRO with bf16 enabled",
           source="deepspeed/runtime/engine.py communication_data_type: bf16 when bf16 is enabled and "
                  "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
@@ -184,7 +189,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           deepspeed_zero_memory=True,
           etp_source="deepspeed 0.19 module_inject/auto_ep_config.py: expert_parallel.expert_tensor_parallel_size "
                      "defaults to 1 (AutoEP); AutoTP splits every linear layer without EP"),
-    Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
+    Stack("torchtitan", kernels="eager",
+          # torchtitan PR #1033 (2025-03-30, "refactor train_spec.loss_fn to build_loss_fn"): "Enable compiling the loss
+          # function ... result in reduction of memory"; CompileConfig.components defaults to ["model", "loss"]
+          torch_compile="--compile.enable (components model and loss, torchtitan's default since PR #1033, 2025-04; "
+                        "earlier releases compiled the blocks only)", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
           description="torchtitan (FSDP2/TP/PP on DTensor) as its Llama 3 configs ship: no torch.compile",
           source="torchtitan/models/llama3/train_configs/llama3_8b.toml (compile = false, [activation_checkpoint] "
                  "mode = 'selective', selective_ac_option = 'op'); config: mixed_precision_reduce = 'float32'; "
@@ -352,6 +361,18 @@ def tp_overlap_of(asked: bool | None, stack: Stack, tp: int) -> tuple[bool, str 
         return False, (f"--tp-overlap ignored: stack {stack.name} has no tensor-parallel communication overlap; "
                        f"megatron (--tp-comm-overlap) and torchtitan (async TP) have it (--stack)")
     return True, None
+
+
+def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
+    """Whether the model and its loss are compiled: a usage error where the stack's framework has no such compile
+    (Stack.torch_compile)."""
+    if not asked:
+        return False
+    if stack.torch_compile is None:
+        have = ", ".join(s.name for s in STACKS.values() if s.torch_compile)
+        raise UsageError(f"--compile: stack {stack.name} has no torch.compile of the model with its loss "
+                         f"({stack.description}); stacks that have it: {have} (--stack)")
+    return True
 
 
 def optimizer_dtype_of(asked: str | None, stack: Stack, precision: str) -> str:

@@ -156,8 +156,10 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
         a.append(("--training.dtype", "bfloat16"))  # pure bf16: no fp32 master weights
     if s.offload == "optimizer+params":
         a.append(("--training.enable_cpu_offload", True))
-    if s.tp > 1 and s.tp_overlap:  # CompileConfig.__post_init__: async TP requires --compile.enable
-        a += [("--compile.enable", True), ("--compile.enable_async_tensor_parallel", True)]
+    if s.torch_compile or (s.tp > 1 and s.tp_overlap):  # async TP requires --compile.enable (CompileConfig)
+        a.append(("--compile.enable", True))  # components default to model and loss (config/configs.py)
+    if s.tp > 1 and s.tp_overlap:
+        a.append(("--compile.enable_async_tensor_parallel", True))
     if s.pp > 1 or s.ep > 1:  # Trainer.Config refuses CUDA graphs (on by default) with PP and with the
         a.append(("--training.disable_cuda_graphs", True))  # default EP token dispatcher (trainer.py)
     a += [("--checkpoint.enable", True), ("--checkpoint.folder", "checkpoint")]
