@@ -347,6 +347,14 @@ def test_compile_counts_the_loss_as_the_compiled_graph_holds_it(catalog):
     assert est_c.memory.per_gpu_gib.peak < est_e.memory.per_gpu_gib.peak - 7.0
     assert est_c.throughput.tokens_per_s == est_e.throughput.tokens_per_s
     assert est_c.setup.torch_compile and not est_e.setup.torch_compile
+    # the speed figure says what it assumes of compile: torchtitan's factors match its compiled runs
+    eager_said = " ".join(est_e.assumptions)
+    assert "its configs' default is eager, which torchtitan measured 14% slower" in eager_said
+    assert "checked against torchtitan's published compiled runs" in " ".join(est_c.assumptions)
+    hf_said = " ".join(estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer"), torch_compile=True)).assumptions)
+    assert "speed keeps the stack's eager kernels" in hf_said
+    assert not any("torch.compile" in a for a in estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer")))
+                   .assumptions)
     tp = dict(job, tp=2, gpus=8)
     assert activation_parts(_setup(catalog, **tp))[2] == activation_parts(_setup(catalog, **tp, torch_compile=True))[2]
     # a Hugging Face loop also holds its logits in eager (14 bytes); compiled, they are the saved ones (4)

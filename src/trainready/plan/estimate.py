@@ -20,7 +20,7 @@ from .memory import GiB, MemoryResult, deepspeed_states, estimate_memory, qlora_
 from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
 from .recipes import framework_for
 from .setup import Setup
-from .stacks import resolve_stack
+from .stacks import compile_assumption, resolve_stack
 from .storage import StoragePlan, storage_plan
 
 ESTIMATE_SCHEMA_VERSION = 1
@@ -269,7 +269,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                              reduce_dtype=s.reduce_dtype)
     assumptions = [
         resolved.describe(named=s.stack_named),
-        *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method)]),
+        *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method),
+                       compile_assumption(resolved.stack, s.torch_compile)]),
         (f"memory as {s.runs_on} holds it" + (" (DeepSpeed's ZeRO: 16-bit gradients beside the fp32 ones, ZeRO-3's "
                                               "16-bit shard)" if deepspeed_states(s) else "")
          + ("" if s.framework != "auto" else ": the first framework that runs this setup (--framework to name one)")

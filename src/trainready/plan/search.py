@@ -39,7 +39,15 @@ from .setup import (
     resolve_model,
     tp_splits_heads,
 )
-from .stacks import STACKS, default_etp, get_stack, optimizer_dtype_of, torch_compile_of, tp_overlap_of
+from .stacks import (
+    STACKS,
+    compile_assumption,
+    default_etp,
+    get_stack,
+    optimizer_dtype_of,
+    torch_compile_of,
+    tp_overlap_of,
+)
 from .units import count_text, hours_text, usd_text
 
 PLAN_SCHEMA_VERSION = 1
@@ -804,6 +812,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     notes = [f"global batch {gb} sequences of {seq_len} tokens ({count_text(gb * seq_len)} tokens per step)"
              + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)"),
              stack.describe(named=job.stack is not None)]
+    if said := compile_assumption(stack.stack, bool(job.torch_compile)):
+        notes.append(said)
     own_stack = sorted({r.framework for r in rows if r.framework in ("megatron", "torchtitan")})
     if job.stack is None and own_stack:  # the row's figures assume the default stack, not that framework's
         notes.append(f"rows launched with {' and '.join(own_stack)} are estimated with the default stack's "

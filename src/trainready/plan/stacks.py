@@ -375,6 +375,29 @@ def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
     return True
 
 
+TITAN_COMPILE_SPEEDUP = 6667 / 5762
+"""torchtitan's own measurement of torch.compile on Llama 3.1 8B, FSDP on 8 H100 (benchmarks/
+llama3_h100_202412_torchtitan.md Table 1): 6,667 tokens/s/GPU compiled against 5,762 eager. Said, not applied."""
+
+
+def compile_assumption(stack: Stack, compiled: bool) -> str | None:
+    """What the speed figure assumes of torch.compile, where it matters: torchtitan's factors are checked against
+    its compiled runs; any other stack keeps its kernel class whether compiled or not."""
+    if stack.name == "torchtitan":
+        if compiled:
+            return ("torch.compile (model and loss): the loss's memory as compiled; speed as the stack's factors, "
+                    "checked against torchtitan's published compiled runs (bench/plan_accuracy_2024.py)")
+        return (f"torchtitan's speed factors are checked against its published runs with torch.compile; its "
+                f"configs' default is eager, which torchtitan measured {1 - 1 / TITAN_COMPILE_SPEEDUP:.0%} slower "
+                f"(Llama 3.1 8B on 8 H100: 5,762 against 6,667 tokens/s/GPU, benchmarks/"
+                f"llama3_h100_202412_torchtitan.md): an eager run is likely slower than this figure; give --compile "
+                f"if you compile (it counts the compiled loss's memory)")
+    if compiled:
+        return (f"torch.compile (model and loss): the loss's memory as compiled; speed keeps the stack's "
+                f"{stack.kernels} kernels (what compiling the blocks gains is not modelled)")
+    return None
+
+
 def optimizer_dtype_of(asked: str | None, stack: Stack, precision: str) -> str:
     """The master-weight and Adam dtype: the job's, else the stack's for bf16 jobs (pure bf16 has no FP8 or
     fp16 variant: their runs keep fp32 masters)."""
