@@ -352,7 +352,16 @@ def test_compile_counts_the_loss_as_the_compiled_graph_holds_it(catalog):
     assert "its configs' default is eager, which torchtitan measured 14% slower" in eager_said
     assert "checked against torchtitan's published compiled runs" in " ".join(est_c.assumptions)
     hf_said = " ".join(estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer"), torch_compile=True)).assumptions)
-    assert "speed keeps the stack's eager kernels" in hf_said
+    assert "speed keeps the eager kernels" in hf_said
+    fused = " ".join(estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer", kernels="fused"),
+                                           torch_compile=True)).assumptions)
+    assert "speed keeps the fused kernels" in fused  # the class the estimate used, --kernels included
+    # torchtitan's async TP needs torch.compile: the recipe compiles model and loss, and the estimate says so
+    atp = _setup(catalog, model="llama-3.1-70b", instance="p5.48xlarge", gpus=16, stack="torchtitan", tp=8,
+                 tp_overlap=True, micro_batch=1)
+    assert atp.compiled and not atp.torch_compile
+    assert estimate_setup(atp).setup.torch_compile
+    assert "checked against torchtitan's published compiled runs" in " ".join(estimate_setup(atp).assumptions)
     assert not any("torch.compile" in a for a in estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer")))
                    .assumptions)
     tp = dict(job, tp=2, gpus=8)
@@ -380,6 +389,26 @@ def test_compile_where_the_framework_has_none_is_refused(catalog, tmp_path):
     assert "torch_compile = true" in (tmp_path / "job.toml").read_text()
     code, out, err = invoke("estimate", "--job", str(tmp_path / "job.toml"), "--json")
     assert code == 0 and json.loads(out)["setup"]["torch_compile"] is True
+    # the file's compile is overridden on the command line; a stack without one says how out
+    code, out, err = invoke("estimate", "--job", str(tmp_path / "job.toml"), "--no-compile", "--json")
+    assert code == 0 and json.loads(out)["setup"]["torch_compile"] is False
+    code, out, err = invoke("estimate", "--job", str(tmp_path / "job.toml"), "--stack", "megatron")
+    assert code == 2 and "--no-compile" in err
+    code, out, err = invoke("estimate", "--job", str(tmp_path / "job.toml"), "--stack", "megatron", "--no-compile")
+    assert code == 0, err
+    # plan refuses before searching, whatever the instances, and says when Megatron rows were left out for it
+    with pytest.raises(UsageError, match="stack megatron has no torch.compile"):
+        plan(PlanRequest(job=JobSpec(model="llama-2-7b", tokens=1e9, stack="megatron", torch_compile=True),
+                         instances=["p4d.24xlarge"], min_gpu_mem_gib=1000), catalog)
+    r = plan(PlanRequest(job=JobSpec(model="mixtral-8x7b", tokens=2e9, torch_compile=True),
+                         instances=["p5.48xlarge"]), catalog)
+    assert r.rows and all(row.framework != "megatron" for row in r.rows)
+    assert any("no row runs on Megatron-LM" in n for n in r.notes)
+    # FP8 runs on Megatron only: with --compile nothing does, and the reason reads whole (no pointer cut out of it)
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-13b", tokens=2e9, precision="fp8", torch_compile=True),
+                         instances=["p5.48xlarge"]), catalog)
+    assert not r.rows and "megatron: Megatron-LM does not torch.compile the model with its loss (its fusions are " \
+        "Transformer Engine's); without --compile it runs this row;" in r.excluded[0].reason
 
 
 def test_tp_overlap_is_ignored_with_a_reason_where_it_cannot_apply(catalog):

@@ -270,7 +270,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     assumptions = [
         resolved.describe(named=s.stack_named),
         *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method),
-                       compile_assumption(resolved.stack, s.torch_compile)]),
+                       compile_assumption(resolved, s.compiled)]),
         (f"memory as {s.runs_on} holds it" + (" (DeepSpeed's ZeRO: 16-bit gradients beside the fp32 ones, ZeRO-3's "
                                               "16-bit shard)" if deepspeed_states(s) else "")
          + ("" if s.framework != "auto" else ": the first framework that runs this setup (--framework to name one)")
@@ -326,7 +326,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
                         etp=s.expert_tp,
                         pp_virtual=s.pp_virtual, cp=s.cp, tp_overlap=s.tp_overlap and s.tp > 1,
-                        torch_compile=s.torch_compile,
+                        torch_compile=s.compiled,
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
                         fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,

@@ -654,17 +654,35 @@ def _comm_bound(req: PlanRequest, inst: Instance, model, catalog: Catalog, nodes
     return step.exposed_comm_s / step.step_s > 0.3
 
 
-def _machinery(s: Setup) -> list[str]:
-    """What a setup needs beyond plain data parallelism: tensor/pipeline/expert/context parallelism needs
-    Megatron-style code, offload needs host RAM and a CPU optimizer."""
+def _machinery(s: Setup) -> dict[str, str]:
+    """What a setup needs beyond plain data parallelism, piece by piece (kind: what it is): tensor/pipeline/expert/
+    context parallelism needs Megatron-style code, offload needs host RAM and a CPU optimizer."""
     parallel = [name for name, size in (("tensor", s.tp), ("pipeline", s.pp), ("expert", s.ep), ("context", s.cp))
                 if size > 1]
-    return ([f"{'/'.join(parallel)} parallelism"] if parallel else []) + (["offload"] if s.offload != "none" else [])
+    pieces = {"parallelism": f"{'/'.join(parallel)} parallelism"} if parallel else {}
+    return pieces | ({"offload": "offload"} if s.offload != "none" else {})
 
 
 def _adjusted(c: _Best, value: float) -> float:
     """A score with a handicap of COMPLEXITY for each piece of machinery the setup needs (_machinery)."""
     return value * (1.0 + COMPLEXITY * len(_machinery(c.setup)))
+
+
+def _passed_over(req: PlanRequest, shown: list[_Best], i: int) -> tuple[int, _Best] | None:
+    """The first row shown below row `i` (1-based) that is better by the model and sits below only for the handicap
+    on its extra machinery: (its rank, it). None where a row's range puts it there instead (a row whose efficiency is
+    assumed is ranked by the pessimistic end, which the table does not show: a note says so)."""
+    c = shown[i - 1]
+
+    def as_shown(b: _Best) -> bool:
+        return ranking_tokens_per_s(b.setup, b.step.tokens_per_s, req.optimistic) == b.step.tokens_per_s
+
+    if not as_shown(c):
+        return None
+    for j, d in enumerate(shown[i:], start=i + 1):
+        if d.score < c.score * (1 - TIE) and as_shown(d) and set(_machinery(d.setup)) - set(_machinery(c.setup)):
+            return j, d
+    return None
 
 
 def describe(s: Setup) -> str:
@@ -695,9 +713,12 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
     if passed is not None:
         below, other = passed
         lead = (1 - other.score / best.score) * 100
-        facts = (f"above #{below} for being simpler: #{below} is {lead:.0f}% "
-                 f"{'cheaper' if by == 'cost' else 'faster'} by the model but needs {' and '.join(_machinery(other.setup))}, "
-                 f"and each added piece must win by {COMPLEXITY:.0%} (model error); " + facts)
+        mine = _machinery(best.setup)
+        extra = " and ".join(v for k, v in _machinery(other.setup).items() if k not in mine)
+        facts = (f"above #{below} for being simpler: #{below} "
+                 f"{f'is {lead:.0f}% cheaper' if by == 'cost' else f'takes {lead:.0f}% less time'} by the model but "
+                 f"needs {extra}, and the ranking charges {COMPLEXITY:.0%} per piece of machinery (model error); "
+                 + facts)
     if by == "cost":
         rel = (best.score / first.score - 1) * 100 if first.score not in (0, float("inf")) else 0
         speed = first.step.tokens_per_s and best.step.tokens_per_s / first.step.tokens_per_s
@@ -736,6 +757,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     if req.calibration is not None:  # a calibration is for one stack: another's factors would mislead
         check_stack(req.calibration, stack.stack.name)
     check_fp8_recipe_precision(job, job.precision)
+    torch_compile_of(job.torch_compile, stack.stack)  # a stack without one is exit 2 before any search
     if not stack.stack.has_recipe:
         raise UsageError(f"--stack {stack.stack.name} estimates runs of {stack.stack.description.split(':')[0]}, "
                          f"which trainready does not launch (no recipe): use `trainready estimate --stack "
@@ -794,9 +816,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     for i, c in enumerate(shown_best, start=1):
         est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,
                        memory_margin=req.memory_margin)
-        # a row shown below that is better by the model (ranked under this one only by the handicap)
-        passed = next(((j, d) for j, d in enumerate(shown_best[i:], start=i + 1) if d.score < c.score * (1 - TIE)),
-                      None)
+        passed = _passed_over(req, shown_best, i)
         rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top, passed=passed),
                             framework=framework_for(c.setup, req.framework)[0], estimate=est))
     shown = {r.estimate.setup.instance for r in rows}
@@ -812,8 +832,11 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     notes = [f"global batch {gb} sequences of {seq_len} tokens ({count_text(gb * seq_len)} tokens per step)"
              + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)"),
              stack.describe(named=job.stack is not None)]
-    if said := compile_assumption(stack.stack, bool(job.torch_compile)):
+    if said := compile_assumption(stack, bool(job.torch_compile)):
         notes.append(said)
+    if job.torch_compile and req.framework in ("auto", "megatron"):
+        notes.append("--compile: no row runs on Megatron-LM, which does not torch.compile the model with its loss "
+                     "(without --compile, plan may choose it)")
     own_stack = sorted({r.framework for r in rows if r.framework in ("megatron", "torchtitan")})
     if job.stack is None and own_stack:  # the row's figures assume the default stack, not that framework's
         notes.append(f"rows launched with {' and '.join(own_stack)} are estimated with the default stack's "

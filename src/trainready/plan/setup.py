@@ -89,6 +89,12 @@ class Setup:
     framework: str = "auto"  # the one asked for (JobSpec.framework, plan's --framework) that runs_on is chosen by
 
     @property
+    def compiled(self) -> bool:
+        """The model and its loss run compiled: asked (--compile), or implied by torchtitan's async TP, which needs
+        --compile.enable (whose components default to model and loss)."""
+        return self.torch_compile or (self.stack == "torchtitan" and self.tp > 1 and self.tp_overlap)
+
+    @property
     def n_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 

@@ -371,7 +371,7 @@ def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
     if stack.torch_compile is None:
         have = ", ".join(s.name for s in STACKS.values() if s.torch_compile)
         raise UsageError(f"--compile: stack {stack.name} has no torch.compile of the model with its loss "
-                         f"({stack.description}); stacks that have it: {have} (--stack)")
+                         f"({stack.description}); stacks that have it: {have} (--stack), or --no-compile")
     return True
 
 
@@ -380,9 +380,10 @@ TITAN_COMPILE_SPEEDUP = 6667 / 5762
 llama3_h100_202412_torchtitan.md Table 1): 6,667 tokens/s/GPU compiled against 5,762 eager. Said, not applied."""
 
 
-def compile_assumption(stack: Stack, compiled: bool) -> str | None:
+def compile_assumption(resolved: Resolved, compiled: bool) -> str | None:
     """What the speed figure assumes of torch.compile, where it matters: torchtitan's factors are checked against
-    its compiled runs; any other stack keeps its kernel class whether compiled or not."""
+    its compiled runs; any other stack keeps its kernel class (or the one --kernels names) whether compiled or not."""
+    stack = resolved.stack
     if stack.name == "torchtitan":
         if compiled:
             return ("torch.compile (model and loss): the loss's memory as compiled; speed as the stack's factors, "
@@ -393,8 +394,8 @@ def compile_assumption(stack: Stack, compiled: bool) -> str | None:
                 f"llama3_h100_202412_torchtitan.md): an eager run is likely slower than this figure; give --compile "
                 f"if you compile (it counts the compiled loss's memory)")
     if compiled:
-        return (f"torch.compile (model and loss): the loss's memory as compiled; speed keeps the stack's "
-                f"{stack.kernels} kernels (what compiling the blocks gains is not modelled)")
+        return (f"torch.compile (model and loss): the loss's memory as compiled; speed keeps the "
+                f"{resolved.kernels} kernels (what compiling the blocks gains is not modelled)")
     return None
 
 

@@ -97,7 +97,7 @@ def trainer_flags(s: Setup) -> list[str]:
         flags.append(f"--{s.precision}")
     if checkpointing(s) == "full":
         flags.append("--gradient_checkpointing")
-    if s.torch_compile:  # the model's forward, its loss included
+    if s.compiled:  # the model's forward, its loss included
         flags.append("--torch_compile")
     return flags
 
@@ -178,9 +178,10 @@ def recipe(s: Setup) -> Recipe:
     if s.pp > 1:
         notes.append(f"pipeline {s.pp}: train.py builds the model as deepspeed.pipe.PipelineModule("
                      f"layers=[LayerSpec...], num_stages={s.pp}) and calls engine.train_batch(); ZeRO <= 1")
-    if s.torch_compile and not hf_trainer(s):
-        notes.append("torch.compile: engine.compile() after deepspeed.initialize (DeepSpeed's compile API), with the "
-                     "loss computed inside the compiled module")
+    if s.compiled and not hf_trainer(s):
+        notes.append("torch.compile with the loss: PipelineModule(..., loss_fn=torch.compile(loss_fn)) (the pipeline "
+                     "engine calls loss_fn outside the module's forward) and engine.compile() after "
+                     "deepspeed.initialize")
     if checkpointing(s) == "full" and not hf_trainer(s):
         notes.append("activation checkpointing: model.gradient_checkpointing_enable() (HF) before initialize")
     if s.method in ("lora", "qlora"):

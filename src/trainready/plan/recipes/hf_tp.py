@@ -100,7 +100,7 @@ def recipe(s: Setup) -> Recipe:
               f"    MODEL, distributed_config=dc, dtype={dtype})"]
     if checkpointing(s) == "full":
         lines.append("model.gradient_checkpointing_enable()")
-    if s.torch_compile:  # its forward computes the loss from the labels: compiled together
+    if s.compiled:  # its forward computes the loss from the labels: compiled together
         lines.append("model = torch.compile(model)")
     lines += ["optim = torch.optim.AdamW(model.parameters(), lr=LR)",
               f"# per step: {s.grad_accum} micro-batch(es) of {s.micro_batch} x {s.seq_len} tokens per rank"]

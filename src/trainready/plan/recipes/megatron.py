@@ -111,9 +111,9 @@ def reason(s: Setup) -> str | None:
                 "torchao's: --fp8-recipe blockwise (per-block scales) or tensorwise")
     if s.method != "full":
         return f"Megatron-LM trains all weights: no {s.method} (NeMo adds PEFT on top); use --framework deepspeed"
-    if s.torch_compile:
+    if s.compiled:
         return ("Megatron-LM does not torch.compile the model with its loss (its fusions are Transformer Engine's); "
-                "--compile: --framework torchtitan or deepspeed, or estimate without --compile")
+                "without --compile it runs this row; use --framework torchtitan or deepspeed")
     if s.strategy in ("zero2", "zero3"):
         return (f"Megatron's distributed optimizer shards optimizer states only (ZeRO-1); {s.strategy}: "
                 f"--framework deepspeed or torchtitan")

@@ -156,7 +156,7 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
         a.append(("--training.dtype", "bfloat16"))  # pure bf16: no fp32 master weights
     if s.offload == "optimizer+params":
         a.append(("--training.enable_cpu_offload", True))
-    if s.torch_compile or (s.tp > 1 and s.tp_overlap):  # async TP requires --compile.enable (CompileConfig)
+    if s.compiled:  # asked, or implied by async TP, which requires --compile.enable (CompileConfig)
         a.append(("--compile.enable", True))  # components default to model and loss (config/configs.py)
     if s.tp > 1 and s.tp_overlap:
         a.append(("--compile.enable_async_tensor_parallel", True))
@@ -219,9 +219,7 @@ def recipe(s: Setup) -> Recipe:
     if s.tp > 1:
         notes.append("tensor parallel with sequence parallel (torchtitan's default enable_sequence_parallel)")
     if s.tp > 1 and s.tp_overlap:
-        notes.append("async TP needs torch.compile (CompileConfig): the estimate keeps the stack's eager kernels, "
-                     "so the compiled run should be faster than estimated (torchtitan measured +16% from compile "
-                     "on Llama 3.1 8B, benchmarks/llama3_h100_202412_torchtitan.md)")
+        notes.append("async TP needs torch.compile (CompileConfig): model and loss compiled, as estimated")
     notes.append(batch_note(s))
     return Recipe(framework=NAME, torchrun=torchrun(s, program), env=env, config_kind="torchtitan-args",
                   config_file=ARGS_FILE, config=args, notes=notes)
