@@ -136,6 +136,32 @@ def test_a_row_above_a_cheaper_one_says_why(catalog):
     assert out_of_order, [row.why for row in r.rows]  # the case this test is about occurs
 
 
+def test_reasons_of_rows_ranked_by_a_range_say_so(catalog):
+    """A GPU whose factors are assumed is ranked by the pessimistic end of its range while the table shows the point:
+    every comparison in a reason is made on the ranked figures and says when one is a pessimistic end (B200 rows
+    read '+31% cost vs #1' beside a point cost below #1's)."""
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=2e9), instances=["p6-b200.48xlarge", "p5.48xlarge"],
+                         top=8), catalog)
+
+    def ranked(row):
+        c = row.estimate.confidence.total_usd
+        return (c.pessimistic, True) if c is not None else (row.estimate.cost.total_usd, False)
+
+    first, first_ranged = ranked(r.rows[0])
+    assert not first_ranged  # the example: a measured H100 row first
+    seen = set()
+    for i, row in enumerate(r.rows[1:], start=2):
+        cost, ranged = ranked(row)
+        said = f"{(cost / first - 1) * 100:+.0f}% cost vs #1"
+        assert said + (" (at the pessimistic end of its range, as ranked)" if ranged else ",") in row.why, row.why
+        seen.add(ranged)
+        for j in map(int, re.findall(r"above #(\d+) for being simpler", row.why)):
+            other, other_ranged = ranked(r.rows[j - 1])
+            assert f"#{j} is {(1 - other / cost) * 100:.0f}% cheaper by the model" in row.why, row.why
+            assert ("pessimistic end" in row.why.split("above #")[1]) == (ranged or other_ranged), row.why
+    assert seen == {True, False}, [row.why for row in r.rows]
+
+
 # --- advice with a way forward ------------------------------------------------------------------------
 
 def test_framework_advice_never_sends_the_user_in_a_circle(catalog):

@@ -668,21 +668,29 @@ def _adjusted(c: _Best, value: float) -> float:
     return value * (1.0 + COMPLEXITY * len(_machinery(c.setup)))
 
 
-def _passed_over(req: PlanRequest, shown: list[_Best], i: int) -> tuple[int, _Best] | None:
-    """The first row shown below row `i` (1-based) that is better by the model and sits below only for the handicap
-    on its extra machinery: (its rank, it). None where a row's range puts it there instead (a row whose efficiency is
-    assumed is ranked by the pessimistic end, which the table does not show: a note says so)."""
+def _ranked_pessimistic(req: PlanRequest, b: _Best) -> bool:
+    """The row is ranked by the pessimistic end of its range (assumed efficiency factors), not by the point
+    estimate its table row shows."""
+    return ranking_tokens_per_s(b.setup, b.step.tokens_per_s, req.optimistic) != b.step.tokens_per_s
+
+
+def _passed_over(shown: list[_Best], i: int) -> tuple[int, _Best] | None:
+    """The first row shown below row `i` (1-based) that is better by the figures the ranking uses and sits below
+    only for the handicap on its extra machinery: (its rank, it)."""
     c = shown[i - 1]
-
-    def as_shown(b: _Best) -> bool:
-        return ranking_tokens_per_s(b.setup, b.step.tokens_per_s, req.optimistic) == b.step.tokens_per_s
-
-    if not as_shown(c):
-        return None
     for j, d in enumerate(shown[i:], start=i + 1):
-        if d.score < c.score * (1 - TIE) and as_shown(d) and set(_machinery(d.setup)) - set(_machinery(c.setup)):
+        if d.score < c.score * (1 - TIE) and set(_machinery(d.setup)) - set(_machinery(c.setup)):
             return j, d
     return None
+
+
+def _pessimistic_ends(this: bool, first: bool) -> str:
+    """Which compared figures are the pessimistic ends of ranges (what the ranking used; the table shows points)."""
+    if this and first:
+        return " (both at the pessimistic end of their ranges, as ranked)"
+    if this:
+        return " (at the pessimistic end of its range, as ranked)"
+    return " (#1 at the pessimistic end of its range, as ranked)" if first else ""
 
 
 def describe(s: Setup) -> str:
@@ -692,11 +700,12 @@ def describe(s: Setup) -> str:
 
 
 def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top: _Best | None = None,
-         passed: tuple[int, _Best] | None = None) -> str:
+         passed: tuple[int, _Best, bool] | None = None, pessimistic: tuple[bool, bool] = (False, False)) -> str:
     """The row's reason, true by the tool's own figures. `top`: the best-scoring configuration of all that
     fit; when the first row is not it (a simpler one within COMPLEXITY won), the first row says so. `passed`:
     the first row shown below this one that scores better by the model (rank, configuration): this row is
-    above it only for being simpler, and says so."""
+    above it only for being simpler, and says so. `pessimistic`: whether this row and #1 are ranked by the
+    pessimistic end of a range (said beside the figures they compare)."""
     mem_pct = est.memory.per_gpu_gib.peak / est.memory.gpu_gib * 100
     comm_pct = est.throughput.step_breakdown_s.exposed_communication / est.throughput.step_time_s * 100
     facts = f"MFU {est.throughput.mfu * 100:.0f}%, {mem_pct:.0f}% of GPU memory, {est.throughput.bottleneck}-bound"
@@ -709,22 +718,26 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
             return (f"simpler than the {word}: {describe(top.setup)} is {lead:.0f}% "
                     f"{'cheaper' if by == 'cost' else 'faster'} by the model, less than the {COMPLEXITY:.0%} per "
                     f"added piece of machinery it must beat (model error); " + facts)
-        return f"{word} that fits; " + facts
+        return f"{word} that fits{_pessimistic_ends(*pessimistic)}; " + facts
     if passed is not None:
-        below, other = passed
+        below, other, other_pessimistic = passed
         lead = (1 - other.score / best.score) * 100
         mine = _machinery(best.setup)
         extra = " and ".join(v for k, v in _machinery(other.setup).items() if k not in mine)
+        ends = ("" if not (pessimistic[0] or other_pessimistic) else
+                " (at the pessimistic ends of their ranges, as ranked)" if pessimistic[0] and other_pessimistic else
+                " (this row at the pessimistic end of its range, as ranked)" if pessimistic[0] else
+                f" (#{below} at the pessimistic end of its range, as ranked)")
         facts = (f"above #{below} for being simpler: #{below} "
-                 f"{f'is {lead:.0f}% cheaper' if by == 'cost' else f'takes {lead:.0f}% less time'} by the model but "
-                 f"needs {extra}, and the ranking charges {COMPLEXITY:.0%} per piece of machinery (model error); "
+                 f"{f'is {lead:.0f}% cheaper' if by == 'cost' else f'takes {lead:.0f}% less time'} by the model{ends} "
+                 f"but needs {extra}, and the ranking charges {COMPLEXITY:.0%} per piece of machinery (model error); "
                  + facts)
     if by == "cost":
         rel = (best.score / first.score - 1) * 100 if first.score not in (0, float("inf")) else 0
         speed = first.step.tokens_per_s and best.step.tokens_per_s / first.step.tokens_per_s
-        return f"{rel:+.0f}% cost vs #1, {speed:.2f}x its speed; " + facts
+        return f"{rel:+.0f}% cost vs #1{_pessimistic_ends(*pessimistic)}, {speed:.2f}x its speed; " + facts
     rel = (best.score / first.score - 1) * 100
-    return f"{rel:+.0f}% time vs #1; " + facts
+    return f"{rel:+.0f}% time vs #1{_pessimistic_ends(*pessimistic)}; " + facts
 
 
 def _framework_only(log: _InstanceLog) -> str | None:
@@ -816,8 +829,11 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
     for i, c in enumerate(shown_best, start=1):
         est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,
                        memory_margin=req.memory_margin)
-        passed = _passed_over(req, shown_best, i)
-        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top, passed=passed),
+        passed = _passed_over(shown_best, i)
+        if passed is not None:
+            passed = (*passed, _ranked_pessimistic(req, passed[1]))
+        ends = (_ranked_pessimistic(req, c), _ranked_pessimistic(req, ranked[0]) and i > 1)
+        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top, passed=passed, pessimistic=ends),
                             framework=framework_for(c.setup, req.framework)[0], estimate=est))
     shown = {r.estimate.setup.instance for r in rows}
     others: list[Alternative] = []
