@@ -160,6 +160,17 @@ def test_reasons_of_rows_ranked_by_a_range_say_so(catalog):
             assert f"#{j} is {(1 - other / cost) * 100:.0f}% cheaper by the model" in row.why, row.why
             assert ("pessimistic end" in row.why.split("above #")[1]) == (ranged or other_ranged), row.why
     assert seen == {True, False}, [row.why for row in r.rows]
+    # #1 measured, ~ rows below it whose point may be cheaper: "cheapest" only as ranked
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e10),
+                         instances=["p4d.24xlarge", "p5.48xlarge", "p6-b200.48xlarge"], top=10), catalog)
+    if r.rows[0].why.startswith("cheapest"):
+        assert r.rows[0].why.startswith("cheapest that fits as ranked (rows marked ~ at the pessimistic end")
+    # #1 passed over a ~ configuration for being simpler: the lead is on that configuration's pessimistic end
+    for instances, label in ((["p4d.24xlarge", "p6-b200.48xlarge"], "(at the pessimistic end of its range, as ranked)"),
+                             (["p6-b200.48xlarge"], "(both at the pessimistic ends of their ranges, as ranked)")):
+        why = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e10), instances=instances, top=10),
+                   catalog).rows[0].why
+        assert not why.startswith("simpler than") or f"by the model {label}" in why, why
 
 
 # --- advice with a way forward ------------------------------------------------------------------------
@@ -435,6 +446,17 @@ def test_compile_where_the_framework_has_none_is_refused(catalog, tmp_path):
                          instances=["p5.48xlarge"]), catalog)
     assert not r.rows and "megatron: Megatron-LM does not torch.compile the model with its loss (its fusions are " \
         "Transformer Engine's); without --compile it runs this row;" in r.excluded[0].reason
+
+
+def test_flag_pairs_override_a_job_file(tmp_path):
+    from cloud_stubs import invoke
+
+    job = tmp_path / "job.toml"
+    code, _, err = invoke("estimate", "-m", "llama-2-70b", "-i", "p5.48xlarge", "--gpus", "16", "--tp", "8", "--stack",
+                          "megatron", "--tp-overlap", "--micro-batch", "1", "--tokens", "1e9", "--save", str(job))
+    assert code == 0 and "tp_overlap = true" in job.read_text(), err
+    code, out, err = invoke("estimate", "--job", str(job), "--no-tp-overlap", "--json")
+    assert code == 0 and json.loads(out)["setup"]["tp_overlap"] is False, err
 
 
 def test_tp_overlap_is_ignored_with_a_reason_where_it_cannot_apply(catalog):

@@ -23,7 +23,8 @@ HW = "Hardware"
 PAR = "Parallelism and batch"
 NUM = "Numerics"
 MEM = "Memory"
-COMPILE = "torch.compile"  # a panel of its own: the flag pair's second column would narrow the help of the others
+# flag pairs (--x/--no-x) in a panel of their own: the pair's second column would narrow every other option's help
+COMPILE = "Compile and TP overlap"
 COST = "Cost"
 OUT = "Output"
 
@@ -192,7 +193,7 @@ ReduceDType = Annotated[Optional[DType], typer.Option("--reduce-dtype", help="Gr
 KernelsOpt = Annotated[Optional[Kernels], typer.Option("--kernels", help="eager: plain PyTorch modules (Hugging Face style); fused: fused norm/activation kernels (Megatron, torch.compile). [default: the stack's]", rich_help_panel=NUM)]
 AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel", help="Attention kernel generation. [default: the stack's]", rich_help_panel=NUM)]
 StackOpt = Annotated[Optional[str], typer.Option("--stack", metavar="NAME", help=f"Training stack whose defaults set kernels, attention kernel, reduce dtype and what selective recompute means: {', '.join(STACKS)}. Explicit flags win. [default: {DEFAULT_STACK}]", rich_help_panel=NUM)]
-TpOverlap = Annotated[Optional[bool], typer.Option("--tp-overlap", help="Tensor-parallel communication pipelined with the GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP): a quarter of it stays exposed. [default: off, as in both frameworks]", rich_help_panel=PAR)]
+TpOverlap = Annotated[Optional[bool], typer.Option("--tp-overlap/--no-tp-overlap", help="Tensor-parallel communication pipelined with the GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP): a quarter of it stays exposed; --no-tp-overlap overrides a --job file. [default: off, as in both frameworks]", rich_help_panel=COMPILE)]
 TorchCompile = Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="The model and its loss compiled with torch.compile as the stack's framework does it (torchtitan --compile.enable, the Trainer's --torch_compile): the cross-entropy fused, its fp32 buffers never held. Memory only; speed follows the stack's kernels. --no-compile overrides a --job file. [default: off]", rich_help_panel=COMPILE)]
 Fp8RecipeOpt = Annotated[Optional[Fp8RecipeLabel], typer.Option("--fp8-recipe", show_choices=False, help="FP8 scaling with --precision fp8: tensorwise (current scaling), delayed, blockwise, rowwise (torchao) or mxfp8 (Blackwell). [default: the stack's: megatron delayed, else tensorwise]", rich_help_panel=NUM)]
 MoeRouting = Annotated[Optional[MoeRoutingMode], typer.Option("--moe-routing", help="Mixture-of-experts: dropless (the busiest rank sets the pace) or capacity (token-drop, expert buffers padded to --capacity-factor x the mean). [default: the model's config, dropless unless it names a capacity factor]", rich_help_panel=PAR)]

@@ -676,10 +676,11 @@ def _ranked_pessimistic(req: PlanRequest, b: _Best) -> bool:
 
 def _passed_over(shown: list[_Best], i: int) -> tuple[int, _Best] | None:
     """The first row shown below row `i` (1-based) that is better by the figures the ranking uses and sits below
-    only for the handicap on its extra machinery: (its rank, it)."""
+    only for the handicap on its extra machinery: (its rank, it). Any lead counts: the rows' own "+X% vs #1" can
+    differ by one point for a lead under TIE."""
     c = shown[i - 1]
     for j, d in enumerate(shown[i:], start=i + 1):
-        if d.score < c.score * (1 - TIE) and set(_machinery(d.setup)) - set(_machinery(c.setup)):
+        if d.score < c.score and set(_machinery(d.setup)) - set(_machinery(c.setup)):
             return j, d
     return None
 
@@ -699,13 +700,20 @@ def describe(s: Setup) -> str:
     return f"{_nodes(s.nodes)} x {s.instance.name}, {s.strategy}{off}, {layout_text(s.tp, s.pp, s.pp_virtual, s.ep, s.expert_tp, s.cp)}"
 
 
+def _pct(x: float) -> str:
+    """A lead in percent: one decimal under 1% (a lead that small still orders rows)."""
+    return f"{x:.1f}%" if x < 1 else f"{x:.0f}%"
+
+
 def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top: _Best | None = None,
-         passed: tuple[int, _Best, bool] | None = None, pessimistic: tuple[bool, bool] = (False, False)) -> str:
+         passed: tuple[int, _Best, bool] | None = None, pessimistic: tuple[bool, bool] = (False, False),
+         top_pessimistic: bool = False, ranged_below: bool = False) -> str:
     """The row's reason, true by the tool's own figures. `top`: the best-scoring configuration of all that
     fit; when the first row is not it (a simpler one within COMPLEXITY won), the first row says so. `passed`:
     the first row shown below this one that scores better by the model (rank, configuration): this row is
     above it only for being simpler, and says so. `pessimistic`: whether this row and #1 are ranked by the
-    pessimistic end of a range (said beside the figures they compare)."""
+    pessimistic end of a range (said beside the figures they compare); `top_pessimistic`: likewise for `top`;
+    `ranged_below`: a row shown below #1 is ranked by its pessimistic end (its point may be below #1's)."""
     mem_pct = est.memory.per_gpu_gib.peak / est.memory.gpu_gib * 100
     comm_pct = est.throughput.step_breakdown_s.exposed_communication / est.throughput.step_time_s * 100
     facts = f"MFU {est.throughput.mfu * 100:.0f}%, {mem_pct:.0f}% of GPU memory, {est.throughput.bottleneck}-bound"
@@ -715,10 +723,15 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
     if rank == 1:
         if top is not None and top is not best and top.score < best.score * (1 - TIE):
             lead = (1 - top.score / best.score) * 100
-            return (f"simpler than the {word}: {describe(top.setup)} is {lead:.0f}% "
-                    f"{'cheaper' if by == 'cost' else 'faster'} by the model, less than the {COMPLEXITY:.0%} per "
+            ends = ("" if not (pessimistic[0] or top_pessimistic) else
+                    " (both at the pessimistic ends of their ranges, as ranked)" if pessimistic[0] and top_pessimistic
+                    else " (this row at the pessimistic end of its range, as ranked)" if pessimistic[0] else
+                    " (at the pessimistic end of its range, as ranked)")
+            return (f"simpler than the {word}: {describe(top.setup)} is {_pct(lead)} "
+                    f"{'cheaper' if by == 'cost' else 'faster'} by the model{ends}, less than the {COMPLEXITY:.0%} per "
                     f"added piece of machinery it must beat (model error); " + facts)
-        return f"{word} that fits{_pessimistic_ends(*pessimistic)}; " + facts
+        below = " (rows marked ~ at the pessimistic end of their ranges)" if ranged_below and not pessimistic[0] else ""
+        return f"{word} that fits{_pessimistic_ends(*pessimistic)}{' as ranked' + below if below else ''}; " + facts
     if passed is not None:
         below, other, other_pessimistic = passed
         lead = (1 - other.score / best.score) * 100
@@ -729,7 +742,7 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
                 " (this row at the pessimistic end of its range, as ranked)" if pessimistic[0] else
                 f" (#{below} at the pessimistic end of its range, as ranked)")
         facts = (f"above #{below} for being simpler: #{below} "
-                 f"{f'is {lead:.0f}% cheaper' if by == 'cost' else f'takes {lead:.0f}% less time'} by the model{ends} "
+                 f"{f'is {_pct(lead)} cheaper' if by == 'cost' else f'takes {_pct(lead)} less time'} by the model{ends} "
                  f"but needs {extra}, and the ranking charges {COMPLEXITY:.0%} per piece of machinery (model error); "
                  + facts)
     if by == "cost":
@@ -833,7 +846,9 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         if passed is not None:
             passed = (*passed, _ranked_pessimistic(req, passed[1]))
         ends = (_ranked_pessimistic(req, c), _ranked_pessimistic(req, ranked[0]) and i > 1)
-        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top, passed=passed, pessimistic=ends),
+        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top, passed=passed, pessimistic=ends,
+                                             top_pessimistic=top is not None and _ranked_pessimistic(req, top),
+                                             ranged_below=any(_ranked_pessimistic(req, b) for b in shown_best[1:])),
                             framework=framework_for(c.setup, req.framework)[0], estimate=est))
     shown = {r.estimate.setup.instance for r in rows}
     others: list[Alternative] = []
