@@ -171,6 +171,17 @@ def test_reasons_of_rows_ranked_by_a_range_say_so(catalog):
         why = plan(PlanRequest(job=JobSpec(model="llama-2-70b", tokens=1e10), instances=instances, top=10),
                    catalog).rows[0].why
         assert not why.startswith("simpler than") or f"by the model {label}" in why, why
+    # "Also fits" shows each instance's point figures, as the rows do, and marks an assumed GPU's
+    from cloud_stubs import invoke
+
+    instances = ["p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge"]
+    r = plan(PlanRequest(job=JobSpec(model="llama-2-7b", tokens=1e10), top=2, instances=instances), catalog)
+    b200 = next(o for o in r.others if o.instance == "p6-b200.48xlarge")
+    assert b200.assumed and not any(o.assumed for o in r.others if o is not b200)
+    code, out, _ = invoke("plan", "-m", "llama-2-7b", "--tokens", "1e10", "--top", "2", "--instances", ",".join(instances))
+    flat = " ".join(out.split())
+    assert code == 0 and "~: assumed efficiency, ranked by the pessimistic end" in flat
+    assert f"p6-b200.48xlarge x{b200.nodes} ${b200.total_usd:,.0f}~" in flat
 
 
 # --- advice with a way forward ------------------------------------------------------------------------

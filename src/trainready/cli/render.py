@@ -219,8 +219,10 @@ def render_plan(con: Console, r: PlanResult) -> None:
             if low:
                 con.print(line("     ", ("~", "yellow"), f" {low}"))
     if r.others:
-        con.print(line(("Also fits", "bold"), " (best per instance, ranked lower): " + "; ".join(
-            f"{a.instance} x{a.nodes} {_usd(a.total_usd) if a.total_usd else ''}".strip() for a in r.others)))
+        con.print(line(("Also fits", "bold"), " (best per instance, ranked lower" + (
+            "; ~: assumed efficiency, ranked by the pessimistic end" if any(a.assumed for a in r.others) else "")
+            + "): " + "; ".join(f"{a.instance} x{a.nodes} {_usd(a.total_usd) + ('~' if a.assumed else '') if a.total_usd else ''}"
+                                .strip() for a in r.others)))
     if r.excluded:
         con.print(styled("Excluded", "bold"))
         for x in r.excluded:

@@ -120,9 +120,11 @@ class Exclusion(BaseModel):
 class Alternative(BaseModel):
     instance: str
     nodes: int
-    total_usd: float | None
-    train_hours: float | None
+    total_usd: float | None = Field(description="point estimate, as the rows show theirs")
+    train_hours: float | None = Field(description="point estimate, as the rows show theirs")
     tokens_per_s: float
+    assumed: bool = Field(False, description="its GPU's efficiency factors are assumed: the figures are the point of a "
+                                             "range, and it is ranked by the pessimistic end (marked ~ in text)")
 
 
 class Candidate(BaseModel):
@@ -856,9 +858,12 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         name = c.setup.instance.name
         if name in shown or any(o.instance == name for o in others):
             continue
-        _, usd, hours = _score(req, c.setup, c.mem, c.step.tokens_per_s)
-        others.append(Alternative(instance=name, nodes=c.setup.nodes, total_usd=usd if job.tokens else None,
-                                  train_hours=hours if job.tokens else None, tokens_per_s=c.step.tokens_per_s))
+        # the point figures, as the rows show theirs (the ranking used the pessimistic end of an assumed GPU's range)
+        point = run_cost(c.setup, c.mem.checkpoint_bytes, c.step.tokens_per_s, job.tokens or 1e9,
+                         spot_mtbf_h=req.spot_mtbf_h)
+        others.append(Alternative(instance=name, nodes=c.setup.nodes, total_usd=point.total_usd if job.tokens else None,
+                                  train_hours=point.train_h if job.tokens else None, tokens_per_s=c.step.tokens_per_s,
+                                  assumed=_ranked_pessimistic(req, c)))
     _refuse_static_conflict(req, rows, framework_whys)
     notes = [f"global batch {gb} sequences of {seq_len} tokens ({count_text(gb * seq_len)} tokens per step)"
              + ("" if job.global_batch else " (default: ~1M tokens per step; set --global-batch)"),

@@ -167,7 +167,8 @@ def plan_page(result: Any) -> str:
         page.table(["instance", "nodes", "tokens/s", "hours", "cost"],
                    [[o.instance, o.nodes, f"{o.tokens_per_s:,.0f}",
                      "-" if o.train_hours is None else f"{o.train_hours:,.1f}",
-                     "-" if o.total_usd is None else f"${o.total_usd:,.0f}"] for o in result.others], numeric={1, 2, 3, 4})
+                     "-" if o.total_usd is None else f"${o.total_usd:,.0f}" + ("~" if o.assumed else "")]
+                    for o in result.others], numeric={1, 2, 3, 4})
     page.heading("excluded", "Excluded instances")
     if result.excluded:
         page.table(["instance", "why"], [[x.instance, x.reason] for x in result.excluded])
