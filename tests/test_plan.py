@@ -73,13 +73,16 @@ def test_spot_ranking_uses_spot_prices(catalog):
 
 
 def _cheapest_by_instance(r) -> dict[str, float]:
-    """Each instance's cheapest setup as the unconstrained plan shows it (a row or "Also fits")."""
-    best: dict[str, float] = {}
+    """Each instance's cheapest setup as the unconstrained plan ranks it (a row or "Also fits"): the pessimistic end
+    of an assumed GPU's range, which rows carry in their confidence; "Also fits" shows such an instance's point
+    (None here: the limit's quote says it used the pessimistic end)."""
+    best: dict[str, float | None] = {}
     for row in r.rows:
-        name, usd = row.estimate.setup.instance, row.estimate.cost.total_usd
-        best[name] = min(best.get(name, usd), usd)
+        ranged = row.estimate.confidence.total_usd
+        name, usd = row.estimate.setup.instance, ranged.pessimistic if ranged else row.estimate.cost.total_usd
+        best[name] = min(best.get(name) or usd, usd)
     for alt in r.others:
-        best.setdefault(alt.instance, alt.total_usd)
+        best.setdefault(alt.instance, None if alt.assumed else alt.total_usd)
     return best
 
 
@@ -92,9 +95,13 @@ def test_max_usd_exclusions_quote_each_instance_true_cheapest_cost(catalog):
     for name, usd in free.items():
         # the quote is the cheapest setup of all, which the shown row may trade for a simpler one within the
         # ranking's margin: never above what the plan shows, and a limit just above it admits a row
-        m = re.search(r"costs \$([\d,.]+) > --max-usd \$10\.00", quoted[name])
+        m = re.search(r"costs \$([\d,.]+)( \(the pessimistic end of its range, which the limits use\))? > --max-usd "
+                      r"\$10\.00", quoted[name])
         assert m, (name, quoted[name])
         cheapest = float(m.group(1).replace(",", ""))
+        if usd is None:  # an assumed GPU in "Also fits": its point is shown, its pessimistic end quoted, and said
+            assert m.group(2), quoted[name]
+            continue
         assert cheapest <= usd + 0.5, (name, quoted[name], usd)
     for name in sorted(free)[:3]:
         cheapest = float(re.search(r"costs \$([\d,.]+)", quoted[name]).group(1).replace(",", ""))

@@ -599,12 +599,13 @@ def _over_limits(req: PlanRequest, over: list[_Best]) -> str:
     fastest = min(over, key=lambda c: (c.hours, c.usd if c.usd is not None else float("inf")))
     what = "costs" if req.job.tokens else "costs per 1B tokens"
     parts = []
+    ends = " (the pessimistic end of its range, which the limits use)"
     if req.max_usd is not None and cheapest is not None and cheapest.usd > req.max_usd:
-        parts.append(f"its cheapest setup ({_nodes(cheapest.setup.nodes)}) {what} {usd_text(cheapest.usd)} "
-                     f"> --max-usd {usd_text(req.max_usd)}")
+        parts.append(f"its cheapest setup ({_nodes(cheapest.setup.nodes)}) {what} {usd_text(cheapest.usd)}"
+                     f"{ends if _ranked_pessimistic(req, cheapest) else ''} > --max-usd {usd_text(req.max_usd)}")
     if req.deadline_hours is not None and fastest.hours > req.deadline_hours:
-        parts.append(f"its fastest setup ({_nodes(fastest.setup.nodes)}) takes {hours_text(fastest.hours)} "
-                     f"> --deadline-hours {req.deadline_hours:g}")
+        parts.append(f"its fastest setup ({_nodes(fastest.setup.nodes)}) takes {hours_text(fastest.hours)}"
+                     f"{ends if _ranked_pessimistic(req, fastest) else ''} > --deadline-hours {req.deadline_hours:g}")
     if parts:
         return "; ".join(parts)
     return (f"no setup is within both --max-usd {usd_text(req.max_usd)} and --deadline-hours "
