@@ -190,6 +190,12 @@ def _how(e: EstimateResult) -> str:
     return how
 
 
+def _alternative_text(a) -> str:
+    """One "Also fits" entry: instance, nodes and its point cost, ~ where its efficiency is assumed."""
+    cost = f" {_usd(a.total_usd)}{'~' if a.assumed else ''}" if a.total_usd else ""
+    return f"{a.instance} x{a.nodes}{cost}"
+
+
 def render_plan(con: Console, r: PlanResult) -> None:
     tokens = f"{count_text(r.tokens)} tokens" if r.tokens else "per 1B tokens"
     con.print(line((r.model, "bold"), f" ({r.params / 1e9:,.2f}B), {r.method}, {tokens}, ranked by {r.ranked_by}; "
@@ -219,10 +225,9 @@ def render_plan(con: Console, r: PlanResult) -> None:
             if low:
                 con.print(line("     ", ("~", "yellow"), f" {low}"))
     if r.others:
-        con.print(line(("Also fits", "bold"), " (best per instance, ranked lower" + (
-            "; ~: assumed efficiency, ranked by the pessimistic end" if any(a.assumed for a in r.others) else "")
-            + "): " + "; ".join(f"{a.instance} x{a.nodes} {_usd(a.total_usd) + ('~' if a.assumed else '') if a.total_usd else ''}"
-                                .strip() for a in r.others)))
+        said = "; ~: assumed efficiency, ranked by the pessimistic end" if any(a.assumed for a in r.others) else ""
+        con.print(line(("Also fits", "bold"), f" (best per instance, ranked lower{said}): "
+                       + "; ".join(_alternative_text(a) for a in r.others)))
     if r.excluded:
         con.print(styled("Excluded", "bold"))
         for x in r.excluded:

@@ -677,24 +677,26 @@ def _ranked_pessimistic(req: PlanRequest, b: _Best) -> bool:
     return ranking_tokens_per_s(b.setup, b.step.tokens_per_s, req.optimistic) != b.step.tokens_per_s
 
 
-def _passed_over(shown: list[_Best], i: int) -> tuple[int, _Best] | None:
+def _passed_over(req: PlanRequest, shown: list[_Best], i: int) -> tuple[int, _Best, bool] | None:
     """The first row shown below row `i` (1-based) that is better by the figures the ranking uses and sits below
-    only for the handicap on its extra machinery: (its rank, it). Any lead counts: the rows' own "+X% vs #1" can
-    differ by one point for a lead under TIE."""
+    only for the handicap on its extra machinery: (its rank, it, whether it is ranked by a pessimistic end). Any
+    lead counts: the rows' own "+X% vs #1" can differ by one point for a lead under TIE."""
     c = shown[i - 1]
     for j, d in enumerate(shown[i:], start=i + 1):
         if d.score < c.score and set(_machinery(d.setup)) - set(_machinery(c.setup)):
-            return j, d
+            return j, d, _ranked_pessimistic(req, d)
     return None
 
 
-def _pessimistic_ends(this: bool, first: bool) -> str:
-    """Which compared figures are the pessimistic ends of ranges (what the ranking used; the table shows points)."""
-    if this and first:
-        return " (both at the pessimistic end of their ranges, as ranked)"
-    if this:
-        return " (at the pessimistic end of its range, as ranked)"
-    return " (#1 at the pessimistic end of its range, as ranked)" if first else ""
+def _pessimistic_ends(this: bool, other: bool, this_label: str = "", other_label: str = "") -> str:
+    """Which of two compared figures are the pessimistic ends of ranges (what the ranking used; the table shows
+    points), each named by its label ("" : the sentence's subject)."""
+    if this and other:
+        return " (both at the pessimistic ends of their ranges, as ranked)"
+    label = this_label if this else other_label if other else None
+    if label is None:
+        return ""
+    return f" ({label + ' ' if label else ''}at the pessimistic end of its range, as ranked)"
 
 
 def describe(s: Setup) -> str:
@@ -726,24 +728,18 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
     if rank == 1:
         if top is not None and top is not best and top.score < best.score * (1 - TIE):
             lead = (1 - top.score / best.score) * 100
-            ends = ("" if not (pessimistic[0] or top_pessimistic) else
-                    " (both at the pessimistic ends of their ranges, as ranked)" if pessimistic[0] and top_pessimistic
-                    else " (this row at the pessimistic end of its range, as ranked)" if pessimistic[0] else
-                    " (at the pessimistic end of its range, as ranked)")
+            ends = _pessimistic_ends(pessimistic[0], top_pessimistic, this_label="this row")
             return (f"simpler than the {word}: {describe(top.setup)} is {_pct(lead)} "
                     f"{'cheaper' if by == 'cost' else 'faster'} by the model{ends}, less than the {COMPLEXITY:.0%} per "
                     f"added piece of machinery it must beat (model error); " + facts)
         below = " (rows marked ~ at the pessimistic end of their ranges)" if ranged_below and not pessimistic[0] else ""
-        return f"{word} that fits{_pessimistic_ends(*pessimistic)}{' as ranked' + below if below else ''}; " + facts
+        return f"{word} that fits{_pessimistic_ends(*pessimistic, other_label='#1')}{' as ranked' + below if below else ''}; " + facts
     if passed is not None:
         below, other, other_pessimistic = passed
         lead = (1 - other.score / best.score) * 100
         mine = _machinery(best.setup)
         extra = " and ".join(v for k, v in _machinery(other.setup).items() if k not in mine)
-        ends = ("" if not (pessimistic[0] or other_pessimistic) else
-                " (at the pessimistic ends of their ranges, as ranked)" if pessimistic[0] and other_pessimistic else
-                " (this row at the pessimistic end of its range, as ranked)" if pessimistic[0] else
-                f" (#{below} at the pessimistic end of its range, as ranked)")
+        ends = _pessimistic_ends(pessimistic[0], other_pessimistic, "this row", f"#{below}")
         facts = (f"above #{below} for being simpler: #{below} "
                  f"{f'is {_pct(lead)} cheaper' if by == 'cost' else f'takes {_pct(lead)} less time'} by the model{ends} "
                  f"but needs {extra}, and the ranking charges {COMPLEXITY:.0%} per piece of machinery (model error); "
@@ -751,9 +747,9 @@ def _why(rank: int, best: _Best, first: _Best, by: str, est: EstimateResult, top
     if by == "cost":
         rel = (best.score / first.score - 1) * 100 if first.score not in (0, float("inf")) else 0
         speed = first.step.tokens_per_s and best.step.tokens_per_s / first.step.tokens_per_s
-        return f"{rel:+.0f}% cost vs #1{_pessimistic_ends(*pessimistic)}, {speed:.2f}x its speed; " + facts
+        return f"{rel:+.0f}% cost vs #1{_pessimistic_ends(*pessimistic, other_label='#1')}, {speed:.2f}x its speed; " + facts
     rel = (best.score / first.score - 1) * 100
-    return f"{rel:+.0f}% time vs #1{_pessimistic_ends(*pessimistic)}; " + facts
+    return f"{rel:+.0f}% time vs #1{_pessimistic_ends(*pessimistic, other_label='#1')}; " + facts
 
 
 def _framework_only(log: _InstanceLog) -> str | None:
@@ -842,16 +838,16 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             top = None
     rows: list[PlanRow] = []
     shown_best = ranked[: req.top]
+    first_ranged = bool(ranked) and _ranked_pessimistic(req, ranked[0])
+    top_ranged = top is not None and _ranked_pessimistic(req, top)
+    ranged_below = any(_ranked_pessimistic(req, b) for b in shown_best[1:])
     for i, c in enumerate(shown_best, start=1):
         est = assemble(c.setup.with_(tokens=job.tokens), c.mem, c.step, spot_mtbf_h=req.spot_mtbf_h,
                        memory_margin=req.memory_margin)
-        passed = _passed_over(shown_best, i)
-        if passed is not None:
-            passed = (*passed, _ranked_pessimistic(req, passed[1]))
-        ends = (_ranked_pessimistic(req, c), _ranked_pessimistic(req, ranked[0]) and i > 1)
-        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top, passed=passed, pessimistic=ends,
-                                             top_pessimistic=top is not None and _ranked_pessimistic(req, top),
-                                             ranged_below=any(_ranked_pessimistic(req, b) for b in shown_best[1:])),
+        ends = (_ranked_pessimistic(req, c), first_ranged and i > 1)
+        rows.append(PlanRow(rank=i, why=_why(i, c, ranked[0], req.by, est, top=top,
+                                             passed=_passed_over(req, shown_best, i), pessimistic=ends,
+                                             top_pessimistic=top_ranged, ranged_below=ranged_below),
                             framework=framework_for(c.setup, req.framework)[0], estimate=est))
     shown = {r.estimate.setup.instance for r in rows}
     others: list[Alternative] = []
