@@ -90,9 +90,9 @@ class Setup:
 
     @property
     def compiled(self) -> bool:
-        """The model and its loss run compiled: asked (--compile), or implied by torchtitan's async TP, which needs
-        --compile.enable (whose components default to model and loss)."""
-        return self.torch_compile or (self.stack == "torchtitan" and self.tp > 1 and self.tp_overlap)
+        """The model and its loss run compiled: asked (--compile), or implied by a TP overlap that runs only compiled
+        (Stack.tp_overlap_compiles: torchtitan's async TP)."""
+        return self.torch_compile or (self.tp > 1 and self.tp_overlap and get_stack(self.stack).tp_overlap_compiles)
 
     @property
     def n_gpus(self) -> int:

@@ -148,6 +148,9 @@ class Stack:
     torch_compile: str | None = None
     """How the framework compiles the model together with its loss (--compile); None: not modelled for it (its
     kernels are its own, or its compile leaves the loss out): --compile is refused."""
+    tp_overlap_compiles: bool = False
+    """Its TP overlap (--tp-overlap) runs only compiled, so a row with it is compiled with --compile or without
+    (torchtitan's CompileConfig: async TP requires compile.enable, whose components default to model and loss)."""
     keeps_logits: bool = True
     """The train step holds the model's low-precision logits while the loss is differentiated (Hugging Face
     models return them in their output, which the training loop keeps); False: the loop drops them before
@@ -169,7 +172,8 @@ _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to
 _TRANSFORMERS_ATTENTION = {"window_attention": "masks", "sink_attention": "eager"}
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("hf-trainer", torch_compile=_TRAINER_COMPILE, kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
+    Stack("hf-trainer", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
+          torch_compile=_TRAINER_COMPILE,
           description="Hugging Face Transformers Trainer: eager PyTorch modules, SDPA attention, DDP (or FSDP) "
                       "over fp32 parameters under autocast",
           source="transformers: attn_implementation defaults to 'sdpa' (modeling_utils); Trainer bf16=True runs "
@@ -181,7 +185,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           etp_source="transformers 5.23 distributed/configuration_utils.py DistributedConfig.efsdp_size: "
                      "'Experts are not tensor-parallel', efsdp = fsdp x tp / ep (ep a multiple of tp); without "
                      "ep_size the model's TP plan splits the experts"),
-    Stack("deepspeed", torch_compile=_TRAINER_COMPILE, kernels="eager", attention_kernel="sdpa", reduce_dtype="bf16", selective="op",
+    Stack("deepspeed", kernels="eager", attention_kernel="sdpa", reduce_dtype="bf16", selective="op",
+          torch_compile=_TRAINER_COMPILE,
           description="a Hugging Face model under DeepSpeed ZeRO with bf16 enabled",
           source="deepspeed/runtime/engine.py communication_data_type: bf16 when bf16 is enabled and "
                  "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
@@ -189,11 +194,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           deepspeed_zero_memory=True,
           etp_source="deepspeed 0.19 module_inject/auto_ep_config.py: expert_parallel.expert_tensor_parallel_size "
                      "defaults to 1 (AutoEP); AutoTP splits every linear layer without EP"),
-    Stack("torchtitan", kernels="eager",
+    Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
           # torchtitan PR #1033 (2025-03-30, "refactor train_spec.loss_fn to build_loss_fn"): "Enable compiling the loss
           # function ... result in reduction of memory"; CompileConfig.components defaults to ["model", "loss"]
           torch_compile="--compile.enable (components model and loss, torchtitan's default since PR #1033, 2025-04; "
-                        "earlier releases compiled the blocks only)", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
+                        "earlier releases compiled the blocks only)", tp_overlap_compiles=True,
           description="torchtitan (FSDP2/TP/PP on DTensor) as its Llama 3 configs ship: no torch.compile",
           source="torchtitan/models/llama3/train_configs/llama3_8b.toml (compile = false, [activation_checkpoint] "
                  "mode = 'selective', selective_ac_option = 'op'); config: mixed_precision_reduce = 'float32'; "
@@ -375,9 +380,9 @@ def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
     return True
 
 
-TITAN_COMPILE_SPEEDUP = 6667 / 5762
+TITAN_EAGER_TPS, TITAN_COMPILED_TPS = 5762, 6667
 """torchtitan's own measurement of torch.compile on Llama 3.1 8B, FSDP on 8 H100 (benchmarks/
-llama3_h100_202412_torchtitan.md Table 1): 6,667 tokens/s/GPU compiled against 5,762 eager. Said, not applied."""
+llama3_h100_202412_torchtitan.md Table 1), tokens/s/GPU eager and compiled. Said, not applied."""
 
 
 def compile_assumption(resolved: Resolved, compiled: bool) -> str | None:
@@ -389,9 +394,9 @@ def compile_assumption(resolved: Resolved, compiled: bool) -> str | None:
             return ("torch.compile (model and loss): the loss's memory as compiled; speed as the stack's factors, "
                     "checked against torchtitan's published compiled runs (bench/plan_accuracy_2024.py)")
         return (f"torchtitan's speed factors are checked against its published runs with torch.compile; its "
-                f"configs' default is eager, which torchtitan measured {1 - 1 / TITAN_COMPILE_SPEEDUP:.0%} slower "
-                f"(Llama 3.1 8B on 8 H100: 5,762 against 6,667 tokens/s/GPU, benchmarks/"
-                f"llama3_h100_202412_torchtitan.md): an eager run is likely slower than this figure; give --compile "
+                f"configs' default is eager, which torchtitan measured {1 - TITAN_EAGER_TPS / TITAN_COMPILED_TPS:.0%} "
+                f"slower (Llama 3.1 8B on 8 H100: {TITAN_EAGER_TPS:,} against {TITAN_COMPILED_TPS:,} tokens/s/GPU, "
+                f"benchmarks/llama3_h100_202412_torchtitan.md): an eager run is likely slower than this figure; give --compile "
                 f"if you compile (it counts the compiled loss's memory)")
     if compiled:
         return (f"torch.compile (model and loss): the loss's memory as compiled; speed keeps the "
