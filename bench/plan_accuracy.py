@@ -86,6 +86,7 @@ from trainready.plan.memory import GiB, estimate_memory  # noqa: E402
 from trainready.plan.model_spec import ModelSpec  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.presets import preset  # noqa: E402
+from trainready.plan.recompute import published_modules  # noqa: E402
 from trainready.plan.setup import resolve  # noqa: E402
 
 CATALOG = load_catalog()
@@ -327,6 +328,8 @@ def moe_job(r: dict[str, str]) -> JobSpec:
                   pp=int(r["pp"]), ep=int(r["ep"]), micro_batch=int(r["micro_batch"] or 1),  # unknown: 1
                   global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]), precision=r["precision"],
                   activation_checkpointing=checkpointing)
+    if recompute.startswith("selective:") and r["stack"] == "megatron":  # Megatron's --recompute-modules
+        kwargs["recompute_modules"] = published_modules(recompute)
     if r["etp"] and "etp" in JobSpec.model_fields:  # expert tensor-parallel size; blank: the stack's convention
         kwargs["etp"] = int(r["etp"])
     if r["vpp"] and "pp_virtual" in JobSpec.model_fields:  # interleaved (virtual) pipeline stages per rank

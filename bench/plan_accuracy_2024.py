@@ -54,6 +54,7 @@ from trainready.plan.job import JobSpec  # noqa: E402
 from trainready.plan.memory import GiB, estimate_memory  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.presets import preset  # noqa: E402
+from trainready.plan.recompute import published_modules  # noqa: E402
 from trainready.plan.setup import resolve  # noqa: E402
 from trainready.plan.stacks import SDPA_CUDNN_TORCH, get_stack  # noqa: E402
 
@@ -131,6 +132,8 @@ def job_of(r: dict[str, str]) -> JobSpec:
                     global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]), precision=precision,
                     activation_checkpointing=_checkpointing(r["recompute"]),
                     method="lora" if r["method"] == "lora" else "full")
+    if r["recompute"].startswith("selective:") and r["stack"] == "megatron":  # Megatron's --recompute-modules
+        kw["recompute_modules"] = published_modules(r["recompute"])
     if n > per_node:
         kw["inter_node_gbps"] = float(r["inter_node_gbps"] or 3200)  # 8 x 400G InfiniBand where not stated
     if r["vpp"] and int(r["vpp"]) > 1:

@@ -43,6 +43,9 @@ def megatron_fields(text: str) -> tuple[dict, dict]:
         flag, *value = line.split()
         assert flag in FLAGS, f"{flag}: not a flag this module knows (megatron.FLAGS)"
         assert flag not in args, f"{flag} given twice"
+        if flag == "--recompute-modules":  # a List[str] field: argparse nargs "+" (argument_utils.py)
+            args[flag] = value
+            continue
         args[flag] = _value(value[0]) if value else True
     fields = {FLAGS[f]: v for f, v in args.items() if FLAGS[f]}
     if "add_bias_linear" in fields:  # --disable-bias-linear sets the field to False

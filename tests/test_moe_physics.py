@@ -571,9 +571,16 @@ def test_folded_layout_grouped_gemms_and_activations(catalog):
     up2, down2 = moe._mlp_gemms(etp2, tokens, True)[-2:]
     assert (up2.k, up2.n, up2.rows, down2.k, down2.n) == (d, f, 4096, f / 2, d)
     assert up2.flops == up.flops
-    # the gathered rows are saved for backward: 8 rows x etp x (2 bf16 hidden states + an int64 index) per token
+    # the gathered rows are saved for backward: 8 rows x etp x (the experts' bf16 input + an int64 index) per token;
+    # Megatron's experts apply the routing weights in their activation, so the combine keeps no expert output
     one = lambda s: moe.moe_layer_bytes_per_token(s, lambda shape: 0.0, 2)  # noqa: E731
-    assert one(qwen235(catalog, ep=16, etp=2)) - one(qwen235(catalog, ep=16, etp=1)) == 8 * (2 * 2 * d + 8)
+    assert one(qwen235(catalog, ep=16, etp=2)) - one(qwen235(catalog, ep=16, etp=1)) == 8 * (2 * d + 8)
+    # a stack whose combine multiplies by the weights keeps the expert output too: 2 bf16 hidden states a row
+    titan = lambda etp: qwen235(catalog, ep=16, etp=etp, stack="torchtitan", pp_virtual=None, pp=1)  # noqa: E731
+    assert one(titan(2)) - one(titan(1)) == 8 * (2 * 2 * d + 8)
+    # under Transformer Engine FP8 the experts' input is kept in FP8: 1 byte an element
+    fp8 = lambda s: moe.moe_layer_bytes_per_token(s, lambda shape: 0.0, 2, fp8_saved=True)  # noqa: E731
+    assert fp8(qwen235(catalog, ep=16, etp=2)) - fp8(qwen235(catalog, ep=16, etp=1)) == 8 * (d + 8)
 
 
 def test_folded_layout_all_to_all_and_expert_collectives(catalog):

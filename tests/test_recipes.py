@@ -70,6 +70,14 @@ CASES = {
                                                            strategy="zero1", pp=4, pp_virtual=8, ep=64, gpus=256,
                                                            ep_dispatcher="deepep", ep_overlap=True,
                                                            activation_checkpointing="selective-attn"),
+    # Megatron-MoE-ModelZoo's H100 layout in bf16 (MoE under FP8 needs Transformer Engine in TransformerConfig)
+    "deepseek-v3 tp2 pp8 v4 ep64, recompute mla_up_proj mlp (Megatron-MoE-ModelZoo H100)": dict(
+        model="deepseek-v3", instance="p5.48xlarge", strategy="zero1", tp=2, pp=8, pp_virtual=4, ep=64, etp=1,
+        gpus=1024, stack="megatron", ep_dispatcher="deepep", ep_overlap=True,
+        activation_checkpointing="selective", recompute_modules=["mla_up_proj", "mlp"]),
+    "qwen3 moe ep8 zero1, recompute layernorm moe_act": dict(model="qwen3-30b-a3b", strategy="zero1", ep=8,
+                                                             stack="megatron", activation_checkpointing="selective",
+                                                             recompute_modules=["layernorm", "moe_act"]),
     "zero1 tp4 x 2 nodes, tp overlap": dict(model="llama-3.1-70b", strategy="zero1", tp=4, gpus=16, tp_overlap=True,
                                             activation_checkpointing="selective-attn"),
     "zero3 tp8 x 2 nodes, async tp": dict(model="llama-3.1-70b", strategy="zero3", tp=8, gpus=16, tp_overlap=True,
@@ -241,6 +249,10 @@ def check_megatron(s, r):
         assert config.expert_tensor_parallel_size == s.expert_tp
         check_expert_grid(s)
     assert config.sequence_parallel == (s.tp > 1)
+    # the recompute the estimate counted: Megatron's module list under selective granularity (default core_attn)
+    assert config.recompute_granularity == {"selective-attn": "selective", "full": "full"}.get(s.checkpointing)
+    if s.checkpointing == "selective-attn":
+        assert config.recompute_modules == list(s.recomputes)
     calc = ConstantNumMicroBatchesCalculator(args["--global-batch-size"], args["--micro-batch-size"], s.dp,
                                              decrease_batch_size_if_needed=False, rank=0)
     assert calc.num_micro_batches == s.grad_accum

@@ -64,6 +64,7 @@ def estimate(
     seq_len: o.SeqLen = None,
     precision: o.PrecisionOpt = None,
     activation_checkpointing: Annotated[Optional[o.CkptMode], typer.Option("--activation-checkpointing", show_choices=False, help="Recompute activations in backward: none, selective or full. selective is the stack's kind; selective-op (torchtitan's op-level policy) or selective-attn (Megatron's attention core) names one. [default: none]", rich_help_panel=o.MEM)] = None,
+    recompute_modules: Annotated[Optional[str], typer.Option("--recompute-modules", metavar="NAMES", help="With --activation-checkpointing selective on stack megatron: Megatron's --recompute-modules, comma-separated: core_attn, mla_up_proj, layernorm, mlp, moe_act, shared_experts, moe. [default: core_attn]", rich_help_panel=o.MEM)] = None,
     offload: Annotated[Optional[o.OffloadMode], typer.Option("--offload", show_choices=False, help="Move to host RAM: none, optimizer (the optimizer states) or optimizer+params (and the parameters). [default: none]", rich_help_panel=o.MEM)] = None,
     optimizer_dtype: o.OptimDType = None,
     reduce_dtype: o.ReduceDType = None,
@@ -90,7 +91,8 @@ def estimate(
                       fp8_recipe=fp8_recipe, memory_margin=memory_margin,
                       micro_batch=micro_batch,
                       global_batch=global_batch, seq_len=seq_len,
-                      precision=precision, activation_checkpointing=activation_checkpointing, offload=offload,
+                      precision=precision, activation_checkpointing=activation_checkpointing,
+                      recompute_modules=o.module_list(recompute_modules), offload=offload,
                       optimizer_dtype=optimizer_dtype, reduce_dtype=reduce_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, spot=spot, region=region, usd_per_hour=usd_per_hour)
     if framework is not None:  # auto sets aside the job file's framework

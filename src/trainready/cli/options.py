@@ -208,6 +208,13 @@ Calibrate = Annotated[Optional[list[Path]], typer.Option("--calibrate", metavar=
 CalibrationRef = Annotated[Optional[str], typer.Option("--calibration", metavar="NAME|FILE", help="Use a stored calibration (or a calibration file); with --calibrate: the name to save it under. [default with --calibrate: GPU-stack]", rich_help_panel=CAL)]
 
 
+def module_list(text: str | None) -> list[str] | None:
+    """`--recompute-modules mla_up_proj,mlp` (commas or spaces) as a list; None when not given."""
+    if text is None:
+        return None
+    return [w for w in text.replace(",", " ").split() if w]
+
+
 def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
     """A JobSpec from `--job` (if any) with the options the user gave on top."""
     base: dict[str, Any] = {}
@@ -229,8 +236,11 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
         base.pop("instance", None)
     if "stack" in given:  # a stack named here replaces the file's stack-controlled choices
         get_stack(given["stack"])  # unknown: exit 2 with the nearest names
-        for k in ("kernels", "attention_kernel", "reduce_dtype", "ep_dispatcher", "ep_overlap", "fp8_dispatch"):
+        for k in ("kernels", "attention_kernel", "reduce_dtype", "ep_dispatcher", "ep_overlap", "fp8_dispatch",
+                  "recompute_modules"):
             base.pop(k, None)
+    if "activation_checkpointing" in given:  # the file's module list belonged to the file's checkpointing
+        base.pop("recompute_modules", None)
     try:
         return JobSpec.model_validate({**base, **given})
     except ValidationError as exc:

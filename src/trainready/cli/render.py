@@ -14,9 +14,10 @@ from rich.text import Text
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.cli.console import err, line, out, styled
 from trainready.plan.confidence import short as confidence_short
-from trainready.plan.estimate import EstimateResult
+from trainready.plan.estimate import EstimateResult, SetupInfo
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.recipes import Recipe
+from trainready.plan.recompute import modules_text
 from trainready.plan.search import PlanResult
 from trainready.plan.units import BIG, count_text, hours_text, usd_text
 
@@ -99,7 +100,12 @@ def _setup_line(e: EstimateResult) -> str:
             + (f" ({s.fp8_recipe} scaling)" if s.fp8_recipe else "")
             + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "")
             + (", compiled with its loss" if s.torch_compile else "") + ", "
-            f"{'no' if s.activation_checkpointing == 'none' else s.activation_checkpointing} recompute")
+            f"{'no' if s.activation_checkpointing == 'none' else recompute_text(s)} recompute")
+
+
+def recompute_text(s: SetupInfo) -> str:
+    """The checkpointing as outputs name it: Megatron's module list where it is not the attention core alone."""
+    return modules_text(tuple(s.recompute_modules)) if s.recompute_modules else s.activation_checkpointing
 
 
 def render_estimate(con: Console, e: EstimateResult) -> None:
@@ -182,7 +188,7 @@ def _how(e: EstimateResult) -> str:
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
     how += ", compiled" if s.torch_compile else ""
     if s.activation_checkpointing != "none":
-        how += f", {s.activation_checkpointing} recompute"
+        how += f", {recompute_text(s)} recompute"
     if s.fp8_recipe:
         how += f", fp8 {s.fp8_recipe}"
     if s.capacity_factor:

@@ -91,19 +91,35 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
         attn += (a + ((1 + a) if dropout else 0)) * model.num_heads * seq_len
         if model.mla is None:  # eager GQA matmuls save K and V repeated for every query head (repeat_kv)
             attn += a * 2 * (model.q_dim - model.kv_dim)
-    if model.gated_mlp:
-        # eager: gate, up, silu(gate) and the product; fused: the kernel's input (gate, up) and the product
-        mlp = 4 * a * f if kernels == "eager" else 2 * a * f + (1 if fp8_saved else a) * f
-    else:
-        mlp = 2 * a * f
-        if model.activation == "gelu_tanh_composed" and kernels == "eager":
-            mlp += 3 * a * f  # x^3's input, tanh output, (1 + tanh) and 0.5x saved by the ops
-    total = model.norms_per_layer * norm * d + attn + mlp
+    total = model.norms_per_layer * norm * d + attn + mlp_bytes_per_token(model, f, kernels=kernels, act_bytes=a,
+                                                                          fp8_saved=fp8_saved)
     if dropout:
         total += 2 * d  # masks after attention and after the MLP (1 byte each)
     if method in ("lora", "qlora") and fp32_adapters:
         total += _lora_delta(model, kernels, a)
     return float(total)
+
+
+def mlp_bytes_per_token(model: ModelSpec, ffn: int, *, kernels: str, act_bytes: int, fp8_saved: bool = False) -> int:
+    """Bytes per token an MLP `ffn` wide saves inside (its input is the norm's output, counted with the norm)."""
+    a = act_bytes
+    if model.gated_mlp:
+        # eager: gate, up, silu(gate) and the product; fused: the kernel's input (gate, up) and the product
+        return 4 * a * ffn if kernels == "eager" else 2 * a * ffn + act_output_bytes(a, fp8_saved) * ffn
+    mlp = 2 * a * ffn
+    if model.activation == "gelu_tanh_composed" and kernels == "eager":
+        mlp += 3 * a * ffn  # x^3's input, tanh output, (1 + tanh) and 0.5x saved by the ops
+    return mlp
+
+
+def act_output_bytes(act_bytes: int, fp8_saved: bool) -> int:
+    """Bytes per element of an MLP's activation output as the down projection saves it (FP8 under TE)."""
+    return 1 if fp8_saved else act_bytes
+
+
+def norm_output_bytes(act_bytes: int, fp8_saved: bool) -> int:
+    """Bytes per element of a fused norm's normalized output as the next linear saves it (FP8 under TE)."""
+    return 1 if fp8_saved else act_bytes
 
 
 def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,

@@ -68,6 +68,9 @@ class SetupInfo(BaseModel):
     precision: str
     optimizer_dtype: str
     activation_checkpointing: str
+    recompute_modules: list[str] | None = Field(
+        None, description="with activation_checkpointing selective-attn (Megatron's selective recompute): the modules "
+                          "recomputed (plan/recompute.py); None otherwise")
     offload: str
     method: str
     lora_rank: int | None
@@ -333,6 +336,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,
+                        recompute_modules=list(s.recomputes) or None,
                         lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,

@@ -75,6 +75,10 @@ class JobSpec(BaseModel):
     reduce_dtype: Literal["fp32", "bf16"] | None = Field(None, description="None: the stack's")
     gather_dtype: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: Checkpointing = "none"
+    recompute_modules: list[str] | None = Field(
+        None, max_length=16, description="Megatron's --recompute-modules with activation_checkpointing selective "
+                                         "(stack megatron; plan/recompute.py: core_attn, mla_up_proj, layernorm, "
+                                         "mlp, moe_act, shared_experts, moe); None: core_attn, Megatron's default")
     offload: Offload = "none"
     kernels: Literal["eager", "fused"] | None = Field(None, description="None: the stack's")
     attention_kernel: Literal["sdpa", "flash2", "flash1"] | None = Field(None, description="None: the stack's")

@@ -33,6 +33,7 @@ from .activations import (
 )
 from .attention import attention_path
 from .model_spec import ModelSpec
+from .recompute import DEFAULT_MODULES, freed_per_token
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
 from .stacks import get_stack
 
@@ -247,7 +248,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     layer = on_rank(per_token(m)) * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
     if m.is_moe:  # MoE layers save routed tokens' activations (plan/moe.py)
-        moe_layer = tokens * on_rank(moe.moe_layer_bytes_per_token(s, per_token, a))
+        moe_layer = tokens * on_rank(moe.moe_layer_bytes_per_token(s, per_token, a, fp8_saved and s.method == "full"))
         stage = moe.worst_stage(m, s.pp, layer, moe_layer, s.pp_virtual)
         layer = max(layer, moe_layer)
     # 1F1B: the first stage holds pp micro-batches; interleaved, pp (1 + (pp - 1)/(pp v)) (setup.py)
@@ -265,6 +266,11 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         kept = tokens * on_rank(op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
                                                        lora_rank=s.lora_rank, fp32_adapters=fp32_adapters),
                                 block_input)
+    elif s.recomputes not in ((), DEFAULT_MODULES):  # Megatron's modules: each layer less what they free
+        kd, km = _modules_kept_per_token(s, per_token, a, fp8_saved)
+        kd, km = on_rank(kd), on_rank(km)
+        kept = tokens * (max(kd, km) if m.is_moe else kd)
+        kept_stage = tokens * (moe.worst_stage(m, s.pp, kd, km, s.pp_virtual) if m.is_moe else s.stage_layers * kd)
     if kept is not None:
         kept_stage = kept_stage if kept_stage is not None else s.stage_layers * kept
         saved = in_flight * kept_stage
@@ -284,6 +290,21 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
             last = last_in_flight * (kept_stage if m.is_moe else n_last * kept)
         saved, loss = max(saved, last + loss), 0.0 if saved > last + loss else loss
     return saved, layer, loss, layer_input_bytes(m, r) * tokens
+
+
+def _modules_kept_per_token(s: Setup, per_token, a: int, fp8_saved: bool) -> tuple[float, float]:
+    """(dense layer, MoE layer) bytes per token kept under Megatron's --recompute-modules (plan/recompute.py),
+    before the TP split; the MoE figure is 0 for a dense model."""
+    m = s.model
+    fp8_saved = fp8_saved and s.method == "full"
+    kw = dict(kernels=s.kernels, act_bytes=a, fp8_saved=fp8_saved)
+    dense = per_token(m) - freed_per_token(s.recomputes, m, moe_layer=False, **kw)
+    if not m.is_moe:
+        return dense, 0.0
+    whole = moe.moe_layer_bytes_per_token(s, per_token, a, fp8_saved)
+    sparse = whole - freed_per_token(s.recomputes, m, moe_layer=True, routed_rows=moe.busy_rows(s) * s.expert_tp,
+                                     moe_saved=moe.moe_mlp_saved_per_token(s, **kw), **kw)
+    return dense, sparse
 
 
 def checkpoint_bytes(s: Setup) -> float:

@@ -46,11 +46,11 @@ Routing:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import gcd
 
 from . import efficiency as eff
-from .activations import op_sac_bytes_per_token, op_sac_matmuls
+from .activations import mlp_bytes_per_token, op_sac_bytes_per_token, op_sac_matmuls
 from .model_spec import ModelSpec
 from .setup import Setup, pipeline_ranks
 from .stacks import get_stack
@@ -167,7 +167,8 @@ def padding_flops_per_token(s: Setup) -> float:
 
 
 # --- memory --------------------------------------------------------------------------------
-def moe_layer_bytes_per_token(s: Setup, dense_layer_bytes: Callable[[ModelSpec], float], act_bytes: int) -> float:
+def moe_layer_bytes_per_token(s: Setup, dense_layer_bytes: Callable[[ModelSpec], float], act_bytes: int,
+                              fp8_saved: bool = False) -> float:
     """Activation bytes a MoE layer saves per token (before the 1/tp split), on the busiest rank.
 
     The MLP part is what a dense MLP of width rows x expert width + shared width saves
@@ -177,15 +178,34 @@ def moe_layer_bytes_per_token(s: Setup, dense_layer_bytes: Callable[[ModelSpec],
     experts' weight gradient, the expert output kept for the combine's gradient and an int64
     permutation index, for the rows the expert TP group gathered: etp x this rank's (a rank's experts
     see etp/tp of the tokens, the 1/tp applied by the caller). A capacity factor sizes these buffers to
-    capacity (busy_rows)."""
+    capacity (busy_rows). Where the experts multiply by the routing weights in their activation (Megatron-Core:
+    experts.py weighted_bias_swiglu_impl; token_dispatcher.py unpermutes without probs), the combine keeps no expert
+    output, and under Transformer Engine FP8 (`fp8_saved`) the first expert GEMM keeps its input in FP8
+    (Stack.expert_output_saved)."""
+    return dense_layer_bytes(_moe_mlp_shape(s)) + moe_own_bytes_per_token(s, act_bytes, fp8_saved)
+
+
+def _moe_mlp_shape(s: Setup) -> ModelSpec:
+    """The dense stand-in for a MoE layer's MLP: width busy rows x expert width + the shared experts'."""
     m, moe = s.model, s.model.moe
-    rows = busy_rows(s)
-    width = rows * moe.expert_ffn_hidden_size + moe.shared_width
-    f = max(1, round(width))
-    mlp_shape = _memo(m, ("mlp", f), lambda: m.model_copy(update={"ffn_hidden_size": f}))
+    f = max(1, round(busy_rows(s) * moe.expert_ffn_hidden_size + moe.shared_width))
+    return _memo(m, ("mlp", f), lambda: m.model_copy(update={"ffn_hidden_size": f}))
+
+
+def moe_own_bytes_per_token(s: Setup, act_bytes: int, fp8_saved: bool) -> float:
+    """Routing and routed-row bytes a MoE layer saves per token beyond its MLP (moe_layer_bytes_per_token)."""
+    m, moe = s.model, s.model.moe
     routing = (act_bytes + 4) * moe.num_experts + 12 * moe.experts_per_token
-    routed = rows * s.expert_tp * (2 * act_bytes * m.hidden_size + 8)
-    return dense_layer_bytes(mlp_shape) + routing + routed
+    dispatched = 1 if fp8_saved else act_bytes
+    output = act_bytes if get_stack(s.stack).expert_output_saved else 0
+    return routing + busy_rows(s) * s.expert_tp * ((dispatched + output) * m.hidden_size + 8)
+
+
+def moe_mlp_saved_per_token(s: Setup, kernels: str, act_bytes: int, fp8_saved: bool) -> float:
+    """What `moe` recompute frees of one MoE layer per token: its MLP's insides, routing and routed rows."""
+    width = _moe_mlp_shape(s).ffn_hidden_size
+    return (mlp_bytes_per_token(s.model, width, kernels=kernels, act_bytes=act_bytes, fp8_saved=fp8_saved)
+            + moe_own_bytes_per_token(s, act_bytes, fp8_saved))
 
 
 # --- compute -------------------------------------------------------------------------------
@@ -224,6 +244,7 @@ class _Gemm:
     rows: float  # rows per GEMM problem: the weight gradient's reduction dim
     ramp: float = 1.0  # grouped GEMMs: rows / (rows + grouped_gemm_m0) on forward and input gradient
     op_recompute: bool = False  # recomputed under torchtitan's op policy whatever the mm count (router, routed)
+    shared: bool = False  # a shared expert's (Megatron's shared_experts recompute)
     fp8: bool = True  # runs in FP8 under --precision fp8 (the router stays in its own dtype: Megatron's fp32)
 
 
@@ -248,7 +269,7 @@ def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
     router = 2 * tokens * d * moe.num_experts / t  # sequence parallel: each TP rank routes tokens/tp
     gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t, op_recompute=True, fp8=False)]
     if moe.shared_width:
-        gemms += _ffn(d, moe.shared_width, t, m.gated_mlp, tokens)
+        gemms += [replace(g, shared=True) for g in _ffn(d, moe.shared_width, t, m.gated_mlp, tokens)]
     # a rank's experts take etp/tp of the micro-batch's routed rows (its tokens/tp, gathered over the expert
     # TP group), each expert etp-split: FLOPs 1/tp as before, the GEMM shapes follow etp
     et = s.expert_tp
@@ -282,8 +303,15 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
     """(forward s, backward s with recomputation, FLOPs executed) of one layer's MLP."""
     frozen = s.method != "full"
     fwd = bwd = flops = fwd_flops = 0.0
+    mods = s.recomputes  # Megatron's --recompute-modules (plan/recompute.py)
+    again = again_flops = 0.0  # what they run again in backward
     for g in _mlp_gemms(s, tokens, moe_layer):
-        fwd += gemm_time(g.flops, g.k, peak, e) / g.ramp
+        g_fwd = gemm_time(g.flops, g.k, peak, e) / g.ramp
+        fwd += g_fwd
+        if (("moe" in mods or g.shared and "shared_experts" in mods) if moe_layer else "mlp" in mods):
+            again += g_fwd + (eff.FP8_RECIPES[s.fp8_recipe].cast_bytes * g.flops / (2 * g.n) / hbm_bps
+                              if s.precision == "fp8" and g.fp8 else 0.0)
+            again_flops += g.mean_flops
         bwd += gemm_time(g.flops, g.n, peak, e) / g.ramp  # input gradient
         flops += 2 * g.mean_flops
         fwd_flops += g.mean_flops
@@ -297,6 +325,14 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
     elem = _mlp_elementwise_bytes(s, tokens, moe_layer, act_coef) / hbm_bps
     fwd += 0.4 * elem
     bwd += 0.6 * elem
+    if mods:
+        if ("moe" in mods) if moe_layer else ("mlp" in mods):
+            again += 0.4 * elem
+        elif moe_layer and "moe_act" in mods:  # the experts' activation forward once more
+            again += 0.4 * act_coef * tokens * busy_rows(s) * s.model.moe.expert_ffn_hidden_size / s.tp / hbm_bps
+        if moe_layer and "layernorm" in mods:  # the pre-MLP norm: read the input, write the output
+            again += 2 * (4 if s.precision == "fp32" else 2) * s.model.hidden_size * tokens / s.tp / hbm_bps
+        return fwd, bwd + again, flops + again_flops
     if s.checkpointing == "full":
         return fwd, bwd + fwd, flops + fwd_flops
     if s.checkpointing == "selective-op":  # the MLP matmuls the op policy does not keep, its elementwise forward
@@ -458,7 +494,7 @@ def a2a_s(s: Setup, tokens: int, dp_ranks_per_node: int, ring_intra_gbps: float)
     if s.ep <= 1:
         return 0.0
     a = 4.0 if s.precision == "fp32" else 2.0
-    pairs = 2 + (1 if s.checkpointing == "full" else 0)
+    pairs = 2 + (1 if s.checkpointing == "full" or "moe" in s.recomputes else 0)
     dispatch = a2a_call_s(s, tokens, dp_ranks_per_node, ring_intra_gbps, FP8_DISPATCH_BYTES if s.fp8_dispatch else a)
     combine = a2a_call_s(s, tokens, dp_ranks_per_node, ring_intra_gbps, a) if s.fp8_dispatch else dispatch
     moe_layers = max(nm for _, nm in stage_mix(s.model, s.pp, s.pp_virtual))

@@ -27,6 +27,7 @@ from .activations import op_sac_matmuls
 from .attention import attention_path, layer_attention
 from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
+from .recompute import norm_modules
 from .setup import Setup
 from .stacks import get_stack
 
@@ -57,6 +58,26 @@ def _gemms(s: Setup) -> list[tuple[int, int, int]]:
     return moe.attention_gemms(s) + ([] if m.is_moe else [(d, up // t, 1), (f // t, d, 1)])
 
 
+def _module_gemm_indices(s: Setup) -> frozenset[int]:
+    """Which of _gemms(s) Megatron's --recompute-modules run again in backward: MLA's up projections (K = a latent
+    rank) under mla_up_proj, a dense model's MLP under mlp (a MoE model's MLPs: moe.stage_time)."""
+    mods, m = s.recomputes, s.model
+    if not mods:
+        return frozenset()
+    attn = moe.attention_gemms(s)
+    out = set()
+    if "mla_up_proj" in mods and m.mla is not None:
+        ranks = {m.mla.q_lora_rank, m.mla.kv_lora_rank} - {None}
+        out |= {i for i, (k, _, _) in enumerate(attn) if k in ranks}
+    if "mlp" in mods and not m.is_moe:
+        out |= {len(attn), len(attn) + 1}
+    return frozenset(out)
+
+
+def _act_bytes_per_elem(s: Setup) -> int:
+    return 4 if s.precision == "fp32" else 2
+
+
 def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> float:
     return flops / (peak * e.gemm * k / (k + e.gemm_k0))
 
@@ -85,14 +106,35 @@ def recompute_flops_per_token(s: Setup) -> float:
         if m.is_moe or m.mla is not None:  # the blocks' active matmul weights
             return 2 * (m.matmul_params() - m.vocab_size * (m.embedding_dim or m.hidden_size)) + attn_fwd
         return 2 * m.num_layers * (m.attention_params() + m.mlp_params()) + attn_fwd
-    if s.checkpointing == "selective-attn":
-        return attn_fwd
+    if s.checkpointing == "selective-attn":  # Megatron's modules (plan/recompute.py)
+        return (attn_fwd if "core_attn" in s.recomputes else 0.0) + _modules_flops_per_token(s)
     if s.checkpointing == "selective-op":  # the matmuls the op policy does not keep (MoE: MLPs per layer kind)
         ffn = 0 if m.is_moe else None
         attn_mlp = 2 * m.num_layers * sum(i * o for i, o, keep, adapter in op_sac_matmuls(m, s.method, s.lora_rank, ffn)
                                           if not (keep or adapter))
         return attn_mlp + (moe.op_sac_recompute_flops_per_token(s) if m.is_moe else 0.0)
     return 0.0
+
+
+def _modules_flops_per_token(s: Setup) -> float:
+    """FLOPs per token that Megatron's --recompute-modules other than core_attn run again (MFU-style count)."""
+    m, mods = s.model, s.recomputes
+    total = 0.0
+    if "mla_up_proj" in mods and m.mla is not None:
+        a, h = m.mla, m.num_heads
+        total += m.num_layers * ((a.q_lora_rank or 0) * h * a.qk_head_dim + a.kv_lora_rank * h * (
+            a.qk_nope_head_dim + a.v_head_dim))
+    if "mlp" in mods:
+        total += m.num_dense_layers * m.mlp_matrices * m.hidden_size * m.ffn_hidden_size
+    if m.is_moe:
+        moe_ = m.moe
+        shared = m.mlp_matrices * m.hidden_size * moe_.shared_width
+        if "moe" in mods:
+            total += m.num_moe_layers * (shared + m.hidden_size * moe_.num_experts + moe.mean_rows(s) * m.mlp_matrices
+                                         * m.hidden_size * moe_.expert_ffn_hidden_size)
+        elif "shared_experts" in mods:
+            total += m.num_moe_layers * shared
+    return 2 * total
 
 
 def host_cpu_cores(s: Setup) -> tuple[int, bool]:
@@ -252,9 +294,14 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     mem_eff = e.eager_memory_efficiency() if s.kernels == "eager" else e.memory
     hbm_bps = gpu.hbm_gbps * 1e9 * mem_eff
     fwd = bwd = flops = 0.0
-    for k, n, count in _gemms(s):
+    module_gemms = _module_gemm_indices(s)  # the GEMMs Megatron's --recompute-modules run again
+    module_fwd = module_flops = 0.0
+    for i, (k, n, count) in enumerate(_gemms(s)):
         f_flops = 2 * tokens * k * n * count
         fwd += _gemm_time(f_flops, k, gemm_peak, ge)
+        if i in module_gemms:
+            module_fwd += _gemm_time(f_flops, k, gemm_peak, ge) + (cast * tokens * k * count / hbm_bps if fp8 else 0.0)
+            module_flops += f_flops
         bwd += _gemm_time(f_flops, n, gemm_peak, ge)  # input gradient: K = out features
         flops += 2 * f_flops
         if not frozen:
@@ -292,9 +339,16 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
             gpu.hbm_gbps * 1e9 * eff.NF4_DEQUANT_MEMORY_EFFICIENCY)
         fwd += deq
         bwd += deq
-    recompute = {"full": fwd, "selective-attn": attn_fwd}.get(s.checkpointing, 0.0)
-    recompute_flops = {"full": flops / 3 if not frozen else flops / 2,
-                       "selective-attn": attn_fwd_flops}.get(s.checkpointing, 0.0)
+    recompute = {"full": fwd}.get(s.checkpointing, 0.0)
+    recompute_flops = {"full": flops / 3 if not frozen else flops / 2}.get(s.checkpointing, 0.0)
+    if s.checkpointing == "selective-attn":  # Megatron's modules (core_attn alone by default): plan/recompute.py
+        core = "core_attn" in s.recomputes
+        recompute = (attn_fwd if core else 0.0) + module_fwd
+        recompute_flops = (attn_fwd_flops if core else 0.0) + module_flops
+        if "layernorm" in s.recomputes:  # the norms that are modules of their own: read the input, write the output
+            recompute += norm_modules(m, False) * 2 * _act_bytes_per_elem(s) * m.hidden_size * tokens / s.tp / hbm_bps
+        if "mlp" in s.recomputes and not m.is_moe:  # the activation's forward once more
+            recompute += 0.4 * _act_bytes(s, m.ffn_hidden_size) * tokens / s.tp / hbm_bps
     if s.checkpointing == "selective-op":  # unsaved matmuls, elementwise forward, dequantization again
         recompute, recompute_flops = _op_sac_recompute(s, tokens, gemm_peak, ge)
         recompute += 0.4 * elem + deq

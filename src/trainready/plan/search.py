@@ -929,6 +929,8 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         "gpus_per_node": best.gpus_per_node, "strategy": best.strategy, "tp": best.tp, "pp": best.pp,
         "micro_batch": best.micro_batch, "global_batch": best.global_batch, "seq_len": best.seq_len,
         "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
+        # Megatron's module list where it is not the default (None: older releases read the file)
+        "recompute_modules": best.recompute_modules if best.recompute_modules not in (None, ["core_attn"]) else None,
         "offload": best.offload, "ep": best.ep,
         "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
         "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,

@@ -17,6 +17,7 @@ from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
 from .presets import generic_model, preset
+from .recompute import DEFAULT_MODULES, check_modules
 from .stacks import (
     DEFAULT_STACK,
     Resolved,
@@ -80,6 +81,7 @@ class Setup:
     fp8_recipe: str = "tensorwise"  # FP8 scaling recipe (efficiency.FP8_RECIPES); read only under precision fp8
     tp_overlap: bool = False  # TP collectives pipelined with the GEMMs (efficiency.TP_OVERLAP_EXPOSED)
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
+    recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
@@ -93,6 +95,14 @@ class Setup:
         """The model and its loss run compiled: asked (--compile), or implied by a TP overlap that runs only compiled
         (Stack.tp_overlap_compiles: torchtitan's async TP)."""
         return self.torch_compile or (self.tp > 1 and self.tp_overlap and get_stack(self.stack).tp_overlap_compiles)
+
+    @property
+    def recomputes(self) -> tuple[str, ...]:
+        """The modules Megatron-style selective recompute runs again (plan/recompute.py): the job's list, else the
+        attention core; () under any other checkpointing."""
+        if self.checkpointing != "selective-attn":
+            return ()
+        return self.recompute_modules or DEFAULT_MODULES
 
     @property
     def n_gpus(self) -> int:
@@ -518,6 +528,8 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     if why:
         notes.append(why)
     compiled = torch_compile_of(job.torch_compile, st.stack)
+    modules = check_modules(job.recompute_modules, model, stack=st.stack.name, checkpointing=ckpt,
+                            asked=job.activation_checkpointing, method=job.method)
     recipe = fp8_recipe_of(job, st.stack, gpu, precision)
     notes += stack_warnings(st.stack, fp8_recipe=recipe if precision == "fp8" else None,
                             token_drop=model.moe is not None and model.moe.capacity_factor is not None
@@ -537,4 +549,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
                  framework=job.framework or "auto",
                  pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=recipe, torch_compile=compiled,
-                 **moe_comm(job, model, st.stack, precision))
+                 recompute_modules=modules, **moe_comm(job, model, st.stack, precision))

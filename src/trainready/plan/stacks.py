@@ -155,6 +155,10 @@ class Stack:
     """The train step holds the model's low-precision logits while the loss is differentiated (Hugging Face
     models return them in their output, which the training loop keeps); False: the loop drops them before
     backward, leaving the fp32 log-softmax and its gradients (plan/activations.loss_bytes_per_token)."""
+    expert_output_saved: bool = True
+    """A routed expert's output is kept for the combine's backward (the routing weights multiply it there); False: the
+    experts apply the weights in their activation and the combine keeps nothing (Megatron-Core experts.py
+    weighted_bias_swiglu_impl; token_dispatcher.py calls unpermute without probs)."""
     fp8_saves_inputs: bool = False
     """Under --precision fp8 each linear saves its input for backward in FP8 (Transformer Engine's Linear and
     LayerNormLinear keep the quantized input they cast; plan/activations.py); False: bf16 inputs are kept
@@ -236,7 +240,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "recipe sets alltoall), overlap_moe_expert_parallel_comm off by default; moe/fused_a2a.py: "
                     "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
                     "HybridEP 'does not support fp8 dispatch now'",
-          expert_tp="tp", fp8_saves_inputs=True, torch_sdpa=False, lora_fp32_adapters=False,
+          expert_tp="tp", fp8_saves_inputs=True, expert_output_saved=False, torch_sdpa=False, lora_fp32_adapters=False,
           sequence_parallel=True,  # trainready's megatron recipe passes --sequence-parallel with tp > 1
           tp_overlap="--tp-comm-overlap (Transformer Engine userbuffers)",
           fp8_recipe="delayed",  # Megatron-Core TransformerConfig.fp8_recipe default

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from itertools import groupby
 
+from ..recompute import DEFAULT_MODULES
 from ..setup import Setup, pipeline_split
 from .common import Recipe, args_lines, batch_note, checkpointing, environment, torchrun, windowed_reason
 
@@ -49,7 +50,7 @@ FLAGS: dict[str, str | None] = {
     "--use-precision-aware-optimizer": None,
     "--micro-batch-size": None, "--global-batch-size": None,
     "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
-    "--recompute-num-layers": "recompute_num_layers",
+    "--recompute-num-layers": "recompute_num_layers", "--recompute-modules": "recompute_modules",
     "--bf16": "bf16", "--fp16": "fp16", "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--grad-reduce-in-bf16": None,
     "--overlap-grad-reduce": None, "--overlap-param-gather": None,
     "--save": None, "--load": None, "--save-interval": None,
@@ -284,6 +285,8 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
     ck = checkpointing(s)
     if ck == "selective-attn":
         a.append(("--recompute-granularity", "selective"))
+        if s.recomputes != DEFAULT_MODULES:  # a List[str] field: nargs '+' (argument_utils.py), a word each
+            a.append(("--recompute-modules", " ".join(s.recomputes)))
     elif ck == "full":
         a += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     if s.precision in ("bf16", "fp8"):
