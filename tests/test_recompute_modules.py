@@ -145,3 +145,53 @@ def test_plan_save_does_not_carry_a_module_list_onto_its_row(tmp_path):
     assert back.returncode == 0, back.stderr
     setup = json.loads(back.stdout)["setup"]
     assert setup["activation_checkpointing"] in ("none", "full") and setup["recompute_modules"] is None
+
+
+def test_moe_act_frees_the_rank_s_share_under_expert_tp(catalog):
+    """Expert TP splits the activation's width: each rank frees k x f / tp per token, never more than it keeps."""
+    job = dict(model="mixtral-8x7b", instance="p5.48xlarge", tp=8, strategy="zero1", micro_batch=1, stack="megatron",
+               activation_checkpointing="selective", expert_load_imbalance=1.0)
+    s = lambda mods: resolve(JobSpec(**job, recompute_modules=mods), catalog)  # noqa: E731
+    assert s(["moe_act"]).expert_tp == 8
+    freed = saved(s(["core_attn"])) - saved(s(["moe_act"]))
+    assert freed == pytest.approx(4096 * 32 * 2 * 14336 * 2 / 8)
+    full = resolve(JobSpec(**{**job, "activation_checkpointing": "full"}), catalog)
+    assert saved(full) < saved(s(["moe_act"]))
+
+
+def test_mla_without_a_q_latent_recomputes_the_q_projection(catalog):
+    from trainready.plan.model_spec import MLASpec
+    from trainready.plan.performance import recompute_flops_per_token
+    from trainready.plan.presets import preset
+
+    v3 = preset("deepseek-v3")
+    lite = v3.model_copy(update={"name": "no-q-latent", "mla": MLASpec(**{**v3.mla.model_dump(), "q_lora_rank": None})})
+    job = dict(instance="p5.48xlarge", strategy="zero1", ep=8, micro_batch=1, stack="megatron",
+               activation_checkpointing="selective", recompute_modules=["mla_up_proj"])
+    s = resolve(JobSpec(model="deepseek-v3", **job), catalog, model=lite)
+    a, h = lite.mla, lite.num_heads
+    expected = 2 * lite.num_layers * (lite.hidden_size * h * a.qk_head_dim
+                                      + a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim))
+    assert recompute_flops_per_token(s) == pytest.approx(expected)
+
+
+def test_delayed_fp8_with_moe_act_or_layernorm_is_one_megatron_refuses(catalog):
+    from trainready.plan.recipes import framework_for
+
+    job = dict(model="qwen3-30b-a3b", instance="p5.48xlarge", ep=8, strategy="zero1", stack="megatron",
+               activation_checkpointing="selective", precision="fp8", recompute_modules=["layernorm", "moe_act"])
+    fw, why = framework_for(resolve(JobSpec(**job), catalog), "megatron")
+    assert fw is None and "delayed FP8 scaling" in why and "--fp8-recipe" in why
+    ok = resolve(JobSpec(**{**job, "fp8_recipe": "blockwise"}), catalog)
+    assert framework_for(ok, "megatron")[0] == "megatron"
+
+
+def test_restating_the_file_s_stack_or_checkpointing_keeps_its_list(tmp_path):
+    job = tmp_path / "job.toml"
+    r = cli_run("estimate", "--model", "qwen3-30b-a3b", "--instance", "p5.48xlarge", "--ep", "8", "--strategy", "zero1",
+                "--stack", "megatron", "--activation-checkpointing", "selective", "--recompute-modules", "moe_act",
+                "--save", str(job))
+    assert r.returncode == 0, r.stderr
+    for extra in (["--stack", "megatron"], ["--activation-checkpointing", "selective"]):
+        back = cli_run("estimate", "--job", str(job), *extra, "--json")
+        assert json.loads(back.stdout)["setup"]["recompute_modules"] == ["moe_act"], extra

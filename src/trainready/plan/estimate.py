@@ -271,7 +271,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     resolved = resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
                              reduce_dtype=s.reduce_dtype)
     assumptions = [
-        resolved.describe(named=s.stack_named),
+        resolved.describe(named=s.stack_named) + (f"; this job's --recompute-modules: {', '.join(s.recomputes)}"
+                                                  if s.recomputes not in ((), ("core_attn",)) else ""),
         *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method),
                        compile_assumption(resolved, s.compiled)]),
         (f"memory as {s.runs_on} holds it" + (" (DeepSpeed's ZeRO: 16-bit gradients beside the fp32 ones, ZeRO-3's "

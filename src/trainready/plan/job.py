@@ -76,7 +76,7 @@ class JobSpec(BaseModel):
     gather_dtype: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: Checkpointing = "none"
     recompute_modules: list[str] | None = Field(
-        None, max_length=16, description="Megatron's --recompute-modules with activation_checkpointing selective "
+        None, description="Megatron's --recompute-modules with activation_checkpointing selective "
                                          "(stack megatron; plan/recompute.py: core_attn, mla_up_proj, layernorm, "
                                          "mlp, moe_act, shared_experts, moe); None: core_attn, Megatron's default")
     offload: Offload = "none"

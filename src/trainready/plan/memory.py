@@ -302,7 +302,7 @@ def _modules_kept_per_token(s: Setup, per_token, a: int, fp8_saved: bool) -> tup
     if not m.is_moe:
         return dense, 0.0
     whole = moe.moe_layer_bytes_per_token(s, per_token, a, fp8_saved)
-    sparse = whole - freed_per_token(s.recomputes, m, moe_layer=True, routed_rows=moe.busy_rows(s) * s.expert_tp,
+    sparse = whole - freed_per_token(s.recomputes, m, moe_layer=True, routed_rows=moe.busy_rows(s),
                                      moe_saved=moe.moe_mlp_saved_per_token(s, **kw), **kw)
     return dense, sparse
 

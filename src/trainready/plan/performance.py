@@ -27,7 +27,7 @@ from .activations import op_sac_matmuls
 from .attention import attention_path, layer_attention
 from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
-from .recompute import norm_modules
+from .recompute import norm_modules, up_proj_params
 from .setup import Setup
 from .stacks import get_stack
 
@@ -66,9 +66,9 @@ def _module_gemm_indices(s: Setup) -> frozenset[int]:
         return frozenset()
     attn = moe.attention_gemms(s)
     out = set()
-    if "mla_up_proj" in mods and m.mla is not None:
+    if "mla_up_proj" in mods and m.mla is not None:  # without a q latent, the q projection (attn[0]) is inside too
         ranks = {m.mla.q_lora_rank, m.mla.kv_lora_rank} - {None}
-        out |= {i for i, (k, _, _) in enumerate(attn) if k in ranks}
+        out |= {i for i, (k, _, _) in enumerate(attn) if k in ranks} | (set() if m.mla.q_lora_rank else {0})
     if "mlp" in mods and not m.is_moe:
         out |= {len(attn), len(attn) + 1}
     return frozenset(out)
@@ -121,9 +121,7 @@ def _modules_flops_per_token(s: Setup) -> float:
     m, mods = s.model, s.recomputes
     total = 0.0
     if "mla_up_proj" in mods and m.mla is not None:
-        a, h = m.mla, m.num_heads
-        total += m.num_layers * ((a.q_lora_rank or 0) * h * a.qk_head_dim + a.kv_lora_rank * h * (
-            a.qk_nope_head_dim + a.v_head_dim))
+        total += m.num_layers * up_proj_params(m)
     if "mlp" in mods:
         total += m.num_dense_layers * m.mlp_matrices * m.hidden_size * m.ffn_hidden_size
     if m.is_moe:

@@ -33,6 +33,7 @@ from .model_spec import ModelSpec
 
 MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "shared_experts", "moe")
 """What trainready models of Megatron's list (the Gated DeltaNet and hyper-connection modules are left out)."""
+MOE_MODULES = ("moe_act", "shared_experts", "moe")
 DEFAULT_MODULES = ("core_attn",)
 """Megatron's default: `--recompute-granularity selective` alone recomputes the attention core."""
 
@@ -69,15 +70,17 @@ def check_modules(names: list[str] | tuple[str, ...] | None, model: ModelSpec, *
                          + ", or --activation-checkpointing none")
     unknown = [n for n in names if n not in MODULES]
     if unknown:
-        raise UsageError(f"--recompute-modules: unknown module {printable(unknown[0])}; valid: {', '.join(MODULES)}")
+        raise UsageError(f"--recompute-modules: unknown module {printable(unknown[0][:80])}; valid: "
+                         f"{', '.join(MODULES)}")
+    here = ", ".join(m for m in MODULES if (m != "mla_up_proj" or model.mla is not None)
+                     and (m not in MOE_MODULES or model.moe is not None))
     if "mla_up_proj" in names and model.mla is None:  # TransformerConfig.__post_init__ refuses it too
         raise UsageError(f"--recompute-modules mla_up_proj needs multi-latent attention; {printable(model.name)} "
-                         f"has none (valid here: {', '.join(m for m in MODULES if m != 'mla_up_proj')})")
-    moe_only = [n for n in names if n in ("moe_act", "shared_experts", "moe")]
+                         f"has none (valid here: {here})")
+    moe_only = [n for n in names if n in MOE_MODULES]
     if moe_only and model.moe is None:
         raise UsageError(f"--recompute-modules {moe_only[0]} needs a mixture-of-experts model; "
-                         f"{printable(model.name)} is dense (valid here: core_attn, layernorm, mlp"
-                         + (", mla_up_proj" if model.mla else "") + ")")
+                         f"{printable(model.name)} is dense (valid here: {here})")
     return tuple(m for m in MODULES if m in names)
 
 
@@ -93,6 +96,14 @@ def norm_modules(model: ModelSpec, moe_layer: bool) -> int:
     return (1 if model.mla is not None else 0) + (1 if moe_layer else 0)
 
 
+def up_proj_params(model: ModelSpec) -> int:
+    """Weights `mla_up_proj` runs again per token: the q and kv up projections, or without a q latent
+    (DeepSeek-V2-Lite) the whole q projection, which `qkv_up_proj_and_rope_apply` then holds."""
+    a, h = model.mla, model.num_heads
+    q_in = a.q_lora_rank or model.hidden_size
+    return q_in * h * a.qk_head_dim + a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim)
+
+
 def up_proj_saved_elements(model: ModelSpec) -> int:
     """Elements per token `mla_up_proj` stops saving: Q and K (heads x qk_head_dim), V (heads x v_head_dim) and the
     normalized latents the up projections kept (activations._attention_saved counts the latents twice)."""
@@ -103,7 +114,8 @@ def up_proj_saved_elements(model: ModelSpec) -> int:
 def freed_per_token(modules: tuple[str, ...], model: ModelSpec, *, moe_layer: bool, kernels: str, act_bytes: int,
                     fp8_saved: bool, routed_rows: float = 0.0, moe_saved: float = 0.0) -> float:
     """Bytes per token (before the TP split) one layer stops saving under `modules` (module docstring).
-    `routed_rows`: routed rows per token on the rank (moe.busy_rows); `moe_saved`: what the MoE part of a MoE
+    `routed_rows`: routed rows per token (moe.busy_rows; expert TP splits their width as it splits the stand-in
+    MLP's, and the caller divides by tp); `moe_saved`: what the MoE part of a MoE
     layer saves beyond its input (its MLP, routing and routed rows: moe.moe_layer_bytes_per_token)."""
     a, d = act_bytes, model.hidden_size
     freed = 0.0

@@ -135,6 +135,11 @@ def reason(s: Setup) -> str | None:
     if m.is_moe and s.expert_tp > 1 and (m.mlp_bias or m.out_bias):  # --disable-bias-linear is not emitted
         return (f"Megatron-Core supports linear biases in MoE only with expert TP 1 ('Bias in Moe is only supported "
                 f"when ETP==1', transformer_config.py); {m.name} has biases: plan with --etp 1")
+    late = [n for n in ("moe_act", "layernorm") if n in s.recomputes]
+    if late and s.precision == "fp8" and s.fp8_recipe == "delayed":  # TransformerConfig.__post_init__
+        return (f"Megatron-Core refuses {' and '.join(late)} recompute under delayed FP8 scaling ('Delayed "
+                f"scaling does not support moe_act and layernorm recompute for fp8', transformer_config.py): "
+                f"--fp8-recipe tensorwise, blockwise or mxfp8, or drop {late[0]}")
     if s.ep > 1 and s.fp8_dispatch:
         return ("Megatron-Core's flex dispatcher sends activations as they are (bf16 under FP8 compute; HybridEP "
                 "'does not support fp8 dispatch now', moe/fused_a2a.py): plan without fp8_dispatch")
