@@ -14,7 +14,7 @@ from trainready.plan import moe
 from trainready.plan.job import JobSpec
 from trainready.plan.memory import activation_parts, estimate_memory, param_counts
 from trainready.plan.model_spec import ModelSpec, MoESpec
-from trainready.plan.performance import _dp_layout, estimate_step, links, model_flops_per_token
+from trainready.plan.performance import dp_layout, estimate_step, links, model_flops_per_token
 from trainready.plan.search import PlanRequest, plan
 from trainready.plan.setup import in_flight_micro_batches, pipeline_ranks, pipeline_split, resolve
 
@@ -84,7 +84,7 @@ def test_all_to_all_across_nodes_is_slower_than_inside(catalog):
     tokens = 2048
     inside = setup(catalog, ep=8, gpus=8, gpus_per_node=8)
     across = setup(catalog, ep=8, gpus=8, gpus_per_node=4, inter_node_gbps=400)
-    t_in, t_out = (moe.a2a_call_s(s, tokens, _dp_layout(s)[0], links(s).intra_gbps) for s in (inside, across))
+    t_in, t_out = (moe.a2a_call_s(s, tokens, dp_layout(s)[0], links(s).intra_gbps) for s in (inside, across))
     assert t_out > 3 * t_in  # half the traffic over a 400 Gb/s NIC shared by 4 GPUs vs NVLink
     # dispatch + combine, forward and backward, every MoE layer; full recompute reruns the forward two
     calls = moe.a2a_s(inside, tokens, 8, links(inside).intra_gbps) / t_in
@@ -306,7 +306,7 @@ def test_overlapped_all_to_alls_leave_only_what_outlasts_compute(catalog):
     kw = dict(ep=8, gpus=16, gpus_per_node=8, inter_node_gbps=400, micro_batch=2, kernels="fused")
     plain, hidden = estimate_step(setup(catalog, **kw)), estimate_step(setup(catalog, ep_overlap=True, **kw))
     s = setup(catalog, **kw)
-    a2a = moe.a2a_s(s, 2 * 2048, _dp_layout(s)[0], links(s).intra_gbps)
+    a2a = moe.a2a_s(s, 2 * 2048, dp_layout(s)[0], links(s).intra_gbps)
     assert a2a > 0 and hidden.exposed_comm_s < plain.exposed_comm_s
     assert hidden.step_s < plain.step_s
     assert hidden.comm_s == pytest.approx(plain.comm_s)  # the same traffic, moved off the critical path
@@ -507,7 +507,7 @@ def test_hierarchical_dispatch_matches_hybridep_on_h100(catalog, ranks, publishe
     s = resolve(JobSpec(gpu="h100-80gb", gpus=ranks, gpus_per_node=8, inter_node_gbps=3200, ep=ranks,
                         strategy="zero1", micro_batch=1, global_batch=ranks, seq_len=4096,
                         expert_load_imbalance=1.0, ep_dispatcher="deepep"), catalog, model=m)
-    t = moe.a2a_call_s(s, 4096, _dp_layout(s)[0], links(s).intra_gbps) * 1e3
+    t = moe.a2a_call_s(s, 4096, dp_layout(s)[0], links(s).intra_gbps) * 1e3
     assert min(published_ms) * 0.9 < t < max(published_ms) * 1.1
 
 
@@ -585,7 +585,7 @@ def test_folded_layout_grouped_gemms_and_activations(catalog):
 
 def test_folded_layout_all_to_all_and_expert_collectives(catalog):
     s = qwen235(catalog)
-    per_node, share = _dp_layout(s)
+    per_node, share = dp_layout(s)
     assert per_node == 4  # 8 GPUs of a stage in a node, tp 2
     # expert grid etp 1 - ep 32: an EP group is 32 consecutive ranks, 4 whole nodes, 8 EP ranks in each
     assert moe.ep_ranks_per_node(s, per_node) == 8

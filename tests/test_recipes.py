@@ -75,6 +75,11 @@ CASES = {
         model="deepseek-v3", instance="p5.48xlarge", strategy="zero1", tp=2, pp=8, pp_virtual=4, ep=64, etp=1,
         gpus=1024, stack="megatron", ep_dispatcher="deepep", ep_overlap=True,
         activation_checkpointing="selective", recompute_modules=["mla_up_proj", "mlp"]),
+    # what `plan --stack megatron` picks for Mixtral 8x22B on 16 p5 (search._moe_dispatch, checkpointing_options)
+    "mixtral-8x22b tp2 pp4 v4 ep8 etp2 x 16 nodes, deepep + a2a overlap, layernorm moe_act": dict(
+        model="mixtral-8x22b", instance="p5.48xlarge", strategy="zero1", tp=2, pp=4, pp_virtual=4, ep=8, etp=2,
+        gpus=128, global_batch=256, stack="megatron", ep_dispatcher="deepep", ep_overlap=True,
+        activation_checkpointing="selective", recompute_modules=["layernorm", "moe_act"]),
     "qwen3 moe ep8 zero1, recompute layernorm moe_act": dict(model="qwen3-30b-a3b", strategy="zero1", ep=8,
                                                              stack="megatron", activation_checkpointing="selective",
                                                              recompute_modules=["layernorm", "moe_act"]),
@@ -280,7 +285,7 @@ def check_expert_grid(s):
     from megatron.core.parallel_state import RankGenerator
 
     from trainready.plan import moe
-    from trainready.plan.performance import _dp_layout
+    from trainready.plan.performance import dp_layout
 
     order = "tp-cp-ep-dp-pp"
     world = s.n_gpus
@@ -294,7 +299,7 @@ def check_expert_grid(s):
         nodes = [r // s.gpus_per_node for r in group]
         return max(nodes.count(n) for n in nodes)
 
-    per_node, share = _dp_layout(s)
+    per_node, share = dp_layout(s)
     assert node(expert.get_ranks("ep")[0]) == moe.ep_ranks_per_node(s, per_node)
     assert node(expert.get_ranks("dp")[0]) == moe.expert_dp_layout(s, per_node, share)[1]
     assert max(map(node, expert.get_ranks("tp"))) == s.expert_tp  # an expert TP group inside a node

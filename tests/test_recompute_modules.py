@@ -132,19 +132,22 @@ def test_published_lists_read_with_their_short_names():
     assert published_modules("layernorm, moe_act") == ["layernorm", "moe_act"]
 
 
-def test_plan_save_does_not_carry_a_module_list_onto_its_row(tmp_path):
+def test_plan_save_writes_its_row_s_list_not_the_file_s(tmp_path):
     job = tmp_path / "job.toml"
     r = cli_run("estimate", "--model", "qwen3-30b-a3b", "--instance", "p5.48xlarge", "--ep", "8", "--strategy", "zero1",
-                "--stack", "megatron", "--activation-checkpointing", "selective", "--recompute-modules", "moe_act",
-                "--save", str(job))
+                "--stack", "megatron", "--activation-checkpointing", "selective", "--recompute-modules",
+                "shared_experts", "--save", str(job))
     assert r.returncode == 0, r.stderr
     out = tmp_path / "best.toml"
-    p = cli_run("plan", "--job", str(job), "--instances", "p5.48xlarge", "--save", str(out))
+    p = cli_run("plan", "--job", str(job), "--instances", "p5.48xlarge", "--save", str(out), "--json")
     assert p.returncode == 0, p.stderr
-    back = cli_run("estimate", "--job", str(out), "--json")  # the row's checkpointing, without the file's list
+    row = json.loads(p.stdout)["rows"][0]["estimate"]
+    back = cli_run("estimate", "--job", str(out), "--json")  # the row's checkpointing and list, not the file's
     assert back.returncode == 0, back.stderr
-    setup = json.loads(back.stdout)["setup"]
-    assert setup["activation_checkpointing"] in ("none", "full") and setup["recompute_modules"] is None
+    again = json.loads(back.stdout)
+    assert again["setup"]["recompute_modules"] == row["setup"]["recompute_modules"] != ["shared_experts"]
+    assert again["setup"]["activation_checkpointing"] == row["setup"]["activation_checkpointing"]
+    assert again["throughput"]["tokens_per_s"] == pytest.approx(row["throughput"]["tokens_per_s"])
 
 
 def test_moe_act_frees_the_rank_s_share_under_expert_tp(catalog):

@@ -93,7 +93,7 @@ def _setup_line(e: EstimateResult) -> str:
         par += f" (interleaved: {s.pp_virtual} virtual stages per rank)" if s.pp_virtual > 1 else ""
         par += " (TP communication overlapped)" if s.tp_overlap else ""
     if s.ep > 1 or s.etp != s.tp:
-        par += f", ep {s.ep} x etp {s.etp}"
+        par += f", ep {s.ep} x etp {s.etp}" + dispatch_text(s)
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}"
@@ -101,6 +101,14 @@ def _setup_line(e: EstimateResult) -> str:
             + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "")
             + (", compiled with its loss" if s.torch_compile else "") + ", "
             f"{'no' if s.activation_checkpointing == 'none' else recompute_text(s)} recompute")
+
+
+def dispatch_text(s: SetupInfo) -> str:
+    """DeepEP and the all-to-all overlap where a MoE row uses them (the collective all-to-all says nothing)."""
+    if s.ep_dispatcher != "deepep" and not s.ep_overlap:
+        return ""
+    return ", " + " + ".join(([] if s.ep_dispatcher != "deepep" else ["DeepEP"])
+                             + (["a2a overlap"] if s.ep_overlap else []))
 
 
 def recompute_text(s: SetupInfo) -> str:
@@ -185,6 +193,7 @@ def _how(e: EstimateResult) -> str:
         how += f", cp {s.cp}"
     if s.ep > 1 or s.etp != s.tp:
         how += f", ep {s.ep} x etp {s.etp}"
+    how += dispatch_text(s)
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
     how += ", compiled" if s.torch_compile else ""
     if s.activation_checkpointing != "none":

@@ -71,6 +71,11 @@ class SetupInfo(BaseModel):
     recompute_modules: list[str] | None = Field(
         None, description="with activation_checkpointing selective-attn (Megatron's selective recompute): the modules "
                           "recomputed (plan/recompute.py); None otherwise")
+    ep_dispatcher: str | None = Field(None, description="MoE with ep > 1: how tokens reach their experts, alltoall "
+                                                        "(a row per routed expert) or deepep (DeepEP/HybridEP); "
+                                                        "None otherwise")
+    ep_overlap: bool = Field(False, description="MoE with ep > 1: the all-to-alls overlapped with another "
+                                                "micro-batch's compute")
     offload: str
     method: str
     lora_rank: int | None
@@ -338,6 +343,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,
                         recompute_modules=list(s.recomputes) or None,
+                        ep_dispatcher=s.ep_dispatcher if s.ep > 1 else None, ep_overlap=s.ep > 1 and s.ep_overlap,
                         lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,

@@ -462,7 +462,7 @@ report Sec. 3.3: 1x128 activation tiles; DeepEP's FP8 dispatch carries the same 
 
 def ep_ranks_per_node(s: Setup, dp_ranks_per_node: int) -> int:
     """EP ranks inside a GPU's node: the expert grid puts EP ranks etp apart over the stage's GPUs in the
-    node (dp_ranks_per_node x tp of them; performance._dp_layout): etp 1, ep 8 on 8-GPU nodes is one node
+    node (dp_ranks_per_node x tp of them; performance.dp_layout): etp 1, ep 8 on 8-GPU nodes is one node
     whatever tp is."""
     return max(1, min(s.ep, dp_ranks_per_node * s.tp // s.expert_tp))
 

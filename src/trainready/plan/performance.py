@@ -412,7 +412,7 @@ def collective_s(kind: str, nbytes: float, ranks: int, ranks_per_node: int, ln: 
     return t + eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * ranks
 
 
-def _dp_layout(s: Setup) -> tuple[int, float]:
+def dp_layout(s: Setup) -> tuple[int, float]:
     """(data-parallel ranks per node, share of the node's network one DP group gets)."""
     gpus_per_stage_node = s.gpus_per_node // s.pp if s.pp > s.nodes else s.gpus_per_node
     per_node = max(1, min(s.shard_dp, max(1, gpus_per_stage_node) // s.tp))
@@ -490,7 +490,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     tp_s += cp_exposed
 
     # data parallel (with context parallelism: over the dp x cp ranks that hold the same weights)
-    per_node, share = _dp_layout(s)
+    per_node, share = dp_layout(s)
     a2a = moe.a2a_s(s, tokens, per_node, ln.intra_gbps) if m.is_moe else 0.0  # EP dispatch/combine per micro-batch
     dp = s.shard_dp
     g_bytes = 4 if s.reduce_dtype == "fp32" else 2

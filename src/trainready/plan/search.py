@@ -23,8 +23,10 @@ from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
 from .memory import GiB, estimate_memory, qlora_moe_note
-from .performance import estimate_step
+from . import moe
+from .performance import dp_layout, estimate_step
 from .recipes import Recipe, framework_for, recipe_for
+from .recompute import modules_text
 from .setup import (
     Setup,
     check_fp8_recipe_precision,
@@ -286,15 +288,16 @@ Megatron-LM's and torchtitan's published recipes use."""
 
 def _interleaved(s: Setup, mem, step, limit_gib: float, framework: str):
     """A pipelined row with the interleaved schedule instead of plain 1F1B where that is faster, fits, and the
-    framework runs it: v virtual stages per rank (VIRTUAL_STAGES) that split the layers evenly (Megatron-LM
-    and torchtitan's layer assignment) with micro-batches in whole groups of pp (setup._check_virtual).
+    framework runs it: v virtual stages per rank (VIRTUAL_STAGES), a layer or more each (an uneven split where the
+    framework lays it out: Megatron's --pipeline-model-parallel-layout; framework_for says where not) with
+    micro-batches in whole groups of pp (setup._check_virtual).
     Like TP/PP, it is more to run, so it must be COMPLEXITY faster; a 1F1B bubble, (pp - 1)/m of the
     compute, smaller than that cannot pay for it and is not tried (this keeps the search's time)."""
     if s.pp == 1 or s.grad_accum % s.pp or (s.pp - 1) / s.grad_accum < COMPLEXITY:
         return s, mem, step
     best = (s, mem, step)
     for v in VIRTUAL_STAGES:
-        if s.model.num_layers % (s.pp * v):
+        if s.model.num_layers < s.pp * v:  # a layer per virtual stage; uneven splits where the recipe lays them out
             continue
         runs_on, why_not = framework_for(s.with_(pp_virtual=v), framework)
         if why_not:
@@ -305,6 +308,58 @@ def _interleaved(s: Setup, mem, step, limit_gib: float, framework: str):
             continue
         cand_step = estimate_step(cand)
         if cand_step.tokens_per_s > best[2].tokens_per_s and cand_step.tokens_per_s >= step.tokens_per_s * (1 + COMPLEXITY):
+            best = (cand, cand_mem, cand_step)
+    return best
+
+
+def checkpointing_options(base: Setup) -> list[tuple[str, tuple[str, ...]]]:
+    """(checkpointing, Megatron's recompute modules) the search tries: none and full, and for a MoE model on the
+    megatron stack the modules NVIDIA's published MoE recipes recompute (plan/recompute.py): mla_up_proj and mlp
+    with MLA (Megatron-MoE-ModelZoo best_practice/DeepSeekV3/run.sh, H100), else layernorm and moe_act
+    (best_practice/qwen3, H100), which Megatron-Core refuses under delayed FP8 scaling."""
+    out: list[tuple[str, tuple[str, ...]]] = [("none", ()), ("full", ())]
+    m = base.model
+    if base.stack != "megatron" or not m.is_moe or base.method != "full":
+        return out
+    if m.mla is not None:
+        return out + [("selective-attn", ("mla_up_proj", "mlp"))]
+    if base.precision == "fp8" and base.fp8_recipe == "delayed":
+        return out
+    return out + [("selective-attn", ("layernorm", "moe_act"))]
+
+
+def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework: str):
+    """A Megatron MoE row whose expert-parallel group spans nodes, with DeepEP (the flex dispatcher: a token sent
+    once per node, forwarded over NVLink) and, where Megatron-Core allows it, the EP all-to-all overlapped with
+    another micro-batch (pp 1 or virtual stages; not under full recompute), instead of the collective all-to-all:
+    what NVIDIA's published MoE recipes on H100 run (Megatron-MoE-ModelZoo best_practice/DeepSeekV3 and qwen3,
+    'Enable DeepEP', 'Enable EP A2A overlapping'). DeepEP is one more library to install, so, like interleaving,
+    it must be COMPLEXITY faster. Left alone where the job names a dispatcher or an overlap."""
+    if (s.stack != "megatron" or not s.model.is_moe or s.ep <= 1 or job.ep_dispatcher is not None
+            or job.ep_overlap is not None or s.ep_dispatcher == "deepep"):
+        return s, mem, step
+    if moe.ep_ranks_per_node(s, dp_layout(s)[0]) >= s.ep:
+        return s, mem, step  # inside a node: DeepEP's node-level saving does not apply
+    # the overlap needs virtual stages under pp > 1: tried with them here, where interleaving alone did not pay
+    virtual = [s.pp_virtual]
+    if s.pp > 1 and s.pp_virtual == 1 and s.grad_accum % s.pp == 0:
+        virtual += [v for v in VIRTUAL_STAGES if s.model.num_layers >= s.pp * v]
+    best = (s, mem, step)
+    tries = [s.with_(ep_dispatcher="deepep")]
+    if s.checkpointing != "full":
+        tries += [s.with_(ep_dispatcher="deepep", ep_overlap=True, pp_virtual=v) for v in virtual
+                  if s.pp == 1 or v > 1]
+    for cand in tries:
+        runs_on, why_not = framework_for(cand, framework)
+        if why_not:
+            continue
+        cand = cand.with_(runs_on=runs_on)
+        ok, cand_mem = _fits(cand, limit_gib)
+        if not ok:
+            continue
+        cand_step = estimate_step(cand)
+        if (cand_step.tokens_per_s > best[2].tokens_per_s
+                and cand_step.tokens_per_s >= step.tokens_per_s * (1 + COMPLEXITY)):
             best = (cand, cand_mem, cand_step)
     return best
 
@@ -483,9 +538,9 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                                               f"(nearest valid: {nearest_multiples(gb, dp)})")
                     continue
                 per_dp = gb // dp
-                for ckpt in ("none", "full"):
+                for ckpt, modules in checkpointing_options(base):
                     s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, strategy=strategy,
-                                   offload=offload, checkpointing=ckpt)
+                                   offload=offload, checkpointing=ckpt, recompute_modules=modules)
                     runs_on, why_not = framework_for(s, req.framework)
                     if why_not:  # not recommended: the framework would not run what the row says
                         log.framework = log.framework or why_not
@@ -497,7 +552,8 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                         log.smallest_peak_gib = smallest.peak / GiB
                         off = f"+offload {offload}" if offload != "none" else ""
                         par = layout_text(tp, pp, 1, ep, etp, cp)
-                        log.smallest_at = f"{nodes} node(s), {strategy}{off}, {par}, ckpt {ckpt}"
+                        log.smallest_at = (f"{nodes} node(s), {strategy}{off}, {par}, ckpt "
+                                           f"{modules_text(modules) if modules else ckpt}")
                         parts = {"weights": smallest.weights, "gradients": smallest.gradients,
                                  "optimizer": smallest.optimizer, "activations": smallest.activations}
                         top = sorted(parts.items(), key=lambda kv: -kv[1])[:2]
@@ -514,6 +570,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                         continue
                     step = estimate_step(cand)
                     cand, mem, step = _interleaved(cand, mem, step, limit, req.framework)
+                    cand, mem, step = _moe_dispatch(req.job, cand, mem, step, limit, req.framework)
                     key, usd, hours = _score(req, cand, mem, step.tokens_per_s)
                     if req.by == "cost" and usd is None:
                         model_name = "spot" if req.job.spot else "on-demand"
@@ -931,6 +988,9 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
         # Megatron's module list where it is not the default (None: older releases read the file)
         "recompute_modules": best.recompute_modules if best.recompute_modules not in (None, ["core_attn"]) else None,
+        # MoE dispatch the search chose (_moe_dispatch); otherwise the job's own, or the stack's (None)
+        "ep_dispatcher": best.ep_dispatcher if best.ep_dispatcher == "deepep" else job.ep_dispatcher,
+        "ep_overlap": True if best.ep_overlap else job.ep_overlap,
         "offload": best.offload, "ep": best.ep,
         "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
         "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
