@@ -818,6 +818,24 @@ def test_the_default_stack_names_a_much_cheaper_run_under_a_frameworks_own(catal
     assert not any("plan again with --stack" in n for n in plan(named, catalog).notes)  # asked for: not a default
 
 
+def test_a_default_row_that_offloads_names_the_framework_layout_past_the_node_cap(catalog):
+    """Issue 24: DeepSeek-R1 on p5 by default is ZeRO-3 + offload at ~5% MFU ($1.1M per 100B tokens), where Megatron
+    with its own layouts (PP, EP over nodes with DeepEP) runs on more nodes than --max-nodes allows for a fifth of
+    it: the note names the stack and the node count, and planning as it says finds that row."""
+    req = PlanRequest(job=JobSpec(model="deepseek-r1", tokens=1e11), instances=["p5.48xlarge"], max_nodes=16, top=1)
+    first = plan(req, catalog)
+    assert first.rows[0].estimate.setup.offload != "none"
+    said = [n for n in first.notes if "plan again with --stack megatron --max-nodes" in n]
+    assert said, first.notes
+    nodes = int(said[0].rsplit("--max-nodes ", 1)[1].split()[0])
+    assert nodes > 16
+    again = plan(req.model_copy(update={"job": req.job.model_copy(update={"stack": "megatron"}), "max_nodes": nodes}),
+                 catalog)
+    shown = first.rows[0].estimate.cost.total_usd
+    assert again.rows[0].estimate.cost.total_usd <= 0.8 * shown
+    assert f"{again.rows[0].estimate.setup.nodes} nodes x p5.48xlarge" in said[0]
+
+
 @pytest.mark.parametrize("stack", ["hf-trainer", "deepspeed"])
 def test_zero2_model_states_are_what_deepspeeds_own_estimator_counts(catalog, stack):
     """DeepSpeed's estimate_zero2_model_states_mem_needs (runtime/zero/stage_1_and_2.py): 2 bytes per parameter for

@@ -479,7 +479,9 @@ OWN_STACKS = ("megatron", "torchtitan")  # the frameworks whose kernels and reco
 def _other_stack(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: int, row: PlanRow) -> str | None:
     """A note when the default stack (a Hugging Face model's eager kernels) hides a much cheaper run on the best
     row's instance under Megatron's or torchtitan's own stack: that instance and node count searched again under
-    each."""
+    each. A best row that offloads (its states fit no other way on the default stack) is searched at more nodes
+    too, up to 4x --max-nodes: the layouts those stacks run (PP, EP with DeepEP) may fit there without offload,
+    as DeepSeek-V3's published runs do on 1,024 H100 where the default stack offloads at a few % MFU."""
     job = req.job
     if job.stack is not None or job.method != "full" or req.by != "cost" or req.calibration is not None:
         return None
@@ -488,9 +490,10 @@ def _other_stack(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: in
     shown = row.estimate.cost.total_usd if job.tokens else row.estimate.cost.usd_per_billion_tokens
     inst = catalog.instance(row.estimate.setup.instance)
     best: _Best | None = None
-    nodes = row.estimate.setup.nodes  # its node count only: the search's time stays the plan's
+    nodes = row.estimate.setup.nodes  # its node count only (the search's time stays the plan's), but for offload
+    most = min(4 * req.max_nodes, NODE_COUNTS[-1]) if row.estimate.setup.offload != "none" else nodes
     for name in OWN_STACKS if req.framework == "auto" else (req.framework,):
-        other = req.model_copy(update={"job": job.model_copy(update={"stack": name}), "max_nodes": nodes})
+        other = req.model_copy(update={"job": job.model_copy(update={"stack": name}), "max_nodes": most})
         try:
             found, _, _ = _evaluate_instance(other, catalog, inst, model, seq_len, gb, min_nodes=nodes)
         except UsageError:  # the job asks for something that stack refuses
@@ -503,7 +506,8 @@ def _other_stack(req: PlanRequest, catalog: Catalog, model, seq_len: int, gb: in
     s = best.setup
     return (f"the default stack (a Hugging Face model's eager kernels) prices the best row at {usd_text(shown)}; "
             f"{s.stack}'s own kernels and recompute run {_nodes(s.nodes)} x {inst.name} for {usd_text(best.usd)} "
-            f"({1 - best.usd / shown:.0%} less): plan again with --stack {s.stack}")
+            f"({1 - best.usd / shown:.0%} less): plan again with --stack {s.stack}"
+            + (f" --max-nodes {s.nodes}" if s.nodes > req.max_nodes else ""))
 
 
 def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model, seq_len: int,
