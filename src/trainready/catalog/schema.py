@@ -92,6 +92,9 @@ class Instance(_Strict):
     nvme_gb: float | None = Field(None, ge=0, description="per device, decimal GB")
     network_gbps: float | None = Field(None, gt=0, description="inter-node network, Gbit/s")
     efa_interfaces: int | None = Field(None, ge=0)
+    fabric: Literal["infiniband", "efa"] | None = Field(
+        None, description="the inter-node RDMA fabric: infiniband (Mellanox/NVIDIA ConnectX, which GPU-initiated RDMA "
+                          "such as DeepEP's IBGDA needs) or efa (AWS Elastic Fabric Adapter); None: not known")
     gpus_per_pcie_switch: int | None = Field(None, ge=1, le=MAX_GPUS_PER_NODE,
                                              description="GPUs behind one PCIe switch, sharing its uplink to the "
                                                          "host (host-memory copies of all GPUs at once split it); "

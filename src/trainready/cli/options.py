@@ -234,10 +234,11 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
         base.pop("gpu", None)
     if "gpu" in given:
         base.pop("instance", None)
-    if "stack" in given:  # a stack named here replaces the file's stack-controlled choices
+    if "stack" in given:  # a stack named here replaces the file's stack-controlled choices (restated: kept)
         get_stack(given["stack"])  # unknown: exit 2 with the nearest names
-        for k in ("kernels", "attention_kernel", "reduce_dtype", "ep_dispatcher", "ep_overlap", "fp8_dispatch"):
-            base.pop(k, None)
+        if given["stack"] != base.get("stack"):
+            for k in ("kernels", "attention_kernel", "reduce_dtype", "ep_dispatcher", "ep_overlap", "fp8_dispatch"):
+                base.pop(k, None)
     # the file's module list belonged to the file's stack and checkpointing: kept where those are restated unchanged
     if any(k in given and given[k] != base.get(k) for k in ("stack", "activation_checkpointing")):
         base.pop("recompute_modules", None)

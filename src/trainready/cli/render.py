@@ -14,10 +14,9 @@ from rich.text import Text
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.cli.console import err, line, out, styled
 from trainready.plan.confidence import short as confidence_short
-from trainready.plan.estimate import EstimateResult, SetupInfo
+from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.recipes import Recipe
-from trainready.plan.recompute import modules_text
 from trainready.plan.search import PlanResult
 from trainready.plan.units import BIG, count_text, hours_text, usd_text
 
@@ -93,27 +92,15 @@ def _setup_line(e: EstimateResult) -> str:
         par += f" (interleaved: {s.pp_virtual} virtual stages per rank)" if s.pp_virtual > 1 else ""
         par += " (TP communication overlapped)" if s.tp_overlap else ""
     if s.ep > 1 or s.etp != s.tp:
-        par += f", ep {s.ep} x etp {s.etp}" + dispatch_text(s)
+        par += f", ep {s.ep} x etp {s.etp}" + s.dispatch_text()
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}"
             + (f" ({s.fp8_recipe} scaling)" if s.fp8_recipe else "")
             + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "")
             + (", compiled with its loss" if s.torch_compile else "") + ", "
-            f"{'no' if s.activation_checkpointing == 'none' else recompute_text(s)} recompute")
+            f"{'no' if s.activation_checkpointing == 'none' else s.recompute_text()} recompute")
 
-
-def dispatch_text(s: SetupInfo) -> str:
-    """DeepEP and the all-to-all overlap where a MoE row uses them (the collective all-to-all says nothing)."""
-    if s.ep_dispatcher != "deepep" and not s.ep_overlap:
-        return ""
-    return ", " + " + ".join(([] if s.ep_dispatcher != "deepep" else ["DeepEP"])
-                             + (["a2a overlap"] if s.ep_overlap else []))
-
-
-def recompute_text(s: SetupInfo) -> str:
-    """The checkpointing as outputs name it: Megatron's module list where it is not the attention core alone."""
-    return modules_text(tuple(s.recompute_modules)) if s.recompute_modules else s.activation_checkpointing
 
 
 def render_estimate(con: Console, e: EstimateResult) -> None:
@@ -193,11 +180,11 @@ def _how(e: EstimateResult) -> str:
         how += f", cp {s.cp}"
     if s.ep > 1 or s.etp != s.tp:
         how += f", ep {s.ep} x etp {s.etp}"
-    how += dispatch_text(s)
+    how += s.dispatch_text()
     how += f", micro-batch {s.micro_batch} x {s.grad_accum}"
     how += ", compiled" if s.torch_compile else ""
     if s.activation_checkpointing != "none":
-        how += f", {recompute_text(s)} recompute"
+        how += f", {s.recompute_text()} recompute"
     if s.fp8_recipe:
         how += f", fp8 {s.fp8_recipe}"
     if s.capacity_factor:

@@ -19,6 +19,7 @@ from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, deepspeed_states, estimate_memory, qlora_moe_note
 from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
 from .recipes import framework_for
+from .recompute import modules_text
 from .setup import Setup
 from .stacks import compile_assumption, resolve_stack
 from .storage import StoragePlan, storage_plan
@@ -87,6 +88,15 @@ class SetupInfo(BaseModel):
                                                      "none runs it as estimated")
     inter_node_gbps: float | None
     spot: bool
+
+    def recompute_text(self) -> str:
+        """The checkpointing as outputs name it: Megatron's module list where it is not the attention core alone."""
+        return modules_text(tuple(self.recompute_modules)) if self.recompute_modules else self.activation_checkpointing
+
+    def dispatch_text(self) -> str:
+        """", DeepEP + a2a overlap" where a MoE row uses either (the collective all-to-all says nothing)."""
+        parts = (["DeepEP"] if self.ep_dispatcher == "deepep" else []) + (["a2a overlap"] if self.ep_overlap else [])
+        return ", " + " + ".join(parts) if parts else ""
 
 
 class MemoryParts(BaseModel):

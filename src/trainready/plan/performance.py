@@ -74,6 +74,20 @@ def _module_gemm_indices(s: Setup) -> frozenset[int]:
     return frozenset(out)
 
 
+def overlapped_share(s: Setup) -> float:
+    """The share of a rank's micro-batch passes whose all-to-alls Megatron's EP overlap hides: only a forward paired
+    with another micro-batch's backward overlaps. Without pipelining the first forward and the last backward run
+    alone (schedules.py combined_1f1b_schedule_for_no_pipelining): (m - 1)/m. Interleaved, the first rank's warmup
+    forwards, (pp - 1) x 2 + (v - 1) x pp of its m x v chunk passes (get_pp_rank_microbatches, micro-batch groups
+    of pp), and as many cooldown backwards run unpaired."""
+    m = s.grad_accum
+    if s.pp == 1:
+        return (m - 1) / m
+    passes = m * s.pp_virtual
+    warmup = (s.pp - 1) * 2 + (s.pp_virtual - 1) * s.pp
+    return max(0.0, passes - warmup) / passes
+
+
 def _act_bytes_per_elem(s: Setup) -> int:
     return 4 if s.precision == "fp32" else 2
 
@@ -550,7 +564,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             overlapped_mb += min(ag, mb.fwd_s) + min(ag + rs, mb.bwd_s)
     # EP all-to-alls: in the compute path, exposed like TP's all-reduces; or run beside another micro-batch's
     # compute (DualPipe, 1F1B A2A overlap), where only what outlasts that compute stays exposed
-    a2a_hidden = min(a2a, mb.fwd_s + mb.bwd_s) if s.ep_overlap else 0.0
+    a2a_hidden = min(a2a, mb.fwd_s + mb.bwd_s) * overlapped_share(s) if s.ep_overlap else 0.0
     overlapped_mb += a2a_hidden
     tp_s += a2a - a2a_hidden
     # pipeline: activations to the next stage and gradients back, per micro-batch; interleaved, once per

@@ -328,28 +328,52 @@ def checkpointing_options(base: Setup) -> list[tuple[str, tuple[str, ...]]]:
     return out + [("selective-attn", ("layernorm", "moe_act"))]
 
 
-def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework: str):
-    """A Megatron MoE row whose expert-parallel group spans nodes, with DeepEP (the flex dispatcher: a token sent
-    once per node, forwarded over NVLink) and, where Megatron-Core allows it, the EP all-to-all overlapped with
-    another micro-batch (pp 1 or virtual stages; not under full recompute), instead of the collective all-to-all:
-    what NVIDIA's published MoE recipes on H100 run (Megatron-MoE-ModelZoo best_practice/DeepSeekV3 and qwen3,
-    'Enable DeepEP', 'Enable EP A2A overlapping'). DeepEP is one more library to install, so, like interleaving,
-    it must be COMPLEXITY faster. Left alone where the job names a dispatcher or an overlap."""
-    if (s.stack != "megatron" or not s.model.is_moe or s.ep <= 1 or job.ep_dispatcher is not None
-            or job.ep_overlap is not None or s.ep_dispatcher == "deepep"):
+DEEPEP_ARCHS = ("hopper", "blackwell")
+"""GPUs DeepEP's kernels run on: SM90 (deepseek-ai/DeepEP README), and Blackwell through Megatron-Core's HybridEP
+backend ('GB200, B200, H100 supported', Core 0.15 release notes in megatron/core/transformer/moe/README.md)."""
+
+
+def deepep_reason(s: Setup) -> str | None:
+    """Why DeepEP cannot carry this row's tokens (None: it can). Its intranode kernels need NVLink between every GPU
+    pair; its internode kernels post RDMA from the GPU (IBGDA), which needs InfiniBand NICs: AWS's EFA has no IBGDA
+    (deepseek-ai/DeepEP#369), and Megatron-Bridge's H100 recipe crashes on EFA once EP spans nodes, 'neither
+    inter-node DeepEP backend supporting EFA' (NVIDIA-NeMo/Megatron-Bridge#3343, 2026-04)."""
+    if s.gpu.arch not in DEEPEP_ARCHS:
+        return f"DeepEP runs on Hopper and Blackwell GPUs, not {s.gpu.name}"
+    if (s.instance.topology if s.instance else None) != "nvswitch":
+        return "DeepEP needs NVLink between every GPU pair (NVSwitch)"
+    spans = moe.ep_ranks_per_node(s, dp_layout(s)[0]) < s.ep
+    if spans and (s.instance is None or s.instance.fabric != "infiniband"):
+        fabric = s.instance.fabric if s.instance and s.instance.fabric else "not known to be InfiniBand"
+        return f"DeepEP's inter-node kernels need InfiniBand (GPU-initiated RDMA); this network is {fabric}"
+    return None
+
+
+def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework: str, overlap_asked: bool = False):
+    """A Megatron MoE row with what NVIDIA's published MoE recipes on H100 run instead of Megatron-Core's defaults
+    (Megatron-MoE-ModelZoo best_practice/DeepSeekV3 and qwen3, 'Enable DeepEP', 'Enable EP A2A overlapping'): DeepEP
+    (the flex dispatcher: a token sent once per node, forwarded over NVLink) where its expert-parallel group spans
+    nodes and deepep_reason allows it, and the EP all-to-all overlapped with another micro-batch where Megatron-Core
+    allows it (pp 1, or virtual stages under pp > 1, tried with them; not under full recompute). Each is more to
+    run (DeepEP one more library), so a variant must be COMPLEXITY faster, as interleaving must. A dispatcher or
+    overlap the job names is kept; `overlap_asked`: the job asked for the overlap, which this row could not run
+    without virtual stages: the best overlapped variant that fits is taken without the margin."""
+    if s.stack != "megatron" or not s.model.is_moe or s.ep <= 1:
         return s, mem, step
-    if moe.ep_ranks_per_node(s, dp_layout(s)[0]) >= s.ep:
-        return s, mem, step  # inside a node: DeepEP's node-level saving does not apply
-    # the overlap needs virtual stages under pp > 1: tried with them here, where interleaving alone did not pay
+    spans = moe.ep_ranks_per_node(s, dp_layout(s)[0]) < s.ep
+    dispatchers = [job.ep_dispatcher] if job.ep_dispatcher else ["alltoall"] + (
+        ["deepep"] if spans and deepep_reason(s.with_(ep_dispatcher="deepep")) is None else [])
     virtual = [s.pp_virtual]
-    if s.pp > 1 and s.pp_virtual == 1 and s.grad_accum % s.pp == 0:
+    if s.pp > 1 and s.pp_virtual == 1 and s.grad_accum % s.pp == 0:  # the overlap needs virtual stages there
         virtual += [v for v in VIRTUAL_STAGES if s.model.num_layers >= s.pp * v]
-    best = (s, mem, step)
-    tries = [s.with_(ep_dispatcher="deepep")]
-    if s.checkpointing != "full":
-        tries += [s.with_(ep_dispatcher="deepep", ep_overlap=True, pp_virtual=v) for v in virtual
-                  if s.pp == 1 or v > 1]
+    overlaps = [] if job.ep_overlap is False or s.checkpointing == "full" else [v for v in virtual
+                                                                             if s.pp == 1 or v > 1]
+    tries = [s.with_(ep_dispatcher=d, ep_overlap=False) for d in dispatchers]
+    tries += [s.with_(ep_dispatcher=d, ep_overlap=True, pp_virtual=v) for d in dispatchers for v in overlaps]
+    best, taken = (s, mem, step), False
     for cand in tries:
+        if (cand.ep_dispatcher, cand.ep_overlap, cand.pp_virtual) == (s.ep_dispatcher, s.ep_overlap, s.pp_virtual):
+            continue
         runs_on, why_not = framework_for(cand, framework)
         if why_not:
             continue
@@ -358,8 +382,11 @@ def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework
         if not ok:
             continue
         cand_step = estimate_step(cand)
-        if (cand_step.tokens_per_s > best[2].tokens_per_s
-                and cand_step.tokens_per_s >= step.tokens_per_s * (1 + COMPLEXITY)):
+        asked = overlap_asked and cand.ep_overlap
+        if asked and not (taken and cand_step.tokens_per_s <= best[2].tokens_per_s):
+            best, taken = (cand, cand_mem, cand_step), True
+        elif not taken and (cand_step.tokens_per_s > best[2].tokens_per_s
+                            and cand_step.tokens_per_s >= step.tokens_per_s * (1 + COMPLEXITY)):
             best = (cand, cand_mem, cand_step)
     return best
 
@@ -545,6 +572,10 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                 for ckpt, modules in checkpointing_options(base):
                     s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, strategy=strategy,
                                    offload=offload, checkpointing=ckpt, recompute_modules=modules)
+                    # the job's EP overlap needs virtual stages under PP: planned without, given them by _moe_dispatch
+                    overlap_dropped = s.ep_overlap and s.pp > 1 and s.stack == "megatron"
+                    if overlap_dropped:
+                        s = s.with_(ep_overlap=False)
                     runs_on, why_not = framework_for(s, req.framework)
                     if why_not:  # not recommended: the framework would not run what the row says
                         log.framework = log.framework or why_not
@@ -574,7 +605,8 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                         continue
                     step = estimate_step(cand)
                     cand, mem, step = _interleaved(cand, mem, step, limit, req.framework)
-                    cand, mem, step = _moe_dispatch(req.job, cand, mem, step, limit, req.framework)
+                    cand, mem, step = _moe_dispatch(req.job, cand, mem, step, limit, req.framework,
+                                                    overlap_asked=overlap_dropped)
                     key, usd, hours = _score(req, cand, mem, step.tokens_per_s)
                     if req.by == "cost" and usd is None:
                         model_name = "spot" if req.job.spot else "on-demand"

@@ -102,7 +102,7 @@ def memory_chart(row: Any) -> tuple[str | None, Any]:
     ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=5, frameon=False, fontsize=9)
     s = row.estimate.setup
     notes = [f"row #{row.rank}: {s.instance or s.gpu} x {s.nodes} node(s), {s.strategy}, tp {s.tp} pp {s.pp}, "
-             f"micro-batch {s.micro_batch}, activation checkpointing {s.activation_checkpointing}; "
+             f"micro-batch {s.micro_batch}, activation checkpointing {s.recompute_text()}{s.dispatch_text()}; "
              f"peak {parts.peak:,.1f} GiB at {mem.peak_phase}, {mem.headroom_gib:,.1f} GiB free"
              + (f"; dashed: the {margin:.0%} kept free (--memory-margin)" if margin > 0 else "")]
     return to_svg(fig, "memory"), notes
@@ -124,7 +124,7 @@ def _row_cells(row: Any, per_billion: bool) -> list[object]:
     s, t, c = e.setup, e.time, e.cost
     usd = c.usd_per_billion_tokens if per_billion else c.total_usd
     return [row.rank, s.instance or s.gpu, f"{s.nodes} x {s.gpus_per_node}", s.strategy,
-            layout_text(s.tp, s.pp, s.pp_virtual, s.ep, s.etp), s.micro_batch, s.activation_checkpointing,
+            layout_text(s.tp, s.pp, s.pp_virtual, s.ep, s.etp) + s.dispatch_text(), s.micro_batch, s.recompute_text(),
             f"{e.throughput.tokens_per_s:,.0f}", "-" if t.train_hours is None else f"{t.train_hours:,.1f}",
             ("-" if usd is None else usd_text(usd)) + markers(row), row.framework, row.why]
 
