@@ -31,6 +31,13 @@ torch.compile (the `compile` column, from the row's framework release): "model+l
 torchtitan compiled the blocks only, the loss eager) and "yes" rows (what was compiled is not published) without:
 `--compile` changes the loss's memory only, and the blocks' compile is not an input.
 
+MoE dispatch and routing (added 2026-12-07, after the Kimi K2 row read -43% with the stack's collective
+all-to-all where its source names DeepEP): a row whose framework or notes name DeepEP or HybridEP is estimated
+with `ep_dispatcher = "deepep"`; one that forced balanced routing (force-balanced, NeMo AutoModel's
+fake_balanced_gate) with a load imbalance of 1.0, and fake_balanced_gate's contiguous routing. Megatron recipes
+with `--recompute-modules` are estimated with that list (plan/recompute.py; publications' short names read by
+recompute.published_modules).
+
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
 Usage: python bench/plan_accuracy_2024.py [--rows]
@@ -147,8 +154,13 @@ def job_of(r: dict[str, str]) -> JobSpec:
     if precision == "fp8" and recipe:  # the row's scaling recipe; unpublished: the stack's default
         kw["fp8_recipe"] = next((n for n in ("mxfp8", "rowwise", "blockwise", "delayed", "tensorwise") if n in recipe),
                                 None)
-    if "force-balanced" in r["notes"]:  # the benchmark forced an even token spread over the experts
-        kw["expert_load_imbalance"] = 1.0
+    said = f"{r['framework']} {r['notes']}".lower()
+    if "force-balanced" in said or "forced balanced" in said or "fake_balanced_gate" in said:
+        kw["expert_load_imbalance"] = 1.0  # the benchmark forced an even token spread over the experts
+    if "fake_balanced_gate" in said:  # NeMo AutoModel's gate: token t to experts t k .. t k + k - 1 (moe.py)
+        kw["expert_routing"] = "contiguous"
+    if kw["ep"] > 1 and ("deepep" in said or "hybridep" in said):  # the dispatcher the source names
+        kw["ep_dispatcher"] = "deepep"
     if r["tp_comm_overlap"] == "yes" and kw["tp"] > 1:  # Megatron's --tp-comm-overlap, torchtitan's async TP
         kw["tp_overlap"] = True
     kernel = attention_kernel_of(r, stack)
