@@ -19,7 +19,7 @@ from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, deepspeed_states, estimate_memory, qlora_moe_note
 from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
 from .recipes import framework_for
-from .recompute import modules_text
+from .recompute import DEFAULT_MODULES, modules_text
 from .setup import Setup
 from .stacks import compile_assumption, resolve_stack
 from .storage import StoragePlan, storage_plan
@@ -287,7 +287,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                              reduce_dtype=s.reduce_dtype)
     assumptions = [
         resolved.describe(named=s.stack_named) + (f"; this job's --recompute-modules: {', '.join(s.recomputes)}"
-                                                  if s.recomputes not in ((), ("core_attn",)) else ""),
+                                                  if s.recomputes not in ((), DEFAULT_MODULES) else ""),
         *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method),
                        compile_assumption(resolved, s.compiled)]),
         (f"memory as {s.runs_on} holds it" + (" (DeepSpeed's ZeRO: 16-bit gradients beside the fp32 ones, ZeRO-3's "

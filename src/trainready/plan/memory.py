@@ -247,8 +247,10 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
 
     layer = on_rank(per_token(m)) * tokens
     stage = s.stage_layers * layer  # one micro-batch's saved activations on the worst stage
+    full_fp8 = fp8_saved and s.method == "full"  # frozen linears save no FP8 inputs (as layer_bytes_per_token)
+    moe_per_token = moe.moe_layer_bytes_per_token(s, per_token, a, full_fp8) if m.is_moe else 0.0
     if m.is_moe:  # MoE layers save routed tokens' activations (plan/moe.py)
-        moe_layer = tokens * on_rank(moe.moe_layer_bytes_per_token(s, per_token, a, fp8_saved and s.method == "full"))
+        moe_layer = tokens * on_rank(moe_per_token)
         stage = moe.worst_stage(m, s.pp, layer, moe_layer, s.pp_virtual)
         layer = max(layer, moe_layer)
     # 1F1B: the first stage holds pp micro-batches; interleaved, pp (1 + (pp - 1)/(pp v)) (setup.py)
@@ -267,7 +269,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
                                                        lora_rank=s.lora_rank, fp32_adapters=fp32_adapters),
                                 block_input)
     elif s.recomputes not in ((), DEFAULT_MODULES):  # Megatron's modules: each layer less what they free
-        kd, km = _modules_kept_per_token(s, per_token, a, fp8_saved)
+        kd, km = _modules_kept_per_token(s, per_token(m), moe_per_token, a, full_fp8)
         kd, km = on_rank(kd), on_rank(km)
         kept = tokens * (max(kd, km) if m.is_moe else kd)
         kept_stage = tokens * (moe.worst_stage(m, s.pp, kd, km, s.pp_virtual) if m.is_moe else s.stage_layers * kd)
@@ -292,17 +294,16 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     return saved, layer, loss, layer_input_bytes(m, r) * tokens
 
 
-def _modules_kept_per_token(s: Setup, per_token, a: int, fp8_saved: bool) -> tuple[float, float]:
-    """(dense layer, MoE layer) bytes per token kept under Megatron's --recompute-modules (plan/recompute.py),
-    before the TP split; the MoE figure is 0 for a dense model."""
+def _modules_kept_per_token(s: Setup, dense_saved: float, moe_saved: float, a: int,
+                            fp8_saved: bool) -> tuple[float, float]:
+    """(dense layer, MoE layer) bytes per token kept under Megatron's --recompute-modules (plan/recompute.py), from
+    what each saves without recompute, before the TP split; the MoE figure is 0 for a dense model."""
     m = s.model
-    fp8_saved = fp8_saved and s.method == "full"
     kw = dict(kernels=s.kernels, act_bytes=a, fp8_saved=fp8_saved)
-    dense = per_token(m) - freed_per_token(s.recomputes, m, moe_layer=False, **kw)
+    dense = dense_saved - freed_per_token(s.recomputes, m, moe_layer=False, **kw)
     if not m.is_moe:
         return dense, 0.0
-    whole = moe.moe_layer_bytes_per_token(s, per_token, a, fp8_saved)
-    sparse = whole - freed_per_token(s.recomputes, m, moe_layer=True, routed_rows=moe.busy_rows(s),
+    sparse = moe_saved - freed_per_token(s.recomputes, m, moe_layer=True, routed_rows=moe.busy_rows(s),
                                      moe_saved=moe.moe_mlp_saved_per_token(s, **kw), **kw)
     return dense, sparse
 

@@ -305,12 +305,15 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
     fwd = bwd = flops = fwd_flops = 0.0
     mods = s.recomputes  # Megatron's --recompute-modules (plan/recompute.py)
     again = again_flops = 0.0  # what they run again in backward
+    cast = eff.FP8_RECIPES[s.fp8_recipe].cast_bytes
     for g in _mlp_gemms(s, tokens, moe_layer):
         g_fwd = gemm_time(g.flops, g.k, peak, e) / g.ramp
+        casts = s.precision == "fp8" and g.fp8  # operand casts (Fp8Recipe.cast_bytes): rows x (K in, N out)
+        rows = g.flops / (2 * g.k * g.n)
+        cast_in = cast * rows * g.k / hbm_bps if casts else 0.0
         fwd += g_fwd
         if (("moe" in mods or g.shared and "shared_experts" in mods) if moe_layer else "mlp" in mods):
-            again += g_fwd + (eff.FP8_RECIPES[s.fp8_recipe].cast_bytes * g.flops / (2 * g.n) / hbm_bps
-                              if s.precision == "fp8" and g.fp8 else 0.0)
+            again += g_fwd + cast_in
             again_flops += g.mean_flops
         bwd += gemm_time(g.flops, g.n, peak, e) / g.ramp  # input gradient
         flops += 2 * g.mean_flops
@@ -318,9 +321,8 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
         if not frozen:
             bwd += gemm_time(g.flops, g.rows, peak, e)  # weight gradient: K = rows
             flops += g.mean_flops
-        if s.precision == "fp8" and g.fp8:  # operand casts (Fp8Recipe.cast_bytes): rows x (K in, N out)
-            rows, cast = g.flops / (2 * g.k * g.n), eff.FP8_RECIPES[s.fp8_recipe].cast_bytes
-            fwd += cast * rows * g.k / hbm_bps
+        if casts:
+            fwd += cast_in
             bwd += cast * rows * g.n / hbm_bps
     elem = _mlp_elementwise_bytes(s, tokens, moe_layer, act_coef) / hbm_bps
     fwd += 0.4 * elem

@@ -88,10 +88,6 @@ def overlapped_share(s: Setup) -> float:
     return max(0.0, passes - warmup) / passes
 
 
-def _act_bytes_per_elem(s: Setup) -> int:
-    return 4 if s.precision == "fp32" else 2
-
-
 def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> float:
     return flops / (peak * e.gemm * k / (k + e.gemm_k0))
 
@@ -305,22 +301,26 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     frozen = s.method != "full"
     mem_eff = e.eager_memory_efficiency() if s.kernels == "eager" else e.memory
     hbm_bps = gpu.hbm_gbps * 1e9 * mem_eff
+    a = 4 if s.precision == "fp32" else 2  # bytes per activation element
     fwd = bwd = flops = 0.0
     module_gemms = _module_gemm_indices(s)  # the GEMMs Megatron's --recompute-modules run again
     module_fwd = module_flops = 0.0
     for i, (k, n, count) in enumerate(_gemms(s)):
         f_flops = 2 * tokens * k * n * count
-        fwd += _gemm_time(f_flops, k, gemm_peak, ge)
+        g_fwd = _gemm_time(f_flops, k, gemm_peak, ge)
+        # each GEMM's input cast forward, its output gradient backward (Fp8Recipe.cast_bytes per element)
+        cast_in = cast * tokens * k * count / hbm_bps if fp8 else 0.0
+        fwd += g_fwd
         if i in module_gemms:
-            module_fwd += _gemm_time(f_flops, k, gemm_peak, ge) + (cast * tokens * k * count / hbm_bps if fp8 else 0.0)
+            module_fwd += g_fwd + cast_in
             module_flops += f_flops
         bwd += _gemm_time(f_flops, n, gemm_peak, ge)  # input gradient: K = out features
         flops += 2 * f_flops
         if not frozen:
             bwd += _gemm_time(f_flops, tokens, gemm_peak, ge)  # weight gradient: K = tokens
             flops += f_flops
-        if fp8:  # each GEMM's input cast forward, its output gradient backward (Fp8Recipe.cast_bytes per element)
-            fwd += cast * tokens * k * count / hbm_bps
+        if fp8:
+            fwd += cast_in
             bwd += cast * tokens * n * count / hbm_bps
     if frozen:
         a_fwd, a_bwd, a_flops = _adapter_time(s, tokens, peak, e)
@@ -358,7 +358,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
         recompute = (attn_fwd if core else 0.0) + module_fwd
         recompute_flops = (attn_fwd_flops if core else 0.0) + module_flops
         if "layernorm" in s.recomputes:  # the norms that are modules of their own: read the input, write the output
-            recompute += norm_modules(m, False) * 2 * _act_bytes_per_elem(s) * m.hidden_size * tokens / s.tp / hbm_bps
+            recompute += norm_modules(m, False) * 2 * a * m.hidden_size * tokens / s.tp / hbm_bps
         if "mlp" in s.recomputes and not m.is_moe:  # the activation's forward once more
             recompute += 0.4 * _act_bytes(s, m.ffn_hidden_size) * tokens / s.tp / hbm_bps
     if s.checkpointing == "selective-op":  # unsaved matmuls, elementwise forward, dequantization again
@@ -379,7 +379,6 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     if not frozen:
         bwd_total += _gemm_time(head_flops, tokens, peak, e)
         flops_total += head_flops
-    a = 4 if s.precision == "fp32" else 2
     loss = tokens * (a + 12 + 8) * m.vocab_size / s.tp / (gpu.hbm_gbps * 1e9 * e.memory)
     fwd_total += 0.4 * loss
     bwd_total += 0.6 * loss

@@ -26,7 +26,7 @@ from .memory import GiB, estimate_memory, qlora_moe_note
 from . import moe
 from .performance import dp_layout, estimate_step
 from .recipes import Recipe, framework_for, recipe_for
-from .recompute import modules_text
+from .recompute import DEFAULT_MODULES, modules_text
 from .setup import (
     Setup,
     check_fp8_recipe_precision,
@@ -299,17 +299,27 @@ def _interleaved(s: Setup, mem, step, limit_gib: float, framework: str):
     for v in VIRTUAL_STAGES:
         if s.model.num_layers < s.pp * v:  # a layer per virtual stage; uneven splits where the recipe lays them out
             continue
-        runs_on, why_not = framework_for(s.with_(pp_virtual=v), framework)
-        if why_not:
-            continue
-        cand = s.with_(pp_virtual=v, runs_on=runs_on)
-        ok, cand_mem = _fits(cand, limit_gib)
-        if not ok:
-            continue
-        cand_step = estimate_step(cand)
-        if cand_step.tokens_per_s > best[2].tokens_per_s and cand_step.tokens_per_s >= step.tokens_per_s * (1 + COMPLEXITY):
-            best = (cand, cand_mem, cand_step)
+        tried = _runnable(s.with_(pp_virtual=v), limit_gib, framework)
+        if tried is not None and _pays(tried, best, step):
+            best = tried
     return best
+
+
+def _runnable(cand: Setup, limit_gib: float, framework: str):
+    """(cand on its framework, its memory, its step) where a framework runs it and it fits, else None: a variant of a
+    fitting row that the search tries (_interleaved, _moe_dispatch)."""
+    runs_on, why_not = framework_for(cand, framework)
+    if why_not:
+        return None
+    cand = cand.with_(runs_on=runs_on)
+    ok, mem = _fits(cand, limit_gib)
+    return (cand, mem, estimate_step(cand)) if ok else None
+
+
+def _pays(tried, best, step) -> bool:
+    """A variant is more to run: it replaces the best so far when faster and COMPLEXITY faster than the row's `step`."""
+    tps = tried[2].tokens_per_s
+    return tps > best[2].tokens_per_s and tps >= step.tokens_per_s * (1 + COMPLEXITY)
 
 
 def checkpointing_options(base: Setup) -> list[tuple[str, tuple[str, ...]]]:
@@ -342,11 +352,15 @@ def deepep_reason(s: Setup) -> str | None:
         return f"DeepEP runs on Hopper and Blackwell GPUs, not {s.gpu.name}"
     if (s.instance.topology if s.instance else None) != "nvswitch":
         return "DeepEP needs NVLink between every GPU pair (NVSwitch)"
-    spans = moe.ep_ranks_per_node(s, dp_layout(s)[0]) < s.ep
-    if spans and (s.instance is None or s.instance.fabric != "infiniband"):
+    if _ep_spans_nodes(s) and (s.instance is None or s.instance.fabric != "infiniband"):
         fabric = s.instance.fabric if s.instance and s.instance.fabric else "not known to be InfiniBand"
         return f"DeepEP's inter-node kernels need InfiniBand (GPU-initiated RDMA); this network is {fabric}"
     return None
+
+
+def _ep_spans_nodes(s: Setup) -> bool:
+    """The expert-parallel group reaches past one node (its all-to-alls cross the network)."""
+    return moe.ep_ranks_per_node(s, dp_layout(s)[0]) < s.ep
 
 
 def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework: str, overlap_asked: bool = False):
@@ -360,9 +374,8 @@ def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework
     without virtual stages: the best overlapped variant that fits is taken without the margin."""
     if s.stack != "megatron" or not s.model.is_moe or s.ep <= 1:
         return s, mem, step
-    spans = moe.ep_ranks_per_node(s, dp_layout(s)[0]) < s.ep
     dispatchers = [job.ep_dispatcher] if job.ep_dispatcher else ["alltoall"] + (
-        ["deepep"] if spans and deepep_reason(s.with_(ep_dispatcher="deepep")) is None else [])
+        ["deepep"] if _ep_spans_nodes(s) and deepep_reason(s.with_(ep_dispatcher="deepep")) is None else [])
     virtual = [s.pp_virtual]
     if s.pp > 1 and s.pp_virtual == 1 and s.grad_accum % s.pp == 0:  # the overlap needs virtual stages there
         virtual += [v for v in VIRTUAL_STAGES if s.model.num_layers >= s.pp * v]
@@ -374,20 +387,14 @@ def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework
     for cand in tries:
         if (cand.ep_dispatcher, cand.ep_overlap, cand.pp_virtual) == (s.ep_dispatcher, s.ep_overlap, s.pp_virtual):
             continue
-        runs_on, why_not = framework_for(cand, framework)
-        if why_not:
+        tried = _runnable(cand, limit_gib, framework)
+        if tried is None:
             continue
-        cand = cand.with_(runs_on=runs_on)
-        ok, cand_mem = _fits(cand, limit_gib)
-        if not ok:
-            continue
-        cand_step = estimate_step(cand)
-        asked = overlap_asked and cand.ep_overlap
-        if asked and not (taken and cand_step.tokens_per_s <= best[2].tokens_per_s):
-            best, taken = (cand, cand_mem, cand_step), True
-        elif not taken and (cand_step.tokens_per_s > best[2].tokens_per_s
-                            and cand_step.tokens_per_s >= step.tokens_per_s * (1 + COMPLEXITY)):
-            best = (cand, cand_mem, cand_step)
+        if overlap_asked and cand.ep_overlap:
+            if not (taken and tried[2].tokens_per_s <= best[2].tokens_per_s):
+                best, taken = tried, True
+        elif not taken and _pays(tried, best, step):
+            best = tried
     return best
 
 
@@ -547,6 +554,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                      or f"--precision {req.job.precision} is not supported on {inst.gpu}")
         return [], log, 0
     limit = _limit_gib(req, base.gpu)
+    ckpt_options = checkpointing_options(base)  # the same for every node count and layout
     results: list[_Best] = []
     searched = 0
     for nodes in NODE_COUNTS:
@@ -569,7 +577,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                                               f"(nearest valid: {nearest_multiples(gb, dp)})")
                     continue
                 per_dp = gb // dp
-                for ckpt, modules in checkpointing_options(base):
+                for ckpt, modules in ckpt_options:
                     s = base.with_(nodes=nodes, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, strategy=strategy,
                                    offload=offload, checkpointing=ckpt, recompute_modules=modules)
                     # the job's EP overlap needs virtual stages under PP: planned without, given them by _moe_dispatch
@@ -1023,7 +1031,8 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         "micro_batch": best.micro_batch, "global_batch": best.global_batch, "seq_len": best.seq_len,
         "precision": best.precision, "activation_checkpointing": best.activation_checkpointing,
         # Megatron's module list where it is not the default (None: older releases read the file)
-        "recompute_modules": best.recompute_modules if best.recompute_modules not in (None, ["core_attn"]) else None,
+        "recompute_modules": best.recompute_modules if best.recompute_modules not in (None, list(DEFAULT_MODULES))
+        else None,
         # MoE dispatch the search chose (_moe_dispatch); otherwise the job's own, or the stack's (None)
         "ep_dispatcher": best.ep_dispatcher if best.ep_dispatcher == "deepep" else job.ep_dispatcher,
         "ep_overlap": True if best.ep_overlap else job.ep_overlap,
