@@ -312,6 +312,8 @@ class Fp8Recipe:
     """The FP8 GEMM efficiency relative to tensor-wise scaling's (cuBLAS, one scale per tensor)."""
     source: str
     blackwell_only: bool = False
+    grad_rescale_bytes: float = 0.0
+    """HBM bytes per output element of each backward GEMM spent scaling it after the GEMM, in a pass of its own."""
 
 
 FP8_RECIPES = {r.name: r for r in (
@@ -329,7 +331,11 @@ FP8_RECIPES = {r.name: r for r in (
     Fp8Recipe("rowwise", 8, 0.95,
               "torchao row-wise scaling: casts of 5N + 3N bytes per operand (torchao testing/training/"
               "roofline_utils.py); its CUTLASS row-wise scaled GEMM reaches 90-100% of cuBLAS tensor-wise for "
-              "most shapes with a tail to 50% (pytorch/pytorch#147971): 0.95 taken"),
+              "most shapes with a tail to 50% (pytorch/pytorch#147971): 0.95 taken; its two backward GEMMs run "
+              "without fast accumulation, where the row-wise kernel is so slow that torchao runs cuBLAS's "
+              "tensor-wise GEMM and multiplies the bf16 output by the scales afterwards (float8_ops.py "
+              "addmm_float8_unwrapped, pytorch/ao#1325): a read and a write of each output element",
+              grad_rescale_bytes=4),
     Fp8Recipe("mxfp8", FP8_CAST_BYTES, 1.0,
               "MX FP8 (1x32 blocks, E8M0 scales; Blackwell only, TE mxfp8 docs): row-wise and column-wise copies "
               "each quantized from high precision, 2 + 2 + 1 + 1 bytes (the 1/32-byte scales not counted); GEMM "

@@ -88,6 +88,27 @@ def overlapped_share(s: Setup) -> float:
     return max(0.0, passes - warmup) / passes
 
 
+def fp8_tp_gather(s: Setup) -> bool:
+    """Whether the job's TP all-gathers of column-parallel inputs move FP8 (Stack.fp8_tp_gather)."""
+    stack = get_stack(s.stack)
+    return s.precision == "fp8" and s.tp > 1 and stack.sequence_parallel and s.fp8_recipe in stack.fp8_tp_gather
+
+
+def tp_allreduces(s: Setup) -> float:
+    """A dense block's TP collectives per micro-batch, counted in all-reduces of its bf16 activations (one all-gather
+    plus one reduce-scatter under sequence parallelism). Forward: two (attention, MLP); backward: two; full
+    recompute runs the forward's again. The op policy (selective-op) saves reduce-scatter outputs but neither
+    all-gathers nor all-reduces (torchtitan activation_checkpoint.py _op_sac_save_list), so recompute gathers (or,
+    without sequence parallelism, all-reduces) again. An FP8 all-gather (fp8_tp_gather) moves half the bytes."""
+    if get_stack(s.stack).sequence_parallel:
+        gathers = 2 * 0.5 * (0.5 if fp8_tp_gather(s) else 1.0)
+        fwd = gathers + 2 * 0.5
+    else:
+        gathers = fwd = 2.0
+    again = {"full": fwd, "selective-op": gathers}.get(s.checkpointing, 0.0)
+    return fwd + 2.0 + again
+
+
 def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> float:
     return flops / (peak * e.gemm * k / (k + e.gemm_k0))
 
@@ -305,11 +326,15 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     fwd = bwd = flops = 0.0
     module_gemms = _module_gemm_indices(s)  # the GEMMs Megatron's --recompute-modules run again
     module_fwd = module_flops = 0.0
+    rescale = eff.FP8_RECIPES[s.fp8_recipe].grad_rescale_bytes if fp8 else 0.0
+    # FP8 all-gathers under TP: a column-parallel input (K = hidden) is quantized on its 1/tp sequence shard and
+    # gathered in FP8; only its transposed copy for the weight gradient (1 byte) is made from the gathered tensor
+    shard_cast = ((cast - 1) / s.tp + 1) / cast if fp8_tp_gather(s) else 1.0
     for i, (k, n, count) in enumerate(_gemms(s)):
         f_flops = 2 * tokens * k * n * count
         g_fwd = _gemm_time(f_flops, k, gemm_peak, ge)
         # each GEMM's input cast forward, its output gradient backward (Fp8Recipe.cast_bytes per element)
-        cast_in = cast * tokens * k * count / hbm_bps if fp8 else 0.0
+        cast_in = cast * tokens * k * count / hbm_bps * (shard_cast if k == m.hidden_size else 1.0) if fp8 else 0.0
         fwd += g_fwd
         if i in module_gemms:
             module_fwd += g_fwd + cast_in
@@ -322,6 +347,8 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
         if fp8:
             fwd += cast_in
             bwd += cast * tokens * n * count / hbm_bps
+            # the input gradient (tokens x K) and the weight gradient (K x N) scaled in a pass of their own
+            bwd += rescale * (tokens * k + (0 if frozen else k * n)) * count / hbm_bps
     if frozen:
         a_fwd, a_bwd, a_flops = _adapter_time(s, tokens, peak, e)
         fwd += a_fwd
@@ -486,12 +513,11 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     cast = 6 * pc.local / hbm if mixed_amp else 0.0  # autocast re-casts fp32 weights each forward
     tokens = s.local_tokens
 
-    # tensor parallel: 2 all-reduces of the activations per block forward, 2 backward
+    # tensor parallel: 2 all-reduces of the activations per block forward, 2 backward (tp_allreduces)
     tp_s = 0.0
     if s.tp > 1 and not m.is_moe:
         ar = collective_s("allreduce", tokens * m.hidden_size * 2, s.tp, s.tp, ln)
-        n_ar = 4 + (2 if s.checkpointing == "full" else 0)
-        tp_s = layers * n_ar * ar
+        tp_s = layers * tp_allreduces(s) * ar
     elif m.is_moe and (s.tp > 1 or s.expert_tp > 1):  # MoE layers: shared experts over tp, routed over etp
         tp_s = _moe_tp_s(s, tokens, ln)
     # pipelined with the GEMMs: the linear layers' collectives (a MoE model's routed experts' grouped GEMMs not)

@@ -87,6 +87,10 @@ class Stack:
     """The FP8 scaling recipe a job with --precision fp8 and no --fp8-recipe gets (efficiency.FP8_RECIPES)."""
     fp8_recipes: tuple[str, ...] = ()
     """The FP8 recipes the framework has (empty: not stated); another one is estimated with a warning."""
+    fp8_tp_gather: tuple[str, ...] = ()
+    """The FP8 recipes under which, with TP and sequence parallelism, a column-parallel linear's input is cast to FP8
+    on its sequence shard and all-gathered in FP8 (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput);
+    other recipes gather it in bf16 and cast the gathered tensor."""
     token_drop: bool = False
     """The framework can drop tokens at a capacity factor (--moe-routing capacity); False: dropless only."""
     tp_overlap: str | None = None
@@ -215,6 +219,9 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           expert_tp="whole-under-ep", tp_overlap="async TP (--compile.enable_async_tensor_parallel)",
           sequence_parallel=True,  # config/configs.py ParallelismConfig.enable_sequence_parallel = True
           fp8_recipes=("tensorwise", "rowwise", "mxfp8"),  # torchao Float8LinearConfig recipes, MX for Blackwell
+          # parallelize.py: "float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For
+          # rowwise recipes, we use regular TP and all-gather happens in high precision" (enable_float8_tensorwise_tp)
+          fp8_tp_gather=("tensorwise",),
           # train.py (Dec 2024, 9dec370ad26b) and trainer.py (2026): "del pred" before loss.backward(); loss_fn
           # upcasts the logits with .float() in eager mode
           keeps_logits=False,
