@@ -269,6 +269,8 @@ def invoke(*args: str) -> tuple[int, str, str]:
     """`trainready ARGS` in this process (stubs apply), as the console script runs it: (exit, stdout, stderr)."""
     from trainready.cli import main
 
+    if "s3fs" in sys.modules:  # a process of its own starts without fsspec's cached S3 clients and their listings
+        sys.modules["s3fs"].S3FileSystem.clear_instance_cache()
     old_argv, old_out, old_err = sys.argv, sys.stdout, sys.stderr
     sys.argv = ["trainready", *args]
     sys.stdout, sys.stderr = StringIO(), StringIO()

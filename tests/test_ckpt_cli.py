@@ -31,12 +31,14 @@ NO_DAC_OVERRIDE = ["--bounding-set=-dac_override,-dac_read_search"]
 def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNULL, cwd=None):
     """Run `trainready ckpt ARGS` (stdin not a terminal, output in pipes). `unprivileged`: with file
     permissions in force (root ignores them: then without its DAC-override capabilities, through setpriv)."""
-    if not unprivileged and stdin is subprocess.DEVNULL and set(env or {}) <= {"COLUMNS"}:
-        # nothing only a process of its own shows (its user, its environment, a terminal): the entry function in
-        # this process, seconds faster (issue 25)
+    in_process = all(k == "COLUMNS" or k.startswith("AWS_") for k in env or {})
+    if in_process and not unprivileged and stdin is subprocess.DEVNULL:
+        # nothing only a process of its own shows (its user, a terminal): the entry function in this process, seconds
+        # faster (issue 25), seeing only the AWS variables given, as the process started with them would
         from cloud_stubs import cli_run
 
-        proc = cli_run("ckpt", *args, columns=int((env or {}).get("COLUMNS", 200)), cwd=cwd)
+        aws = {k: v for k, v in (env or {}).items() if k != "COLUMNS"}
+        proc = cli_run("ckpt", *args, columns=int((env or {}).get("COLUMNS", 200)), cwd=cwd, env=aws if env else None)
         return _checked(proc, args)
     prefix = []
     if unprivileged and os.geteuid() == 0:
