@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import pytest
 from preempt_helpers import Mode, reference_digest, trial
+from shared_runs import shared_result
 
 STEPS = 16
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return reference_digest(tmp_path_factory.mktemp("reference"), STEPS)
+    """The uninterrupted run's digest, made once per session: each xdist worker that took one of the trials below used
+    to make its own (two 10 s runs where one does)."""
+    return shared_result(tmp_path_factory, "preempt-reference", lambda folder: reference_digest(folder, STEPS))
 
 
 @pytest.mark.parametrize("mode, stop_at", [
