@@ -19,7 +19,8 @@ $(BIN)/python:
 # pip >= 25 first: the pip that Python 3.11's venv brings (23.2) took 56 s to install the dev set uncompiled, most of it
 # weighing every file of every release on the index pages (cProfile, 2026-12-07); pip 26.3 takes 21 s.
 $(VENV)/.base: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q --upgrade "pip>=25"
+	$(BIN)/python -m pip install -q --upgrade "pip>=25" || \
+	  echo "make: pip >= 25 is not on your index; going on with $$($(BIN)/python -m pip --version) (slower to resolve)"
 	$(BIN)/pip install -q -e .
 	touch $@
 
@@ -36,7 +37,8 @@ $(VENV)/.dev: pyproject.toml constraints-dev.txt $(VENV)/.base
 	# serve cluster creation, not loading a config: marshmallow (dev extra), boto3 and PyYAML are all it needs
 	$(BIN)/pip install -q --no-compile --no-deps -c constraints-dev.txt aws-parallelcluster
 	# as pip does, a file that does not compile (a template, a Python 2 example) is left for its importer to report
-	$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || true
+	$(BIN)/python -m compileall -qq -j 0 \
+	  $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || true
 	touch $@
 
 demo: $(VENV)/.base
@@ -61,7 +63,7 @@ XDIST_WORKERS = $(or $(shell $(BIN)/python -c 'import os; f = getattr(os, "sched
 # Our own sources compiled once, first: where PYTHONDONTWRITEBYTECODE is set (CI images set it) Python never writes
 # their bytecode, and each Python process the suite starts (launchers, torchrun agents, workers) compiled them again.
 test: $(VENV)/.dev $(if $(CI),browser)
-	$(BIN)/python -m compileall -qq -j 0 src tests examples bench
+	$(BIN)/python -m compileall -qq -j 0 src tests examples bench || true  # a file that does not compile: pytest names it
 	$(BIN)/python -m pytest -q -n $(XDIST_WORKERS) --dist worksteal --durations=10
 
 bench: $(VENV)/.dev

@@ -978,7 +978,7 @@ def test_zero3_model_states_are_what_deepspeeds_own_estimator_counts(catalog):
 def test_torchtitan_tp_collectives_as_its_float8_tp_and_op_policy_run_them(catalog):
     """torchtitan gathers a column-parallel input in FP8 only under tensor-wise scaling (parallelize.py
     enable_float8_tensorwise_tp); its op policy keeps reduce-scatter outputs but gathers again in recompute."""
-    from trainready.plan.performance import estimate_step, fp8_tp_gather, tp_allreduces
+    from trainready.plan.performance import _fp8_gathered, _gemms, estimate_step, fp8_tp_gather, tp_allreduces
 
     def titan(**kw):
         job = dict(model="llama-3.1-8b", instance="p5.48xlarge", gpus=64, tp=8, strategy="zero3", micro_batch=2,
@@ -987,12 +987,18 @@ def test_torchtitan_tp_collectives_as_its_float8_tp_and_op_policy_run_them(catal
 
     tensorwise, rowwise, bf16 = titan(), titan(fp8_recipe="rowwise"), titan(precision="bf16")
     assert fp8_tp_gather(tensorwise) and not fp8_tp_gather(rowwise) and not fp8_tp_gather(bf16)
-    # forward 2 (FP8 gathers: half), backward 2, recompute the gathers again
-    assert (tp_allreduces(bf16), tp_allreduces(rowwise), tp_allreduces(tensorwise)) == (5.0, 5.0, 4.0)
+    # forward 2, backward 2 (FP8 gathers, forward inputs and backward output gradients: half), recompute the gathers
+    assert (tp_allreduces(bf16), tp_allreduces(rowwise), tp_allreduces(tensorwise)) == (5.0, 5.0, 3.5)
     assert tp_allreduces(titan(precision="bf16", activation_checkpointing="full")) == 6.0
-    assert tp_allreduces(titan(activation_checkpointing="full")) == 5.0
-    assert tp_allreduces(titan(activation_checkpointing="none")) == 3.5
+    assert tp_allreduces(titan(activation_checkpointing="full")) == 4.5
+    assert tp_allreduces(titan(activation_checkpointing="none")) == 3.0
     assert not fp8_tp_gather(titan(tp=1))
+    # by role, not by shape: llama-3.2-1b's down projection at TP 4 has K = hidden but is row-parallel
+    small = titan(model="llama-3.2-1b", tp=4)
+    assert _gemms(small)[3][0] == small.model.hidden_size
+    assert _fp8_gathered(small) == ({0, 2}, {1, 3})
+    # torchtitan runs MoE models' TP without float8 TP (DeepSeek-V3's parallelize refuses it)
+    assert not fp8_tp_gather(titan(model="mixtral-8x7b", tp=2, micro_batch=1))
     megatron = _setup(catalog, **_fp8_job())  # core attention recomputed, no collective again
     assert tp_allreduces(megatron) == 4.0 and not fp8_tp_gather(megatron)
     # without sequence parallelism (transformers' TP plans) the op policy all-reduces again

@@ -89,9 +89,13 @@ def overlapped_share(s: Setup) -> float:
 
 
 def fp8_tp_gather(s: Setup) -> bool:
-    """Whether the job's TP all-gathers of column-parallel inputs move FP8 (Stack.fp8_tp_gather)."""
-    stack = get_stack(s.stack)
-    return s.precision == "fp8" and s.tp > 1 and stack.sequence_parallel and s.fp8_recipe in stack.fp8_tp_gather
+    """Whether the job's TP all-gathers move FP8 (Stack.fp8_tp_gather): a column-parallel linear's input forward and
+    a row-parallel one's output gradient backward (torchao Float8ColwiseParallel / Float8RowwiseParallel, "all-gather
+    in float8"). Dense GQA models only: torchtitan's MoE models run their TP with enable_float8_tensorwise_tp=False
+    (DeepSeek-V3's parallelize raises "float8 tensorwise TP is not tested")."""
+    stack, m = get_stack(s.stack), s.model
+    return (s.precision == "fp8" and s.tp > 1 and stack.sequence_parallel and s.fp8_recipe in stack.fp8_tp_gather
+            and not m.is_moe and m.mla is None)
 
 
 def tp_allreduces(s: Setup) -> float:
@@ -101,12 +105,20 @@ def tp_allreduces(s: Setup) -> float:
     all-gathers nor all-reduces (torchtitan activation_checkpoint.py _op_sac_save_list), so recompute gathers (or,
     without sequence parallelism, all-reduces) again. An FP8 all-gather (fp8_tp_gather) moves half the bytes."""
     if get_stack(s.stack).sequence_parallel:
-        gathers = 2 * 0.5 * (0.5 if fp8_tp_gather(s) else 1.0)
-        fwd = gathers + 2 * 0.5
+        gathers = 2 * 0.5 * (0.5 if fp8_tp_gather(s) else 1.0)  # forward inputs; backward output gradients alike
+        fwd = bwd = gathers + 2 * 0.5
     else:
-        gathers = fwd = 2.0
+        gathers = fwd = bwd = 2.0
     again = {"full": fwd, "selective-op": gathers}.get(s.checkpointing, 0.0)
-    return fwd + 2.0 + again
+    return fwd + bwd + again
+
+
+def _fp8_gathered(s: Setup) -> tuple[frozenset[int], frozenset[int]]:
+    """Which of _gemms(s) gather an FP8 input forward (column-parallel: qkv, the MLP's up projection) and which an FP8
+    output gradient backward (row-parallel: the attention output and down projections), under fp8_tp_gather."""
+    if not fp8_tp_gather(s):
+        return frozenset(), frozenset()
+    return frozenset({0, 2}), frozenset({1, 3})  # dense GQA: [qkv, o, up, down]
 
 
 def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> float:
@@ -327,14 +339,15 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
     module_gemms = _module_gemm_indices(s)  # the GEMMs Megatron's --recompute-modules run again
     module_fwd = module_flops = 0.0
     rescale = eff.FP8_RECIPES[s.fp8_recipe].grad_rescale_bytes if fp8 else 0.0
-    # FP8 all-gathers under TP: a column-parallel input (K = hidden) is quantized on its 1/tp sequence shard and
-    # gathered in FP8; only its transposed copy for the weight gradient (1 byte) is made from the gathered tensor
-    shard_cast = ((cast - 1) / s.tp + 1) / cast if fp8_tp_gather(s) else 1.0
+    # FP8 all-gathers under TP (_fp8_gathered): the operand is quantized on its 1/tp sequence shard and gathered in
+    # FP8; only the transposed copy for the weight gradient (.t().contiguous(): a read and a write) is made whole
+    gathered_in, gathered_grad = _fp8_gathered(s)
+    shard_cast = min(cast, (cast - 1) / s.tp + 2)  # bytes per element of a gathered operand's cast
     for i, (k, n, count) in enumerate(_gemms(s)):
         f_flops = 2 * tokens * k * n * count
         g_fwd = _gemm_time(f_flops, k, gemm_peak, ge)
         # each GEMM's input cast forward, its output gradient backward (Fp8Recipe.cast_bytes per element)
-        cast_in = cast * tokens * k * count / hbm_bps * (shard_cast if k == m.hidden_size else 1.0) if fp8 else 0.0
+        cast_in = (shard_cast if i in gathered_in else cast) * tokens * k * count / hbm_bps if fp8 else 0.0
         fwd += g_fwd
         if i in module_gemms:
             module_fwd += g_fwd + cast_in
@@ -346,7 +359,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
             flops += f_flops
         if fp8:
             fwd += cast_in
-            bwd += cast * tokens * n * count / hbm_bps
+            bwd += (shard_cast if i in gathered_grad else cast) * tokens * n * count / hbm_bps
             # the input gradient (tokens x K) and the weight gradient (K x N) scaled in a pass of their own
             bwd += rescale * (tokens * k + (0 if frozen else k * n)) * count / hbm_bps
     if frozen:

@@ -88,9 +88,11 @@ class Stack:
     fp8_recipes: tuple[str, ...] = ()
     """The FP8 recipes the framework has (empty: not stated); another one is estimated with a warning."""
     fp8_tp_gather: tuple[str, ...] = ()
-    """The FP8 recipes under which, with TP and sequence parallelism, a column-parallel linear's input is cast to FP8
-    on its sequence shard and all-gathered in FP8 (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput);
-    other recipes gather it in bf16 and cast the gathered tensor."""
+    """The FP8 recipes under which, with TP and sequence parallelism, a dense model's column-parallel inputs (forward)
+    and row-parallel output gradients (backward) are cast to FP8 on their sequence shard and all-gathered in FP8
+    (torchao's Float8ColwiseParallel / Float8RowwiseParallel); under other recipes the model gathers bf16 and casts
+    the gathered tensor. Empty: not modelled for the stack (Transformer Engine's LayerNormLinear gathers its FP8
+    norm output under sequence parallelism, which the megatron stack does not count yet)."""
     token_drop: bool = False
     """The framework can drop tokens at a capacity factor (--moe-routing capacity); False: dropless only."""
     tp_overlap: str | None = None
