@@ -38,7 +38,7 @@ def cli(*args, env=None, timeout=60, unprivileged=False, stdin=subprocess.DEVNUL
         from cloud_stubs import cli_run
 
         aws = {k: v for k, v in (env or {}).items() if k != "COLUMNS"}
-        proc = cli_run("ckpt", *args, columns=int((env or {}).get("COLUMNS", 200)), cwd=cwd, env=aws if env else None)
+        proc = cli_run("ckpt", *args, columns=int((env or {}).get("COLUMNS", 200)), cwd=cwd, env=aws or None)
         return _checked(proc, args)
     prefix = []
     if unprivileged and os.geteuid() == 0:
