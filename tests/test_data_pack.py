@@ -25,12 +25,17 @@ from trainready.data.pack import pack
 from trainready.errors import UsageError
 
 SRC_DIR = str(Path(__file__).resolve().parents[1] / "src")
-# `data` is not registered in main.py by this change: add it here, then run the real entry point
-CLI = ("import sys; from trainready.cli import data_cmd, main\n"
-       "if not any(g.name == 'data' for g in main.app.registered_groups): main.app.add_typer(data_cmd.app, name='data')\n"
-       "sys.argv = ['trainready', 'data', *sys.argv[1:]]; main.run()")
+# the console script's entry function, in a process of its own (for what only a fresh process shows)
+CLI = "import sys; from trainready.cli import main\nsys.argv = ['trainready', 'data', *sys.argv[1:]]; main.run()"
 PACK = ("import sys; from pathlib import Path; from trainready.data.pack import pack\n"
         "pack(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))")
+
+
+def data_cli(*args: str, cwd: Path | None = None, columns: int = 200) -> subprocess.CompletedProcess:
+    """`trainready data ARGS` through the console script's entry function, in this process (issue 25)."""
+    from cloud_stubs import cli_run
+
+    return cli_run("data", *args, cwd=cwd, columns=columns)
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -384,8 +389,7 @@ def test_locations_and_sources_that_cannot_be_used_exit_2(tmp_path):
              (["src", "--out", "s3://Bad_Bucket!/x"], "s3://Bad_Bucket!/x: invalid bucket name 'Bad_Bucket!'")]
     before = sorted(p.name for p in tmp_path.iterdir())
     for args, message in cases:
-        proc = subprocess.run([sys.executable, "-c", CLI, "pack", *args], capture_output=True, text=True, timeout=60,
-                              env=subprocess_env(), cwd=tmp_path)
+        proc = data_cli("pack", *args, cwd=tmp_path)
         assert (proc.returncode, proc.stdout) == (2, ""), (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith(f"error: {message}") and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing packed into the cwd, no directory made
@@ -411,8 +415,7 @@ def test_cli_usage_errors_exit_2_without_traceback(tmp_path):
              ([str(tmp_path / "src"), "--out", str(tmp_path / "ds"), "--shard-size", "big"], "e.g. 256MiB"),
              ([str(tmp_path / "src"), "--out", str(tmp_path / "ds"), "--format", "jsonl", "--json"], "a.jsonl:1: not valid JSON")]
     for args, message in cases:
-        proc = subprocess.run([sys.executable, "-c", CLI, "pack", *args], capture_output=True, text=True, timeout=60,
-                              env=subprocess_env())
+        proc = data_cli("pack", *args)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert json.loads(proc.stdout)["error"]["exit_code"] == 2
@@ -441,8 +444,7 @@ def test_cli_warns_before_packing_and_keeps_tables_whole_at_80_columns(tmp_path)
     for i in range(3):
         (src / f"{i}.txt").write_bytes(b"w" * 10)
     out = tmp_path / ("a-long-directory-name-so-that-the-dataset-url-does-not-fit-in-eighty-columns" * 2)
-    proc = subprocess.run([sys.executable, "-c", CLI, "pack", str(src), "--out", str(out), "--shard-size", "1"],
-                          capture_output=True, text=True, timeout=60, env=subprocess_env(COLUMNS="80"))
+    proc = data_cli("pack", str(src), "--out", str(out), "--shard-size", "1", columns=80)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("warning: --shard-size 1 byte is under 1 MiB and makes one shard per sample")
     assert len(proc.stderr.splitlines()) == 1  # said once: not repeated as a note after the table
@@ -451,15 +453,13 @@ def test_cli_warns_before_packing_and_keeps_tables_whole_at_80_columns(tmp_path)
     assert all(len(line) <= 80 for line in lines[1:]) and "None" not in proc.stdout and "…" not in proc.stdout
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in lines if line.startswith("│")}
     assert (rows["shards"], rows["samples"], rows["bytes"]) == ("3 (3 written now)", "3", "30.0 KiB")
-    json_run = subprocess.run([sys.executable, "-c", CLI, "pack", str(src), "--out", str(tmp_path / "j"), "--shard-size",
-                               "1", "--json"], capture_output=True, text=True, timeout=60, env=subprocess_env())
+    json_run = data_cli("pack", str(src), "--out", str(tmp_path / "j"), "--shard-size", "1", "--json")
     assert (json_run.returncode, json_run.stderr) == (0, "")
     assert json.loads(json_run.stdout)["notes"][0].startswith("--shard-size 1 byte is under 1 MiB")
 
 
 def test_cli_help_says_what_the_shard_size_counts():
-    proc = subprocess.run([sys.executable, "-c", CLI, "pack", "--help"], capture_output=True, text=True, timeout=60,
-                          env=subprocess_env(COLUMNS="250"))
+    proc = data_cli("pack", "--help", columns=250)
     assert proc.returncode == 0
     assert ("Largest shard file, tar headers and padding included (e.g. 256MiB, 64MB, 1GiB, 1000000 (bytes)); a sample "
             "too big for it gets a shard of its own. Under 1MiB: a warning (per-object request overhead).") in \

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from run_helpers import env_for_run
+from shared_runs import shared_result
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "bench" / "gpu_suite.py"
@@ -47,11 +48,17 @@ def numbers(value, top: bool = True):
 
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
-    out = tmp_path_factory.mktemp("suite")
-    docs = out / "measurements.md"
-    docs.write_text("# Measurements\n")
-    proc = suite("--dry-run", "--out", str(out / "results"), "--write-docs", "--docs-file", str(docs))
-    return proc, out / "results", docs
+    """The dry run, made once per test session whichever xdist workers its tests land on (shared_runs); its files
+    stay in the session's shared folder, read and never changed by the tests."""
+    def make(out: Path) -> dict:
+        docs = out / "measurements.md"
+        docs.write_text("# Measurements\n")
+        proc = suite("--dry-run", "--out", str(out / "results"), "--write-docs", "--docs-file", str(docs))
+        return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr, "folder": str(out)}
+
+    made = shared_result(tmp_path_factory, "gpu-suite-dry-run", make)
+    proc = subprocess.CompletedProcess([str(SUITE), "--dry-run"], made["returncode"], made["stdout"], made["stderr"])
+    return proc, Path(made["folder"]) / "results", Path(made["folder"]) / "measurements.md"
 
 
 def test_dry_run_exits_0_and_writes_every_section(dry):

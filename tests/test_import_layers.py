@@ -7,6 +7,7 @@ it: the version lives in trainready.version, on the floor."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "trainready"
@@ -58,7 +59,10 @@ def imports(module: str, path: Path) -> set[str]:
     return found - {module, ""}
 
 
-GRAPH = {m: imports(m, p) for m, p in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Every module's imports, parsed when a test first asks (not at collection, in every xdist worker)."""
+    return {m: imports(m, p) for m, p in MODULES.items()}
 
 
 def layer(module: str) -> int:
@@ -71,12 +75,12 @@ def test_every_module_has_a_layer():
 
 
 def test_no_import_goes_up_a_layer():
-    upward = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() for t in targets if layer(t) > layer(m))
+    upward = sorted(f"{m} imports {t}" for m, targets in graph().items() for t in targets if layer(t) > layer(m))
     assert upward == []
 
 
 def test_no_module_imports_the_package_root():
-    assert sorted(m for m, targets in GRAPH.items() if "trainready" in targets) == []
+    assert sorted(m for m, targets in graph().items() if "trainready" in targets) == []
 
 
 def test_no_import_cycle():
@@ -89,7 +93,7 @@ def test_no_import_cycle():
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in GRAPH[v]:
+        for w in graph()[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -105,7 +109,7 @@ def test_no_import_cycle():
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for v in GRAPH:
+    for v in graph():
         if v not in index:
             visit(v)
     assert circles == []
@@ -113,10 +117,11 @@ def test_no_import_cycle():
 
 def test_the_checker_sees_what_it_should():
     """The walk itself: relative, lazy and aliased imports are found, TYPE_CHECKING ones are not."""
-    assert "trainready.io" in GRAPH["trainready.run.launcher"] or "trainready.io.files" in GRAPH["trainready.run.launcher"]
-    assert "trainready.run.session" in GRAPH["trainready"]  # inside init(): lazy
-    assert "trainready.plan.hf_config" not in GRAPH["trainready.plan.hf_moe"]  # under TYPE_CHECKING only
-    assert "trainready.plan.hf_moe" in GRAPH["trainready.plan.hf_config"]  # `from . import hf_moe`
+    launcher = graph()["trainready.run.launcher"]
+    assert "trainready.io" in launcher or "trainready.io.files" in launcher
+    assert "trainready.run.session" in graph()["trainready"]  # inside init(): lazy
+    assert "trainready.plan.hf_config" not in graph()["trainready.plan.hf_moe"]  # under TYPE_CHECKING only
+    assert "trainready.plan.hf_moe" in graph()["trainready.plan.hf_config"]  # `from . import hf_moe`
 
 
 def test_importing_any_module_changes_no_process_state():

@@ -20,8 +20,16 @@ from trainready.plan.setup import resolve
 from trainready.plan.stacks import STACKS
 
 torch = pytest.importorskip("torch")
-gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
-from transformers import GptOssConfig  # noqa: E402  (after the skip: transformers is a dev dependency)
+
+
+def hf_gpt_oss():
+    """transformers' gpt-oss code (a dev dependency), imported by the tests that use it: its 1.5 s of import would
+    otherwise be paid by every xdist worker while collecting."""
+    return pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+
+
+def GptOssConfig(**kwargs):  # noqa: N802  (transformers' class, reached lazily)
+    return hf_gpt_oss().GptOssConfig(**kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +41,7 @@ def catalog():
 def test_presets_count_what_transformers_builds(name, layers, experts):
     config = GptOssConfig(num_hidden_layers=layers, num_local_experts=experts)
     with torch.device("meta"):
-        built = gpt_oss.GptOssForCausalLM(config)
+        built = hf_gpt_oss().GptOssForCausalLM(config)
     m = preset(name)
     assert m.param_count() == sum(p.numel() for p in built.parameters())
     # the model card (arXiv 2508.10925, Table 1) counts active parameters without the input embedding
@@ -126,7 +134,7 @@ def test_eager_attention_keeps_the_scores_transformers_keeps():
                           intermediate_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
                           vocab_size=128, sliding_window=8, attn_implementation="eager")
     torch.manual_seed(0)
-    model = gpt_oss.GptOssForCausalLM(config).to(torch.bfloat16).train()
+    model = hf_gpt_oss().GptOssForCausalLM(config).to(torch.bfloat16).train()
     s1, s2, s3 = 128, 256, 512
     b1, b2, b3 = (_saved_bytes(model, s) for s in (s1, s2, s3))
     # bytes = linear * s + quadratic * s^2: the second difference isolates the quadratic term

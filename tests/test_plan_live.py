@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import math
-import random
 
 import boto3
 import jsonschema
+import numpy as np
 import pytest
 from cloud_stubs import World, aws_env, invoke, no_internet, price_list, quota, usage
 
@@ -215,16 +215,21 @@ def test_text_output_shows_the_live_lines(server, monkeypatch, tmp_path, net):
 # ---------------------------------------------------------------------------- the worst case
 
 def test_worst_case_quantile_matches_a_simulation():
-    rng = random.Random(7)
+    rng = np.random.default_rng(7)
 
     def simulate(run_h: float, mtbf_h: float, interval_s: float, restart_s: float, n: int = 20000) -> float:
+        """n runs, each interrupted at exponential gaps until run_h; an interruption loses the restart and a uniform
+        share of a checkpoint interval. Vectorized in blocks (the third case draws ~14 million gaps)."""
+        expected = run_h / mtbf_h
+        gaps = int(expected + 10 * math.sqrt(expected) + 20)  # more than any run needs (10 sigma)
         lost = []
-        for _ in range(n):
-            k, t = 0, rng.expovariate(1 / mtbf_h)
-            while t < run_h:
-                k, t = k + 1, t + rng.expovariate(1 / mtbf_h)
-            lost.append(k * restart_s / 3600 + sum(rng.random() for _ in range(k)) * interval_s / 3600)
-        return sorted(lost)[int(0.9 * n)]
+        for block in range(0, n, 1000):
+            times = np.cumsum(rng.exponential(mtbf_h, (min(1000, n - block), gaps)), axis=1)
+            assert (times[:, -1] >= run_h).all()  # every run drew gaps past its end
+            k = (times < run_h).sum(axis=1)
+            share = np.where(np.arange(gaps) < k[:, None], rng.random(times.shape), 0.0).sum(axis=1)
+            lost.append(k * restart_s / 3600 + share * interval_s / 3600)
+        return float(np.sort(np.concatenate(lost))[int(0.9 * n)])
 
     for run_h, mtbf_h, interval_s, restart_s in [(100, 12, 1800, 900), (40, 3, 900, 900), (1000, 1.5, 600, 900)]:
         exact = lost_hours_quantile(run_h, mtbf_h, interval_s, restart_s)

@@ -53,7 +53,7 @@ def refused(*args: str, cwd) -> tuple[int, str]:
     stdout and stderr together, as `trainready` gives them."""
     from cloud_stubs import cli_run
 
-    proc = cli_run(*args, cwd=cwd)
+    proc = cli_run(*args, cwd=cwd, env={"TRAINREADY_NO_IMDS": "1"})  # as env_for_run: no instance metadata lookups
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -114,7 +114,7 @@ def test_budget_guard_stops_before_the_budget_with_a_checkpoint_then_resumes(tmp
     assert summary["cost"]["spent_usd"] == pytest.approx(billed_s(run_dir), abs=0.01)
     validate_run_dir(run_dir)
 
-    code, out = run(cmd, tmp_path)  # 3: nothing left
+    code, out = refused(*cmd[3:], cwd=tmp_path)  # 3: nothing left, refused before anything starts
     assert code == 2 and "already spent" in out and "Traceback" not in out
     assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 2
 
@@ -157,7 +157,8 @@ def test_resumable_by_default_and_another_command_is_another_run(tmp_path):
     assert saved == [1]  # auto: the first checkpoint at the second step (then Young/Daly: hours on this CPU)
 
     changed = run_cmd(run_dir, "--nproc-per-node", "2", steps=21, script_args=pace)  # another experiment
-    code, out = run(changed, tmp_path)
+    # in this process: a refusal must let go of the run directory's lock, or the launch below finds it taken
+    code, out = refused(*changed[3:], cwd=tmp_path)
     assert code == 2 and "holds a run of" in out and "--resume" in out and "--run-dir" in out, out[-3000:]
     assert "Traceback" not in out and len(json.loads((run_dir / "run.json").read_text())["launches"]) == 1
 
@@ -166,8 +167,8 @@ def test_resumable_by_default_and_another_command_is_another_run(tmp_path):
     assert "checkpoints auto:" in out and "--resume: continuing the run of" in out
     assert "starting at step 2 of 21" in out  # from the checkpoint the default took, not from zero
 
-    code, out = trainready("run", "--run-dir", str(tmp_path / "empty"), "--resume", "--", "python", str(TINY_GPT),
-                           cwd=tmp_path, timeout=60)
+    code, out = refused("run", "--run-dir", str(tmp_path / "empty"), "--resume", "--", "python", str(TINY_GPT),
+                        cwd=tmp_path)
     assert code == 2 and "holds no run to resume" in out and "Traceback" not in out, out
 
 

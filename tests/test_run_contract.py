@@ -11,6 +11,7 @@ import signal
 
 import pytest
 from run_helpers import alive, digest, kill_launcher, losses, records, run, run_cmd, start, wait_for, worker_pids
+from shared_runs import shared_result
 
 STEPS = 40
 OPTS = ("--nproc-per-node", "2", "--ckpt-every", "5")
@@ -21,7 +22,13 @@ waits for a step can land."""
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("baseline")
+    """The uninterrupted run: made once per test session whichever xdist workers these tests land on (shared_runs).
+    JSON keys are text: the losses come back keyed by step number."""
+    digest_, base = shared_result(tmp_path_factory, "run-contract-baseline", _baseline)
+    return digest_, {int(step): loss for step, loss in base.items()}
+
+
+def _baseline(cwd):
     run_dir = cwd / "run"
     code, out = run(run_cmd(run_dir, *OPTS, steps=STEPS), cwd)
     assert code == 0, out[-3000:]

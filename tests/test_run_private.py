@@ -108,7 +108,10 @@ def test_the_same_command_in_a_finished_run_launches_nothing(tmp_path):
 
     code, out = launch_steps()
     assert code == 0 and "worker done" in out, out[-3000:]
-    code, out = launch_steps()
+    from cloud_stubs import cli_run  # nothing is launched: the entry function in this process (issue 25)
+
+    again = cli_run(*cmd[3:], cwd=tmp_path, env={"TRAINREADY_NO_IMDS": "1"})
+    code, out = again.returncode, again.stdout + again.stderr
     assert code == 0 and out.count("already finished (step 3 of 3): nothing launched") == 1, out[-3000:]
     assert "add --resume" in out and "worker done" not in out
     assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 1

@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 import pytest
 from run_helpers import TINY_GPT, env_for_run, records, wait_for
+from shared_runs import shared_result
 
 from trainready.schemas import ROOT_MODELS, SCHEMAS, render
 
@@ -126,10 +127,31 @@ def file_of(outputs: Outputs, name: str, path: Path) -> None:
     outputs.setdefault(name, []).extend((str(path), doc) for doc in docs)
 
 
+# Each producer runs once per test session, whichever xdist workers its tests land on (shared_runs): the
+# training one is a real run. Their outputs are JSON already, so what the tests read is what was produced.
+
 @pytest.fixture(scope="module")
 def planning(tmp_path_factory) -> Outputs:
+    return shared_result(tmp_path_factory, "schemas-planning", _planning)
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory) -> Outputs:
+    return shared_result(tmp_path_factory, "schemas-training", _training)
+
+
+@pytest.fixture(scope="module")
+def node_and_data(tmp_path_factory) -> Outputs:
+    return shared_result(tmp_path_factory, "schemas-node-and-data", _node_and_data)
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory, moto) -> Outputs:
+    return shared_result(tmp_path_factory, "schemas-cloud", lambda cwd: _cloud(cwd, moto.url))
+
+
+def _planning(cwd: Path) -> Outputs:
     """catalog, estimate, plan, diagnose, job files and errors: each a few realistic invocations."""
-    cwd = tmp_path_factory.mktemp("planning")
     out: Outputs = {}
     for what in ("gpus", "instances", "models"):
         json_of(out, f"catalog-{what}", "catalog", what, "--json", cwd=cwd)
@@ -162,11 +184,9 @@ def planning(tmp_path_factory) -> Outputs:
     return out
 
 
-@pytest.fixture(scope="module")
-def training(tmp_path_factory) -> Outputs:
+def _training(cwd: Path) -> Outputs:
     """One real run stopped by SIGTERM after its first step (every run file, stop.json included, and a
     checkpoint), then report and every ckpt command on it, and a one-point scaling run."""
-    cwd = tmp_path_factory.mktemp("training")
     out: Outputs = {}
     run_dir = cwd / "run"
     with (cwd / "stderr.txt").open("w") as stderr:  # workers' output goes to stderr under --json
@@ -202,10 +222,8 @@ def training(tmp_path_factory) -> Outputs:
     return out
 
 
-@pytest.fixture(scope="module")
-def node_and_data(tmp_path_factory) -> Outputs:
+def _node_and_data(cwd: Path) -> Outputs:
     """check on a captured bundle and on a bundle collected here; data pack and bench on a small corpus."""
-    cwd = tmp_path_factory.mktemp("node")
     out: Outputs = {}
     json_of(out, "check", "check", "--bundle", str(BUNDLES / "p4d"), "--json", cwd=cwd)
     trainready("check", "collect", "--out", "collected", cwd=cwd)
@@ -223,11 +241,9 @@ def node_and_data(tmp_path_factory) -> Outputs:
     return out
 
 
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory, moto) -> Outputs:
+def _cloud(cwd: Path, moto_url: str) -> Outputs:
     """account against moto's server: what moto lacks (quotas, Capacity Blocks) reads unknown, in the same shape."""
-    cwd = tmp_path_factory.mktemp("cloud")
-    aws = {"AWS_ENDPOINT_URL": moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    aws = {"AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": str(cwd / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(cwd / "none"),
            "TRAINREADY_CACHE_DIR": str(cwd / "cache")}

@@ -143,9 +143,18 @@ def _usage_error(exc: click_errors.UsageError, as_json: bool) -> int:
     return 2
 
 
-def _main(as_json: bool) -> int:
+@functools.cache
+def _command() -> Any:
+    """The Click command tree, built from the Typer app once per process. Building it reads every command's
+    signature (about 30 ms); a process that calls run() more than once (the test suite, a tool that embeds us)
+    paid that on every call. _plain_help escapes in place, so it must run once per tree too."""
     command = typer.main.get_command(app)
     _plain_help(command)
+    return command
+
+
+def _main(as_json: bool) -> int:
+    command = _command()
     try:
         result = command.main(prog_name="trainready", standalone_mode=False)
     except click_errors.NoArgsIsHelpError:  # `trainready`, `trainready ckpt`: click printed the help

@@ -376,11 +376,20 @@ class Launcher:
 
     # ---- running -----------------------------------------------------------------------------
 
-    def run(self) -> LaunchResult:
-        done = self._begin()
-        if done is not None:  # nothing to launch: the lock is ours alone to let go of
+    def _release_run_dir(self) -> None:
+        """The run directory is free again: an application that embeds the launcher may launch anew."""
+        if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def run(self) -> LaunchResult:
+        try:
+            done = self._begin()
+        except BaseException:  # a refusal (another command, no budget left): the lock is let go of, not leaked
+            self._release_run_dir()
+            raise
+        if done is not None:  # nothing to launch
+            self._release_run_dir()
             done.summary = summarize(self.spec.run_dir)
             return done
         # Workers share the store torchrun's agent already listens on: rank 0 hosting its own would bind a port
@@ -421,9 +430,7 @@ class Launcher:
             try:
                 self._end(result)  # run.json and summary.json, whatever happened
             finally:
-                if self._lock_fd is not None:  # the run directory is free again (an application may launch anew)
-                    os.close(self._lock_fd)
-                    self._lock_fd = None
+                self._release_run_dir()
         return result
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
