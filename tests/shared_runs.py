@@ -49,8 +49,10 @@ def shared_result(tmp_path_factory: pytest.TempPathFactory, name: str, make: Cal
 
 
 def _make(folder: Path, make: Callable[[Path], Any]) -> dict[str, Any]:
+    """The outcome as every worker reads it: through JSON also on the worker that made it (tuples as lists, keys as
+    text), so a test cannot pass on one worker and fail on another; a result JSON cannot hold is a failure."""
     try:
-        return {"ok": True, "result": make(folder)}
+        return json.loads(json.dumps({"ok": True, "result": make(folder)}))
     except BaseException as exc:  # pytest.fail's Failed is a BaseException; KeyboardInterrupt goes on
         if isinstance(exc, KeyboardInterrupt):
             raise

@@ -326,3 +326,30 @@ def test_a_launch_ends_cleanly_when_a_collaborator_fails(tmp_path):
     result = Launcher(spec, [].append, lambda records: None, spawn=FakeSpawner(0.0), clock=FakeClock(),
                       install_signal=lambda sig, handler: signal.SIG_DFL).run()
     assert result.reason == "finished"  # the lock of the failed launches was let go
+
+
+def test_a_refused_or_interrupted_launch_lets_go_of_the_run_directory(tmp_path, monkeypatch):
+    """An application that embeds the launcher: a refusal after the lock was taken (another command in this run
+    directory) and Ctrl-C while the launch record is written both leave the directory free, the launch ended."""
+    import fcntl
+
+    from trainready.errors import UsageError
+    from trainready.run import launcher as launcher_module
+
+    spec = _launch_spec(tmp_path)
+    quiet = {"clock": FakeClock(), "install_signal": lambda sig, handler: signal.SIG_DFL}
+    assert Launcher(spec, [].append, lambda records: None, spawn=FakeSpawner(0.0), **quiet).run().reason == "finished"
+    other = LaunchSpec(command=["python", "other.py"], settings=spec.settings)
+    with pytest.raises(UsageError, match="holds a run of"):
+        Launcher(other, [].append, lambda records: None, spawn=FakeSpawner(0.0), **quiet).run()
+
+    def interrupted(spec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher_module, "torchrun_argv", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Launcher(spec, [].append, lambda records: None, spawn=FakeSpawner(0.0), **quiet).run()
+    launches = json.loads((spec.run_dir / "run.json").read_text())["launches"]
+    assert len(launches) == 2 and launches[-1]["end_unix"] is not None and launches[-1]["reason"] == "failed"
+    with open(spec.run_dir / ".lock") as lock:  # another open file: flock conflicts with a leaked one
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -233,7 +233,8 @@ def test_worst_case_quantile_matches_a_simulation():
 
     for run_h, mtbf_h, interval_s, restart_s in [(100, 12, 1800, 900), (40, 3, 900, 900), (1000, 1.5, 600, 900)]:
         exact = lost_hours_quantile(run_h, mtbf_h, interval_s, restart_s)
-        assert exact == pytest.approx(simulate(run_h, mtbf_h, interval_s, restart_s), rel=0.05)
+        # 20,000 runs agree with the closed form within 0.7% over seeds 7-14: 2% catches a 3% error
+        assert exact == pytest.approx(simulate(run_h, mtbf_h, interval_s, restart_s), rel=0.02)
     assert lost_hours_quantile(10, 1e6, 600, 600) == 0.0  # on-demand, short: no interruption 90% of the time
     base = 10 * (1 + 1 / 600)
     assert worst_case_hours(10, 1, 600, 1e6, 600) == pytest.approx(base)

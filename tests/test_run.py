@@ -114,7 +114,7 @@ def test_budget_guard_stops_before_the_budget_with_a_checkpoint_then_resumes(tmp
     assert summary["cost"]["spent_usd"] == pytest.approx(billed_s(run_dir), abs=0.01)
     validate_run_dir(run_dir)
 
-    code, out = refused(*cmd[3:], cwd=tmp_path)  # 3: nothing left, refused before anything starts
+    code, out = run(cmd, tmp_path)  # 3: nothing left (a process of its own: its start-up is billed from its start)
     assert code == 2 and "already spent" in out and "Traceback" not in out
     assert len(json.loads((run_dir / "run.json").read_text())["launches"]) == 2
 

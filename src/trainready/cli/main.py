@@ -65,10 +65,13 @@ def _plain_help(command: Any) -> None:
     """Help as written: typer reads help text as Rich markup, so "[default: 16]" in it vanished.
     Escaped here once for every command and option; and plain type names (see _type_label)."""
     def plain(param: Any) -> Any:
-        if param is not None and hasattr(type(param), "display_type"):  # typer >= 0.2x
+        if param is None or getattr(param, "_trainready_plain", False):  # escaped once: click may hand it back
+            return param
+        if hasattr(type(param), "display_type"):  # typer >= 0.2x
             param.display_type_rich = functools.partial(_type_label, param)
         if isinstance(getattr(param, "help", None), str):
             param.help = escape(param.help)
+        param._trainready_plain = True
         return param
 
     for attr in ("help", "short_help", "epilog"):

@@ -332,8 +332,10 @@ class Launcher:
         fd = open_nofollow(self.spec.run_dir / ".lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as exc:  # taken (BlockingIOError), or a file system without locks (ENOLCK): never leaked
             os.close(fd)
+            if not isinstance(exc, BlockingIOError):
+                raise
             same_rank = (" (another node of this job with the same --node-rank on a shared filesystem? give each node "
                          "its own --node-rank)") if self.spec.nnodes > 1 else ""
             raise UsageError(f"another `trainready run` is using {self.spec.run_dir} (it holds {self.spec.run_dir}/.lock)"
@@ -398,15 +400,18 @@ class Launcher:
         # fail to connect (gloo, torch 2.13), so with restarts rank 0 hosts a fresh store per attempt; a taken
         # port then costs one restart, each attempt picking a new port.
         own_store = "1" if self.spec.max_restarts > 0 else "0"
-        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store, **os.environ, **self.settings.to_env(),
-               "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command),
-               "TRAINREADY_USER_UMASK": f"{_current_umask():o}"}  # the shim gives the script the user's umask back
-        writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
-        writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
-        writer.close()
         previous: dict[int, Any] = {}
         result = LaunchResult(EXIT_INTERNAL, "failed", "the launcher stopped unexpectedly")
+        # from here every path ends the launch in run.json and lets go of the lock: a full disk writing the launch
+        # record, or Ctrl-C before the agent starts, included
         try:  # the handlers too: one that cannot be installed still ends the launch and puts the others back
+            env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store, **os.environ, **self.settings.to_env(),
+                   "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command),
+                   "TRAINREADY_USER_UMASK": f"{_current_umask():o}"}  # the shim gives the script the user's umask back
+            writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
+            writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank,
+                         prior_billed_s=self.settings.prior_s)
+            writer.close()
             for sig in FORWARDED:
                 previous[sig] = self.install_signal(sig, self._on_signal)
             self.agent = self.spawn(torchrun_argv(self.spec), env)
