@@ -116,6 +116,7 @@ def test_help_works_and_names_types_in_words(path):
     assert f"Usage: {' '.join(('trainready', *path))} " in short.stdout
     assert PYTHON_TYPES.findall(short.stdout) == [], "Python type names in -h"
     assert max(len(line) for line in short.stdout.splitlines()) <= 80  # COLUMNS=80: nothing wider
+    assert "\u2026" not in short.stdout  # nor cut: Rich ends a word too long for its column with an ellipsis
 
 
 def test_help_text_in_brackets_is_shown_as_written():

@@ -60,7 +60,7 @@ def run(command: Annotated[Optional[list[str]], typer.Argument(metavar="-- COMMA
         image: Annotated[Optional[str], typer.Option("--image", help="k8s/jobset: container image with trainready and torch.", rich_help_panel=CLUSTER)] = None,
         queue: Annotated[Optional[str], typer.Option("--queue", help="k8s/jobset: Kueue LocalQueue; pcluster/slurm: Slurm queue (partition).", rich_help_panel=CLUSTER)] = None,
         service_account: Annotated[Optional[str], typer.Option("--service-account", help="k8s/jobset: the pods' ServiceAccount (IRSA / EKS Pod Identity for S3).", rich_help_panel=CLUSTER)] = None,
-        aws_secret: Annotated[Optional[str], typer.Option("--aws-secret", help="k8s/jobset: Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, used by reference.", rich_help_panel=CLUSTER)] = None,
+        aws_secret: Annotated[Optional[str], typer.Option("--aws-secret", help="k8s/jobset: Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, used by reference.", rich_help_panel=CLUSTER)] = None,
         shared_fs: Annotated[Optional[str], typer.Option("--shared-fs", help="pcluster: FSx for Lustre at /fsx: 'new' or an existing fs-... id.", rich_help_panel=CLUSTER)] = None,
         capacity_reservation: Annotated[Optional[str], typer.Option("--capacity-reservation", help="pcluster: a Capacity Block's reservation id (cr-...).", rich_help_panel=CLUSTER)] = None,
         workdir: Annotated[Optional[str], typer.Option("--workdir", metavar="DIR", help="With --emit: where the job runs: skypilot copies it to every node (default: . when the command names a file here), slurm --chdir, jobset's workingDir, torchrun's cd.", rich_help_panel=CLUSTER)] = None,
