@@ -408,13 +408,13 @@ class Launcher:
             env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store, **os.environ, **self.settings.to_env(),
                    "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command),
                    "TRAINREADY_USER_UMASK": f"{_current_umask():o}"}  # the shim gives the script the user's umask back
+            argv = torchrun_argv(self.spec)  # recorded as launched
             writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
-            writer.write("launch", argv=torchrun_argv(self.spec), node_rank=self.spec.node_rank,
-                         prior_billed_s=self.settings.prior_s)
+            writer.write("launch", argv=argv, node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
             writer.close()
             for sig in FORWARDED:
                 previous[sig] = self.install_signal(sig, self._on_signal)
-            self.agent = self.spawn(torchrun_argv(self.spec), env)
+            self.agent = self.spawn(argv, env)
             if self.agent.stdout is None:  # a spawner of our own must hand over the output, or it is lost
                 self.agent.kill()
                 raise RuntimeError("the process spawner gave an agent without stdout: spawn with stdout=PIPE")
