@@ -66,6 +66,7 @@ test: $(VENV)/.dev $(if $(CI),browser)
 
 bench: $(VENV)/.dev
 	$(WRITE_BYTECODE) $(BIN)/python bench/plan_accuracy.py
+	$(WRITE_BYTECODE) $(BIN)/python bench/track_record.py --check
 	$(WRITE_BYTECODE) $(BIN)/python bench/plan_speed.py
 	$(WRITE_BYTECODE) $(BIN)/python bench/ckpt_bench.py
 	$(WRITE_BYTECODE) $(BIN)/python bench/report_html.py

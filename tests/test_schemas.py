@@ -26,6 +26,7 @@ from run_helpers import TINY_GPT, env_for_run, records, wait_for
 from shared_runs import shared_result
 
 from trainready.schemas import ROOT_MODELS, SCHEMAS, render
+from trainready.plan import track_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "schemas"
@@ -174,6 +175,8 @@ def _planning(cwd: Path) -> Outputs:
     json_of(out, "estimate", "estimate", "--model", "llama-3-8b", "--instance", "p5en.48xlarge", "--calibrate",
             str(bundle), "--calibration", "calibration.json", "--json", cwd=cwd)
     file_of(out, "calibration", cwd / "calibration.json")
+    # written by bench/track_record.py, shipped in the package (tests/test_track_record.py checks it is current)
+    file_of(out, "track-record", Path(track_record.__file__).parent / "data" / "track_record.json")
     json_of(out, "diagnose", "diagnose", str(LOGS / "cuda_oom.log"), "--job", "planned.toml", "--json", cwd=cwd, expect=1)
     json_of(out, "diagnose", "diagnose", str(LOGS), "--json", cwd=cwd, expect=1)  # every rule
     json_of(out, "diagnose", "diagnose", str(LOGS / "healthy_training.log"), "--json", cwd=cwd)
@@ -256,7 +259,7 @@ def _cloud(cwd: Path, moto_url: str) -> Outputs:
 
 PRODUCER = {"catalog-gpus": "planning", "catalog-instances": "planning", "catalog-models": "planning",
             "estimate": "planning", "plan": "planning", "job": "planning", "diagnose": "planning", "error": "planning",
-            "calibration": "planning",
+            "calibration": "planning", "track-record": "planning",
             "run-result": "training", "run-summary": "training", "run-info": "training", "run-stop": "training",
             "run-telemetry": "training", "run-scaling": "training", "ckpt-manifest": "training",
             "ckpt-tensor-index": "training", "ckpt-lease": "training", "ckpt-ls": "training", "ckpt-verify": "training",

@@ -21,6 +21,7 @@ from trainready.data.bench import DataBenchResult
 from trainready.data.format import DataIndex
 from trainready.data.pack import PackResult
 from trainready.plan.calibration_file import CalibrationFile
+from trainready.plan.track_record import RecordFile
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.job import JobSpec
 from trainready.plan.presets import ModelList
@@ -62,7 +63,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "run-result": RunOutcome, "run-summary": RunSummary, "run-scaling": ScalingReport, "run-info": RunInfo,
     "run-stop": StopInfo, "run-telemetry": TelemetryLine, "diagnose": DiagnosisReport,
     "data-index": DataIndex, "data-pack": PackResult, "data-bench": DataBenchResult, "account": AccountReport,
-    "calibration": CalibrationFile,
+    "calibration": CalibrationFile, "track-record": RecordFile,
 }
 ROOT_MODELS = {"run-telemetry"}  # versioned in each record rather than a top-level field
 

@@ -14,6 +14,8 @@ from rich.text import Text
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.cli.console import err, line, out, styled
 from trainready.plan.confidence import short as confidence_short
+from trainready.plan.track_record import text as track_record_text
+from trainready.plan.track_record import wide as track_record_wide
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.recipes import Recipe
@@ -136,6 +138,9 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
     speed.print_fitted(con, ("HFU", "other", "per GPU"))
     con.print(f"bottleneck: {t.bottleneck} (comm = exposed communication; {t.communication_s:,.2f} s "
               f"of communication per step in all)")
+    record = e.confidence.track_record
+    if record is not None and not track_record_wide(record):  # a loose one is a warning below
+        con.print(line(f"track record: {track_record_text(record)}"))
     c = e.cost
     cost = _Grid("Time and cost", ["train time", "steps", "$/node-h", "total", "$/1B tok", "spot $/h", "spot total"])
     price = line(_usd(c.usd_per_hour), (" (suspect)", "yellow") if c.pricing.suspect else "")
@@ -226,6 +231,9 @@ def render_plan(con: Console, r: PlanResult) -> None:
             low = confidence_short(row.estimate.confidence, r.ranked_by == "cost")
             if low:
                 con.print(line("     ", ("~", "yellow"), f" {low}"))
+        record = r.rows[0].estimate.confidence.track_record
+        if record is not None:
+            con.print(line(("Track record", "bold"), f" (#1): {track_record_text(record)}"))
     if r.others:
         said = "; ~: assumed efficiency, ranked by the pessimistic end" if any(a.assumed for a in r.others) else ""
         con.print(line(("Also fits", "bold"), f" (best per instance, ranked lower{said}): "

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from . import efficiency as eff
 from .performance import estimate_step
 from .setup import Setup
+from .track_record import TrackRecord, track_record
 from .units import hours_text, usd_text
 
 
@@ -34,6 +35,10 @@ class ConfidenceInfo(BaseModel):
     train_hours: Range | None = Field(None, description="with --tokens")
     total_usd: Range | None = Field(None, description="with --tokens and a price")
     usd_per_billion_tokens: Range | None = None
+    track_record: TrackRecord | None = Field(
+        None, description="how far the planner's tokens/s was off on measured runs of this setup's regime (dense or "
+                          "MoE, sequence length, precision, GPU architecture; plan/track_record.py); None: the record "
+                          "could not be read")
 
 
 Costs = Callable[[float], tuple[float | None, float | None, float | None]]
@@ -79,8 +84,9 @@ def _span(lo: float | None, hi: float | None) -> Range | None:
 def confidence_info(s: Setup, tps: float, costs: Costs) -> ConfidenceInfo:
     e = _factors(s)
     r = tokens_per_s_range(s, tps)
+    record = track_record(s)
     if r is None:
-        return ConfidenceInfo(level="normal", efficiency_factors=e.confidence, source=e.source)
+        return ConfidenceInfo(level="normal", efficiency_factors=e.confidence, source=e.source, track_record=record)
     slow, fast = costs(r.pessimistic), costs(r.optimistic)
     reason = (f"efficiency factors for {s.gpu.arch} ({s.gpu.name}) are {e.confidence}, not measured: "
               f"GEMM {e.gemm_range[0]:g}-{e.gemm_range[1]:g}, attention {e.attention_range[0]:g}-"
@@ -88,7 +94,7 @@ def confidence_info(s: Setup, tps: float, costs: Costs) -> ConfidenceInfo:
               else f"efficiency factors for {s.gpu.arch} are {e.confidence}, not measured ({e.range_source})")
     return ConfidenceInfo(level="low", efficiency_factors=e.confidence, source=e.source, reason=reason,
                           tokens_per_s=r, train_hours=_span(slow[0], fast[0]), total_usd=_span(slow[1], fast[1]),
-                          usd_per_billion_tokens=_span(slow[2], fast[2]))
+                          usd_per_billion_tokens=_span(slow[2], fast[2]), track_record=record)
 
 
 def summary(c: ConfidenceInfo) -> str | None:

@@ -23,6 +23,8 @@ from .recompute import DEFAULT_MODULES, modules_text
 from .setup import Setup
 from .stacks import compile_assumption, resolve_stack
 from .storage import StoragePlan, storage_plan
+from .track_record import text as track_record_text
+from .track_record import wide as track_record_wide
 
 ESTIMATE_SCHEMA_VERSION = 1
 SPOT_ASSUMPTION = (f"spot: one interruption per node per {rel.SPOT_NODE_MTBF_H:g} h assumed "
@@ -334,6 +336,9 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     conf = confidence_info(s, tps, lambda t: _run_figures(s, mem.checkpoint_bytes, t, spot_mtbf_h))
     if summary(conf):
         warnings.append(summary(conf))
+    if conf.track_record is not None and track_record_wide(conf.track_record):
+        warnings.append(f"loose track record: {track_record_text(conf.track_record)}; read tokens/s, time and cost "
+                        f"with that error in mind")
     if st.hot_tier_fits is False:
         warnings.append(f"hot tier too small: {st.hot_tier_need_gb_per_node:,.0f} GB per node needed for "
                         f"{s.keep_hot}+1 checkpoints, {st.hot_tier_have_gb_per_node:,.0f} GB of NVMe")

@@ -1,0 +1,108 @@
+"""Write the planner's track record: every published run the accuracy benches count, as estimated now.
+
+For each run that bench/plan_accuracy.py (MosaicML, torchtune, the H200 device runs, MoE) and
+bench/plan_accuracy_2024.py (Megatron-Bridge, torchtitan, torchao, NeMo AutoModel) count toward their
+targets, the publisher's layout is estimated exactly as those benches do, and its regime
+(plan/track_record.regime_of) and signed error of tokens/s per GPU go to
+src/trainready/plan/data/track_record.json, which `estimate` quotes. Runs a bench lists for information
+only (outside its inclusion rule) are left out, as they are from the targets.
+
+Usage: python bench/track_record.py           write the file and print each regime's figures
+       python bench/track_record.py --check   exit 1 if the file differs from what the model gives now
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent / "src"))
+
+import plan_accuracy as acc2023  # noqa: E402
+import plan_accuracy_2024 as acc2024  # noqa: E402
+
+from trainready.plan.performance import estimate_step  # noqa: E402
+from trainready.plan.setup import resolve  # noqa: E402
+from trainready.plan.track_record import (  # noqa: E402
+    TRACK_RECORD_SCHEMA_VERSION, RecordFile, RecordRow, regime_of, summarize, text,
+)
+
+OUT = BENCH.parent / "src" / "trainready" / "plan" / "data" / "track_record.json"
+
+
+def _row(id_: str, source: str, setup, pred: float, meas: float) -> RecordRow:
+    return RecordRow(id=id_, source=source, regime=regime_of(setup), signed_error_pct=round((pred / meas - 1) * 100, 1))
+
+
+def records() -> list[RecordRow]:
+    out: list[RecordRow] = []
+    d = acc2023.DATA
+    rows = (acc2023.mosaic_rows(acc2023.read_csv(d / "mosaicml_llmfoundry.csv"))
+            + acc2023.torchtune_rows(acc2023.read_csv(d / "torchtune.csv")) + acc2023.device_rows()
+            + acc2023.torchtitan_rows(acc2023.read_csv(d / "torchtitan.csv")))
+    for row in rows:  # the dense rows plan_accuracy.py counts (tput_in_target), as it estimates them
+        if not (row.tok_s_gpu and row.tput_in_target):
+            continue
+        setup = resolve(row.job, acc2023.CATALOG, model=row.model)
+        out.append(_row(f"{row.source}: {row.label}", "plan_accuracy.py", setup,
+                        estimate_step(setup).tokens_per_s / setup.n_gpus, row.tok_s_gpu))
+    for r in acc2023.read_csv(d / "moe.csv"):  # the MoE rule's rows
+        if r["included"] != "yes" or not r["tok_s_gpu"]:
+            continue
+        setup = resolve(acc2023.moe_job(r), acc2023.CATALOG)
+        out.append(_row(r["id"], "moe.csv", setup, estimate_step(setup).tokens_per_s / setup.n_gpus,
+                        float(r["tok_s_gpu"])))
+    for name in acc2024.FILES:
+        for r in csv.DictReader((acc2024.DATA / name).open(newline="")):
+            if r["included"] != "yes":
+                continue
+            res = acc2024.evaluate(r)
+            if "err" in res:
+                out.append(_row(r["id"], name, res["setup"], res["pred"], res["meas"]))
+    dup = [k for k, n in Counter(x.id for x in out).items() if n > 1]
+    if dup:
+        raise SystemExit(f"runs counted twice: {dup}")
+    return out
+
+
+def document(rows: list[RecordRow]) -> str:
+    doc = RecordFile(schema_version=TRACK_RECORD_SCHEMA_VERSION, generated_by="bench/track_record.py", rows=rows)
+    return json.dumps(doc.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
+    args = ap.parse_args()
+    rows = records()
+    new = document(rows)
+    if args.check:
+        old = OUT.read_text(encoding="utf-8") if OUT.is_file() else ""
+        if old != new:
+            print(f"{OUT} is stale: run python bench/track_record.py and commit it")
+            return 1
+        print(f"{OUT.name} matches the model ({len(rows)} runs)")
+        return 0
+    OUT.write_text(new, encoding="utf-8")
+    print(f"wrote {OUT} ({len(rows)} runs)")
+    groups: dict[tuple, list[RecordRow]] = {}
+    for x in rows:
+        g = x.regime
+        for depth in range(1, 5):
+            groups.setdefault(tuple(getattr(g, f) for f in ("kind", "context", "precision", "arch")[:depth]),
+                              []).append(x)
+    for key in sorted(groups):
+        sel = groups[key]
+        t = summarize(sel, " / ".join(key))
+        print(f"  {' / '.join(key):40s} n={len(sel):4d}  {text(t)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""How far the planner's speed was off on measured runs like the one estimated: its track record.
+
+bench/track_record.py estimates every measured run that the accuracy benches (bench/plan_accuracy.py and
+bench/plan_accuracy_2024.py) count, published ones and the H200 runs a trainready session measured, with the
+run's own layout, and writes plan/data/track_record.json: one line
+per run with its regime (regime_of) and the signed error of tokens/s per GPU. An estimate quotes the
+narrowest regime that holds at least MIN_RUNS runs: (dense or MoE, sequence regime, precision, GPU
+architecture), then without the architecture, then without the precision, then the kind alone.
+
+The error is what the planner got wrong on runs that were measured, not a range of its inputs: a user reads
+"runs like this were off by 10% (median), 31% (9 in 10)" beside the point estimate. The file is ours, but it
+is checked like any other (schema_version, every field); one that does not load gives no track record,
+never a wrong one. A test regenerates it (tests/test_track_record.py), so it is the current model's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .setup import Setup
+
+TRACK_RECORD_SCHEMA_VERSION = 1
+MIN_RUNS = 8
+"""Fewest runs a regime needs to be quoted (below it, the next broader regime)."""
+LONG_SEQUENCE = 32768
+"""Sequences from this length, or split over CP ranks, form the long-context regime."""
+WIDE_P90_PCT = 20.0
+"""A regime whose 90th-percentile error exceeds this (the MoE target of issue 24) is also a warning."""
+
+Kind = Literal["dense", "moe"]
+Context = Literal["standard", "long"]
+Precision = Literal["16-bit", "fp8", "other"]
+Arch = Literal["volta", "ampere", "ada", "hopper", "blackwell", "other"]
+
+
+class Regime(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    kind: Kind
+    context: Context
+    precision: Precision
+    arch: Arch
+
+
+class RecordRow(BaseModel):
+    """One measured run as the planner estimated it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str = Field(min_length=1, max_length=200)
+    source: str = Field(min_length=1, max_length=200, description="the bench data file it comes from")
+    regime: Regime
+    signed_error_pct: float = Field(ge=-100, le=10_000, description="estimate / measured - 1, in %")
+
+
+class RecordFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    schema_version: Literal[1]
+    generated_by: str = Field(max_length=200)
+    rows: list[RecordRow] = Field(max_length=10_000)
+
+
+class TrackRecord(BaseModel):
+    """How the planner's tokens/s compared with measured runs (published, or ours on an H200) of a setup's regime."""
+
+    model_config = ConfigDict(frozen=True)  # one instance per regime, shared by every estimate that quotes it
+
+    regime: str = Field(description="the runs compared, in words (the narrowest regime with enough runs)")
+    runs: int = Field(description="measured runs in that regime")
+    median_abs_error_pct: float = Field(description="median |estimate / measured - 1| of tokens/s per GPU, %")
+    p90_abs_error_pct: float | None = Field(description="90th percentile of the same (nearest rank); None under "
+                                                        "10 runs")
+    signed_median_pct: float = Field(description="median of estimate / measured - 1: + the planner was optimistic")
+    worst_run: str = Field(description="the run with the largest error (its id in bench/data/plan_reference)")
+    worst_signed_error_pct: float
+    narrower: str | None = Field(None, description="the narrowest regime's own runs and their errors where they are "
+                                                   "too few to quote alone (or that there are none); None: quoted")
+    narrower_errors_pct: list[float] = Field(default_factory=list,
+                                             description="signed errors of those few runs (empty: none, or quoted)")
+    source: str = Field(description="where the figures come from")
+
+
+def _key(s: Setup) -> tuple[str, str, str, str]:
+    """(kind, context, precision, arch) of a setup: plain strings, as `plan` asks for every candidate."""
+    return ("moe" if s.model.is_moe else "dense",
+            "long" if s.cp > 1 or s.seq_len >= LONG_SEQUENCE else "standard",
+            "fp8" if s.precision == "fp8" else "16-bit" if s.precision in ("bf16", "fp16") else "other",
+            s.gpu.arch)
+
+
+def regime_of(s: Setup) -> Regime:
+    kind, context, precision, arch = _key(s)
+    return Regime(kind=kind, context=context, precision=precision, arch=arch)
+
+
+def _label(r: Regime, depth: int) -> str:
+    """The regime's first `depth` fields of (kind, context, precision, arch), in words."""
+    parts = ["MoE" if r.kind == "moe" else "dense"]
+    if depth > 2:
+        parts.append({"fp8": "FP8", "16-bit": "BF16/FP16", "other": "FP32/other-precision"}[r.precision])
+    words = " ".join(parts) + " runs"
+    if depth > 1:
+        words += (f" with long sequences (>= {LONG_SEQUENCE // 1024}k tokens or context parallel)"
+                  if r.context == "long" else f" with sequences under {LONG_SEQUENCE // 1024}k")
+    if depth > 3:
+        words += f" on {r.arch.capitalize()} GPUs"
+    return words
+
+
+def parse(text: str) -> tuple[RecordRow, ...] | None:
+    """The records a track_record.json holds (None: it does not hold what it must, or no run at all)."""
+    try:
+        rows = tuple(RecordFile.model_validate(json.loads(text)).rows)
+    except (ValueError, ValidationError, RecursionError):
+        return None
+    return rows or None
+
+
+@cache
+def _rows() -> tuple[RecordRow, ...] | None:
+    """The committed records (None: the file is missing or unreadable)."""
+    try:
+        raw = (resources.files("trainready.plan") / "data" / "track_record.json").read_bytes()
+    except OSError:
+        return None
+    if len(raw) > 4 * 2**20:  # ~100 bytes a run: anything this large is not ours
+        return None
+    try:
+        return parse(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
+
+
+def _p90(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+
+
+def summarize(rows: list[RecordRow], regime: str, narrower: str | None = None,
+              narrower_errors: list[float] | None = None) -> TrackRecord:
+    errs = [abs(r.signed_error_pct) for r in rows]
+    worst = max(rows, key=lambda r: abs(r.signed_error_pct))
+    return TrackRecord(regime=regime, runs=len(rows), median_abs_error_pct=statistics.median(errs),
+                       p90_abs_error_pct=_p90(errs) if len(rows) >= 10 else None,
+                       signed_median_pct=statistics.median(r.signed_error_pct for r in rows),
+                       worst_run=worst.id, worst_signed_error_pct=worst.signed_error_pct, narrower=narrower,
+                       narrower_errors_pct=narrower_errors or [],
+                       source="bench/track_record.py over the runs bench/plan_accuracy.py and "
+                              "bench/plan_accuracy_2024.py count (bench/data/plan_reference)")
+
+
+def track_record(s: Setup, rows: tuple[RecordRow, ...] | None = None) -> TrackRecord | None:
+    """The planner's record on measured runs of `s`'s regime (None: no record could be read)."""
+    if rows is None:
+        return _committed(_key(s))
+    return _of_regime(regime_of(s), rows) if rows else None
+
+
+@cache
+def _committed(key: tuple[str, str, str, str]) -> TrackRecord | None:
+    rows = _rows()
+    kind, context, precision, arch = key
+    return _of_regime(Regime(kind=kind, context=context, precision=precision, arch=arch), rows) if rows else None
+
+
+def _of_regime(r: Regime, rows: tuple[RecordRow, ...]) -> TrackRecord | None:
+    fields = ("kind", "context", "precision", "arch")
+    narrower, few = None, []
+    for depth in range(len(fields), 0, -1):
+        same = [x for x in rows if all(getattr(x.regime, f) == getattr(r, f) for f in fields[:depth])]
+        if len(same) >= MIN_RUNS:
+            return summarize(same, _label(r, depth), narrower, few)
+        if narrower is None:  # the narrowest regime's own few runs, so a broad figure does not hide them
+            few = sorted(x.signed_error_pct for x in same)
+            errs = ", ".join(f"{e:+.0f}%" for e in few)
+            narrower = (f"too few measured {_label(r, depth)} to quote alone ({len(same)}: {errs})" if same
+                        else f"no measured {_label(r, depth)}")
+    return None
+
+
+def text(t: TrackRecord) -> str:
+    """One line: the regime, its median and 90th-percentile (or worst) error and its lean."""
+    spread = (f"{t.p90_abs_error_pct:.0f}% for 9 in 10" if t.p90_abs_error_pct is not None
+              else f"at worst {abs(t.worst_signed_error_pct):.0f}%")
+    lean = "optimistic" if t.signed_median_pct > 0 else "pessimistic"
+    return (f"on {t.runs} measured {t.regime}, the estimated tokens/s was off by {t.median_abs_error_pct:.0f}% "
+            f"(median), {spread}; it leaned {lean} ({t.signed_median_pct:+.0f}% median)"
+            + (f"; {t.narrower}" if t.narrower else ""))
+
+
+def wide(t: TrackRecord) -> bool:
+    """Whether the record is too loose to take the point estimate at its word (a warning): the quoted regime's
+    90th-percentile error (its worst under 10 runs), or any of the narrower regime's few runs, beyond WIDE_P90_PCT."""
+    spread = t.p90_abs_error_pct if t.p90_abs_error_pct is not None else abs(t.worst_signed_error_pct)
+    return max([spread, *map(abs, t.narrower_errors_pct)]) > WIDE_P90_PCT
