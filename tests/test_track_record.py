@@ -64,7 +64,7 @@ def test_the_narrowest_regime_with_enough_runs_is_quoted_and_the_few_narrower_ru
     on_hopper = tr.track_record(_setup(), rows)
     assert on_hopper.runs == 10 and "Hopper" in on_hopper.regime and on_hopper.narrower is None
     assert on_hopper.median_abs_error_pct == pytest.approx(5.5)
-    assert on_hopper.p90_abs_error_pct == 10  # nearest rank, as the benches compute it
+    assert on_hopper.p90_abs_error_pct == 9  # nearest rank: the ceil(0.9 x 10) = 9th smallest
     assert on_hopper.signed_median_pct == pytest.approx(5.5)
     assert on_hopper.worst_run == "h9" and on_hopper.worst_signed_error_pct == 10
     on_blackwell = tr.track_record(_setup(gpu="b200"), rows)
@@ -72,11 +72,30 @@ def test_the_narrowest_regime_with_enough_runs_is_quoted_and_the_few_narrower_ru
     assert "Blackwell" in on_blackwell.narrower and "(2: -12%, +36%)" in on_blackwell.narrower
     assert on_blackwell.worst_run == "b1"
     assert on_blackwell.narrower_errors_pct == [-12.0, 36.0] and on_blackwell.p90_abs_error_pct == 12
+    assert on_blackwell.regime_measured
     # loose: the broad regime's 90th percentile is 12%, but one of the two runs on the setup's own GPUs was +36%
     assert "too few" in tr.text(on_blackwell) and tr.wide(on_blackwell)
     assert not tr.wide(tr.track_record(_setup(gpu="b200"), tuple(hopper + blackwell[1:])))
     on_ada = tr.track_record(_setup(gpu="l4"), rows)
     assert on_ada.narrower == "no measured dense BF16/FP16 runs with sequences under 32k on Ada GPUs"
+    assert not on_ada.regime_measured and tr.wide(on_ada)  # nothing measured its regime: a warning, not reassurance
+    assert not tr.wide(on_hopper)
+
+
+def test_an_unmeasured_regime_still_names_the_few_runs_of_a_broader_one():
+    rows = tuple([_row(f"m{i}", 10.0, kind="moe") for i in range(8)] + [_row("long", 41.0, kind="moe", context="long",
+                                                                             precision="fp8", arch="blackwell")])
+    moe = resolve(JobSpec(model="mixtral-8x7b", gpu="h100-80gb", gpus=8, ep=8, seq_len=65536, cp=2), CATALOG)
+    rec = tr.track_record(moe, rows)
+    assert rec.runs == 9 and not rec.regime_measured and rec.narrower_errors_pct == [41.0]
+    assert rec.narrower.startswith("no measured MoE BF16/FP16 runs with long sequences")
+    assert "too few measured MoE runs with long sequences" in rec.narrower and "(1: +41%)" in rec.narrower
+
+
+def test_the_lean_is_said_only_where_there_is_one():
+    even = tr.summarize([_row("a", -0.4), _row("b", 0.0), _row("c", 0.3)], "x")
+    assert "leaned neither way" in tr.text(even)
+    assert "leaned pessimistic (-3% median)" in tr.text(tr.summarize([_row("a", -3.0)], "x"))
 
 
 def test_under_ten_runs_the_worst_stands_for_the_spread():
@@ -118,11 +137,29 @@ def _with(path: tuple, value) -> str:
     _with(("rows", 0, "extra"), 1),
     _with(("rows",), []),
     _with(("rows", 0, "id"), ""),
+    _with(("schema_version",), True),
+    _with(("schema_version",), 1.0),
+    json.dumps({**GOOD, "rows": GOOD["rows"] * 2}),  # a run counted twice
     "not json", "[" * 50_000, '{"schema_version": 1}',
 ])
 def test_a_file_that_does_not_hold_what_it_must_gives_no_record(text):
     assert tr.parse(text) is None
     assert tr.parse(json.dumps(GOOD)) is not None
+
+
+def test_a_file_beyond_the_size_cap_is_not_read_whole(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    big = tmp_path / "data" / "track_record.json"
+    big.write_text(json.dumps(GOOD) + " " * tr.MAX_FILE_BYTES)  # valid JSON, but larger than any record of ours
+    monkeypatch.setattr(tr.resources, "files", lambda package: tmp_path)
+    tr._rows.cache_clear()
+    try:
+        assert tr._rows() is None
+        big.write_text(json.dumps(GOOD))
+        tr._rows.cache_clear()
+        assert tr._rows() is not None and len(tr._rows()) == 1
+    finally:
+        tr._rows.cache_clear()
 
 
 def test_estimate_quotes_the_record_and_warns_where_it_is_loose(monkeypatch):
@@ -138,6 +175,22 @@ def test_estimate_quotes_the_record_and_warns_where_it_is_loose(monkeypatch):
     record = json.loads(moe.stdout)["confidence"]["track_record"]
     assert record["regime"].startswith("MoE")
     assert any(w.startswith("loose track record:") for w in warnings) == tr.wide(tr.TrackRecord(**record))
+    assert tr.wide(tr.TrackRecord(**record))  # 9 MoE runs on Hopper, the worst 48% off
+    plan = cli_run("plan", "--model", "mixtral-8x7b", "--tokens", "1e9", columns=80).stdout.replace("\n", " ")
+    assert "warning: loose track record (#1): on" in plan
+
+
+def test_a_calibrated_estimate_does_not_quote_the_shipped_models_record(tmp_path):
+    from test_calibration import H200_NODE, write_bundle
+
+    write_bundle(tmp_path / "bundle", 400.0, 300.0)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    args = ("estimate", "--model", "llama-3-8b", "--instance", H200_NODE, "--json")
+    plain = json.loads(cli_run(*args, cwd=tmp_path, env=env).stdout)
+    assert plain["confidence"]["track_record"] is not None
+    calibrated = json.loads(cli_run(*args, "--calibrate", str(tmp_path / "bundle"), cwd=tmp_path, env=env).stdout)
+    assert calibrated["confidence"]["source"] != plain["confidence"]["source"]  # the fitted factors were used
+    assert calibrated["confidence"]["track_record"] is None
 
 
 def test_without_a_readable_record_the_estimate_says_nothing_of_one(monkeypatch):

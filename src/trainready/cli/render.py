@@ -233,7 +233,9 @@ def render_plan(con: Console, r: PlanResult) -> None:
                 con.print(line("     ", ("~", "yellow"), f" {low}"))
         record = r.rows[0].estimate.confidence.track_record
         if record is not None:
-            con.print(line(("Track record", "bold"), f" (#1): {track_record_text(record)}"))
+            loose = track_record_wide(record)
+            con.print(line(("warning: loose track record", "yellow") if loose else ("Track record", "bold"),
+                           f" (#1): {track_record_text(record)}"))
     if r.others:
         said = "; ~: assumed efficiency, ranked by the pessimistic end" if any(a.assumed for a in r.others) else ""
         con.print(line(("Also fits", "bold"), f" (best per instance, ranked lower{said}): "

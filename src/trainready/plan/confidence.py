@@ -37,8 +37,9 @@ class ConfidenceInfo(BaseModel):
     usd_per_billion_tokens: Range | None = None
     track_record: TrackRecord | None = Field(
         None, description="how far the planner's tokens/s was off on measured runs of this setup's regime (dense or "
-                          "MoE, sequence length, precision, GPU architecture; plan/track_record.py); None: the record "
-                          "could not be read")
+                          "MoE, sequence length, precision, GPU architecture; plan/track_record.py); None: the "
+                          "estimate uses calibrated factors (the record is the shipped model's), fewer than 8 runs of "
+                          "its kind, or the record could not be read")
 
 
 Costs = Callable[[float], tuple[float | None, float | None, float | None]]
@@ -84,7 +85,7 @@ def _span(lo: float | None, hi: float | None) -> Range | None:
 def confidence_info(s: Setup, tps: float, costs: Costs) -> ConfidenceInfo:
     e = _factors(s)
     r = tokens_per_s_range(s, tps)
-    record = track_record(s)
+    record = None if s.efficiency is not None else track_record(s)  # the shipped model's record, not a calibrated one
     if r is None:
         return ConfidenceInfo(level="normal", efficiency_factors=e.confidence, source=e.source, track_record=record)
     slow, fast = costs(r.pessimistic), costs(r.optimistic)

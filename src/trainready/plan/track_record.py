@@ -16,12 +16,13 @@ never a wrong one. A test regenerates it (tests/test_track_record.py), so it is 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from functools import cache
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .setup import Setup
 
@@ -63,24 +64,43 @@ class RecordFile(BaseModel):
     generated_by: str = Field(max_length=200)
     rows: list[RecordRow] = Field(max_length=10_000)
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _an_int(cls, v: object) -> object:
+        if type(v) is not int:  # Literal[1] alone takes True and 1.0
+            raise ValueError("schema_version must be the integer 1")
+        return v
+
+    @model_validator(mode="after")
+    def _each_run_once(self) -> RecordFile:
+        if len({r.id for r in self.rows}) != len(self.rows):  # a run counted twice would weigh twice
+            raise ValueError("a run is listed more than once")
+        return self
+
 
 class TrackRecord(BaseModel):
     """How the planner's tokens/s compared with measured runs (published, or ours on an H200) of a setup's regime."""
 
     model_config = ConfigDict(frozen=True)  # one instance per regime, shared by every estimate that quotes it
 
-    regime: str = Field(description="the runs compared, in words (the narrowest regime with enough runs)")
+    regime: str = Field(description="the runs compared, in words: the narrowest regime with enough runs, widened "
+                                    "from the GPU architecture, then the precision, then the sequence regime")
     runs: int = Field(description="measured runs in that regime")
     median_abs_error_pct: float = Field(description="median |estimate / measured - 1| of tokens/s per GPU, %")
-    p90_abs_error_pct: float | None = Field(description="90th percentile of the same (nearest rank); None under "
+    p90_abs_error_pct: float | None = Field(description="90th percentile of the same (nearest rank: the ceil(0.9 n)-th "
+                                                        "smallest); None under "
                                                         "10 runs")
     signed_median_pct: float = Field(description="median of estimate / measured - 1: + the planner was optimistic")
-    worst_run: str = Field(description="the run with the largest error (its id in bench/data/plan_reference)")
+    worst_run: str = Field(description="the run with the largest error: its id in bench/data/plan_reference, or the "
+                                       "label bench/plan_accuracy.py gives the runs it builds (MosaicML, torchtune, "
+                                       "the H200 runs)")
     worst_signed_error_pct: float
     narrower: str | None = Field(None, description="the narrowest regime's own runs and their errors where they are "
                                                    "too few to quote alone (or that there are none); None: quoted")
     narrower_errors_pct: list[float] = Field(default_factory=list,
                                              description="signed errors of those few runs (empty: none, or quoted)")
+    regime_measured: bool = Field(True, description="false: no measured run shares the setup's whole regime (its "
+                                                    "GPU architecture or precision was never measured), a warning")
     source: str = Field(description="where the figures come from")
 
 
@@ -120,14 +140,19 @@ def parse(text: str) -> tuple[RecordRow, ...] | None:
     return rows or None
 
 
+MAX_FILE_BYTES = 4 * 2**20
+"""~100 bytes a run: a file larger than this is not ours (read no further)."""
+
+
 @cache
 def _rows() -> tuple[RecordRow, ...] | None:
     """The committed records (None: the file is missing or unreadable)."""
     try:
-        raw = (resources.files("trainready.plan") / "data" / "track_record.json").read_bytes()
+        with (resources.files("trainready.plan") / "data" / "track_record.json").open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError:
         return None
-    if len(raw) > 4 * 2**20:  # ~100 bytes a run: anything this large is not ours
+    if len(raw) > MAX_FILE_BYTES:
         return None
     try:
         return parse(raw.decode("utf-8"))
@@ -136,25 +161,28 @@ def _rows() -> tuple[RecordRow, ...] | None:
 
 
 def _p90(xs: list[float]) -> float:
+    """Nearest rank: the ceil(0.9 n)-th smallest."""
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+    return xs[max(0, math.ceil(0.9 * len(xs)) - 1)]
 
 
 def summarize(rows: list[RecordRow], regime: str, narrower: str | None = None,
-              narrower_errors: list[float] | None = None) -> TrackRecord:
+              narrower_errors: list[float] | None = None, regime_measured: bool = True) -> TrackRecord:
     errs = [abs(r.signed_error_pct) for r in rows]
     worst = max(rows, key=lambda r: abs(r.signed_error_pct))
     return TrackRecord(regime=regime, runs=len(rows), median_abs_error_pct=statistics.median(errs),
                        p90_abs_error_pct=_p90(errs) if len(rows) >= 10 else None,
                        signed_median_pct=statistics.median(r.signed_error_pct for r in rows),
                        worst_run=worst.id, worst_signed_error_pct=worst.signed_error_pct, narrower=narrower,
-                       narrower_errors_pct=narrower_errors or [],
+                       narrower_errors_pct=narrower_errors or [], regime_measured=regime_measured,
                        source="bench/track_record.py over the runs bench/plan_accuracy.py and "
                               "bench/plan_accuracy_2024.py count (bench/data/plan_reference)")
 
 
 def track_record(s: Setup, rows: tuple[RecordRow, ...] | None = None) -> TrackRecord | None:
-    """The planner's record on measured runs of `s`'s regime (None: no record could be read)."""
+    """The planner's record on measured runs of `s`'s regime (None: no record could be read, or fewer than
+    MIN_RUNS runs of its kind). The record is the shipped model's: an estimate on calibrated factors does not
+    quote it (estimate.py)."""
     if rows is None:
         return _committed(_key(s))
     return _of_regime(regime_of(s), rows) if rows else None
@@ -168,17 +196,22 @@ def _committed(key: tuple[str, str, str, str]) -> TrackRecord | None:
 
 
 def _of_regime(r: Regime, rows: tuple[RecordRow, ...]) -> TrackRecord | None:
+    """The narrowest regime along (kind, context, precision, arch), widened from the right, with MIN_RUNS runs;
+    the first narrower one that has runs but too few is named with their errors, so a broad figure does not
+    hide them, and a setup whose whole regime has none is said to be unmeasured."""
     fields = ("kind", "context", "precision", "arch")
-    narrower, few = None, []
+    notes, few, measured = [], [], True
     for depth in range(len(fields), 0, -1):
         same = [x for x in rows if all(getattr(x.regime, f) == getattr(r, f) for f in fields[:depth])]
         if len(same) >= MIN_RUNS:
-            return summarize(same, _label(r, depth), narrower, few)
-        if narrower is None:  # the narrowest regime's own few runs, so a broad figure does not hide them
+            return summarize(same, _label(r, depth), "; ".join(notes) or None, few, measured)
+        if not same and depth == len(fields):
+            measured = False
+            notes.append(f"no measured {_label(r, depth)}")
+        elif same and not few:
             few = sorted(x.signed_error_pct for x in same)
-            errs = ", ".join(f"{e:+.0f}%" for e in few)
-            narrower = (f"too few measured {_label(r, depth)} to quote alone ({len(same)}: {errs})" if same
-                        else f"no measured {_label(r, depth)}")
+            notes.append(f"too few measured {_label(r, depth)} to quote alone "
+                         f"({len(same)}: {', '.join(f'{e:+.0f}%' for e in few)})")
     return None
 
 
@@ -186,14 +219,16 @@ def text(t: TrackRecord) -> str:
     """One line: the regime, its median and 90th-percentile (or worst) error and its lean."""
     spread = (f"{t.p90_abs_error_pct:.0f}% for 9 in 10" if t.p90_abs_error_pct is not None
               else f"at worst {abs(t.worst_signed_error_pct):.0f}%")
-    lean = "optimistic" if t.signed_median_pct > 0 else "pessimistic"
+    lean = ("neither way" if abs(t.signed_median_pct) < 0.5 else
+            f"{'optimistic' if t.signed_median_pct > 0 else 'pessimistic'} ({t.signed_median_pct:+.0f}% median)")
     return (f"on {t.runs} measured {t.regime}, the estimated tokens/s was off by {t.median_abs_error_pct:.0f}% "
-            f"(median), {spread}; it leaned {lean} ({t.signed_median_pct:+.0f}% median)"
+            f"(median), {spread}; it leaned {lean}"
             + (f"; {t.narrower}" if t.narrower else ""))
 
 
 def wide(t: TrackRecord) -> bool:
     """Whether the record is too loose to take the point estimate at its word (a warning): the quoted regime's
-    90th-percentile error (its worst under 10 runs), or any of the narrower regime's few runs, beyond WIDE_P90_PCT."""
+    90th-percentile error (its worst under 10 runs), or any of the narrower regime's few runs, beyond WIDE_P90_PCT,
+    or no measured run in the setup's whole regime."""
     spread = t.p90_abs_error_pct if t.p90_abs_error_pct is not None else abs(t.worst_signed_error_pct)
-    return max([spread, *map(abs, t.narrower_errors_pct)]) > WIDE_P90_PCT
+    return not t.regime_measured or max([spread, *map(abs, t.narrower_errors_pct)]) > WIDE_P90_PCT
