@@ -15,7 +15,6 @@ never a wrong one. A test regenerates it (tests/test_track_record.py), so it is 
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from functools import cache
@@ -23,6 +22,8 @@ from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainready.io import parse_json
 
 from .setup import Setup
 
@@ -134,8 +135,8 @@ def _label(r: Regime, depth: int) -> str:
 def parse(text: str) -> tuple[RecordRow, ...] | None:
     """The records a track_record.json holds (None: it does not hold what it must, or no run at all)."""
     try:
-        rows = tuple(RecordFile.model_validate(json.loads(text)).rows)
-    except (ValueError, ValidationError, RecursionError):
+        rows = tuple(RecordFile.model_validate(parse_json(text)).rows)
+    except (ValueError, ValidationError):
         return None
     return rows or None
 
