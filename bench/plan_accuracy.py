@@ -87,7 +87,7 @@ from trainready.plan.model_spec import ModelSpec  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.presets import preset  # noqa: E402
 from trainready.plan.recompute import published_modules  # noqa: E402
-from trainready.plan.setup import resolve  # noqa: E402
+from trainready.plan.setup import Setup, resolve  # noqa: E402
 
 CATALOG = load_catalog()
 DATA = ROOT / "bench" / "data" / "plan_reference"
@@ -286,6 +286,11 @@ def _device_file(path: Path, label: str) -> list[Row]:
     return rows
 
 
+def dense_rows(mosaic: list[dict[str, str]], tune: list[dict[str, str]], titan: list[dict[str, str]]) -> list[Row]:
+    """Every dense row: MosaicML, torchtune, our H200 runs, torchtitan's (Row.tput_in_target says which count)."""
+    return mosaic_rows(mosaic) + torchtune_rows(tune) + device_rows() + torchtitan_rows(titan)
+
+
 def megatron_rows(records: list[dict[str, str]]) -> list[tuple[str, JobSpec, ModelSpec, float, float]]:
     out = []
     for r in records:
@@ -351,8 +356,8 @@ def moe_job(r: dict[str, str]) -> JobSpec:
     return JobSpec(**kwargs)
 
 
-def moe_results(records: list[dict[str, str]]) -> list[tuple[dict[str, str], float | None, str]]:
-    """(row, predicted tokens/s/GPU or None, why not) for every row with a measured figure."""
+def moe_results(records: list[dict[str, str]]) -> list[tuple[dict[str, str], float | None, str, Setup | None]]:
+    """(row, predicted tokens/s/GPU or None, why not, its setup or None) for every row with a measured figure."""
     out = []
     for r in records:
         if not r["tok_s_gpu"]:
@@ -360,10 +365,10 @@ def moe_results(records: list[dict[str, str]]) -> list[tuple[dict[str, str], flo
         try:
             setup = resolve(moe_job(r), CATALOG)
             step = estimate_step(setup)
-            out.append((r, step.tokens_per_s / setup.n_gpus, ""))
+            out.append((r, step.tokens_per_s / setup.n_gpus, "", setup))
         except (UsageError, ValueError, KeyError) as exc:
             msg = str(exc).splitlines()[0]
-            out.append((r, None, msg.split(". ")[0][:110]))
+            out.append((r, None, msg.split(". ")[0][:110], None))
     return out
 
 
@@ -413,7 +418,7 @@ def main() -> None:
     titan = read_csv(DATA / "torchtitan.csv")  # no copy in the shared reference: read from the repo
     print(__doc__.split("Usage:")[0].strip().split("\n\n", 1)[1])
     print()
-    rows = mosaic_rows(mosaic) + torchtune_rows(tune) + device_rows() + torchtitan_rows(titan)
+    rows = dense_rows(mosaic, tune, titan)
     tput, mem, flat, aside = [], [], [], []
     for row in rows:
         setup = resolve(row.job, CATALOG, model=row.model)
@@ -508,7 +513,7 @@ def report_moe(records: list[dict[str, str]]) -> tuple[list[float], int] | None:
         return None
     errs, bf16, missing = [], [], 0
     results = moe_results(records)
-    for r, pred, err in results:
+    for r, pred, err, _ in results:
         tag = "target" if r["included"] == "yes" else "outside the rule"
         meas = float(r["tok_s_gpu"])
         what = (f"{r['model']} {r['num_gpus']}x{r['gpu']} tp{r['tp']} pp{r['pp']} ep{r['ep']} etp{r['etp'] or '?'} "

@@ -218,12 +218,9 @@ def line(label: str, res: list[dict]) -> str:
             f"{signed:+5.1f}%  fit {fits}/{len(res)} (within the {GPU_MARGIN:.0%} margin {margin})  (n={len(errs)})")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", action="store_true", help="print every row")
-    args = ap.parse_args()
-    print(__doc__.split("Usage:")[0].strip())
-    print()
+def evaluated() -> tuple[list[dict], list[dict]]:
+    """(estimated, left out) for every row the files include, each as `evaluate` gives it (its file in
+    row["_file"])."""
     results, left_out = [], []
     for name in FILES:
         for r in csv.DictReader((DATA / name).open(newline="")):
@@ -232,6 +229,16 @@ def main() -> None:
             r["_file"] = name
             res = evaluate(r)
             (left_out if "why_not" in res else results).append(res)
+    return results, left_out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", action="store_true", help="print every row")
+    args = ap.parse_args()
+    print(__doc__.split("Usage:")[0].strip())
+    print()
+    results, left_out = evaluated()
     dense = [x for x in results if not x["setup"].model.is_moe]
     moe = [x for x in results if x["setup"].model.is_moe]
     print("Tokens/s/GPU and fit, per source")

@@ -14,7 +14,6 @@ Usage: python bench/track_record.py           write the file and print each regi
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from collections import Counter
@@ -30,7 +29,7 @@ import plan_accuracy_2024 as acc2024  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.setup import resolve  # noqa: E402
 from trainready.plan.track_record import (  # noqa: E402
-    TRACK_RECORD_SCHEMA_VERSION, RecordFile, RecordRow, regime_of, summarize, text,
+    REGIME_FIELDS, TRACK_RECORD_SCHEMA_VERSION, RecordFile, RecordRow, key_of, regime_of, summarize, text,
 )
 
 OUT = BENCH.parent / "src" / "trainready" / "plan" / "data" / "track_record.json"
@@ -42,29 +41,20 @@ def _row(id_: str, source: str, setup, pred: float, meas: float) -> RecordRow:
 
 def records() -> list[RecordRow]:
     out: list[RecordRow] = []
-    d = acc2023.DATA
-    rows = (acc2023.mosaic_rows(acc2023.read_csv(d / "mosaicml_llmfoundry.csv"))
-            + acc2023.torchtune_rows(acc2023.read_csv(d / "torchtune.csv")) + acc2023.device_rows()
-            + acc2023.torchtitan_rows(acc2023.read_csv(d / "torchtitan.csv")))
-    for row in rows:  # the dense rows plan_accuracy.py counts (tput_in_target), as it estimates them
-        if not (row.tok_s_gpu and row.tput_in_target):
+    d, read = acc2023.DATA, acc2023.read_csv
+    for row in acc2023.dense_rows(read(d / "mosaicml_llmfoundry.csv"), read(d / "torchtune.csv"),
+                                  read(d / "torchtitan.csv")):
+        if not (row.tok_s_gpu and row.tput_in_target):  # the dense rows plan_accuracy.py counts, as it estimates them
             continue
         setup = resolve(row.job, acc2023.CATALOG, model=row.model)
         out.append(_row(f"{row.source}: {row.label}", "plan_accuracy.py", setup,
                         estimate_step(setup).tokens_per_s / setup.n_gpus, row.tok_s_gpu))
-    for r in acc2023.read_csv(d / "moe.csv"):  # the MoE rule's rows
-        if r["included"] != "yes" or not r["tok_s_gpu"]:
-            continue
-        setup = resolve(acc2023.moe_job(r), acc2023.CATALOG)
-        out.append(_row(r["id"], "moe.csv", setup, estimate_step(setup).tokens_per_s / setup.n_gpus,
-                        float(r["tok_s_gpu"])))
-    for name in acc2024.FILES:
-        for r in csv.DictReader((acc2024.DATA / name).open(newline="")):
-            if r["included"] != "yes":
-                continue
-            res = acc2024.evaluate(r)
-            if "err" in res:
-                out.append(_row(r["id"], name, res["setup"], res["pred"], res["meas"]))
+    for r, pred, _, setup in acc2023.moe_results(read(d / "moe.csv")):  # the MoE rule's rows that it can estimate
+        if r["included"] == "yes" and pred is not None:
+            out.append(_row(r["id"], "moe.csv", setup, pred, float(r["tok_s_gpu"])))
+    for res in acc2024.evaluated()[0]:
+        if "err" in res:
+            out.append(_row(res["row"]["id"], res["row"]["_file"], res["setup"], res["pred"], res["meas"]))
     dup = [k for k, n in Counter(x.id for x in out).items() if n > 1]
     if dup:
         raise SystemExit(f"runs counted twice: {dup}")
@@ -93,10 +83,8 @@ def main() -> int:
     print(f"wrote {OUT} ({len(rows)} runs)")
     groups: dict[tuple, list[RecordRow]] = {}
     for x in rows:
-        g = x.regime
-        for depth in range(1, 5):
-            groups.setdefault(tuple(getattr(g, f) for f in ("kind", "context", "precision", "arch")[:depth]),
-                              []).append(x)
+        for depth in range(1, len(REGIME_FIELDS) + 1):
+            groups.setdefault(key_of(x.regime)[:depth], []).append(x)
     for key in sorted(groups):
         sel = groups[key]
         t = summarize(sel, " / ".join(key))

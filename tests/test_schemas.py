@@ -25,8 +25,8 @@ import pytest
 from run_helpers import TINY_GPT, env_for_run, records, wait_for
 from shared_runs import shared_result
 
-from trainready.schemas import ROOT_MODELS, SCHEMAS, render
 from trainready.plan import track_record
+from trainready.schemas import ROOT_MODELS, SCHEMAS, render
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "schemas"

@@ -21,11 +21,11 @@ from trainready.data.bench import DataBenchResult
 from trainready.data.format import DataIndex
 from trainready.data.pack import PackResult
 from trainready.plan.calibration_file import CalibrationFile
-from trainready.plan.track_record import RecordFile
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.job import JobSpec
 from trainready.plan.presets import ModelList
 from trainready.plan.search import PlanResult
+from trainready.plan.track_record import RecordFile
 from trainready.run.diagnose import DiagnosisReport
 from trainready.run.records import RunInfo, RunOutcome, StopInfo, TelemetryLine
 from trainready.run.scaling import ScalingReport

@@ -14,12 +14,12 @@ from rich.text import Text
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.cli.console import err, line, out, styled
 from trainready.plan.confidence import short as confidence_short
-from trainready.plan.track_record import text as track_record_text
-from trainready.plan.track_record import wide as track_record_wide
 from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.recipes import Recipe
 from trainready.plan.search import PlanResult
+from trainready.plan.track_record import text as track_record_text
+from trainready.plan.track_record import wide as track_record_wide
 from trainready.plan.units import BIG, count_text, hours_text, usd_text
 
 

@@ -34,6 +34,10 @@ LONG_SEQUENCE = 32768
 """Sequences from this length, or split over CP ranks, form the long-context regime."""
 WIDE_P90_PCT = 20.0
 """A regime whose 90th-percentile error exceeds this (the MoE target of issue 24) is also a warning."""
+MAX_FILE_BYTES = 4 * 2**20
+"""~100 bytes a run: a file larger than this is not ours (read no further)."""
+REGIME_FIELDS = ("kind", "context", "precision", "arch")
+"""A regime's fields, narrowest last: quoting widens by dropping them from the right."""
 
 Kind = Literal["dense", "moe"]
 Context = Literal["standard", "long"]
@@ -89,8 +93,7 @@ class TrackRecord(BaseModel):
     runs: int = Field(description="measured runs in that regime")
     median_abs_error_pct: float = Field(description="median |estimate / measured - 1| of tokens/s per GPU, %")
     p90_abs_error_pct: float | None = Field(description="90th percentile of the same (nearest rank: the ceil(0.9 n)-th "
-                                                        "smallest); None under "
-                                                        "10 runs")
+                                                        "smallest); None under 10 runs")
     signed_median_pct: float = Field(description="median of estimate / measured - 1: + the planner was optimistic")
     worst_run: str = Field(description="the run with the largest error: its id in bench/data/plan_reference, or the "
                                        "label bench/plan_accuracy.py gives the runs it builds (MosaicML, torchtune, "
@@ -105,8 +108,11 @@ class TrackRecord(BaseModel):
     source: str = Field(description="where the figures come from")
 
 
-def _key(s: Setup) -> tuple[str, str, str, str]:
-    """(kind, context, precision, arch) of a setup: plain strings, as `plan` asks for every candidate."""
+Key = tuple[str, str, str, str]
+"""A regime as plain strings in REGIME_FIELDS order: what `plan` computes for every candidate."""
+
+
+def _key(s: Setup) -> Key:
     return ("moe" if s.model.is_moe else "dense",
             "long" if s.cp > 1 or s.seq_len >= LONG_SEQUENCE else "standard",
             "fp8" if s.precision == "fp8" else "16-bit" if s.precision in ("bf16", "fp16") else "other",
@@ -114,35 +120,35 @@ def _key(s: Setup) -> tuple[str, str, str, str]:
 
 
 def regime_of(s: Setup) -> Regime:
-    kind, context, precision, arch = _key(s)
-    return Regime(kind=kind, context=context, precision=precision, arch=arch)
+    return Regime(**dict(zip(REGIME_FIELDS, _key(s))))
 
 
-def _label(r: Regime, depth: int) -> str:
-    """The regime's first `depth` fields of (kind, context, precision, arch), in words."""
-    parts = ["MoE" if r.kind == "moe" else "dense"]
+def key_of(r: Regime) -> Key:
+    return tuple(getattr(r, f) for f in REGIME_FIELDS)
+
+
+def _label(key: Key, depth: int) -> str:
+    """The regime's first `depth` fields, in words."""
+    kind, context, precision, arch = key
+    parts = ["MoE" if kind == "moe" else "dense"]
     if depth > 2:
-        parts.append({"fp8": "FP8", "16-bit": "BF16/FP16", "other": "FP32/other-precision"}[r.precision])
+        parts.append({"fp8": "FP8", "16-bit": "BF16/FP16", "other": "FP32/other-precision"}[precision])
     words = " ".join(parts) + " runs"
     if depth > 1:
         words += (f" with long sequences (>= {LONG_SEQUENCE // 1024}k tokens or context parallel)"
-                  if r.context == "long" else f" with sequences under {LONG_SEQUENCE // 1024}k")
+                  if context == "long" else f" with sequences under {LONG_SEQUENCE // 1024}k")
     if depth > 3:
-        words += f" on {r.arch.capitalize()} GPUs"
+        words += f" on {arch.capitalize()} GPUs"
     return words
 
 
-def parse(text: str) -> tuple[RecordRow, ...] | None:
+def parse(data: str | bytes) -> tuple[RecordRow, ...] | None:
     """The records a track_record.json holds (None: it does not hold what it must, or no run at all)."""
     try:
-        rows = tuple(RecordFile.model_validate(parse_json(text)).rows)
-    except (ValueError, ValidationError):
+        rows = tuple(RecordFile.model_validate(parse_json(data)).rows)
+    except (ValueError, ValidationError):  # UnicodeDecodeError is a ValueError
         return None
     return rows or None
-
-
-MAX_FILE_BYTES = 4 * 2**20
-"""~100 bytes a run: a file larger than this is not ours (read no further)."""
 
 
 @cache
@@ -153,12 +159,7 @@ def _rows() -> tuple[RecordRow, ...] | None:
             raw = f.read(MAX_FILE_BYTES + 1)
     except OSError:
         return None
-    if len(raw) > MAX_FILE_BYTES:
-        return None
-    try:
-        return parse(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None
+    return parse(raw) if len(raw) <= MAX_FILE_BYTES else None
 
 
 def _p90(xs: list[float]) -> float:
@@ -186,32 +187,31 @@ def track_record(s: Setup, rows: tuple[RecordRow, ...] | None = None) -> TrackRe
     quote it (estimate.py)."""
     if rows is None:
         return _committed(_key(s))
-    return _of_regime(regime_of(s), rows) if rows else None
+    return _of_regime(_key(s), rows) if rows else None
 
 
 @cache
-def _committed(key: tuple[str, str, str, str]) -> TrackRecord | None:
+def _committed(key: Key) -> TrackRecord | None:
     rows = _rows()
-    kind, context, precision, arch = key
-    return _of_regime(Regime(kind=kind, context=context, precision=precision, arch=arch), rows) if rows else None
+    return _of_regime(key, rows) if rows else None
 
 
-def _of_regime(r: Regime, rows: tuple[RecordRow, ...]) -> TrackRecord | None:
-    """The narrowest regime along (kind, context, precision, arch), widened from the right, with MIN_RUNS runs;
-    the first narrower one that has runs but too few is named with their errors, so a broad figure does not
-    hide them, and a setup whose whole regime has none is said to be unmeasured."""
-    fields = ("kind", "context", "precision", "arch")
+def _of_regime(key: Key, rows: tuple[RecordRow, ...]) -> TrackRecord | None:
+    """The narrowest regime along REGIME_FIELDS, widened from the right, with MIN_RUNS runs; the first narrower
+    one that has runs but too few is named with their errors, so a broad figure does not hide them, and a setup
+    whose whole regime has none is said to be unmeasured."""
+    keyed = [(key_of(x.regime), x) for x in rows]
     notes, few, measured = [], [], True
-    for depth in range(len(fields), 0, -1):
-        same = [x for x in rows if all(getattr(x.regime, f) == getattr(r, f) for f in fields[:depth])]
+    for depth in range(len(REGIME_FIELDS), 0, -1):
+        same = [x for k, x in keyed if k[:depth] == key[:depth]]
         if len(same) >= MIN_RUNS:
-            return summarize(same, _label(r, depth), "; ".join(notes) or None, few, measured)
-        if not same and depth == len(fields):
+            return summarize(same, _label(key, depth), "; ".join(notes) or None, few, measured)
+        if not same and depth == len(REGIME_FIELDS):
             measured = False
-            notes.append(f"no measured {_label(r, depth)}")
+            notes.append(f"no measured {_label(key, depth)}")
         elif same and not few:
             few = sorted(x.signed_error_pct for x in same)
-            notes.append(f"too few measured {_label(r, depth)} to quote alone "
+            notes.append(f"too few measured {_label(key, depth)} to quote alone "
                          f"({len(same)}: {', '.join(f'{e:+.0f}%' for e in few)})")
     return None
 
