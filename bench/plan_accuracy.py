@@ -59,8 +59,10 @@ bench/data/plan_reference/moe.csv, `included` and `exclusion` say which count an
   ep_overlap, fp8_dispatch, vpp: forced balance is expert_load_imbalance 1.0; Automodel's
   fake_balanced_gate sends token t to the consecutive experts t*k..t*k+k-1 (expert_routing
   contiguous), Megatron's forced balance draws random logits (random); DeepEP/HybridEP is
-  ep_dispatcher deepep; vpp is the interleaved stages per rank, pp_virtual); blank: the stack's
-  values, random routing and the 1.15 imbalance assumption.
+  ep_dispatcher deepep; vpp is the interleaved stages per rank, pp_virtual; pp_local_batch, added
+  2026-12-07, the sequences per data-parallel rank in one pipeline schedule call on stacks that
+  call it once per local batch); blank: the stack's values, random routing and the 1.15
+  imbalance assumption.
 
 Usage: python bench/plan_accuracy.py [--reference ../shared/reference] [--worst 8]
 """
@@ -339,6 +341,8 @@ def moe_job(r: dict[str, str]) -> JobSpec:
         kwargs["etp"] = int(r["etp"])
     if r["vpp"] and "pp_virtual" in JobSpec.model_fields:  # interleaved (virtual) pipeline stages per rank
         kwargs["pp_virtual"] = int(r["vpp"])
+    if r["pp_local_batch"] and int(r["pp"]) > 1:  # torch.distributed.pipelining: one schedule call per local batch
+        kwargs["pp_local_batch"] = int(r["pp_local_batch"])
     # published values that differ from the stack's are passed explicitly
     kwargs.update(with_stack(r["stack"], **{k: r[k] for k in ("reduce_dtype", "kernels", "attention_kernel") if r[k]}))
     # what the run did with its tokens, where the source states it: forced balance (load imbalance 1.0), the

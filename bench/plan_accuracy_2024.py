@@ -38,6 +38,11 @@ fake_balanced_gate) with a load imbalance of 1.0, and fake_balanced_gate's conti
 with `--recompute-modules` are estimated with that list (plan/recompute.py; publications' short names read by
 recompute.published_modules).
 
+Pipeline schedule calls (added 2026-12-07, after the Kimi K2 row read +27%; the mechanism read in NeMo AutoModel's
+benchmark loop at 89e3a9fdd and torchtitan 0.3's Trainer.train_step, no factor fitted): where a torchtitan or AutoModel row's source gives the
+local batch, the `pp_local_batch` column holds it and the row is estimated with `--pp-local-batch`, one
+pipeline fill and drain per local batch (Kimi K2: LBS 8 x GA 2).
+
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
 Usage: python bench/plan_accuracy_2024.py [--rows]
@@ -145,6 +150,8 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["inter_node_gbps"] = float(r["inter_node_gbps"] or 3200)  # 8 x 400G InfiniBand where not stated
     if r["vpp"] and int(r["vpp"]) > 1:
         kw["pp_virtual"] = int(r["vpp"])
+    if r.get("pp_local_batch") and kw["pp"] > 1:  # torch.distributed.pipelining: one schedule call per local batch
+        kw["pp_local_batch"] = int(r["pp_local_batch"])
     if r["etp"]:
         kw["etp"] = int(r["etp"])
     stack = r["stack"] if r["stack"] in ("megatron", "torchtitan", "deepspeed", "automodel") else None

@@ -29,7 +29,7 @@ import plan_accuracy_2024 as acc2024  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.setup import resolve  # noqa: E402
 from trainready.plan.track_record import (  # noqa: E402
-    REGIME_FIELDS, TRACK_RECORD_SCHEMA_VERSION, RecordFile, RecordRow, key_of, regime_of, summarize, text,
+    MIN_RUNS, REGIME_FIELDS, TRACK_RECORD_SCHEMA_VERSION, RecordFile, RecordRow, key_of, regime_of, summarize, text,
 )
 
 OUT = BENCH.parent / "src" / "trainready" / "plan" / "data" / "track_record.json"
@@ -66,11 +66,38 @@ def document(rows: list[RecordRow]) -> str:
     return json.dumps(doc.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
 
 
+def regime_groups(rows: list[RecordRow]) -> dict[tuple, list[RecordRow]]:
+    """Every regime and each of its wider ones (a prefix of REGIME_FIELDS), with their runs."""
+    groups: dict[tuple, list[RecordRow]] = {}
+    for x in rows:
+        for depth in range(1, len(REGIME_FIELDS) + 1):
+            groups.setdefault(key_of(x.regime)[:depth], []).append(x)
+    return groups
+
+
+def markdown(rows: list[RecordRow]) -> str:
+    """docs/planner.md's table: the regimes an estimate can quote (MIN_RUNS runs or more)."""
+    out = ["| regime | runs | median | p90 (worst under 10) | lean |", "|---|---|---|---|---|"]
+    for key, sel in sorted(regime_groups(rows).items()):
+        if len(sel) < MIN_RUNS:
+            continue
+        t = summarize(sel, " / ".join(key))
+        spread = (f"{t.p90_abs_error_pct:.0f}%" if t.p90_abs_error_pct is not None
+                  else f"({abs(t.worst_signed_error_pct):.0f}%)")
+        out.append(f"| {t.regime} | {t.runs} | {t.median_abs_error_pct:.0f}% | {spread} | "
+                   f"{t.signed_median_pct:+.0f}% |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
+    ap.add_argument("--markdown", action="store_true", help="print docs/planner.md's regime table (nothing written)")
     args = ap.parse_args()
     rows = records()
+    if args.markdown:
+        print(markdown(rows))
+        return 0
     new = document(rows)
     if args.check:
         old = OUT.read_text(encoding="utf-8") if OUT.is_file() else ""
@@ -81,10 +108,7 @@ def main() -> int:
         return 0
     OUT.write_text(new, encoding="utf-8")
     print(f"wrote {OUT} ({len(rows)} runs)")
-    groups: dict[tuple, list[RecordRow]] = {}
-    for x in rows:
-        for depth in range(1, len(REGIME_FIELDS) + 1):
-            groups.setdefault(key_of(x.regime)[:depth], []).append(x)
+    groups = regime_groups(rows)
     for key in sorted(groups):
         sel = groups[key]
         t = summarize(sel, " / ".join(key))

@@ -67,3 +67,17 @@ def test_moe_throughput_matches_step_time_where_both_are_published():
         if r["tok_s_gpu"] and r["step_time_s"] and r["global_batch"]:
             derived = int(r["global_batch"]) * int(r["seq_len"]) / (float(r["step_time_s"]) * int(r["num_gpus"]))
             assert derived == pytest.approx(float(r["tok_s_gpu"]), rel=0.01), r["id"]
+
+
+@pytest.mark.parametrize("name", ("moe.csv", "published_2024_2026.csv"))
+def test_local_batches_are_torch_pipelinings_and_split_each_ranks_share(name):
+    """pp_local_batch (sequences per data-parallel rank per pipeline schedule call) is given only where the source
+    states it for a stack that calls the schedule once per local batch, and makes whole calls of whole
+    micro-batches."""
+    given = [r for r in rows(name) if r["pp_local_batch"]]
+    assert given, name
+    for r in given:
+        local, micro, share = int(r["pp_local_batch"]), int(r["micro_batch"]), int(r["global_batch"]) // int(r["dp"])
+        assert r["stack"] in ("torchtitan", "automodel") and int(r["pp"]) > 1, r["id"]
+        assert local % micro == 0 and share % local == 0 and local // micro >= int(r["pp"]), r["id"]
+        assert f"local batch {local}" in r["notes"].lower() or f"lbs {local}" in r["notes"].lower(), r["id"]

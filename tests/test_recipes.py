@@ -93,6 +93,9 @@ CASES = {
     "qlora zero3 x 2 nodes": dict(model="llama-3.1-70b", method="qlora", strategy="zero3", gpus=16),
     "gpt3 layernorm, learned positions": dict(model="gpt3-1.3b", strategy="zero1"),
     "gemma-2 geglu": dict(model="gemma-2-9b", strategy="zero3"),
+    "zero3 pp4 x 4 nodes, 2 schedule calls a step (--pp-local-batch)": dict(
+        model="llama-3.1-70b", strategy="zero3", pp=4, gpus=32, stack="torchtitan", micro_batch=1, global_batch=64,
+        pp_local_batch=4, activation_checkpointing="full"),
     "zero3, compiled with its loss": dict(model="llama-3.1-8b", strategy="zero3", torch_compile=True,
                                           activation_checkpointing="full"),
 }
@@ -136,7 +139,8 @@ def check_torchtitan(s, r):
         if s.pp_virtual > 1:  # torchtitan makes ceil(layers / layers_per_stage) stages (pipeline_parallel.py)
             stages = -(-s.model.num_layers // p.pipeline_parallel_layers_per_stage)
             assert stages == s.pp * s.pp_virtual
-        assert t.local_batch_size == s.micro_batch * s.grad_accum
+        assert t.local_batch_size == s.micro_batch * s.schedule_microbatches  # one schedule call per local batch
+        assert t.global_batch_size // (t.local_batch_size * s.dp) == s.schedule_calls  # the trainer's GA steps
         assert t.local_batch_size % p.pipeline_parallel_microbatch_size == 0
         assert p.pipeline_parallel_microbatch_size == s.micro_batch
     else:

@@ -48,6 +48,9 @@ def test_the_committed_record_is_what_the_model_gives_now():
     assert {r.regime.kind for r in rows} == {"dense", "moe"}
     assert {r.regime.context for r in rows} == {"standard", "long"}
     assert {"ampere", "hopper", "blackwell"} <= {r.regime.arch for r in rows}
+    # docs/planner.md quotes the regimes as `bench/track_record.py --markdown` prints them
+    assert bench.markdown(rows) in (ROOT / "docs" / "planner.md").read_text(encoding="utf-8"), \
+        "stale: paste python bench/track_record.py --markdown into docs/planner.md"
 
 
 def test_the_committed_file_loads_and_every_regime_of_the_catalog_gets_a_record():

@@ -65,6 +65,11 @@ class SetupInfo(BaseModel):
     strategy: str
     micro_batch: int
     grad_accum: int
+    pp_local_batch: int | None = Field(None, description="with pp > 1 on torch.distributed.pipelining: sequences per "
+                                                         "data-parallel rank per pipeline schedule call, as the job "
+                                                         "gave it; None: the step's whole share in one call")
+    pp_schedule_calls: int = Field(1, description="pipeline schedule calls per optimizer step, each filling and "
+                                                  "draining the pipeline (1 without pipeline stages)")
     global_batch: int
     seq_len: int
     tokens_per_step: int
@@ -354,6 +359,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
                         fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
+                        pp_local_batch=s.pp_local_batch, pp_schedule_calls=s.schedule_calls if s.pp > 1 else 1,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,

@@ -65,6 +65,11 @@ class JobSpec(BaseModel):
     pp_virtual: int | None = Field(None, gt=0, le=128, description="interleaved (virtual) pipeline stages per "
                                                                   "rank (Megatron's interleaved 1F1B, torchtitan's "
                                                                   "Interleaved1F1B); None: 1, plain 1F1B")
+    pp_local_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="with pipeline stages on "
+                                       "torch.distributed.pipelining (torchtitan, automodel stacks): sequences per "
+                                       "data-parallel rank in one call of the pipeline schedule (their "
+                                       "local_batch_size); a step makes global / (dp x this) calls, each with its "
+                                       "own fill and drain; None: the step's whole share in one call")
     micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per GPU per forward")
     global_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per optimizer step")
     seq_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN)

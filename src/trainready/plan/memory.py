@@ -254,7 +254,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         stage = moe.worst_stage(m, s.pp, layer, moe_layer, s.pp_virtual)
         layer = max(layer, moe_layer)
     # 1F1B: the first stage holds pp micro-batches; interleaved, pp (1 + (pp - 1)/(pp v)) (setup.py)
-    in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum)
+    in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.schedule_microbatches)  # one schedule call's
     layers = s.stage_layers * in_flight
     kept = None  # what one layer keeps per micro-batch under recompute (None: all it saves)
     kept_stage = None  # what the worst stage's layers keep per micro-batch
@@ -285,7 +285,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     loss = tokens * (loss_bytes + final_norm_bytes(m, s.kernels, r, a, s.method)) / (s.tp if sp else 1)
     if s.pp > 1:  # the loss lives on the last rank, which holds one micro-batch (interleaved: (v-1) pp + 1 of v)
         n_last = len(pipeline_ranks(m.num_layers, s.pp, s.pp_virtual)[-1])  # uneven stages: the last may be smaller
-        last_in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.grad_accum, rank=s.pp - 1)
+        last_in_flight = in_flight_micro_batches(s.pp, s.pp_virtual, s.schedule_microbatches, rank=s.pp - 1)
         if kept is None:
             last = last_in_flight * (stage if m.is_moe else n_last * layer)
         else:

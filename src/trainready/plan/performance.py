@@ -79,8 +79,8 @@ def overlapped_share(s: Setup) -> float:
     with another micro-batch's backward overlaps. Without pipelining the first forward and the last backward run
     alone (schedules.py combined_1f1b_schedule_for_no_pipelining): (m - 1)/m. Interleaved, the first rank's warmup
     forwards, (pp - 1) x 2 + (v - 1) x pp of its m x v chunk passes (get_pp_rank_microbatches, micro-batch groups
-    of pp), and as many cooldown backwards run unpaired."""
-    m = s.grad_accum
+    of pp), and as many cooldown backwards run unpaired: in every schedule call (Setup.schedule_calls)."""
+    m = s.schedule_microbatches
     if s.pp == 1:
         return (m - 1) / m
     passes = m * s.pp_virtual
@@ -587,12 +587,14 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
         elif s.pp_stage_gathered:
             # the stage is gathered once, behind the first micro-batch's forward, and its gradients reduced once,
             # after the last backward (torch.distributed.pipelining's REDUCE_GRAD action, perform_reduce_grad):
-            # nothing is left to hide that reduce-scatter behind
+            # nothing is left to hide that reduce-scatter behind. Once per schedule call: a step that accumulates
+            # over several calls (pp_local_batch) gathers and reduces in each
             ag = coll("allgather", gather_bytes)
             rs = coll("reducescatter", g_bytes * train)
-            comm_total += ag + rs
-            exposed_step += max(0.0, ag - mb.fwd_s) + ag / max(1, layers) + rs
-            overlapped_mb += min(ag, mb.fwd_s) / s.grad_accum
+            calls = s.schedule_calls
+            comm_total += calls * (ag + rs)
+            exposed_step += calls * (max(0.0, ag - mb.fwd_s) + ag / max(1, layers) + rs)
+            overlapped_mb += calls * min(ag, mb.fwd_s) / s.grad_accum
         else:  # zero3 / FSDP: gather before forward and backward, reduce-scatter grads
             ag = coll("allgather", gather_bytes)
             rs = coll("reducescatter", g_bytes * train)
@@ -644,9 +646,11 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
 
     compute = s.grad_accum * compute_mb + optimizer + accum_adds
     exposed = s.grad_accum * (exposed_mb + tp_s + p2p) + exposed_step
-    # 1F1B: pp - 1 micro-batch times idle per step; interleaved with v virtual stages per rank, (pp - 1)/v
-    # (bubble fraction (p - 1)/(v m), Narayanan et al. 2021, Sec. 2.2.2, Megatron's interleaved 1F1B)
+    # 1F1B: pp - 1 micro-batch times idle per schedule call; interleaved with v virtual stages per rank, (pp - 1)/v
+    # (bubble fraction (p - 1)/(v m), Narayanan et al. 2021, Sec. 2.2.2, Megatron's interleaved 1F1B). A step of
+    # several schedule calls (torchtitan, NeMo AutoModel: one per local batch) fills and drains in each
     bubble = (s.pp - 1) / s.pp_virtual * (compute_mb + exposed_mb + tp_s + p2p) if s.pp > 1 else 0.0
+    bubble *= s.schedule_calls
     other = bubble + s.grad_accum * cpu_stall_mb + offload_s
     step = compute + exposed + other
     tokens_step = s.global_batch * s.seq_len

@@ -20,6 +20,7 @@ from .presets import generic_model, preset
 from .recompute import DEFAULT_MODULES, check_modules
 from .stacks import (
     DEFAULT_STACK,
+    STACKS,
     Resolved,
     Stack,
     checkpointing_kind,
@@ -78,6 +79,7 @@ class Setup:
     ep_overlap: bool = False  # MoE all-to-alls overlapped with another micro-batch's compute
     fp8_dispatch: bool = False  # dispatch in FP8 (precision fp8 only)
     pp_virtual: int = 1  # interleaved (virtual) pipeline stages per rank: 1 is plain 1F1B
+    pp_local_batch: int | None = None  # sequences per dp rank per pipeline schedule call; None: the step's share
     fp8_recipe: str = "tensorwise"  # FP8 scaling recipe (efficiency.FP8_RECIPES); read only under precision fp8
     tp_overlap: bool = False  # TP collectives pipelined with the GEMMs (efficiency.TP_OVERLAP_EXPOSED)
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
@@ -141,6 +143,18 @@ class Setup:
         if self.pp_virtual == 1:
             return -(-self.model.num_layers // self.pp)
         return len(pipeline_ranks(self.model.num_layers, self.pp, self.pp_virtual)[0])
+
+    @property
+    def schedule_microbatches(self) -> int:
+        """Micro-batches in one call of the pipeline schedule: the step's all (Megatron runs them in one
+        forward_backward_func call), or a local batch's where torch.distributed.pipelining stacks loop their
+        gradient accumulation over schedule calls (pp_local_batch)."""
+        return self.pp_local_batch // self.micro_batch if self.pp_local_batch else self.grad_accum
+
+    @property
+    def schedule_calls(self) -> int:
+        """Pipeline schedule calls per optimizer step, each filling and draining the pipeline once."""
+        return self.grad_accum // self.schedule_microbatches
 
     @property
     def expert_tp(self) -> int:
@@ -369,6 +383,40 @@ def _check_virtual(model: ModelSpec, pp: int, v: int, micro: int, dp: int, globa
                          f"-> nearest valid: {nearest_multiples(global_batch, unit)}")
 
 
+def _check_local_batch(local: int | None, pp: int, v: int, stack: Stack, micro: int, dp: int,
+                       global_batch: int) -> None:
+    """A local batch per schedule call (JobSpec.pp_local_batch): pipeline stages on a torch.distributed.pipelining
+    stack (torchtitan's trainer and NeMo AutoModel's loop call the schedule once per local batch, gradient
+    accumulation over the calls), a whole number of micro-batches that divides each rank's share of the step, and
+    per call as many micro-batches as Schedule1F1B needs (pp), in whole groups of pp when interleaved."""
+    if local is None:
+        return
+    if pp == 1:
+        raise UsageError(f"--pp-local-batch {local} needs pipeline stages (--pp 2 or more): without them the local "
+                         f"batch is the micro-batch (--micro-batch)")
+    if not stack.torch_pipelining:
+        users = ", ".join(st.name for st in STACKS.values() if st.torch_pipelining)
+        raise UsageError(f"--pp-local-batch: stack {stack.name} runs every micro-batch of a step in one pipeline "
+                         f"schedule call; the option is torch.distributed.pipelining's local_batch_size "
+                         f"(--stack {users.replace(', ', ' or ')})")
+    share = global_batch // dp
+    per_call = [d // micro for d in range(micro, share + 1, micro) if share % d == 0]
+    valid = [c * micro for c in per_call if c >= pp and (v == 1 or c % pp == 0)]
+    if local in valid:
+        return
+    near = ", ".join(map(str, sorted(sorted(valid, key=lambda d: (abs(d - local), d))[:2])))
+    if local % micro or share % local:
+        why = (f"must be a multiple of --micro-batch {micro} that divides the {share} sequences each data-parallel "
+               f"rank takes per step (global batch {global_batch} / dp {dp})")
+    elif local // micro < pp:
+        why = (f"makes {local // micro} micro-batch(es) per schedule call for --pp {pp}: "
+               f"torch.distributed.pipelining's Schedule1F1B needs at least as many as stages")
+    else:
+        why = (f"makes {local // micro} micro-batches per schedule call: the interleaved schedule runs them in "
+               f"groups of --pp {pp}")
+    raise UsageError(f"--pp-local-batch {local} {why}; nearest valid: {near}")
+
+
 def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
@@ -522,6 +570,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
         raise UsageError(f"{accum} micro-batch(es) per step for --pp {job.pp}: stack {st.stack.name} pipelines with "
                          f"torch.distributed.pipelining, whose Schedule1F1B needs at least as many micro-batches as "
                          f"stages; --global-batch {need} (or more) or a smaller --micro-batch")
+    _check_local_batch(job.pp_local_batch, job.pp, v, st.stack, micro, dp, global_batch)
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
     overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)
@@ -548,5 +597,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
                  framework=job.framework or "auto",
-                 pp_virtual=v, cp=cp, tp_overlap=overlap, fp8_recipe=recipe, torch_compile=compiled,
+                 pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, tp_overlap=overlap, fp8_recipe=recipe, torch_compile=compiled,
                  recompute_modules=modules, **moe_comm(job, model, st.stack, precision))

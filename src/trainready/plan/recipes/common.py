@@ -56,6 +56,16 @@ def dropless_reason(s: Setup, who: str) -> str | None:
             f"or --moe-routing dropless")
 
 
+def schedule_calls_reason(s: Setup, who: str) -> str | None:
+    """Frameworks that run every micro-batch of a step in one pipeline schedule cannot run a row estimated with
+    several schedule calls per step (--pp-local-batch: torch.distributed.pipelining's local batch)."""
+    if s.pp == 1 or s.schedule_calls == 1:
+        return None
+    return (f"{who} run every micro-batch of a step in one pipeline schedule; this row makes {s.schedule_calls} "
+            f"calls of {s.schedule_microbatches} (--pp-local-batch {s.pp_local_batch}): use --framework torchtitan, "
+            f"or drop --pp-local-batch")
+
+
 def no_tp_overlap_reason(s: Setup, who: str) -> str | None:
     """Frameworks that run each tensor-parallel collective after its GEMM cannot run a row estimated with it
     overlapped (--tp-overlap)."""

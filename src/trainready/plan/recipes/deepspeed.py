@@ -17,6 +17,7 @@ from .common import (
     environment,
     expert_tp_reason,
     no_tp_overlap_reason,
+    schedule_calls_reason,
     torchrun,
 )
 
@@ -37,7 +38,8 @@ AUTOEP_DOES_NOT_START = (
 
 def reason(s: Setup) -> str | None:
     why = (dropless_reason(s, "DeepSpeed AutoEP's experts (auto_ep_config.py: no capacity factor)")
-           or no_tp_overlap_reason(s, "DeepSpeed AutoTP's layers"))
+           or no_tp_overlap_reason(s, "DeepSpeed AutoTP's layers")
+           or schedule_calls_reason(s, "DeepSpeed's PipelineEngine (train_batch)"))
     if why:
         return why
     if s.cp > 1:

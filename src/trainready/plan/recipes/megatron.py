@@ -14,7 +14,16 @@ from itertools import groupby
 
 from ..recompute import DEFAULT_MODULES
 from ..setup import Setup, pipeline_split
-from .common import Recipe, args_lines, batch_note, checkpointing, environment, torchrun, windowed_reason
+from .common import (
+    Recipe,
+    args_lines,
+    batch_note,
+    checkpointing,
+    environment,
+    schedule_calls_reason,
+    torchrun,
+    windowed_reason,
+)
 
 NAME = "megatron"
 CORE_VERSION = "0.16.1"
@@ -99,7 +108,8 @@ def rope_reason(m) -> str | None:
 def reason(s: Setup) -> str | None:
     m = s.model
     why = windowed_reason(s, "Megatron", "Megatron-Bridge's gpt_oss provider sets window_size, "
-                                        "window_attn_skip_freq and learnable softmax") or rope_reason(m)
+                                        "window_attn_skip_freq and learnable softmax") or rope_reason(m) \
+        or schedule_calls_reason(s, "Megatron's pipeline schedules (forward_backward_func)")
     if why:
         return why
     if m.activation == "relu":

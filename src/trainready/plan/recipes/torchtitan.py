@@ -147,7 +147,8 @@ def overrides(s: Setup) -> list[tuple[str, object]]:
             a.append(("--parallelism.pipeline_parallel_layers_per_stage", layers_per_stage(s)))
     if s.model.is_moe:
         a.append(("--parallelism.expert_parallel_degree", s.ep))
-    local = s.micro_batch * s.grad_accum if s.pp > 1 else s.micro_batch
+    # under PP the trainer calls the schedule once per local batch (Trainer.train_step): the estimate's calls
+    local = s.micro_batch * s.schedule_microbatches if s.pp > 1 else s.micro_batch
     a += [("--training.local_batch_size", local), ("--training.global_batch_size", s.global_batch),
           ("--training.seq_len", s.seq_len),
           ("--training.mixed_precision_param", "bfloat16" if s.precision == "bf16" else "float32"),
