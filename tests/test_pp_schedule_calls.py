@@ -98,7 +98,7 @@ def test_torchtitan_runs_the_calls_and_one_schedule_frameworks_refuse(catalog):
     assert "--training.local_batch_size 4" in recipe_for(s, "torchtitan").config
     for name in ("megatron", "deepspeed"):
         fw, why = framework_for(s.with_(stack="automodel"), name)
-        assert fw is None and "--pp-local-batch 4" in why and "--framework torchtitan" in why, (name, why)
+        assert fw is None and "drop --pp-local-batch" in why and "--stack torchtitan" in why, (name, why)
     whole = _setup(catalog)
     assert "--training.local_batch_size 8" in recipe_for(whole, "torchtitan").config
 
@@ -118,6 +118,64 @@ def test_cli_flag():
     setup = json.loads(out.stdout)["setup"]
     assert (setup["pp_local_batch"], setup["pp_schedule_calls"]) == (4, 2)
     text = cli_run(*args, "--pp-local-batch", "4")
-    assert "2 pipeline schedule calls per step" in text.stdout
+    assert "2 pipeline schedule calls per step of local batch 4" in text.stdout
     bad = cli_run(*args, "--pp-local-batch", "5")
     assert bad.returncode == 2 and "nearest valid: 4, 8" in bad.stderr
+
+
+def test_the_chosen_micro_batch_keeps_the_local_batch_runnable():
+    """Without --micro-batch, estimate picks the largest that fits: only one that divides the local batch and
+    leaves pp micro-batches a call (the review found micro-batch 8 for a local batch of 4: a division by zero)."""
+    args = ["estimate", "--model", "llama-3.2-1b", "--gpu", "h100-80gb", "--gpus", "16", "--inter-node-gbps", "3200",
+            "--pp", "4", "--stack", "torchtitan", "--global-batch", "128", "--seq-len", "1024", "--json"]
+    for local in (4, 8):
+        out = cli_run(*args, "--pp-local-batch", str(local))
+        assert out.returncode == 0, out.stderr
+        setup = json.loads(out.stdout)["setup"]
+        assert local // setup["micro_batch"] >= 4 and local % setup["micro_batch"] == 0, setup
+    free = json.loads(cli_run(*args).stdout)["setup"]
+    assert free["micro_batch"] > 1  # without a local batch the same job takes a larger one
+
+
+def test_micro_batch_allowed_is_what_resolve_accepts(catalog):
+    for kw in (dict(pp_local_batch=4), dict(pp_local_batch=8, pp_virtual=2, global_batch=128), dict()):
+        s = _setup(catalog, **kw)
+        for mb in range(1, 9):
+            try:
+                _setup(catalog, **{**kw, "micro_batch": mb})
+                accepted = True
+            except UsageError:
+                accepted = False
+            assert s.micro_batch_allowed(mb) == accepted, (kw, mb)
+
+
+def test_ddp_stages_all_reduce_once_per_call(catalog):
+    c1, c2, c4 = (_setup(catalog, strategy="ddp", model="llama-3.1-8b", global_batch=128, pp_local_batch=b)
+                  for b in (16, 8, 4))
+    comm = [estimate_step(s).comm_s for s in (c1, c2, c4)]
+    assert comm[2] - comm[1] == pytest.approx(2 * (comm[1] - comm[0]), rel=1e-6) and comm[1] > comm[0]
+
+
+def test_a_saved_plan_does_not_carry_a_job_files_local_batch(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('schema_version = 1\nmodel = "llama-3.1-8b"\nstack = "torchtitan"\npp = 4\nglobal_batch = 64\n'
+                   'pp_local_batch = 4\ntokens = 1e9\n')
+    saved = tmp_path / "saved.toml"
+    out = cli_run("plan", "--job", job, "--instances", "p5.48xlarge", "--max-nodes", "1", "--top", "1",
+                  "--save", saved)
+    assert out.returncode == 0, out.stderr
+    assert "pp_local_batch" not in saved.read_text()
+    assert cli_run("estimate", "--job", saved, "--json").returncode == 0
+
+
+def test_another_pp_or_stack_on_the_command_line_drops_the_files_local_batch(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('schema_version = 1\nmodel = "llama-3.1-70b"\ngpu = "h100-80gb"\ngpus = 32\n'
+                   'inter_node_gbps = 3200\nstack = "torchtitan"\npp = 4\nmicro_batch = 1\nglobal_batch = 64\n'
+                   'seq_len = 4096\npp_local_batch = 4\n')
+    kept = json.loads(cli_run("estimate", "--job", job, "--json").stdout)["setup"]
+    assert kept["pp_schedule_calls"] == 2
+    for extra in (("--pp", "2"), ("--stack", "megatron"), ("--pp", "1")):
+        out = cli_run("estimate", "--job", job, *extra, "--json")
+        assert out.returncode == 0, (extra, out.stderr)
+        assert json.loads(out.stdout)["setup"]["pp_local_batch"] is None

@@ -239,6 +239,9 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
         if given["stack"] != base.get("stack"):
             for k in ("kernels", "attention_kernel", "reduce_dtype", "ep_dispatcher", "ep_overlap", "fp8_dispatch"):
                 base.pop(k, None)
+    # the file's local batch belonged to its pipeline and stack: a different --pp or --stack here drops it
+    if any(k in given and given[k] != base.get(k) for k in ("pp", "stack")) and "pp_local_batch" not in given:
+        base.pop("pp_local_batch", None)
     # the file's module list belonged to the file's stack and checkpointing: kept where those are restated unchanged
     if any(k in given and given[k] != base.get(k) for k in ("stack", "activation_checkpointing")):
         base.pop("recompute_modules", None)

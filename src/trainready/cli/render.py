@@ -92,7 +92,7 @@ def _setup_line(e: EstimateResult) -> str:
     if s.tp > 1 or s.pp > 1 or s.cp > 1:
         par += f", tp {s.tp} x pp {s.pp}" + (f" x cp {s.cp}" if s.cp > 1 else "") + f" x dp {s.dp}"
         par += f" (interleaved: {s.pp_virtual} virtual stages per rank)" if s.pp_virtual > 1 else ""
-        par += (f" ({s.pp_schedule_calls} pipeline schedule calls per step, local batch {s.pp_local_batch})"
+        par += (f", {s.pp_schedule_calls} pipeline schedule calls per step of local batch {s.pp_local_batch}"
                 if s.pp_schedule_calls > 1 else "")
         par += " (TP communication overlapped)" if s.tp_overlap else ""
     if s.ep > 1 or s.etp != s.tp:

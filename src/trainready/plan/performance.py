@@ -564,11 +564,14 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             # DDP all-reduces the gradients; ZeRO-1 reduce-scatters them to the optimizer shards and all-gathers the
             # updated 16-bit parameters: DP's volume (Rajbhandari et al. 2020, Sec. 7.2.1; Megatron's distributed
             # optimizer), reduced during the last micro-batch's backward
+            # once per pipeline schedule call: torch.distributed.pipelining syncs on each call's last backward
+            # (stage.py backward_maybe_with_nosync); one call a step elsewhere
             ar = coll("allreduce" if s.strategy == "ddp" else "reducescatter", g_bytes * train)
-            comm_total += ar
-            exposed_step += max(0.0, ar - mb.bwd_s) + ar / max(1, layers)
+            calls = s.schedule_calls
+            comm_total += calls * ar
+            exposed_step += calls * (max(0.0, ar - mb.bwd_s) + ar / max(1, layers))
             overlapped_step = min(ar, mb.bwd_s)
-            overlapped_mb += overlapped_step / s.grad_accum
+            overlapped_mb += calls * overlapped_step / s.grad_accum
             if s.strategy == "zero1":
                 ag = coll("allgather", 2.0 * train)
                 comm_total += ag

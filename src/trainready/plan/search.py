@@ -437,8 +437,7 @@ def largest_fitting_micro_batch(s: Setup, memory_margin: float = GPU_MARGIN) -> 
     per_dp = s.global_batch // s.dp
     chosen = s.with_(micro_batch=1, grad_accum=per_dp)
     fits = False
-    group = s.pp if s.pp_virtual > 1 else 1  # interleaved stages: micro-batches in whole groups of pp (setup.py)
-    for mb in (m for m in MICRO_BATCHES if per_dp % m == 0 and per_dp // m % group == 0):
+    for mb in (m for m in MICRO_BATCHES if s.micro_batch_allowed(m)):  # as resolve() would take it
         cand = s.with_(micro_batch=mb, grad_accum=per_dp // mb)
         if estimate_memory(cand).peak / GiB > gpu_limit_gib(s.gpu.memory_gib, memory_margin):
             break
@@ -1039,6 +1038,7 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         "offload": best.offload, "ep": best.ep,
         "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
         "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,
+        "pp_local_batch": None,  # the search runs a step's micro-batches in one schedule call (a file's is not read)
         "tp_overlap": best.tp_overlap or None,  # None: off
         "torch_compile": best.torch_compile or None,  # None: off
         "framework": row.framework if framework != "auto" else job.framework})  # its memory is that framework's

@@ -156,6 +156,24 @@ class Setup:
         """Pipeline schedule calls per optimizer step, each filling and draining the pipeline once."""
         return self.grad_accum // self.schedule_microbatches
 
+    def micro_batch_allowed(self, mb: int) -> bool:
+        """Whether micro-batch `mb` runs this setup's batch and pipeline as resolve() would accept it: it divides
+        each data-parallel rank's share; interleaved stages take micro-batches in groups of pp; torch.distributed
+        .pipelining's Schedule1F1B needs pp of them a call (_check_local_batch)."""
+        share = self.global_batch // self.dp
+        if mb < 1 or share % mb:
+            return False
+        if self.pp == 1:
+            return True
+        per_call = share // mb
+        if self.pp_local_batch:
+            if self.pp_local_batch % mb:
+                return False
+            per_call = self.pp_local_batch // mb
+        if self.pp_virtual > 1 and per_call % self.pp:
+            return False
+        return not (get_stack(self.stack).torch_pipelining and per_call < self.pp)
+
     @property
     def expert_tp(self) -> int:
         """Ranks each routed expert is split over (Megatron's expert_tensor_parallel_size)."""
@@ -400,10 +418,14 @@ def _check_local_batch(local: int | None, pp: int, v: int, stack: Stack, micro: 
                          f"schedule call; the option is torch.distributed.pipelining's local_batch_size "
                          f"(--stack {users.replace(', ', ' or ')})")
     share = global_batch // dp
-    per_call = [d // micro for d in range(micro, share + 1, micro) if share % d == 0]
-    valid = [c * micro for c in per_call if c >= pp and (v == 1 or c % pp == 0)]
-    if local in valid:
+
+    def runs(d: int) -> bool:
+        return d % micro == 0 and share % d == 0 and d // micro >= pp and (v == 1 or d // micro % pp == 0)
+
+    if runs(local):
         return
+    root = math.isqrt(share)
+    valid = [d for i in range(1, root + 1) if share % i == 0 for d in {i, share // i} if runs(d)]
     near = ", ".join(map(str, sorted(sorted(valid, key=lambda d: (abs(d - local), d))[:2])))
     if local % micro or share % local:
         why = (f"must be a multiple of --micro-batch {micro} that divides the {share} sequences each data-parallel "

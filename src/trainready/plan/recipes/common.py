@@ -61,9 +61,9 @@ def schedule_calls_reason(s: Setup, who: str) -> str | None:
     several schedule calls per step (--pp-local-batch: torch.distributed.pipelining's local batch)."""
     if s.pp == 1 or s.schedule_calls == 1:
         return None
-    return (f"{who} run every micro-batch of a step in one pipeline schedule; this row makes {s.schedule_calls} "
-            f"calls of {s.schedule_microbatches} (--pp-local-batch {s.pp_local_batch}): use --framework torchtitan, "
-            f"or drop --pp-local-batch")
+    return (f"{who} runs every micro-batch of a step in one pipeline schedule; this row makes {s.schedule_calls} "
+            f"calls of {s.schedule_microbatches} (--pp-local-batch {s.pp_local_batch}): drop --pp-local-batch, or "
+            f"--stack torchtitan (torchtitan calls the schedule once per local batch)")
 
 
 def no_tp_overlap_reason(s: Setup, who: str) -> str | None:

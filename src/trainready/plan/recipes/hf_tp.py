@@ -21,7 +21,6 @@ from .common import (
     environment,
     expert_tp_reason,
     no_tp_overlap_reason,
-    schedule_calls_reason,
     torchrun,
 )
 
@@ -37,8 +36,7 @@ EP_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 def reason(s: Setup) -> str | None:
     fam = s.model.family
-    why = (dropless_reason(s, "transformers' MoE blocks") or no_tp_overlap_reason(s, "transformers' TP plans")
-           or schedule_calls_reason(s, "transformers' plans"))
+    why = dropless_reason(s, "transformers' MoE blocks") or no_tp_overlap_reason(s, "transformers' TP plans")
     if why:
         return why
     if s.cp > 1:

@@ -109,7 +109,7 @@ def reason(s: Setup) -> str | None:
     m = s.model
     why = windowed_reason(s, "Megatron", "Megatron-Bridge's gpt_oss provider sets window_size, "
                                         "window_attn_skip_freq and learnable softmax") or rope_reason(m) \
-        or schedule_calls_reason(s, "Megatron's pipeline schedules (forward_backward_func)")
+        or schedule_calls_reason(s, "Megatron (forward_backward_func)")
     if why:
         return why
     if m.activation == "relu":
