@@ -66,7 +66,7 @@ def test_activation_memory_is_one_calls(catalog):
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(pp=1, pp_local_batch=4), "needs pipeline stages"),
     (dict(stack="megatron", pp_local_batch=4), "stack megatron runs every micro-batch"),
-    (dict(pp_local_batch=3), "divides the 8 sequences each data-parallel rank takes per step .*nearest valid: 4, 8"),
+    (dict(pp_local_batch=3), "a divisor of the 8 sequences each data-parallel rank takes per step .*nearest valid: 4, 8"),
     (dict(pp_local_batch=2), r"Schedule1F1B needs at least as many as stages; nearest valid: 4, 8"),
     (dict(pp_local_batch=6, global_batch=192, pp_virtual=2), "groups of --pp 4; nearest valid: 4, 8"),
     (dict(pp_local_batch=3, micro_batch=2, global_batch=128), "multiple of --micro-batch 2.*nearest valid: 8, 16"),

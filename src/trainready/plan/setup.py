@@ -428,8 +428,9 @@ def _check_local_batch(local: int | None, pp: int, v: int, stack: Stack, micro: 
     valid = [d for i in range(1, root + 1) if share % i == 0 for d in {i, share // i} if runs(d)]
     near = ", ".join(map(str, sorted(sorted(valid, key=lambda d: (abs(d - local), d))[:2])))
     if local % micro or share % local:
-        why = (f"must be a multiple of --micro-batch {micro} that divides the {share} sequences each data-parallel "
-               f"rank takes per step (global batch {global_batch} / dp {dp})")
+        whole = f"a multiple of --micro-batch {micro} that divides" if micro > 1 else "a divisor of"
+        why = (f"must be {whole} the {share} sequences each data-parallel rank takes per step (global batch "
+               f"{global_batch} / dp {dp})")
     elif local // micro < pp:
         why = (f"makes {local // micro} micro-batch(es) per schedule call for --pp {pp}: "
                f"torch.distributed.pipelining's Schedule1F1B needs at least as many as stages")
