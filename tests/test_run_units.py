@@ -493,3 +493,20 @@ def test_run_dir_owns_its_files_and_reads_them_as_hostile(tmp_path):
     rd.write_run_info({"launches": []})
     assert rd.holds_a_run() and rd.read_run_info() == {"launches": []}
     assert (rd.telemetry.name, rd.summary_json.name, rd.logs.name) == ("telemetry.jsonl", "summary.json", "logs")
+
+
+def test_a_telemetry_writer_in_a_with_block_closes_its_file_when_a_write_raises(tmp_path, monkeypatch):
+    from trainready.run import telemetry
+
+    def refuse(*_a, **_k):
+        raise ValueError("not JSON")
+
+    closed = []
+    with pytest.raises(ValueError):
+        with TelemetryWriter(tmp_path, "launcher") as writer:
+            assert writer._fd is not None
+            monkeypatch.setattr(telemetry.json, "dumps", refuse)
+            real_close = os.close
+            monkeypatch.setattr(telemetry.os, "close", lambda fd: closed.append(fd) or real_close(fd))
+            writer.write("exit", exit_code=0)
+    assert writer._fd is None and len(closed) == 1  # the descriptor was closed, not leaked

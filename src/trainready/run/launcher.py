@@ -370,9 +370,8 @@ class Launcher:
         launch = info["launches"][-1]
         launch.update(end_unix=self.clock.time(), exit_code=result.exit_code, reason=result.reason, message=result.message)
         self._write_info(info)
-        writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
-        writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
-        writer.close()
+        with RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock) as writer:
+            writer.write("exit", exit_code=result.exit_code, reason=result.reason, message=result.message)
         result.summary = summarize(self.spec.run_dir)
         RunDir(self.spec.run_dir).write_summary(result.summary.model_dump_json(indent=2))
 
@@ -409,9 +408,8 @@ class Launcher:
                    "PYTHONUNBUFFERED": "1", "TRAINREADY_COMMAND": json.dumps(self.spec.command),
                    "TRAINREADY_USER_UMASK": f"{_current_umask():o}"}  # the shim gives the script the user's umask back
             argv = torchrun_argv(self.spec)  # recorded as launched
-            writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
-            writer.write("launch", argv=argv, node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
-            writer.close()
+            with RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock) as writer:
+                writer.write("launch", argv=argv, node_rank=self.spec.node_rank, prior_billed_s=self.settings.prior_s)
             for sig in FORWARDED:
                 previous[sig] = self.install_signal(sig, self._on_signal)
             self.agent = self.spawn(argv, env)
@@ -535,10 +533,9 @@ class Launcher:
         spent = per_s * (s.prior_s + self.clock.time() - self.start_unix)
         crossed = self._spend.crossed(spent)
         if crossed:  # as telemetry: the live view shows it (once), report lists it
-            writer = RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock)
-            for message in crossed:
-                writer.write("budget", message=message, spent_usd=round(spent, 4), projected_usd=self._projected)
-            writer.close()
+            with RunDir(self.spec.run_dir).telemetry_writer("launcher", self.clock) as writer:
+                for message in crossed:
+                    writer.write("budget", message=message, spent_usd=round(spent, 4), projected_usd=self._projected)
         # only where global rank 0 runs: it alone reports steps, so elsewhere "no step yet" is not known
         if self._starting and self.spec.node_rank == 0 and self.signalled is None \
                 and spent + per_s * KILL_S * MARGIN >= s.budget_usd:

@@ -69,6 +69,12 @@ class TelemetryWriter:
             os.close(self._fd)
             self._fd = None
 
+    def __enter__(self) -> TelemetryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:  # closed whatever a write raised
+        self.close()
+
 
 def read_records(path: Path, since: int = 0, skipped: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], int]:
     """Complete records from byte offset `since`; returns them and the offset to continue from
