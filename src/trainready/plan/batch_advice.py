@@ -60,22 +60,19 @@ def batch_advice(s: Setup) -> str | None:
     m = math.ceil((s.pp - 1) / (s.pp_virtual * BUBBLE_TARGET))
     if s.pp_virtual > 1:
         m = -(-m // s.pp) * s.pp  # interleaved stages take micro-batches in whole groups of pp
+    need = s.dp * s.micro_batch * m
+    larger = (f"--global-batch {need:,}"
+              + (f" with --pp-local-batch {need // s.dp}" if s.pp_local_batch else "")  # the whole share, one call
+              + f" ({need * s.seq_len / 1e6:,.1f}M tokens per step) brings it to {BUBBLE_TARGET:.0%}")
     if s.schedule_calls > 1:  # a fill and drain per schedule call: the whole share in one call first, the batch kept
         whole = (s.pp - 1) / (s.pp_virtual * s.grad_accum)
         ways = [f"--pp-local-batch {s.global_batch // s.dp} (the step's whole share in one call) brings it to "
-                f"{whole:.0%}"]
-        if whole > BUBBLE_FLAG:
-            local = s.micro_batch * m
-            ways.append(f"--global-batch {s.dp * local:,} with --pp-local-batch {local} "
-                        f"({s.dp * local * s.seq_len / 1e6:,.1f}M tokens per step) brings it to {BUBBLE_TARGET:.0%}")
+                f"{whole:.0%}"] + ([larger] if whole > BUBBLE_FLAG else [])
         return (f"--pp-local-batch {s.pp_local_batch} runs {s.schedule_microbatches} micro-batch(es) per pipeline "
                 f"schedule call, {s.schedule_calls} calls per step, each filling and draining pp {s.pp}"
                 + (f" x {s.pp_virtual} virtual" if s.pp_virtual > 1 else "")
                 + f": the bubble (pp-1)/(v m) adds {bubble:.0%} to the compute time; " + "; ".join(ways))
-    need = s.dp * s.micro_batch * m
     return (f"global batch {s.global_batch} is small for pp {s.pp}"
             + (f" x {s.pp_virtual} virtual" if s.pp_virtual > 1 else "")
             + f": with {s.grad_accum} micro-batch(es) per step the pipeline bubble (pp-1)/(v m) adds {bubble:.0%} "
-            f"to the compute time; --global-batch {need:,}"
-            + (f" with --pp-local-batch {need // s.dp}" if s.pp_local_batch else "")  # the whole share, one call
-            + f" ({need * s.seq_len / 1e6:,.1f}M tokens per step) brings it to {BUBBLE_TARGET:.0%}")
+            f"to the compute time; {larger}")

@@ -359,7 +359,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
                         fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
-                        pp_local_batch=s.pp_local_batch, pp_schedule_calls=s.schedule_calls if s.pp > 1 else 1,
+                        pp_local_batch=s.pp_local_batch, pp_schedule_calls=s.schedule_calls,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,

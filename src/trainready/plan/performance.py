@@ -652,8 +652,7 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     # 1F1B: pp - 1 micro-batch times idle per schedule call; interleaved with v virtual stages per rank, (pp - 1)/v
     # (bubble fraction (p - 1)/(v m), Narayanan et al. 2021, Sec. 2.2.2, Megatron's interleaved 1F1B). A step of
     # several schedule calls (torchtitan, NeMo AutoModel: one per local batch) fills and drains in each
-    bubble = (s.pp - 1) / s.pp_virtual * (compute_mb + exposed_mb + tp_s + p2p) if s.pp > 1 else 0.0
-    bubble *= s.schedule_calls
+    bubble = s.schedule_calls * (s.pp - 1) / s.pp_virtual * (compute_mb + exposed_mb + tp_s + p2p)
     other = bubble + s.grad_accum * cpu_stall_mb + offload_s
     step = compute + exposed + other
     tokens_step = s.global_batch * s.seq_len

@@ -165,14 +165,10 @@ class Setup:
             return False
         if self.pp == 1:
             return True
-        per_call = share // mb
-        if self.pp_local_batch:
-            if self.pp_local_batch % mb:
-                return False
-            per_call = self.pp_local_batch // mb
-        if self.pp_virtual > 1 and per_call % self.pp:
+        if self.pp_local_batch and self.pp_local_batch % mb:
             return False
-        return not (get_stack(self.stack).torch_pipelining and per_call < self.pp)
+        per_call = (self.pp_local_batch or share) // mb
+        return call_runs(per_call, self.pp, self.pp_virtual, get_stack(self.stack).torch_pipelining)
 
     @property
     def expert_tp(self) -> int:
@@ -401,6 +397,12 @@ def _check_virtual(model: ModelSpec, pp: int, v: int, micro: int, dp: int, globa
                          f"-> nearest valid: {nearest_multiples(global_batch, unit)}")
 
 
+def call_runs(micro_batches: int, pp: int, v: int, torch_pipelining: bool) -> bool:
+    """Whether one pipeline schedule call of `micro_batches` runs: interleaved stages take them in whole groups of pp
+    (_check_virtual), torch.distributed.pipelining's Schedule1F1B needs at least pp."""
+    return (v == 1 or micro_batches % pp == 0) and not (torch_pipelining and micro_batches < pp)
+
+
 def _check_local_batch(local: int | None, pp: int, v: int, stack: Stack, micro: int, dp: int,
                        global_batch: int) -> None:
     """A local batch per schedule call (JobSpec.pp_local_batch): pipeline stages on a torch.distributed.pipelining
@@ -419,8 +421,8 @@ def _check_local_batch(local: int | None, pp: int, v: int, stack: Stack, micro: 
                          f"(--stack {users.replace(', ', ' or ')})")
     share = global_batch // dp
 
-    def runs(d: int) -> bool:
-        return d % micro == 0 and share % d == 0 and d // micro >= pp and (v == 1 or d // micro % pp == 0)
+    def runs(d: int) -> bool:  # the stack pipelines with torch.distributed.pipelining (checked above)
+        return d % micro == 0 and share % d == 0 and call_runs(d // micro, pp, v, True)
 
     if runs(local):
         return

@@ -59,7 +59,7 @@ def dropless_reason(s: Setup, who: str) -> str | None:
 def schedule_calls_reason(s: Setup, who: str) -> str | None:
     """Frameworks that run every micro-batch of a step in one pipeline schedule cannot run a row estimated with
     several schedule calls per step (--pp-local-batch: torch.distributed.pipelining's local batch)."""
-    if s.pp == 1 or s.schedule_calls == 1:
+    if s.schedule_calls == 1:
         return None
     return (f"{who} runs every micro-batch of a step in one pipeline schedule; this row makes {s.schedule_calls} "
             f"calls of {s.schedule_microbatches} (--pp-local-batch {s.pp_local_batch}): drop --pp-local-batch, or "
