@@ -67,6 +67,7 @@ from trainready.plan.memory import GiB, estimate_memory  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.presets import preset  # noqa: E402
 from trainready.plan.recompute import published_modules  # noqa: E402
+from trainready.plan import track_record  # noqa: E402
 from trainready.plan.setup import resolve  # noqa: E402
 from trainready.plan.stacks import SDPA_CUDNN_TORCH, get_stack  # noqa: E402
 
@@ -209,9 +210,7 @@ def evaluate(r: dict[str, str]) -> dict:
     return out
 
 
-def p90(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(0.9 * len(xs)))] if xs else float("nan")
+p90 = track_record.p90  # nearest rank, as bench/plan_accuracy.py and `plan`'s track record count it
 
 
 def line(label: str, res: list[dict]) -> str:

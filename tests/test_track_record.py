@@ -207,3 +207,18 @@ def test_without_a_readable_record_the_estimate_says_nothing_of_one(monkeypatch)
         assert not any("track record" in w for w in out["warnings"])
     finally:
         tr._committed.cache_clear()
+
+
+def test_the_90th_percentile_is_the_nearest_rank_one_the_benches_share():
+    import math
+
+    assert tr.p90([float(x) for x in range(1, 11)]) == 9.0  # ceil(0.9 x 10) = the 9th smallest
+    assert tr.p90([float(x) for x in range(7, 0, -1)]) == 7.0  # ceil(6.3) = 7: with 7 runs, the worst
+    assert tr.p90([3.0]) == 3.0
+    assert math.isnan(tr.p90([]))
+    for name in ("plan_accuracy", "plan_accuracy_2024"):  # the two accuracy benches count it the same way
+        spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # its dataclasses look their module up
+        spec.loader.exec_module(mod)
+        assert mod.p90 is tr.p90

@@ -162,10 +162,11 @@ def _rows() -> tuple[RecordRow, ...] | None:
     return parse(raw) if len(raw) <= MAX_FILE_BYTES else None
 
 
-def _p90(xs: list[float]) -> float:
-    """Nearest rank: the ceil(0.9 n)-th smallest."""
+def p90(xs: list[float]) -> float:
+    """The 90th percentile by nearest rank: the ceil(0.9 n)-th smallest (NaN for none). The one definition the
+    accuracy benches (bench/plan_accuracy*.py) and the track record share, so their figures compare."""
     xs = sorted(xs)
-    return xs[max(0, math.ceil(0.9 * len(xs)) - 1)]
+    return xs[max(0, math.ceil(0.9 * len(xs)) - 1)] if xs else float("nan")
 
 
 def summarize(rows: list[RecordRow], regime: str, narrower: str | None = None,
@@ -173,7 +174,7 @@ def summarize(rows: list[RecordRow], regime: str, narrower: str | None = None,
     errs = [abs(r.signed_error_pct) for r in rows]
     worst = max(rows, key=lambda r: abs(r.signed_error_pct))
     return TrackRecord(regime=regime, runs=len(rows), median_abs_error_pct=statistics.median(errs),
-                       p90_abs_error_pct=_p90(errs) if len(rows) >= 10 else None,
+                       p90_abs_error_pct=p90(errs) if len(rows) >= 10 else None,
                        signed_median_pct=statistics.median(r.signed_error_pct for r in rows),
                        worst_run=worst.id, worst_signed_error_pct=worst.signed_error_pct, narrower=narrower,
                        narrower_errors_pct=narrower_errors or [], regime_measured=regime_measured,
