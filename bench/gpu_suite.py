@@ -3,7 +3,7 @@
     python bench/gpu_suite.py --out DIR [--write-docs]     # on a CUDA machine (H100/H200 class)
     python bench/gpu_suite.py --dry-run [--out DIR]        # the same code paths on CPU, tiny shapes, < 1 min
 
-Five independent sections, each with a time budget (a failure is recorded with its error and the
+Six independent sections, each with a time budget (a failure is recorded with its error and the
 next section runs; a section that reaches its budget records what it left out):
 
 1. ``gemm``: bf16 and FP8 (``torch._scaled_mm``, tensorwise scales, capability >= 8.9) GEMM TFLOP/s
@@ -12,8 +12,10 @@ next section runs; a section that reaches its budget records what it left out):
    experts' grouped GEMM (128 experts x 768 wide, hidden 2048, 128-512 rows per expert) through
    ``torch._grouped_mm`` where this torch has it, and as a loop over experts.
 2. ``attention``: causal ``scaled_dot_product_attention`` forward + backward, bf16, head dim 128,
-   GQA 32/8, at 2k-32k tokens per sequence (batch x seq = 32k tokens), TFLOP/s counting causal
-   FLOPs with backward = 2.5x forward (as bench/gpu_ground_truth.py counts them).
+   GQA 32/8, at 2k-128k tokens per sequence (batch x seq = 32k tokens, one sequence beyond), TFLOP/s
+   counting causal FLOPs with backward = 2.5x forward (as bench/gpu_ground_truth.py counts them).
+   ``ring``: one rank's share of context-parallel ring attention (torch's load-balanced ring, CP 2/4/8 at
+   32k tokens per rank, the sends left out; bench/gpu_suite_ring.py says what and why).
 3. ``copy``: host<->device GB/s, H2D and D2H, pinned and pageable, 256 MiB and 1 GiB; and a 1 GiB
    device-to-device copy counted read + write (the HBM figure ``check --deep`` takes).
 4. ``training``: a 20-step run of a Llama-shaped 0.9B model (plain PyTorch, pure bf16, fused AdamW)
@@ -48,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -65,15 +68,22 @@ except ImportError:  # run from a checkout without `pip install -e .`
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded from a file path
+import gpu_suite_ring  # noqa: E402
+
 SCHEMA_VERSION = 1
 KIND = "trainready-gpu-suite"
 MiB, GiB = 1 << 20, 1 << 30
-SECTIONS = ("gemm", "attention", "copy", "training", "checkpoint")
+SECTIONS = ("gemm", "attention", "ring", "copy", "training", "checkpoint")
 UNITS = {
     "gemm": {"m": "rows", "k": "reduction dim", "n": "columns", "seconds": "s per GEMM", "tflops": "TFLOP/s",
              "planner_tflops": "TFLOP/s", "fraction_of_peak": "of the catalog's dense peak"},
     "attention": {"seq": "tokens", "batch": "sequences", "seconds": "s per fwd+bwd", "tflops": "TFLOP/s (causal)",
                   "planner_tflops": "TFLOP/s", "fraction_of_peak": "of the catalog's bf16 peak"},
+    "ring": {"cp": "context-parallel ranks", "seq": "tokens (whole sequence)", "local_tokens": "tokens per rank",
+             "forward_s": "s", "backward_s": "s", "seconds": "s per fwd+bwd",
+             "tflops": "TFLOP/s (the rank's 1/cp of the causal FLOPs)", "planner_tflops": "TFLOP/s",
+             "fraction_of_peak": "of the catalog's bf16 peak", "backward_over_forward": "ratio"},
     "copy": {"bytes": "B", "seconds": "s per copy", "gbps": "GB/s (1e9 B/s)", "planner_gbps": "GB/s"},
     "training": {"params": "parameters", "tokens_per_s": "tokens/s (CUDA events; host clocks on CPU)",
                  "step_s": "s (median after warm-up)", "telemetry_tokens_per_s": "tokens/s (run telemetry median)",
@@ -97,6 +107,8 @@ class Sizes:
     attn_heads: int
     attn_kv_heads: int
     attn_head_dim: int
+    ring_cps: tuple[int, ...]
+    ring_local: int  # tokens per rank
     copy_sizes: tuple[int, ...]  # bytes
     hbm_copy: int
     ckpt_bytes: int
@@ -112,20 +124,22 @@ class Sizes:
 
 FULL = Sizes(
     dry=False, tokens=8192, scale=1, ref=8192, experts=128, expert_rows=(128, 256, 512),
-    attn_seqs=(2048, 4096, 8192, 16384, 32768), attn_tokens=32768, attn_heads=32, attn_kv_heads=8, attn_head_dim=128,
+    attn_seqs=(2048, 4096, 8192, 16384, 32768, 65536, 131072), attn_tokens=32768, attn_heads=32, attn_kv_heads=8,
+    attn_head_dim=128, ring_cps=(2, 4, 8), ring_local=32768,
     copy_sizes=(256 * MiB, GiB), hbm_copy=GiB, ckpt_bytes=1536 * MiB, ckpt_tensors=12,
     # Llama-shaped 0.9B (the "llama-0.9b" of bench/gpu_ground_truth.py, measured there with HF on an H200)
     train=dict(d=2048, layers=16, heads=16, kv_heads=8, ffn=5632, vocab=32000, seq=2048, batch=4, steps=20,
                warmup=5, dtype="bf16"),
-    budgets={"gemm": 60, "attention": 60, "copy": 30, "training": 180, "checkpoint": 90},
-    total_s=420, row_s=0.25)
+    budgets={"gemm": 60, "attention": 75, "ring": 35, "copy": 30, "training": 180, "checkpoint": 80},
+    total_s=460, row_s=0.25)
 DRY = Sizes(
     dry=True, tokens=64, scale=32, ref=128, experts=8, expert_rows=(16, 32),
     attn_seqs=(64, 128, 256), attn_tokens=512, attn_heads=4, attn_kv_heads=2, attn_head_dim=16,
+    ring_cps=(2, 4), ring_local=64,
     copy_sizes=(1 * MiB, 4 * MiB), hbm_copy=4 * MiB, ckpt_bytes=4 * MiB, ckpt_tensors=4,
     train=dict(d=64, layers=2, heads=4, kv_heads=2, ffn=176, vocab=256, seq=32, batch=2, steps=3, warmup=1,
                dtype="fp32"),
-    budgets={"gemm": 10, "attention": 8, "copy": 5, "training": 40, "checkpoint": 15},
+    budgets={"gemm": 10, "attention": 8, "ring": 5, "copy": 5, "training": 40, "checkpoint": 15},
     total_s=60, row_s=0.01, max_iters=5, min_iters=1, warmup=1)
 
 # The presets whose GEMMs section 1 times: (preset, tensor-parallel shard)
@@ -261,12 +275,19 @@ class Planner:
             out *= rows / (rows + m0)
         return out
 
-    def attention(self, seq: int, head_dim: int) -> float | None:
+    def attention(self, seq: int, head_dim: int, kernel: str = "sdpa") -> float | None:
+        """TFLOP/s of causal attention over `seq` tokens (a context-parallel rank: its chunk), as
+        plan/performance.py's attention_efficiency gives it for `kernel` ("sdpa" or "flash2")."""
         if not self.known or not self.peak("bf16"):
             return None
-        e = self.e
+        e, eff, peak = self.e, self.eff, self.peak("bf16")
+        base, s0 = e.attention, e.attention_s0
+        if kernel != "sdpa" and self.gpu.arch in ("ampere", *eff.AMPERE_KERNEL_SPEEDUP):
+            speedup = eff.AMPERE_KERNEL_SPEEDUP.get(self.gpu.arch, 1.0)
+            tflops = eff.ATTENTION_KERNELS[kernel] * eff.A100_PEAK_TFLOPS * speedup
+            base, s0 = tflops / peak, eff.ARCH["ampere"].attention_s0
         hd = e.attention_hd64 if head_dim <= 64 else 1.0
-        return self.peak("bf16") * e.attention * hd * seq / (seq + e.attention_s0)
+        return peak * base * hd * seq / (seq + s0)
 
     def pcie(self) -> float | None:
         if not self.known or not self.gpu.pcie_gbps_per_dir:
@@ -278,29 +299,69 @@ class Planner:
 
 
 # --- host facts ----------------------------------------------------------------------------------------------
-def _nvidia_smi() -> dict[str, Any]:
-    fields = "name,driver_version,memory.total,power.limit,clocks.max.sm"
+def _smi_query(fields: str) -> list[str] | str:
+    """GPU 0's values of nvidia-smi's comma-separated `fields`, or why there are none."""
     exe = shutil.which("nvidia-smi")
     if not exe:
-        return {"error": "nvidia-smi not found"}
+        return "nvidia-smi not found"
     try:
         out = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": _error(exc)}
+        return _error(exc)
     line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
     parts = [p.strip() for p in line.split(",")]
-    if len(parts) != 5:
-        return {"error": f"nvidia-smi exit {out.returncode}: {(out.stderr or out.stdout)[-300:]}"}
+    if len(parts) != len(fields.split(",")):
+        return f"nvidia-smi exit {out.returncode}: {(out.stderr or out.stdout)[-300:]}"
+    return parts
 
-    def num(x: str) -> float | None:
-        try:
-            return float(x)
-        except ValueError:
-            return None
 
-    return {"name": parts[0], "driver": parts[1], "memory_total_mib": num(parts[2]), "power_limit_w": num(parts[3]),
-            "max_sm_clock_mhz": num(parts[4])}
+def _num(x: str) -> float | None:
+    try:
+        return float(x)
+    except ValueError:
+        return None
+
+
+def _nvidia_smi() -> dict[str, Any]:
+    parts = _smi_query("name,driver_version,memory.total,power.limit,clocks.max.sm")
+    if isinstance(parts, str):
+        return {"error": parts}
+    return {"name": parts[0], "driver": parts[1], "memory_total_mib": _num(parts[2]), "power_limit_w": _num(parts[3]),
+            "max_sm_clock_mhz": _num(parts[4])}
+
+
+def under_load(fn: Callable[[], Any], cuda: bool, seconds: float) -> dict[str, Any]:
+    """SM clock, power draw, temperature and nvidia-smi's clock event reasons, sampled once half-way through
+    `seconds` of back-to-back calls of `fn`: whether a power or thermal cap holds the clock down (a datasheet
+    peak assumes the boost clock; published runs name 500 W H100s and 750 W B200s)."""
+    if not cuda:
+        return {"skipped": "no GPU"}
+    sample: dict[str, Any] = {}
+
+    def query() -> None:
+        time.sleep(seconds / 2)
+        for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):  # newer, older drivers
+            parts = _smi_query(f"clocks.sm,power.draw,temperature.gpu,{reasons}")
+            if not isinstance(parts, str):
+                sample.update(sm_clock_mhz=_num(parts[0]), power_draw_w=_num(parts[1]), temperature_c=_num(parts[2]),
+                              clock_event_reasons=parts[3])
+                return
+            sample["error"] = parts
+
+    sampler = threading.Thread(target=query, daemon=True)
+    sampler.start()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end or sampler.is_alive():
+        for _ in range(8):
+            fn()
+        torch.cuda.synchronize()
+        if time.monotonic() > end + 30:  # nvidia-smi hung: stop loading the GPU, keep what there is
+            break
+    sampler.join(timeout=1)
+    if "sm_clock_mhz" in sample:
+        sample.pop("error", None)
+    return sample
 
 
 def host_facts(cuda: bool) -> dict[str, Any]:
@@ -430,6 +491,8 @@ def bench_gemm(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, planner
                                     cuda, sz.row_s, sz.max_iters, sz.warmup, sz.min_iters)
                 tflops = 2 * m * k * n / seconds / 1e12
                 row = {**shape, "dtype": dtype, "seconds": seconds, "tflops": tflops}
+                if shape["model"] == "reference" and dtype == "bf16":  # clocks and power while it runs (2 s)
+                    row["under_load"] = under_load(lambda a=a, b=b: a @ b, cuda, 2.0)
                 pred = planner.gemm(k, fp8=dtype == "fp8")
                 if pred:
                     row["planner_tflops"] = pred
@@ -582,6 +645,13 @@ def bench_attention(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, pl
         except Exception as exc:
             sec["errors"].append({"what": what, "error": _error(exc)})
         _free(cuda)
+
+
+def bench_ring(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, planner: Planner) -> None:
+    gpu_suite_ring.bench_ring(
+        sec, clock, sz.ring_cps, sz.ring_local, sz.attn_heads, sz.attn_head_dim, cuda,
+        lambda fn: timed(fn, cuda, sz.row_s, sz.max_iters, 1, sz.min_iters), attention_flops,
+        lambda local, hd: planner.attention(local, hd, "flash2"), planner.peak("bf16"), _error, lambda: _free(cuda))
 
 
 # --- 3. copies -------------------------------------------------------------------------------------------------
@@ -1141,6 +1211,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         b, e = by.get("bf16", {}), by.get("fp8", {})
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} x {key[3]} x {key[4]} | {_f(b.get('tflops'))} | "
                      f"{_f(b.get('planner_tflops'))} | {_f(e.get('tflops'))} | {_f(e.get('planner_tflops'))} |")
+    load = next((r.get("under_load") for r in dense if r.get("under_load")), None) or {}
+    if load.get("sm_clock_mhz") is not None:
+        smi = h.get("nvidia_smi") or {}
+        cap = f" (max {smi['max_sm_clock_mhz']:.0f})" if smi.get("max_sm_clock_mhz") else ""
+        limit = f" of its {smi['power_limit_w']:.0f} W limit" if smi.get("power_limit_w") else ""
+        lines += ["", f"Under the sustained {dense[0]['gemm']} bf16 GEMM: SM clock {load['sm_clock_mhz']:.0f} "
+                      f"MHz{cap}, {_f(load.get('power_draw_w'))} W{limit}, {_f(load.get('temperature_c'))} C, "
+                      f"clock event reasons `{load.get('clock_event_reasons')}`."]
+    elif load.get("error"):
+        lines += ["", f"Clocks under load: not read ({load['error'][:200]})."]
     grouped = [r for r in g["rows"] if "experts" in r]
     if grouped:
         lines += ["", "Experts' GEMMs (qwen3-30b-a3b: all experts of one layer, bf16, TFLOP/s):", "",
@@ -1157,6 +1237,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {r['seq']:,} | {r['batch']} | {r['heads']} ({r['kv_heads']}) x {r['head_dim']} | "
                      f"{_f(r['tflops'])} | {_f(r.get('planner_tflops'))} |")
     lines += [""] + status("attention")
+
+    r = secs["ring"]
+    lines += ["**Ring attention**, one rank of a cp-way ring (torch's load-balanced context parallelism; compute and "
+              "copies, no sends; TFLOP/s counting the rank's 1/cp of the causal FLOPs):", "",
+              "| cp | seq | tokens per rank | forward s | backward s | TFLOP/s | planner |",
+              "|---|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['cp']} | {x['seq']:,} | {x['local_tokens']:,} | {x['forward_s']:.4f} | "
+                     f"{x['backward_s']:.4f} | {_f(x['tflops'])} | {_f(x.get('planner_tflops'))} |")
+    lines += [""] + status("ring")
 
     c = secs["copy"]
     lines += ["**Copies** (GB/s; D2D counted read + write):", "",
@@ -1231,6 +1321,7 @@ def run_suite(args: argparse.Namespace, cuda: bool) -> tuple[dict[str, Any], int
     runners: dict[str, Callable[[dict[str, Any], Clock], None]] = {
         "gemm": lambda s, c: bench_gemm(s, c, sz, cuda, planner),
         "attention": lambda s, c: bench_attention(s, c, sz, cuda, planner),
+        "ring": lambda s, c: bench_ring(s, c, sz, cuda, planner),
         "copy": lambda s, c: bench_copy(s, c, sz, cuda, planner),
         "training": lambda s, c: bench_training(s, c, sz, cuda, planner, out, state),
         "checkpoint": lambda s, c: bench_checkpoint(s, c, sz, cuda, scratch / "ckpt-scratch"),
@@ -1304,7 +1395,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs-file", help="the file --write-docs appends to (default docs/measurements.md)")
     ap.add_argument("--only", help=f"comma-separated sections to run ({','.join(SECTIONS)})")
     ap.add_argument("--time-budget", type=float,
-                    help="seconds for the whole suite (default 420; dry run 60); each section's budget scales with it")
+                    help="seconds for the whole suite (default 460; dry run 60); each section's budget scales with it")
     ap.add_argument("--ckpt-dir", help="where the checkpoint section writes (default --out); removed afterwards")
     args = ap.parse_args(argv)
     if args.only:

@@ -16,7 +16,7 @@ from shared_runs import shared_result
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "bench" / "gpu_suite.py"
-SECTIONS = ("gemm", "attention", "copy", "training", "checkpoint")
+SECTIONS = ("gemm", "attention", "ring", "copy", "training", "checkpoint")
 
 
 def suite(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -110,6 +110,9 @@ def test_dry_run_sections_hold_what_they_stand_for(dry):
         assert any(s["what"] == "torch._grouped_mm" for s in sec["gemm"]["skipped"])
     attention = sec["attention"]["rows"]
     assert len(attention) >= 3 and len({r["seq"] for r in attention}) == len(attention)
+    ring = sec["ring"]["rows"]
+    assert [r["cp"] for r in ring] == [2, 4] and all(r["seq"] == r["cp"] * r["local_tokens"] for r in ring)
+    assert all(r["rank"] == r["cp"] // 2 and r["seconds"] == r["forward_s"] + r["backward_s"] for r in ring)
     copies = sec["copy"]["rows"]
     assert {r["direction"] for r in copies} == {"H2D", "D2H", "D2D"}
     # the dry run never uses a GPU: pinned host memory is a recorded skip
@@ -126,7 +129,8 @@ def test_dry_run_sections_hold_what_they_stand_for(dry):
 def test_dry_run_markdown(dry):
     proc, out, docs = dry
     md = (out / "gpu_suite.md").read_text()
-    for header in ("| model | GEMM | M x K x N |", "| seq | batch |", "| direction | host memory |",
+    for header in ("| model | GEMM | M x K x N |", "| seq | batch |", "| cp | seq | tokens per rank |",
+                   "| direction | host memory |",
                    "| model | params | micro-batch x seq |", "| operation | GiB | seconds |"):
         assert header in md, header
     assert "Dry run on CPU" in md
@@ -175,3 +179,82 @@ def test_markdown_of_a_gpu_run_names_the_machine(dry):
     assert md.startswith(f"### GPU suite: NVIDIA H100 80GB HBM3 ({report['date']})")
     assert "driver 550.54.15" in md and f"PyTorch {torch.__version__}" in md and "81,559 MiB" in md
     assert "Dry run" not in md
+
+
+def load_ring():
+    spec = importlib.util.spec_from_file_location("gpu_suite_ring", ROOT / "bench" / "gpu_suite_ring.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite_ring"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_the_ring_steps_add_up_to_causal_attention_on_every_rank(cp):
+    """What the ring section times is what the load-balanced ring computes: on every rank, its steps merged give
+    causal attention of the whole sequence for the rank's two chunks (rank r holds chunks r and 2cp-1-r, and
+    step i brings the keys and values of rank r - i)."""
+    ring = load_ring()
+    torch.manual_seed(0)
+    local, heads, hd = 16, 2, 8
+    seq, c = cp * local, local // 2
+    q, k, v = (torch.randn(1, heads, seq, hd) for _ in range(3))
+    whole = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def held(x, r):
+        return torch.cat([x[:, :, r * c:(r + 1) * c], x[:, :, (2 * cp - 1 - r) * c:(2 * cp - r) * c]], dim=2)
+
+    forward, _backward = ring.flash_ops(False)
+    for r in range(cp):
+        out = lse = None
+        for i, (q_part, kv_part, causal) in enumerate(ring.steps(r, cp)):
+            src = (r - i) % cp
+            o, l_b, _ = forward(ring._half(held(q, r), q_part), ring._half(held(k, src), kv_part),
+                                ring._half(held(v, src), kv_part), causal)
+            o, l_b = o.float(), l_b.float().unsqueeze(-1)
+            if out is None:
+                out, lse = o, l_b
+                continue
+            cur_o, cur_l = ring._half(out, q_part), ring._half(lse, q_part)
+            new_o = cur_o - torch.sigmoid(l_b - cur_l) * (cur_o - o)
+            new_l = cur_l - torch.nn.functional.logsigmoid(cur_l - l_b)
+            out, lse = ring._write_half(out, q_part, new_o, False), ring._write_half(lse, q_part, new_l, False)
+        assert torch.allclose(out, held(whole, r), atol=1e-5), (cp, r)
+    # and the timed object runs the same plan forward and backward
+    rank = ring.RingRank(local, heads, hd, cp // 2, cp, "cpu")
+    out, lse, ctxs = rank.forward()
+    assert out.shape == rank.q.shape and lse.shape == rank.q.shape[:3]
+    grads = rank.backward(out, lse, ctxs)
+    assert grads.numel() == 3 * rank.q.numel() and torch.isfinite(grads.float()).all()
+
+
+def test_clocks_under_load_are_sampled_while_the_gemm_runs_and_reported(dry, monkeypatch):
+    module = load_suite()
+    asked = []
+
+    def smi(fields):  # an older driver: no clocks_event_reasons, the throttle name instead
+        asked.append(fields)
+        if "clocks_event_reasons" in fields:
+            return "nvidia-smi exit 2: Field \"clocks_event_reasons.active\" is not a valid field to query."
+        return ["1410", "498.7", "61", "0x0000000000000004"]
+
+    calls = []
+    monkeypatch.setattr(module, "_smi_query", smi)
+    monkeypatch.setattr(module.torch.cuda, "synchronize", lambda: None)
+    sample = module.under_load(lambda: calls.append(1), True, 0.2)
+    assert sample == {"sm_clock_mhz": 1410.0, "power_draw_w": 498.7, "temperature_c": 61.0,
+                      "clock_event_reasons": "0x0000000000000004"}
+    assert len(asked) == 2 and calls  # the GPU was kept busy while it was read
+    assert module.under_load(lambda: None, False, 0.2) == {"skipped": "no GPU"}
+
+    _proc, out, _docs = dry
+    report = json.loads((out / "gpu_suite.json").read_text())
+    report["dry_run"] = False
+    report["wall_s"] = 1.0
+    report["host"].update(gpu="NVIDIA H100 80GB HBM3", capability="9.0", driver="550.54.15",
+                          nvidia_smi={"power_limit_w": 500.0, "max_sm_clock_mhz": 1980.0, "memory_total_mib": 81559})
+    ref = next(r for r in report["sections"]["gemm"]["rows"] if r["model"] == "reference" and r["dtype"] == "bf16")
+    ref["under_load"] = sample
+    md = module.render_markdown(report)
+    assert "SM clock 1410 MHz (max 1980), 499 W of its 500 W limit, 61 C" in md, md[:2000]
+    assert "`0x0000000000000004`" in md
