@@ -289,6 +289,14 @@ A2A_FORWARD_NVLINK_EFFICIENCY = 0.33
 # every point within 8% but N 2112 (+19%: wave quantization, not modelled). Hopper's bf16 factors
 # are 0.75 and 170: FP8 GEMMs run at 0.92 of the bf16 fraction with a 3.8x longer K ramp; other
 # architectures' FP8 (Ada, Blackwell) are assumed to keep the same ratios to their own factors.
+# Contrary evidence, kept out on purpose (2026-12-07): Transformer Engine's GEMM profiling (docs/examples/
+# gemm_profiling, H200 NVL, 5B-model shapes, pre-quantized) times cuBLAS's tensor-wise FP8 GEMMs at 1.90x
+# bf16, flat from K 4096 (fprop 1.906x) to K 15872 (wgrad 1.898x): 0.95 of the bf16 fraction with bf16's K
+# ramp, where these factors give 1.74x (DeepGEMM is a block-scaled kernel). Taking TE's figures moved the
+# Megatron H100 rows the right way (signed median -5.7% -> -0.6%) but every Blackwell FP8 row further into
+# optimism: dense median 9.5% -> 10.8%, p90 30.8% -> 34.1% on bench/plan_accuracy_2024.py. Some other part
+# of the FP8 rows is too fast by about as much, and until a GPU measurement says which, the two stay as they
+# are; bench/gpu_suite.py times cuBLAS FP8 against bf16 at the presets' shapes.
 FP8_GEMM_SCALE = 0.69 / 0.75
 FP8_GEMM_K0_SCALE = 650 / 170
 # HBM bytes per element to cast a bf16 GEMM operand to FP8 under Transformer Engine's current scaling
