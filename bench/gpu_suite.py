@@ -299,14 +299,19 @@ class Planner:
 
 
 # --- host facts ----------------------------------------------------------------------------------------------
-def _smi_query(fields: str) -> list[str] | str:
-    """GPU 0's values of nvidia-smi's comma-separated `fields`, or why there are none."""
+SMI_DEVICE = "0"
+"""The GPU nvidia-smi is asked about: host_facts sets it to torch's device 0 by UUID (nvidia-smi ignores
+CUDA_VISIBLE_DEVICES, so index 0 may be another, idle card)."""
+
+
+def _smi_query(fields: str, timeout: float = 20) -> list[str] | str:
+    """The measured GPU's values of nvidia-smi's comma-separated `fields`, or why there are none."""
     exe = shutil.which("nvidia-smi")
     if not exe:
         return "nvidia-smi not found"
     try:
-        out = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", SMI_DEVICE],
+                             capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _error(exc)
     line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
@@ -342,12 +347,14 @@ def under_load(fn: Callable[[], Any], cuda: bool, seconds: float) -> dict[str, A
     def query() -> None:
         time.sleep(seconds / 2)
         for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):  # newer, older drivers
-            parts = _smi_query(f"clocks.sm,power.draw,temperature.gpu,{reasons}")
+            parts = _smi_query(f"clocks.sm,power.draw,temperature.gpu,{reasons}", timeout=5)
             if not isinstance(parts, str):
                 sample.update(sm_clock_mhz=_num(parts[0]), power_draw_w=_num(parts[1]), temperature_c=_num(parts[2]),
                               clock_event_reasons=parts[3])
                 return
             sample["error"] = parts
+            if "valid field" not in parts:  # only an unknown field name is worth the older name
+                return
 
     sampler = threading.Thread(target=query, daemon=True)
     sampler.start()
@@ -356,12 +363,15 @@ def under_load(fn: Callable[[], Any], cuda: bool, seconds: float) -> dict[str, A
         for _ in range(8):
             fn()
         torch.cuda.synchronize()
-        if time.monotonic() > end + 30:  # nvidia-smi hung: stop loading the GPU, keep what there is
+        if time.monotonic() > end + 10:  # nvidia-smi hung: stop loading the GPU, keep what there is
             break
     sampler.join(timeout=1)
-    if "sm_clock_mhz" in sample:
-        sample.pop("error", None)
-    return sample
+    got = dict(sample)  # a copy: a sampler still hanging writes to its own
+    if "sm_clock_mhz" in got:
+        got.pop("error", None)
+    elif sampler.is_alive():
+        got.setdefault("error", "nvidia-smi did not answer in time")
+    return got
 
 
 def host_facts(cuda: bool) -> dict[str, Any]:
@@ -379,6 +389,10 @@ def host_facts(cuda: bool) -> dict[str, Any]:
         facts["device"] = "cpu"
         return facts
     props = torch.cuda.get_device_properties(0)
+    global SMI_DEVICE
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:
+        SMI_DEVICE = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
     facts.update({"device": "cuda", "gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
                   "capability": f"{props.major}.{props.minor}", "gpu_memory_gib": props.total_memory / GiB,
                   "sm_count": props.multi_processor_count,
@@ -492,7 +506,10 @@ def bench_gemm(sec: dict[str, Any], clock: Clock, sz: Sizes, cuda: bool, planner
                 tflops = 2 * m * k * n / seconds / 1e12
                 row = {**shape, "dtype": dtype, "seconds": seconds, "tflops": tflops}
                 if shape["model"] == "reference" and dtype == "bf16":  # clocks and power while it runs (2 s)
-                    row["under_load"] = under_load(lambda a=a, b=b: a @ b, cuda, 2.0)
+                    try:
+                        row["under_load"] = under_load(lambda a=a, b=b: a @ b, cuda, 2.0)
+                    except Exception as exc:  # the GEMM's figure stays
+                        row["under_load"] = {"error": _error(exc)}
                 pred = planner.gemm(k, fp8=dtype == "fp8")
                 if pred:
                     row["planner_tflops"] = pred
@@ -1212,13 +1229,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} x {key[3]} x {key[4]} | {_f(b.get('tflops'))} | "
                      f"{_f(b.get('planner_tflops'))} | {_f(e.get('tflops'))} | {_f(e.get('planner_tflops'))} |")
     load = next((r.get("under_load") for r in dense if r.get("under_load")), None) or {}
-    if load.get("sm_clock_mhz") is not None:
+    fields = ("sm_clock_mhz", "power_draw_w", "temperature_c", "clock_event_reasons")
+    if any(load.get(f) is not None for f in fields):
         smi = h.get("nvidia_smi") or {}
+        said = lambda x, unit: "not reported" if x is None else f"{x:,.0f} {unit}"  # noqa: E731 ([N/A] fields)
         cap = f" (max {smi['max_sm_clock_mhz']:.0f})" if smi.get("max_sm_clock_mhz") else ""
         limit = f" of its {smi['power_limit_w']:.0f} W limit" if smi.get("power_limit_w") else ""
-        lines += ["", f"Under the sustained {dense[0]['gemm']} bf16 GEMM: SM clock {load['sm_clock_mhz']:.0f} "
-                      f"MHz{cap}, {_f(load.get('power_draw_w'))} W{limit}, {_f(load.get('temperature_c'))} C, "
-                      f"clock event reasons `{load.get('clock_event_reasons')}`."]
+        lines += ["", f"Under the sustained {dense[0]['gemm']} bf16 GEMM: SM clock "
+                      f"{said(load.get('sm_clock_mhz'), 'MHz')}{cap}, power {said(load.get('power_draw_w'), 'W')}{limit}, temperature "
+                      f"{said(load.get('temperature_c'), 'C')}, clock event reasons "
+                      f"`{load.get('clock_event_reasons') or 'not reported'}`."]
     elif load.get("error"):
         lines += ["", f"Clocks under load: not read ({load['error'][:200]})."]
     grouped = [r for r in g["rows"] if "experts" in r]

@@ -4,17 +4,21 @@ Why: the planner is 38-70% optimistic on torchtitan's published context-parallel
 bench/plan_accuracy_2024.py), and its per-rank attention time is the one part of those runs no source measures.
 This section times what rank r of a cp-way ring computes, without the sends, as torch's load-balanced ring
 (torch.distributed.tensor.experimental context parallelism, torch 2.6 to 2.13: ``_templated_ring_attention`` and
-its backward, default options) runs it:
+its backward, default options) runs it over FlashAttention-2, SDPA's flash kernel: the path of the published
+torchtitan CP runs (torch 2.6); from torch 2.11 SDPA picks cuDNN on Hopper and Blackwell (plan/stacks.py), whose
+ring runs the same steps over cuDNN's kernel, not timed here:
 
 - the rank holds 2 chunks of the sequence (round-robin load balancing), ``local = seq / cp`` tokens;
 - step 0: causal attention of its queries over its own keys and values;
 - steps 1 .. cp-1: keys and values of another rank; for i <= r, all queries against the first half of them, for
   i > r, the second half of the queries against all of them (no mask);
 - forward: each step's output and log-sum-exp merged into fp32 accumulators (the numerically stable sigmoid /
-  log-sigmoid update), the half-steps' results written back by concatenation, as torch does;
-- backward: FlashAttention's backward per step with the merged output and log-sum-exp, query gradients
-  accumulated in fp32, key/value gradients added in fp32 to the buffer received from the previous rank and
-  concatenated into one buffer for the next send (the copy stays, the send does not).
+  log-sigmoid update), the half-steps' results written back by concatenation, as torch does, and before each of
+  the cp - 1 sends the key and value chunks concatenated into one buffer;
+- backward: FlashAttention's backward per step with the merged output and log-sum-exp (the key and value chunks
+  concatenated for their next send, as forward), query gradients added in place into fp32, key/value gradients
+  added in place to the fp32 buffer received from the previous rank and concatenated into one buffer for the
+  next send (the copies stay, the sends do not).
 
 Keys and values are expanded to the query heads (what torchtitan's Llama handed SDPA in 2024, and what the flash
 op takes); the FLOPs are the same as grouped-query attention's. Counted FLOPs: the rank's 1/cp share of the whole
@@ -99,11 +103,17 @@ class RingRank:
     def _kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.k, self.v) if i == 0 else (self.k_other, self.v_other)
 
+    def _send_kv(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Torch concatenates the chunk it passes on into one buffer before each send but the last."""
+        if i < len(self.plan) - 1:
+            torch.cat([k.flatten(), v.flatten()])
+
     def forward(self) -> tuple[torch.Tensor, torch.Tensor, list]:
         out = lse = None
         ctxs = []
         for i, (q_part, kv_part, causal) in enumerate(self.plan):
             k, v = self._kv(i)
+            self._send_kv(i, k, v)
             o, l_b, ctx = self.fwd_op(_half(self.q, q_part), _half(k, kv_part), _half(v, kv_part), causal)
             ctxs.append(ctx)
             o, l_b = o.float(), l_b.float().unsqueeze(-1)
@@ -114,25 +124,40 @@ class RingRank:
             new_o = cur_o - torch.sigmoid(l_b - cur_l) * (cur_o - o)
             new_l = cur_l - F.logsigmoid(cur_l - l_b)
             out, lse = _write_half(out, q_part, new_o, False), _write_half(lse, q_part, new_l, False)
-        return out.to(torch.bfloat16), lse.squeeze(-1), ctxs
+        return out.to(self.q.dtype), lse.squeeze(-1), ctxs  # torch gives the output back in the inputs' dtype
 
-    def backward(self, out: torch.Tensor, lse: torch.Tensor, ctxs: list) -> torch.Tensor:
+    def backward(self, out: torch.Tensor, lse: torch.Tensor, ctxs: list) -> tuple[torch.Tensor, ...]:
+        """(dq, dk, dv) of this rank's chunks in the inputs' dtype (dk and dv as the last send carries them on)."""
         dq = torch.zeros_like(self.q, dtype=torch.float32)
         dk = torch.zeros_like(self.k, dtype=torch.float32)
         dv = torch.zeros_like(self.v, dtype=torch.float32)
         sent = None
         for i, (q_part, kv_part, causal) in enumerate(self.plan):
             k, v = self._kv(i)
+            self._send_kv(i, k, v)
             gq, gk, gv = self.bwd_op(_half(self.grad, q_part), _half(self.q, q_part), _half(k, kv_part),
                                      _half(v, kv_part), _half(out, q_part), _half(lse, q_part).contiguous(), causal,
                                      ctxs[i])
             if i > 0:  # the key/value gradients that arrived from the previous rank, added to
                 dk, dv = sent[:dk.numel()].view_as(dk), sent[dk.numel():].view_as(dv)
-            dk = _write_half(dk, kv_part, gk.float(), True)
-            dv = _write_half(dv, kv_part, gv.float(), True)
+            if kv_part == "all":
+                dk += gk
+                dv += gv
+            else:  # torch's partial update: in place on the chunk, then the halves concatenated
+                first_k, second_k = dk.chunk(2, dim=2)
+                first_v, second_v = dv.chunk(2, dim=2)
+                first_k += gk
+                first_v += gv
+                dk, dv = torch.cat([first_k, second_k], dim=2), torch.cat([first_v, second_v], dim=2)
             sent = torch.cat([dk.flatten(), dv.flatten()])  # the buffer the next send would carry
-            dq = _write_half(dq, q_part, gq.float(), True)
-        return torch.cat([dq.to(torch.bfloat16).flatten(), sent.to(torch.bfloat16)])
+            if q_part == "all":
+                dq += gq
+            else:
+                first_q, second_q = dq.chunk(2, dim=2)
+                second_q += gq
+                dq = torch.cat([first_q, second_q], dim=2)
+        sent = sent.to(self.k.dtype)
+        return dq.to(self.q.dtype), sent[:dk.numel()].view_as(self.k), sent[dk.numel():].view_as(self.v)
 
 
 def _time_rank(rank: RingRank, timer: Timer) -> tuple[float, float]:
@@ -146,7 +171,8 @@ def bench_ring(sec: dict[str, Any], clock, cps: tuple[int, ...], local: int, hea
                timer: Timer, attention_flops: Callable[[int, int, int, int], float],
                planner_attention: Callable[[int, int], float | None], peak_bf16: float | None,
                error: Callable[[BaseException], str], free: Callable[[], None]) -> None:
-    """Rows of `sec` for each cp in `cps`: rank cp // 2 (both kinds of half-step) of a sequence of cp x `local`."""
+    """Rows of `sec` for each cp in `cps`: rank cp // 2 of a sequence of cp x `local` (both kinds of half-step
+    from cp 3 on; at cp 2 its one step uses the first half of the other rank's keys and values)."""
     sec["notes"].append(f"one rank of a cp-way load-balanced ring (torch's context parallelism), {local:,} tokens "
                         f"per rank, {heads} heads x {head_dim}, bf16 with fp32 merges and gradient buffers; "
                         "the sends are left out (one GPU): the figure is the rank's compute and its copies")

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -225,14 +226,39 @@ def test_the_ring_steps_add_up_to_causal_attention_on_every_rank(cp):
     out, lse, ctxs = rank.forward()
     assert out.shape == rank.q.shape and lse.shape == rank.q.shape[:3]
     grads = rank.backward(out, lse, ctxs)
-    assert grads.numel() == 3 * rank.q.numel() and torch.isfinite(grads.float()).all()
+    assert [g.shape for g in grads] == [rank.q.shape] * 3 and all(torch.isfinite(g.float()).all() for g in grads)
+
+
+@pytest.mark.parametrize("r", [0, 1])
+def test_the_ring_backward_gives_the_query_gradients_of_causal_attention(r):
+    """With two ranks a rank meets one other rank's keys and values, so the timed object, given the real chunks,
+    must give autograd's query gradient for its chunks (the key and value gradients travel on to other ranks)."""
+    ring = load_ring()
+    torch.manual_seed(1)
+    cp, local, heads, hd = 2, 16, 2, 8
+    seq, c = cp * local, local // 2
+    q, k, v = (torch.randn(1, heads, seq, hd, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, heads, seq, hd)
+    (dq_whole,) = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                      (q,), grad)
+
+    def held(x, rank):
+        x = x.detach()
+        return torch.cat([x[:, :, rank * c:(rank + 1) * c], x[:, :, (2 * cp - 1 - rank) * c:(2 * cp - rank) * c]], 2)
+
+    rank = ring.RingRank(local, heads, hd, r, cp, "cpu")
+    rank.q, rank.k, rank.v, rank.grad = held(q, r), held(k, r), held(v, r), held(grad, r)
+    rank.k_other, rank.v_other = held(k, 1 - r), held(v, 1 - r)
+    out, lse, ctxs = rank.forward()
+    dq, _dk, _dv = rank.backward(out, lse, ctxs)
+    assert torch.allclose(dq, held(dq_whole, r).to(dq.dtype), atol=1e-4), r
 
 
 def test_clocks_under_load_are_sampled_while_the_gemm_runs_and_reported(dry, monkeypatch):
     module = load_suite()
     asked = []
 
-    def smi(fields):  # an older driver: no clocks_event_reasons, the throttle name instead
+    def smi(fields, timeout=20):  # an older driver: no clocks_event_reasons, the throttle name instead
         asked.append(fields)
         if "clocks_event_reasons" in fields:
             return "nvidia-smi exit 2: Field \"clocks_event_reasons.active\" is not a valid field to query."
@@ -256,5 +282,19 @@ def test_clocks_under_load_are_sampled_while_the_gemm_runs_and_reported(dry, mon
     ref = next(r for r in report["sections"]["gemm"]["rows"] if r["model"] == "reference" and r["dtype"] == "bf16")
     ref["under_load"] = sample
     md = module.render_markdown(report)
-    assert "SM clock 1410 MHz (max 1980), 499 W of its 500 W limit, 61 C" in md, md[:2000]
+    assert "SM clock 1,410 MHz (max 1980), power 499 W of its 500 W limit, temperature 61 C" in md, md[:2000]
     assert "`0x0000000000000004`" in md
+    ref["under_load"] = {**sample, "power_draw_w": None}  # nvidia-smi's [N/A]: said, not dropped
+    assert "power not reported of its 500 W limit" in module.render_markdown(report)
+
+    def hung(fields, timeout=20):  # nvidia-smi that never answers: bounded, and said
+        asked.append(timeout)
+        time.sleep(1.0)
+        return "TimeoutExpired: nvidia-smi"
+
+    asked.clear()
+    monkeypatch.setattr(module, "_smi_query", hung)
+    t0 = time.monotonic()
+    late = module.under_load(lambda: None, True, 0.2)
+    assert time.monotonic() - t0 < 5 and asked == [5]  # no retry under the older field name after a timeout
+    assert late == {"error": "TimeoutExpired: nvidia-smi"}
