@@ -276,16 +276,12 @@ class Planner:
         return out
 
     def attention(self, seq: int, head_dim: int, kernel: str = "sdpa") -> float | None:
-        """TFLOP/s of causal attention over `seq` tokens (a context-parallel rank: its chunk), as
-        plan/performance.py's attention_efficiency gives it for `kernel` ("sdpa" or "flash2")."""
+        """TFLOP/s of causal attention over `seq` tokens (a context-parallel rank: its chunk) with `kernel`
+        ("sdpa" or "flash2"), by plan/performance.py's attention_efficiency's factors."""
         if not self.known or not self.peak("bf16"):
             return None
-        e, eff, peak = self.e, self.eff, self.peak("bf16")
-        base, s0 = e.attention, e.attention_s0
-        if kernel != "sdpa" and self.gpu.arch in ("ampere", *eff.AMPERE_KERNEL_SPEEDUP):
-            speedup = eff.AMPERE_KERNEL_SPEEDUP.get(self.gpu.arch, 1.0)
-            tflops = eff.ATTENTION_KERNELS[kernel] * eff.A100_PEAK_TFLOPS * speedup
-            base, s0 = tflops / peak, eff.ARCH["ampere"].attention_s0
+        e, peak = self.e, self.peak("bf16")
+        base, s0 = self.eff.attention_factors(e, self.gpu.arch, kernel, peak)
         hd = e.attention_hd64 if head_dim <= 64 else 1.0
         return peak * base * hd * seq / (seq + s0)
 
@@ -1236,7 +1232,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         cap = f" (max {smi['max_sm_clock_mhz']:.0f})" if smi.get("max_sm_clock_mhz") else ""
         limit = f" of its {smi['power_limit_w']:.0f} W limit" if smi.get("power_limit_w") else ""
         lines += ["", f"Under the sustained {dense[0]['gemm']} bf16 GEMM: SM clock "
-                      f"{said(load.get('sm_clock_mhz'), 'MHz')}{cap}, power {said(load.get('power_draw_w'), 'W')}{limit}, temperature "
+                      f"{said(load.get('sm_clock_mhz'), 'MHz')}{cap}, power "
+                      f"{said(load.get('power_draw_w'), 'W')}{limit}, temperature "
                       f"{said(load.get('temperature_c'), 'C')}, clock event reasons "
                       f"`{load.get('clock_event_reasons') or 'not reported'}`."]
     elif load.get("error"):

@@ -78,14 +78,22 @@ def _half(x: torch.Tensor, part: str) -> torch.Tensor:
     return first if part == "first" else second
 
 
-def _write_half(whole: torch.Tensor, part: str, value: torch.Tensor, add: bool) -> torch.Tensor:
-    """`whole` with its `part` replaced by (or increased by) `value`: a new tensor, by concatenation."""
+def _put_half(whole: torch.Tensor, part: str, value: torch.Tensor) -> torch.Tensor:
+    """`whole` with its `part` replaced by `value`: a new tensor, by concatenation (torch's merge of a half-step)."""
     if part == "all":
-        return whole + value if add else value
+        return value
     first, second = whole.chunk(2, dim=2)
-    if part == "first":
-        return torch.cat([first + value if add else value, second], dim=2)
-    return torch.cat([first, second + value if add else value], dim=2)
+    return torch.cat([value, second] if part == "first" else [first, value], dim=2)
+
+
+def _add_half(whole: torch.Tensor, part: str, value: torch.Tensor) -> torch.Tensor:
+    """`whole` with `value` added to its `part`, as torch accumulates gradients: in place, and for a half the two
+    halves concatenated afterwards (its partial update)."""
+    if part == "all":
+        whole += value
+        return whole
+    _half(whole, part).add_(value)
+    return torch.cat(whole.chunk(2, dim=2), dim=2)
 
 
 class RingRank:
@@ -123,7 +131,7 @@ class RingRank:
             cur_o, cur_l = _half(out, q_part), _half(lse, q_part)
             new_o = cur_o - torch.sigmoid(l_b - cur_l) * (cur_o - o)
             new_l = cur_l - F.logsigmoid(cur_l - l_b)
-            out, lse = _write_half(out, q_part, new_o, False), _write_half(lse, q_part, new_l, False)
+            out, lse = _put_half(out, q_part, new_o), _put_half(lse, q_part, new_l)
         return out.to(self.q.dtype), lse.squeeze(-1), ctxs  # torch gives the output back in the inputs' dtype
 
     def backward(self, out: torch.Tensor, lse: torch.Tensor, ctxs: list) -> tuple[torch.Tensor, ...]:
@@ -140,22 +148,9 @@ class RingRank:
                                      ctxs[i])
             if i > 0:  # the key/value gradients that arrived from the previous rank, added to
                 dk, dv = sent[:dk.numel()].view_as(dk), sent[dk.numel():].view_as(dv)
-            if kv_part == "all":
-                dk += gk
-                dv += gv
-            else:  # torch's partial update: in place on the chunk, then the halves concatenated
-                first_k, second_k = dk.chunk(2, dim=2)
-                first_v, second_v = dv.chunk(2, dim=2)
-                first_k += gk
-                first_v += gv
-                dk, dv = torch.cat([first_k, second_k], dim=2), torch.cat([first_v, second_v], dim=2)
+            dk, dv = _add_half(dk, kv_part, gk), _add_half(dv, kv_part, gv)
             sent = torch.cat([dk.flatten(), dv.flatten()])  # the buffer the next send would carry
-            if q_part == "all":
-                dq += gq
-            else:
-                first_q, second_q = dq.chunk(2, dim=2)
-                second_q += gq
-                dq = torch.cat([first_q, second_q], dim=2)
+            dq = _add_half(dq, q_part, gq)
         sent = sent.to(self.k.dtype)
         return dq.to(self.q.dtype), sent[:dk.numel()].view_as(self.k), sent[dk.numel():].view_as(self.v)
 

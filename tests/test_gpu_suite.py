@@ -219,7 +219,7 @@ def test_the_ring_steps_add_up_to_causal_attention_on_every_rank(cp):
             cur_o, cur_l = ring._half(out, q_part), ring._half(lse, q_part)
             new_o = cur_o - torch.sigmoid(l_b - cur_l) * (cur_o - o)
             new_l = cur_l - torch.nn.functional.logsigmoid(cur_l - l_b)
-            out, lse = ring._write_half(out, q_part, new_o, False), ring._write_half(lse, q_part, new_l, False)
+            out, lse = ring._put_half(out, q_part, new_o), ring._put_half(lse, q_part, new_l)
         assert torch.allclose(out, held(whole, r), atol=1e-5), (cp, r)
     # and the timed object runs the same plan forward and backward
     rank = ring.RingRank(local, heads, hd, cp // 2, cp, "cpu")

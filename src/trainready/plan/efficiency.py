@@ -153,6 +153,15 @@ ATTENTION_KERNELS = {"flash1": 0.33, "flash2": 0.62}
 AMPERE_KERNEL_SPEEDUP = {"hopper": 1.72, "blackwell": 1.72}
 A100_PEAK_TFLOPS = 312.0
 
+
+def attention_factors(e: ArchEfficiency, arch: str, kernel: str, peak_tflops: float) -> tuple[float, float]:
+    """(fraction of `peak_tflops`, sequence ramp s0) that causal attention with `kernel` reaches on `arch`: the
+    architecture's own factors for "sdpa", an Ampere-generation kernel's A100 rate scaled by SM count x clock."""
+    if kernel == "sdpa" or arch not in ("ampere", *AMPERE_KERNEL_SPEEDUP):
+        return e.attention, e.attention_s0
+    tflops = ATTENTION_KERNELS[kernel] * A100_PEAK_TFLOPS * AMPERE_KERNEL_SPEEDUP.get(arch, 1.0)
+    return tflops / peak_tflops, ARCH["ampere"].attention_s0
+
 # Eager PyTorch runs each norm, activation, cast and residual add as its own small kernel,
 # with dtype round trips: on the H200 runs of Hugging Face Llama (pure bf16 and AMP, 0.9B
 # and 7B) the time not explained by GEMMs, attention and the optimizer matches the counted

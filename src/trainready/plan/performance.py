@@ -277,11 +277,7 @@ def host_copy_note(s: Setup) -> str:
 def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float, length: float | None = None) -> float:
     """Fraction of `peak_flops` the attention kernel reaches for this head dim and a causal call over `length`
     tokens (default: the sequence, or its context-parallel chunk)."""
-    base, s0 = e.attention, e.attention_s0
-    if s.attention_kernel != "sdpa" and s.gpu.arch in ("ampere", *eff.AMPERE_KERNEL_SPEEDUP):
-        tflops = eff.ATTENTION_KERNELS[s.attention_kernel] * eff.A100_PEAK_TFLOPS
-        tflops *= eff.AMPERE_KERNEL_SPEEDUP.get(s.gpu.arch, 1.0)
-        base, s0 = tflops * 1e12 / peak_flops, eff.ARCH["ampere"].attention_s0
+    base, s0 = eff.attention_factors(e, s.gpu.arch, s.attention_kernel, peak_flops / 1e12)
     hd = e.attention_hd64 if s.model.hd <= 64 else 1.0
     n = s.seq_len / s.cp  # context parallelism: the kernel runs on chunks of the sequence
     if length is not None:
