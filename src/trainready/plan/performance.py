@@ -461,6 +461,34 @@ def collective_s(kind: str, nbytes: float, ranks: int, ranks_per_node: int, ln: 
     return t + eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * ranks
 
 
+def chunked_reduce_exposed(reduce_s: float, bwd_s: float, chunks: int, group: int) -> float:
+    """What outlasts the backward of a gradient reduction split over `chunks` model chunks, each reduced after its
+    own last micro-batch's backward (bucket by bucket within that pass): Megatron's interleaved schedule launches a
+    chunk's grad sync when is_last_microbatch_for_model_chunk (schedules.py backward_step_helper_postprocess), and
+    torch.distributed.pipelining syncs each stage on its own last backward. The first chunk released leaves
+    (chunks - 1) x `group` chunk passes of backward behind it (micro-batch groups of pp per chunk), the last only its
+    own pass; chunks queue on one stream. One chunk: the last micro-batch's whole backward hides it."""
+    if chunks <= 1:
+        return max(0.0, reduce_s - bwd_s)
+    return max(0.0, (reduce_s - bwd_s) / chunks, reduce_s - bwd_s * ((chunks - 1) * group + 1) / chunks)
+
+
+def chunked_gather_exposed(gather_s: float, fwd_s: float, chunks: int, group: int) -> float:
+    """The forward stalls of a parameter all-gather split over `chunks` model chunks under Megatron's
+    --overlap-param-gather with an interleaved schedule (schedules.py): the first two chunks' gathers start with the
+    step, chunk k + 1's with chunk k's first micro-batch forward; a chunk's forward waits for its own gather (bucket
+    by bucket within its first pass), and its micro-batch group of `group` passes runs before the next chunk's.
+    One chunk: the first micro-batch's forward hides it."""
+    chunks = max(1, chunks)
+    c, q = gather_s / chunks, fwd_s / chunks
+    done = end = previous_start = 0.0  # gather stream, compute stream, when the previous chunk's group began
+    for _ in range(chunks):
+        done = max(done, previous_start) + c  # chunks 0 and 1: at the step's start
+        previous_start = end
+        end = max(end + q, done) + (group - 1) * q
+    return max(0.0, end - chunks * group * q)
+
+
 def dp_layout(s: Setup) -> tuple[int, float]:
     """(data-parallel ranks per node, share of the node's network one DP group gets)."""
     gpus_per_stage_node = s.gpus_per_node // s.pp if s.pp > s.nodes else s.gpus_per_node
@@ -562,18 +590,20 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             # optimizer), reduced during the last micro-batch's backward
             # once per pipeline schedule call: torch.distributed.pipelining syncs on each call's last backward
             # (stage.py backward_maybe_with_nosync); one call a step elsewhere
+            # With v virtual stages each model chunk reduces after its own last backward (chunked_reduce_exposed)
             ar = coll("allreduce" if s.strategy == "ddp" else "reducescatter", g_bytes * train)
-            calls = s.schedule_calls
+            calls, v, group = s.schedule_calls, s.pp_virtual, min(s.pp, s.schedule_microbatches)
             comm_total += calls * ar
-            exposed_step += calls * (max(0.0, ar - mb.bwd_s) + ar / max(1, layers))
-            overlapped_step = min(ar, mb.bwd_s)
-            overlapped_mb += calls * overlapped_step / s.grad_accum
+            ar_exposed = chunked_reduce_exposed(ar, mb.bwd_s, v, group)
+            exposed_step += calls * (ar_exposed + ar / max(1, layers))
+            overlapped_mb += calls * (ar - ar_exposed) / s.grad_accum
             if s.strategy == "zero1":
                 ag = coll("allgather", 2.0 * train)
                 comm_total += ag
-                if get_stack(s.stack).param_gather_overlap:  # behind the next step's first forward
-                    exposed_step += max(0.0, ag - mb.fwd_s) + ag / max(1, layers)
-                    overlapped_mb += min(ag, mb.fwd_s) / s.grad_accum
+                if get_stack(s.stack).param_gather_overlap:  # behind the next step's first forwards
+                    ag_exposed = chunked_gather_exposed(ag, mb.fwd_s, v, group)
+                    exposed_step += ag_exposed + ag / max(1, layers)
+                    overlapped_mb += (ag - ag_exposed) / s.grad_accum
                 else:
                     exposed_step += ag
         elif s.strategy == "zero2":
