@@ -43,6 +43,12 @@ benchmark loop at 89e3a9fdd and torchtitan 0.3's Trainer.train_step, no factor f
 local batch, the `pp_local_batch` column holds it and the row is estimated with `--pp-local-batch`, one
 pipeline fill and drain per local batch (Kimi K2: LBS 8 x GA 2).
 
+FP8 parameter all-gather (added 2026-12-07, with `--fp8-gather`; the flags read in Megatron-Bridge's and NeMo's
+mixed-precision recipes and torchtitan's float8 config, no factor fitted): a row whose source says its weights were
+all-gathered in float8 ("with float8 all-gather", "FSDP float8 all-gather", "(f8 all-gather)") is estimated with
+`--fp8-gather`, one that says "bfloat16 all-gather" with `--no-fp8-gather`; a row that does not say keeps the
+stack's recipe (Megatron's FP8 recipes gather FP8, torchtitan's default does not).
+
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
 Usage: python bench/plan_accuracy_2024.py [--rows]
@@ -169,6 +175,10 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["expert_routing"] = "contiguous"
     if kw["ep"] > 1 and ("deepep" in said or "hybridep" in said):  # the dispatcher the source names
         kw["ep_dispatcher"] = "deepep"
+    if any(k in said for k in ("with float8 all-gather", "fsdp float8 all-gather", "(f8 all-gather)")):
+        kw["fp8_param_gather"] = True  # the source says its weights were all-gathered in float8
+    elif "bfloat16 all-gather" in said:
+        kw["fp8_param_gather"] = False
     if r["tp_comm_overlap"] == "yes" and kw["tp"] > 1:  # Megatron's --tp-comm-overlap, torchtitan's async TP
         kw["tp_overlap"] = True
     kernel = attention_kernel_of(r, stack)

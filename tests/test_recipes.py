@@ -50,6 +50,8 @@ CASES = {
     "fp8 H100": dict(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1", precision="fp8"),
     "fp8 blockwise H100": dict(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1", precision="fp8",
                                fp8_recipe="blockwise"),
+    "mxfp8 B200 (FP8 parameter all-gather)": dict(model="llama-3.1-8b", instance="p6-b200.48xlarge", strategy="zero1",
+                                                  precision="fp8", fp8_recipe="mxfp8", gpus=16),
     "pure bf16": dict(model="llama-3.1-8b", strategy="zero3", optimizer_dtype="bf16"),
     "mixtral ep8 x 2 nodes": dict(model="mixtral-8x7b", strategy="zero3", ep=8, gpus=16),
     "qwen3 moe ep4 tp2": dict(model="qwen3-30b-a3b", strategy="zero3", ep=4, tp=2),
@@ -273,6 +275,12 @@ def check_megatron(s, r):
         assert "--use-distributed-optimizer" in args and "--overlap-grad-reduce" in args
     if "--optimizer-cpu-offload" in args:
         assert "--use-precision-aware-optimizer" in args
+        assert "--fp8-param-gather" not in args or args["--fp8-recipe"] == "delayed"
+    # the FP8 parameter all-gather the estimate counted (Setup.fp8_param_gather), with what Megatron-LM requires
+    assert ("--fp8-param-gather" in args) == s.fp8_param_gather
+    if "--fp8-param-gather" in args:
+        assert "--use-distributed-optimizer" in args and args["--fp8-recipe"] != "blockwise"
+        assert ("--reuse-grad-buf-for-mxfp8-param-ag" in args) == (args["--fp8-recipe"] == "mxfp8")
     assert args["--max-position-embeddings"] >= args["--seq-length"]
     if args.get("--recompute-granularity") == "selective":
         assert "--recompute-method" not in args

@@ -60,6 +60,7 @@ def plan(
     torch_compile: o.TorchCompile = None,
     moe_routing: o.MoeRouting = None,
     fp8_recipe: o.Fp8RecipeOpt = None,
+    fp8_param_gather: o.Fp8ParamGather = None,
     capacity_factor: o.CapacityFactor = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
     framework: Annotated[Optional[Framework], typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it. [default: the --job file's framework, else auto]", rich_help_panel=C)] = None,
@@ -94,7 +95,8 @@ def plan(
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
                       tp_overlap=tp_overlap, torch_compile=torch_compile, moe_routing=moe_routing, capacity_factor=capacity_factor,
-                      fp8_recipe=fp8_recipe, memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)
+                      fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
+                      memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)
     memory_margin = GPU_MARGIN if job.memory_margin is None else job.memory_margin
     catalog = load_catalog(catalog_file)
     cal, cal_line = resolve_calibration(calibrate, calibration, catalog, None)

@@ -52,6 +52,8 @@ class SetupInfo(BaseModel):
     pp_virtual: int = Field(1, description="interleaved (virtual) pipeline stages per rank; 1: plain 1F1B")
     cp: int = Field(1, description="context-parallel size: each sequence split over cp GPUs (ring attention)")
     fp8_recipe: str | None = Field(None, description="FP8 scaling recipe (precision fp8); None: not fp8")
+    fp8_param_gather: bool = Field(False, description="linear weights all-gathered in FP8 over data parallelism "
+                                                      "(--fp8-gather, or the stack's recipe)")
     capacity_factor: float | None = Field(None, description="MoE token-drop routing at this capacity factor (expert "
                                                             "buffers padded to it); None: dropless, or a dense model")
     tp_overlap: bool = Field(False, description="tensor-parallel communication pipelined with the GEMMs (--tp-overlap; "
@@ -358,6 +360,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         torch_compile=s.compiled,
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
                         fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
+                        fp8_param_gather=s.fp8_param_gather,
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         pp_local_batch=s.pp_local_batch, pp_schedule_calls=s.schedule_calls,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,

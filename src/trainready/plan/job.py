@@ -117,6 +117,11 @@ class JobSpec(BaseModel):
     fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "rowwise", "mxfp8"] | None = Field(
         None, description="FP8 scaling recipe with precision fp8 (plan/efficiency.py FP8_RECIPES); None: the "
                           "stack's (megatron: delayed, Megatron-Core's default; others: tensorwise)")
+    fp8_param_gather: bool | None = Field(None, description="with precision fp8, linear weights kept in FP8 and "
+                                          "all-gathered in FP8 over data parallelism (Megatron's --fp8-param-gather "
+                                          "with the distributed optimizer, torchao's FSDP2 float8 all-gather under "
+                                          "tensorwise scaling); None: the stack's recipe (megatron: on where it "
+                                          "applies, as Megatron-Bridge's FP8 recipes; torchtitan: off)")
     memory_margin: float | None = Field(None, ge=0, le=0.5, description="fraction of GPU memory the fit rule keeps "
                                                                        "free (plan/fit.py); None: 0.10")
     moe_routing: Literal["dropless", "capacity"] | None = Field(

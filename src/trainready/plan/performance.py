@@ -461,6 +461,14 @@ def collective_s(kind: str, nbytes: float, ranks: int, ranks_per_node: int, ln: 
     return t + eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * ranks
 
 
+def fp8_gather_bytes(s: Setup, params: float, linear: float) -> float:
+    """Bytes a rank's parameter all-gather moves when its `linear` block weights travel in FP8 (Setup.fp8_param_gather:
+    Megatron's --fp8-param-gather, torchao's float8 all-gather) and the other `params - linear` (embeddings, output
+    layer) in bf16; MXFP8 adds its E8M0 scale, a byte per 32 weights."""
+    fp8 = 1.0 + (1 / 32 if s.fp8_recipe == "mxfp8" else 0.0)
+    return fp8 * linear + 2.0 * (params - linear)
+
+
 def chunked_reduce_exposed(reduce_s: float, bwd_s: float, chunks: int, group: int) -> float:
     """What outlasts the backward of a gradient reduction split over `chunks` model chunks, each reduced after its
     own last micro-batch's backward (bucket by bucket within that pass): Megatron's interleaved schedule launches a
@@ -573,6 +581,8 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     train = pc.trainable
     base_bytes = (NF4_BYTES if s.method == "qlora" else 2.0)
     gather_bytes = (4.0 if s.gather_dtype == "fp32" else 2.0) * pc.local if full else base_bytes * pc.local
+    if s.fp8_param_gather:  # the blocks' linear weights travel in FP8 (MXFP8: one E8M0 scale per 32), the rest bf16
+        gather_bytes = fp8_gather_bytes(s, pc.local, pc.local - pc.embed)
     coll = lambda kind, nbytes: collective_s(kind, nbytes, dp, per_node, ln, share)  # noqa: E731
     e_train = pc.expert if full else 0.0  # routed experts (1/(ep x etp) of them): reduced and sharded over edp ranks
     ratio = moe.expert_shard_ratio(s)  # dp / edp
@@ -598,7 +608,8 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             exposed_step += calls * (ar_exposed + ar / max(1, layers))
             overlapped_mb += calls * (ar - ar_exposed) / s.grad_accum
             if s.strategy == "zero1":
-                ag = coll("allgather", 2.0 * train)
+                ag = coll("allgather", fp8_gather_bytes(s, train, train - pc.embed) if s.fp8_param_gather
+                          else 2.0 * train)
                 comm_total += ag
                 if get_stack(s.stack).param_gather_overlap:  # behind the next step's first forwards
                     ag_exposed = chunked_gather_exposed(ag, mb.fwd_s, v, group)

@@ -45,6 +45,7 @@ from .stacks import (
     STACKS,
     compile_assumption,
     default_etp,
+    fp8_param_gather_problem,
     get_stack,
     optimizer_dtype_of,
     torch_compile_of,
@@ -217,7 +218,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  stack=st.stack.name, stack_named=job.stack is not None, framework=framework,
                  tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
                  torch_compile=torch_compile_of(job.torch_compile, st.stack),
-                 fp8_recipe=fp8_recipe,
+                 fp8_recipe=fp8_recipe, fp8_param_gather_asked=job.fp8_param_gather,
                  **moe_comm(job, model, st.stack, precision))
     return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
 
@@ -992,6 +993,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             notes.append(said)
     if job.tp_overlap and stack.stack.tp_overlap is None:
         notes.append(tp_overlap_of(True, stack.stack, 2)[1])
+    if job.fp8_param_gather and ranked and not (b := ranked[0].setup).fp8_param_gather:
+        notes.append("--fp8-gather does not apply to the best row: " + str(fp8_param_gather_problem(
+            get_stack(b.stack), precision=b.precision, recipe=b.fp8_recipe, strategy=b.strategy, method=b.method,
+            offload=b.offload)))
     advice = batch_advice(ranked[0].setup) if ranked else None
     if advice:
         notes.append(f"best row: {advice}")
@@ -1041,4 +1046,6 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         "pp_local_batch": None,  # the search runs a step's micro-batches in one schedule call (a file's is not read)
         "tp_overlap": best.tp_overlap or None,  # None: off
         "torch_compile": best.torch_compile or None,  # None: off
+        # the job's own where it applies to this row (elsewhere resolve would refuse it), else the stack's recipe
+        "fp8_param_gather": job.fp8_param_gather if best.fp8_param_gather or job.fp8_param_gather is False else None,
         "framework": row.framework if framework != "auto" else job.framework})  # its memory is that framework's

@@ -25,6 +25,8 @@ from .stacks import (
     Stack,
     checkpointing_kind,
     default_etp,
+    fp8_param_gather_of,
+    fp8_param_gather_problem,
     get_stack,
     optimizer_dtype_of,
     resolve_stack,
@@ -81,6 +83,7 @@ class Setup:
     pp_virtual: int = 1  # interleaved (virtual) pipeline stages per rank: 1 is plain 1F1B
     pp_local_batch: int | None = None  # sequences per dp rank per pipeline schedule call; None: the step's share
     fp8_recipe: str = "tensorwise"  # FP8 scaling recipe (efficiency.FP8_RECIPES); read only under precision fp8
+    fp8_param_gather_asked: bool | None = None  # the job's --fp8-param-gather (None: the stack's recipe)
     tp_overlap: bool = False  # TP collectives pipelined with the GEMMs (efficiency.TP_OVERLAP_EXPOSED)
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
     recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
@@ -150,6 +153,17 @@ class Setup:
         forward_backward_func call), or a local batch's where torch.distributed.pipelining stacks loop their
         gradient accumulation over schedule calls (pp_local_batch)."""
         return self.pp_local_batch // self.micro_batch if self.pp_local_batch else self.grad_accum
+
+    @property
+    def fp8_param_gather(self) -> bool:
+        """Whether linear weights are all-gathered in FP8 over data parallelism (stacks.fp8_param_gather_of): what
+        the job asked for where it applies (resolve refuses it elsewhere; the search's other strategies drop it),
+        else the stack's recipe."""
+        problem = fp8_param_gather_problem(get_stack(self.stack), precision=self.precision, recipe=self.fp8_recipe,
+                                           strategy=self.strategy, method=self.method, offload=self.offload)
+        if problem is not None or self.fp8_param_gather_asked is False:
+            return False
+        return bool(self.fp8_param_gather_asked) or get_stack(self.stack).fp8_param_gather_default
 
     @property
     def schedule_calls(self) -> int:
@@ -605,6 +619,8 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     modules = check_modules(job.recompute_modules, model, stack=st.stack.name, checkpointing=ckpt,
                             asked=job.activation_checkpointing, method=job.method)
     recipe = fp8_recipe_of(job, st.stack, gpu, precision)
+    fp8_param_gather_of(job.fp8_param_gather, st.stack, precision=precision, recipe=recipe, strategy=strategy,
+                        method=job.method, offload=job.offload)  # a usage error where asked for and impossible
     notes += stack_warnings(st.stack, fp8_recipe=recipe if precision == "fp8" else None,
                             token_drop=model.moe is not None and model.moe.capacity_factor is not None
                             and (job.moe_routing == "capacity" or job.capacity_factor is not None))
@@ -622,5 +638,6 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
                  framework=job.framework or "auto",
-                 pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, tp_overlap=overlap, fp8_recipe=recipe, torch_compile=compiled,
+                 pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, tp_overlap=overlap, fp8_recipe=recipe,
+                 fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled,
                  recompute_modules=modules, **moe_comm(job, model, st.stack, precision))

@@ -93,6 +93,14 @@ class Stack:
     (torchao's Float8ColwiseParallel / Float8RowwiseParallel); under other recipes the model gathers bf16 and casts
     the gathered tensor. Empty: not modelled for the stack (Transformer Engine's LayerNormLinear gathers its FP8
     norm output under sequence parallelism, which the megatron stack does not count yet)."""
+    fp8_param_gather: tuple[str, ...] = ()
+    """The FP8 recipes under which the framework can keep its linear weights in FP8 and all-gather them in FP8 over
+    data parallelism with strategy `fp8_param_gather_strategy` (one byte a weight where bf16 moves two): Megatron's
+    --fp8-param-gather with the distributed optimizer, torchao's FSDP2 float8 all-gather. Empty: not modelled."""
+    fp8_param_gather_strategy: str | None = None
+    fp8_param_gather_default: bool = False
+    """Whether the framework's own recipes turn the FP8 parameter all-gather on where it applies."""
+    fp8_param_gather_source: str = ""
     token_drop: bool = False
     """The framework can drop tokens at a capacity factor (--moe-routing capacity); False: dropless only."""
     tp_overlap: str | None = None
@@ -224,6 +232,9 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # parallelize.py: "float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For
           # rowwise recipes, we use regular TP and all-gather happens in high precision" (enable_float8_tensorwise_tp)
           fp8_tp_gather=("tensorwise",),
+          fp8_param_gather=("tensorwise",), fp8_param_gather_strategy="zero3",
+          fp8_param_gather_source="torchtitan's float8 converter config: enable_fsdp_float8_all_gather = False by "
+                                  "default, 'recommended for tensorwise scaling'; the rowwise recipes gather bf16",
           # train.py (Dec 2024, 9dec370ad26b) and trainer.py (2026): "del pred" before loss.backward(); loss_fn
           # upcasts the logits with .float() in eager mode
           keeps_logits=False,
@@ -265,7 +276,14 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           grads_in_reduce_dtype=True,
           # Megatron-Bridge recipes/common.py DistributedDataParallelConfig(overlap_grad_reduce=True,
           # overlap_param_gather=True); trainready's megatron recipe passes --overlap-param-gather with dp > 1
-          param_gather_overlap=True),
+          param_gather_overlap=True,
+          fp8_param_gather=("delayed", "tensorwise", "mxfp8"), fp8_param_gather_strategy="zero1",
+          fp8_param_gather_default=True,
+          fp8_param_gather_source="Megatron-Bridge training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed, "
+                                  "bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set fp8_param_gather "
+                                  "= True, the subchannel (blockwise) recipe False; NeMo 2.0's bf16_with_fp8_mixed "
+                                  "likewise; Megatron-LM validate_args: --fp8-param-gather needs the distributed "
+                                  "optimizer, and with --optimizer-cpu-offload the delayed recipe"),
     Stack("automodel", kernels="fused", attention_kernel="flash2", reduce_dtype="bf16", selective=None,
           description="NVIDIA NeMo AutoModel: Hugging Face model classes with Liger's fused kernels (or its own "
                       "models with Transformer Engine's) under FSDP2, FlashAttention-2, bf16 parameters, adapters in "
@@ -379,6 +397,40 @@ def tp_overlap_of(asked: bool | None, stack: Stack, tp: int) -> tuple[bool, str 
         return False, (f"--tp-overlap ignored: stack {stack.name} has no tensor-parallel communication overlap; "
                        f"megatron (--tp-comm-overlap) and torchtitan (async TP) have it (--stack)")
     return True, None
+
+
+def fp8_param_gather_problem(stack: Stack, *, precision: str, recipe: str, strategy: str, method: str,
+                             offload: str) -> str | None:
+    """Why the job cannot all-gather its linear weights in FP8 (Stack.fp8_param_gather); None: it can."""
+    need = stack.fp8_param_gather_strategy
+    if not stack.fp8_param_gather:
+        return f"stack {stack.name} has no FP8 parameter all-gather"
+    if precision != "fp8":
+        return "it needs --precision fp8"
+    if recipe not in stack.fp8_param_gather:
+        return f"it gathers FP8 only under --fp8-recipe {' or '.join(stack.fp8_param_gather)}, not {recipe}"
+    if method != "full":
+        return "it applies to full training (frozen weights are not gathered)"
+    if strategy != need:
+        return f"it needs --strategy {need}, not {strategy}"
+    if offload != "none" and recipe != "delayed":
+        return "with --offload Megatron-LM allows it only under --fp8-recipe delayed"
+    return None
+
+
+def fp8_param_gather_of(asked: bool | None, stack: Stack, **job: str) -> bool:
+    """Whether the job all-gathers its linear weights in FP8: the stack's default where it applies, off where it
+    does not; asked for where it cannot apply, a usage error that names the rule and the stacks that have it."""
+    if asked is False:
+        return False
+    problem = fp8_param_gather_problem(stack, **job)
+    if problem is None:
+        return bool(asked) or stack.fp8_param_gather_default
+    if asked:
+        have = ", ".join(f"{s.name} (--strategy {s.fp8_param_gather_strategy}, --fp8-recipe "
+                         f"{'/'.join(s.fp8_param_gather)})" for s in STACKS.values() if s.fp8_param_gather)
+        raise UsageError(f"--fp8-gather: {problem}; stacks that have it: {have}; or --no-fp8-gather")
+    return False
 
 
 def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
