@@ -44,10 +44,11 @@ local batch, the `pp_local_batch` column holds it and the row is estimated with 
 pipeline fill and drain per local batch (Kimi K2: LBS 8 x GA 2).
 
 FP8 parameter all-gather (added 2026-12-07, with `--fp8-gather`; the flags read in Megatron-Bridge's and NeMo's
-mixed-precision recipes and torchtitan's float8 config, no factor fitted): a row whose source says its weights were
-all-gathered in float8 ("with float8 all-gather", "FSDP float8 all-gather", "(f8 all-gather)") is estimated with
-`--fp8-gather`, one that says "bfloat16 all-gather" with `--no-fp8-gather`; a row that does not say keeps the
-stack's recipe (Megatron's FP8 recipes gather FP8, torchtitan's default does not).
+mixed-precision recipes and torchtitan's float8 config, no factor fitted): an FP8 row whose notes or source say
+its weights were all-gathered in float8 ("with float8 all-gather", "FSDP float8 all-gather", "(f8 all-gather)")
+is estimated with `--fp8-gather`, one that says "bfloat16 all-gather" with `--no-fp8-gather`; a row that does not
+say keeps the stack's recipe (Megatron's delayed and current-scaling recipes gather FP8, torchtitan's default
+does not).
 
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
@@ -175,9 +176,11 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["expert_routing"] = "contiguous"
     if kw["ep"] > 1 and ("deepep" in said or "hybridep" in said):  # the dispatcher the source names
         kw["ep_dispatcher"] = "deepep"
-    if any(k in said for k in ("with float8 all-gather", "fsdp float8 all-gather", "(f8 all-gather)")):
+    told = f"{said} {r['source']}".lower()  # the table's own row label may sit in the source column
+    if precision == "fp8" and any(k in told for k in ("with float8 all-gather", "fsdp float8 all-gather",
+                                                      "(f8 all-gather)")):
         kw["fp8_param_gather"] = True  # the source says its weights were all-gathered in float8
-    elif "bfloat16 all-gather" in said:
+    elif precision == "fp8" and "bfloat16 all-gather" in told:
         kw["fp8_param_gather"] = False
     if r["tp_comm_overlap"] == "yes" and kw["tp"] > 1:  # Megatron's --tp-comm-overlap, torchtitan's async TP
         kw["tp_overlap"] = True

@@ -25,7 +25,8 @@ def _simulated_reduce(reduce_s: float, bwd_s: float, chunks: int, group: int) ->
 
 def _simulated_gather(gather_s: float, fwd_s: float, chunks: int, group: int) -> float:
     """The first micro-batch group's forwards, chunk by chunk; chunk k's gather is launched at the step's start
-    (k < 2) or when chunk k - 1's first forward begins; a pass runs its buckets' layers as each bucket arrives."""
+    (k < 2) or when chunk k - 1's first forward begins; a pass runs its buckets' layers as each bucket arrives. With
+    several chunks the buckets go out last layer first (Megatron's aligned gathers), with one in the layers' order."""
     q, c = fwd_s / chunks, gather_s / chunks / BUCKETS
     stream = t = 0.0
     starts = []
@@ -35,6 +36,8 @@ def _simulated_gather(gather_s: float, fwd_s: float, chunks: int, group: int) ->
         for _ in range(BUCKETS):
             stream = max(stream, launch) + c
             arrived.append(stream)
+        if chunks > 1:
+            arrived.reverse()  # the first layer's bucket was sent last
         starts.append(t)
         for b in range(BUCKETS):
             t = max(t, arrived[b]) + q / BUCKETS

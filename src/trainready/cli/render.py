@@ -100,7 +100,7 @@ def _setup_line(e: EstimateResult) -> str:
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}"
-            + (f" ({s.fp8_recipe} scaling{', weights gathered in FP8' if s.fp8_param_gather else ''})"
+            + (f" ({s.fp8_recipe} scaling{', weights gathered in FP8' if s.fp8_param_gather and s.dp > 1 else ''})"
                if s.fp8_recipe else "")
             + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "")
             + (", compiled with its loss" if s.torch_compile else "") + ", "
@@ -194,7 +194,7 @@ def _how(e: EstimateResult) -> str:
     if s.activation_checkpointing != "none":
         how += f", {s.recompute_text()} recompute"
     if s.fp8_recipe:
-        how += f", fp8 {s.fp8_recipe}" + (" (FP8 gather)" if s.fp8_param_gather else "")
+        how += f", fp8 {s.fp8_recipe}" + (" (FP8 gather)" if s.fp8_param_gather and s.dp > 1 else "")
     if s.capacity_factor:
         how += f", capacity {s.capacity_factor:g}"
     return how

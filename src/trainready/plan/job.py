@@ -119,9 +119,10 @@ class JobSpec(BaseModel):
                           "stack's (megatron: delayed, Megatron-Core's default; others: tensorwise)")
     fp8_param_gather: bool | None = Field(None, description="with precision fp8, linear weights kept in FP8 and "
                                           "all-gathered in FP8 over data parallelism (Megatron's --fp8-param-gather "
-                                          "with the distributed optimizer, torchao's FSDP2 float8 all-gather under "
-                                          "tensorwise scaling); None: the stack's recipe (megatron: on where it "
-                                          "applies, as Megatron-Bridge's FP8 recipes; torchtitan: off)")
+                                          "with the distributed optimizer, delayed or tensorwise; torchao's FSDP2 "
+                                          "float8 all-gather under tensorwise scaling); None: the stack's recipe "
+                                          "(megatron: on where it applies, as Megatron-Bridge's FP8 recipes; "
+                                          "torchtitan, automodel: off)")
     memory_margin: float | None = Field(None, ge=0, le=0.5, description="fraction of GPU memory the fit rule keeps "
                                                                        "free (plan/fit.py); None: 0.10")
     moe_routing: Literal["dropless", "capacity"] | None = Field(

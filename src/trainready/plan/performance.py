@@ -461,12 +461,11 @@ def collective_s(kind: str, nbytes: float, ranks: int, ranks_per_node: int, ln: 
     return t + eff.COLLECTIVE_LATENCY_S + eff.RING_STEP_LATENCY_S * ranks
 
 
-def fp8_gather_bytes(s: Setup, params: float, linear: float) -> float:
-    """Bytes a rank's parameter all-gather moves when its `linear` block weights travel in FP8 (Setup.fp8_param_gather:
+def fp8_gather_bytes(params: float, linear: float, other_bytes: float = 2.0) -> float:
+    """Bytes a rank's parameter all-gather moves when its `linear` weights travel in FP8 (Setup.fp8_param_gather:
     Megatron's --fp8-param-gather, torchao's float8 all-gather) and the other `params - linear` (embeddings, output
-    layer) in bf16; MXFP8 adds its E8M0 scale, a byte per 32 weights."""
-    fp8 = 1.0 + (1 / 32 if s.fp8_recipe == "mxfp8" else 0.0)
-    return fp8 * linear + 2.0 * (params - linear)
+    layer, routed experts) at `other_bytes` each."""
+    return linear + other_bytes * (params - linear)
 
 
 def chunked_reduce_exposed(reduce_s: float, bwd_s: float, chunks: int, group: int) -> float:
@@ -484,16 +483,19 @@ def chunked_reduce_exposed(reduce_s: float, bwd_s: float, chunks: int, group: in
 def chunked_gather_exposed(gather_s: float, fwd_s: float, chunks: int, group: int) -> float:
     """The forward stalls of a parameter all-gather split over `chunks` model chunks under Megatron's
     --overlap-param-gather with an interleaved schedule (schedules.py): the first two chunks' gathers start with the
-    step, chunk k + 1's with chunk k's first micro-batch forward; a chunk's forward waits for its own gather (bucket
-    by bucket within its first pass), and its micro-batch group of `group` passes runs before the next chunk's.
-    One chunk: the first micro-batch's forward hides it."""
-    chunks = max(1, chunks)
+    step, chunk k + 1's with chunk k's first micro-batch forward, and its micro-batch group of `group` passes runs
+    before the next chunk's. There Megatron aligns the gathers (align_param_gather) and start_param_sync sends a
+    chunk's buckets in bucket order, which is the reverse of the layers' (buckets fill from the last parameter):
+    a chunk's first layer waits for the whole chunk. One chunk: the forward pre-hooks prefetch bucket by bucket in
+    the layers' order, so the first micro-batch's forward hides the gather."""
+    if chunks <= 1:
+        return max(0.0, gather_s - fwd_s)
     c, q = gather_s / chunks, fwd_s / chunks
     done = end = previous_start = 0.0  # gather stream, compute stream, when the previous chunk's group began
     for _ in range(chunks):
         done = max(done, previous_start) + c  # chunks 0 and 1: at the step's start
         previous_start = end
-        end = max(end + q, done) + (group - 1) * q
+        end = max(end, done) + group * q
     return max(0.0, end - chunks * group * q)
 
 
@@ -581,16 +583,26 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     train = pc.trainable
     base_bytes = (NF4_BYTES if s.method == "qlora" else 2.0)
     gather_bytes = (4.0 if s.gather_dtype == "fp32" else 2.0) * pc.local if full else base_bytes * pc.local
-    if s.fp8_param_gather:  # the blocks' linear weights travel in FP8 (MXFP8: one E8M0 scale per 32), the rest bf16
-        gather_bytes = fp8_gather_bytes(s, pc.local, pc.local - pc.embed)
-    coll = lambda kind, nbytes: collective_s(kind, nbytes, dp, per_node, ln, share)  # noqa: E731
+    # FP8 gathers (Setup.fp8_param_gather): the blocks' linear weights in FP8; embeddings, head and the routed experts'
+    # grouped weights as before (torchao converts nn.Linear only; Megatron's grouped experts not read: conservative)
+    expert_gather = None  # the routed experts' share of a parameter gather, where it is not their share of params
+    if s.fp8_param_gather:
+        other = 4.0 if s.gather_dtype == "fp32" else 2.0
+        gather_bytes = fp8_gather_bytes(pc.local, pc.local - pc.embed - pc.expert, other)
+        expert_gather = other * pc.expert
     e_train = pc.expert if full else 0.0  # routed experts (1/(ep x etp) of them): reduced and sharded over edp ranks
     ratio = moe.expert_shard_ratio(s)  # dp / edp
-    if e_train and (s.ep > 1 or s.expert_tp != s.tp):
-        e_ranks, e_per_node, e_share = moe.expert_dp_layout(s, per_node, share)
-        x, dense_coll = e_train / pc.local, coll
-        coll = lambda kind, nbytes: (dense_coll(kind, nbytes * (1 - x))  # noqa: E731
-                                     + collective_s(kind, nbytes * x, e_ranks, e_per_node, ln, e_share))
+    split = e_train and (s.ep > 1 or s.expert_tp != s.tp)
+    e_ranks, e_per_node, e_share = moe.expert_dp_layout(s, per_node, share) if split else (0, 0, 0.0)
+
+    def coll(kind: str, nbytes: float, expert_nbytes: float | None = None) -> float:
+        """One collective over the data-parallel ranks; with EP, the routed experts' bytes (`expert_nbytes`, by
+        default their share of the parameters) over the expert data-parallel ranks."""
+        if not split:
+            return collective_s(kind, nbytes, dp, per_node, ln, share)
+        ex = nbytes * e_train / pc.local if expert_nbytes is None else expert_nbytes
+        return (collective_s(kind, nbytes - ex, dp, per_node, ln, share)
+                + collective_s(kind, ex, e_ranks, e_per_node, ln, e_share))
     train_n = lambda shard: train + (ratio - 1) * e_train * (shard > 1)  # noqa: E731  (train_n(k) / k: a rank's share)
     exposed_mb = overlapped_mb = exposed_step = comm_total = 0.0
     if dp > 1:
@@ -608,8 +620,8 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             exposed_step += calls * (ar_exposed + ar / max(1, layers))
             overlapped_mb += calls * (ar - ar_exposed) / s.grad_accum
             if s.strategy == "zero1":
-                ag = coll("allgather", fp8_gather_bytes(s, train, train - pc.embed) if s.fp8_param_gather
-                          else 2.0 * train)
+                ag = (coll("allgather", fp8_gather_bytes(train, train - pc.embed - pc.expert), 2.0 * pc.expert)
+                      if s.fp8_param_gather else coll("allgather", 2.0 * train))
                 comm_total += ag
                 if get_stack(s.stack).param_gather_overlap:  # behind the next step's first forwards
                     ag_exposed = chunked_gather_exposed(ag, mb.fwd_s, v, group)
@@ -629,14 +641,14 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             # after the last backward (torch.distributed.pipelining's REDUCE_GRAD action, perform_reduce_grad):
             # nothing is left to hide that reduce-scatter behind. Once per schedule call: a step that accumulates
             # over several calls (pp_local_batch) gathers and reduces in each
-            ag = coll("allgather", gather_bytes)
+            ag = coll("allgather", gather_bytes, expert_gather)
             rs = coll("reducescatter", g_bytes * train)
             calls = s.schedule_calls
             comm_total += calls * (ag + rs)
             exposed_step += calls * (max(0.0, ag - mb.fwd_s) + ag / max(1, layers) + rs)
             overlapped_mb += calls * min(ag, mb.fwd_s) / s.grad_accum
         else:  # zero3 / FSDP: gather before forward and backward, reduce-scatter grads
-            ag = coll("allgather", gather_bytes)
+            ag = coll("allgather", gather_bytes, expert_gather)
             rs = coll("reducescatter", g_bytes * train)
             comm_total += s.grad_accum * (2 * ag + rs)
             exposed_mb += max(0.0, ag - mb.fwd_s) + max(0.0, ag + rs - mb.bwd_s)

@@ -45,6 +45,7 @@ from .stacks import (
     STACKS,
     compile_assumption,
     default_etp,
+    fp8_param_gather_of,
     fp8_param_gather_problem,
     get_stack,
     optimizer_dtype_of,
@@ -207,6 +208,9 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
     if precision == "fp8" and fp8_recipe_problem(fp8_recipe, gpu):
         return None  # a Blackwell-only recipe on another GPU: _evaluate_instance says why
     check_fp8_recipe_precision(job, precision)
+    if job.fp8_param_gather:  # refused where no strategy of the search could give it (the strategy is searched)
+        fp8_param_gather_of(True, st.stack, precision=precision, recipe=fp8_recipe, method=job.method, offload="none",
+                            strategy=st.stack.fp8_param_gather_strategy or "zero1")
     setup = Setup(model=model, gpu=gpu, instance=inst, nodes=1, gpus_per_node=inst.gpu_count, dp=inst.gpu_count,
                  tp=1, pp=1, strategy="zero3", micro_batch=1, grad_accum=1, seq_len=seq_len,
                  precision=precision, optimizer_dtype=optimizer_dtype_of(job.optimizer_dtype, st.stack, precision),

@@ -277,13 +277,15 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # Megatron-Bridge recipes/common.py DistributedDataParallelConfig(overlap_grad_reduce=True,
           # overlap_param_gather=True); trainready's megatron recipe passes --overlap-param-gather with dp > 1
           param_gather_overlap=True,
-          fp8_param_gather=("delayed", "tensorwise", "mxfp8"), fp8_param_gather_strategy="zero1",
+          fp8_param_gather=("delayed", "tensorwise"), fp8_param_gather_strategy="zero1",
           fp8_param_gather_default=True,
-          fp8_param_gather_source="Megatron-Bridge training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed, "
-                                  "bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set fp8_param_gather "
-                                  "= True, the subchannel (blockwise) recipe False; NeMo 2.0's bf16_with_fp8_mixed "
-                                  "likewise; Megatron-LM validate_args: --fp8-param-gather needs the distributed "
-                                  "optimizer, and with --optimizer-cpu-offload the delayed recipe"),
+          fp8_param_gather_source="Megatron-Bridge training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed "
+                                  "and bf16_with_fp8_current_scaling_mixed set fp8_param_gather = True, the subchannel "
+                                  "(blockwise) recipe False; NeMo 2.0's bf16_with_fp8_mixed likewise; Megatron-LM "
+                                  "validate_args: --fp8-param-gather needs the distributed optimizer, and with "
+                                  "--optimizer-cpu-offload the delayed recipe. MXFP8 weights (bf16_with_mxfp8_mixed "
+                                  "sets it too) are gathered in bf16 through the gradient buffer "
+                                  "(param_and_grad_buffer.py, reuse_grad_buf_for_mxfp8_param_ag), so not counted"),
     Stack("automodel", kernels="fused", attention_kernel="flash2", reduce_dtype="bf16", selective=None,
           description="NVIDIA NeMo AutoModel: Hugging Face model classes with Liger's fused kernels (or its own "
                       "models with Transformer Engine's) under FSDP2, FlashAttention-2, bf16 parameters, adapters in "
@@ -296,6 +298,9 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "that docker/Dockerfile installs with uv sync --all-groups); its own models take rms_norm/linear "
                  "'te'; activation checkpointing wraps whole layers",
           ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", lora_fp32_adapters=False,
+          fp8_param_gather=("tensorwise",), fp8_param_gather_strategy="zero3",
+          fp8_param_gather_source="NeMo AutoModel docs/guides/fp8-training.mdx: FP8Config "
+                                  "enable_fsdp_float8_all_gather (torchao's FSDP2 float8 all-gather), False by default",
           has_recipe=False,
           # _transformers/auto_model.py: from_pretrained/from_config torch_dtype "auto" -> the checkpoint's dtype,
           # bf16 for a config; FSDP2 casts nothing up, so torch.optim.AdamW keeps its states in bf16 too
@@ -413,8 +418,10 @@ def fp8_param_gather_problem(stack: Stack, *, precision: str, recipe: str, strat
         return "it applies to full training (frozen weights are not gathered)"
     if strategy != need:
         return f"it needs --strategy {need}, not {strategy}"
-    if offload != "none" and recipe != "delayed":
+    if offload != "none" and stack.fp8_param_gather_strategy == "zero1" and recipe != "delayed":
         return "with --offload Megatron-LM allows it only under --fp8-recipe delayed"
+    if offload != "none" and stack.fp8_param_gather_strategy != "zero1":
+        return f"stack {stack.name}'s FP8 all-gather is not modelled with --offload (--offload none)"
     return None
 
 

@@ -61,7 +61,7 @@ FLAGS: dict[str, str | None] = {
     "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
     "--recompute-num-layers": "recompute_num_layers", "--recompute-modules": "recompute_modules",
     "--bf16": "bf16", "--fp16": "fp16", "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--grad-reduce-in-bf16": None,
-    "--fp8-param-gather": None, "--reuse-grad-buf-for-mxfp8-param-ag": None,
+    "--fp8-param-gather": None,
     "--overlap-grad-reduce": None, "--overlap-param-gather": None,
     "--save": None, "--load": None, "--save-interval": None,
     "--rotary-percent": None, "--use-rope-scaling": None, "--rope-scaling-factor": None,
@@ -311,10 +311,8 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
         a.append(("--fp16", True))
     if s.precision == "fp8":
         a += [("--fp8-format", "hybrid"), ("--fp8-recipe", s.fp8_recipe)]
-        if s.fp8_param_gather:  # as Megatron-Bridge's FP8 recipes (Stack.fp8_param_gather); MXFP8 needs the reuse
+        if s.fp8_param_gather:  # as Megatron-Bridge's delayed and current-scaling recipes (Stack.fp8_param_gather)
             a.append(("--fp8-param-gather", True))
-            if s.fp8_recipe == "mxfp8":
-                a.append(("--reuse-grad-buf-for-mxfp8-param-ag", True))
     if s.reduce_dtype == "bf16" and s.precision != "fp32":
         a.append(("--grad-reduce-in-bf16", True))
     a += [("--save", "checkpoints"), ("--load", "checkpoints"), ("--save-interval", 500)]
