@@ -586,9 +586,10 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     # FP8 gathers (Setup.fp8_param_gather): the blocks' linear weights in FP8; embeddings, head and the routed experts'
     # grouped weights as before (torchao converts nn.Linear only; Megatron's grouped experts not read: conservative)
     expert_gather = None  # the routed experts' share of a parameter gather, where it is not their share of params
+    fp8_linear = pc.local - pc.embed - pc.expert  # what an FP8 gather moves at a byte (full training only)
     if s.fp8_param_gather:
         other = 4.0 if s.gather_dtype == "fp32" else 2.0
-        gather_bytes = fp8_gather_bytes(pc.local, pc.local - pc.embed - pc.expert, other)
+        gather_bytes = fp8_gather_bytes(pc.local, fp8_linear, other)
         expert_gather = other * pc.expert
     e_train = pc.expert if full else 0.0  # routed experts (1/(ep x etp) of them): reduced and sharded over edp ranks
     ratio = moe.expert_shard_ratio(s)  # dp / edp
@@ -614,13 +615,14 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
             # (stage.py backward_maybe_with_nosync); one call a step elsewhere
             # With v virtual stages each model chunk reduces after its own last backward (chunked_reduce_exposed)
             ar = coll("allreduce" if s.strategy == "ddp" else "reducescatter", g_bytes * train)
-            calls, v, group = s.schedule_calls, s.pp_virtual, min(s.pp, s.schedule_microbatches)
+            # micro-batch groups of pp per chunk: resolve and the search keep interleaved micro-batches a multiple of pp
+            calls, v, group = s.schedule_calls, s.pp_virtual, s.pp
             comm_total += calls * ar
             ar_exposed = chunked_reduce_exposed(ar, mb.bwd_s, v, group)
             exposed_step += calls * (ar_exposed + ar / max(1, layers))
             overlapped_mb += calls * (ar - ar_exposed) / s.grad_accum
             if s.strategy == "zero1":
-                ag = (coll("allgather", fp8_gather_bytes(train, train - pc.embed - pc.expert), 2.0 * pc.expert)
+                ag = (coll("allgather", fp8_gather_bytes(train, fp8_linear), 2.0 * pc.expert)
                       if s.fp8_param_gather else coll("allgather", 2.0 * train))
                 comm_total += ag
                 if get_stack(s.stack).param_gather_overlap:  # behind the next step's first forwards

@@ -26,7 +26,6 @@ from .stacks import (
     checkpointing_kind,
     default_etp,
     fp8_param_gather_of,
-    fp8_param_gather_problem,
     get_stack,
     optimizer_dtype_of,
     resolve_stack,
@@ -159,11 +158,9 @@ class Setup:
         """Whether linear weights are all-gathered in FP8 over data parallelism (stacks.fp8_param_gather_of): what
         the job asked for where it applies (resolve refuses it elsewhere; the search's other strategies drop it),
         else the stack's recipe."""
-        problem = fp8_param_gather_problem(get_stack(self.stack), precision=self.precision, recipe=self.fp8_recipe,
-                                           strategy=self.strategy, method=self.method, offload=self.offload)
-        if problem is not None or self.fp8_param_gather_asked is False:
-            return False
-        return bool(self.fp8_param_gather_asked) or get_stack(self.stack).fp8_param_gather_default
+        return fp8_param_gather_of(self.fp8_param_gather_asked, get_stack(self.stack), strict=False,
+                                   precision=self.precision, recipe=self.fp8_recipe, strategy=self.strategy,
+                                   method=self.method, offload=self.offload)
 
     @property
     def schedule_calls(self) -> int:

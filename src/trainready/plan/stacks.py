@@ -425,15 +425,16 @@ def fp8_param_gather_problem(stack: Stack, *, precision: str, recipe: str, strat
     return None
 
 
-def fp8_param_gather_of(asked: bool | None, stack: Stack, **job: str) -> bool:
+def fp8_param_gather_of(asked: bool | None, stack: Stack, *, strict: bool = True, **job: str) -> bool:
     """Whether the job all-gathers its linear weights in FP8: the stack's default where it applies, off where it
-    does not; asked for where it cannot apply, a usage error that names the rule and the stacks that have it."""
+    does not; asked for where it cannot apply, a usage error that names the rule and the stacks that have it
+    (`strict`), or off (a searched strategy that cannot give it)."""
     if asked is False:
         return False
     problem = fp8_param_gather_problem(stack, **job)
     if problem is None:
         return bool(asked) or stack.fp8_param_gather_default
-    if asked:
+    if asked and strict:
         have = ", ".join(f"{s.name} (--strategy {s.fp8_param_gather_strategy}, --fp8-recipe "
                          f"{'/'.join(s.fp8_param_gather)})" for s in STACKS.values() if s.fp8_param_gather)
         raise UsageError(f"--fp8-gather: {problem}; stacks that have it: {have}; or --no-fp8-gather")
