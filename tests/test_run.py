@@ -27,6 +27,7 @@ from run_helpers import (
 )
 
 from trainready.plan.job import JobSpec, save_job
+from trainready.run.run_dir import RunDir
 from trainready.run.budget import EXIT_JITTER
 from trainready.run.launcher import measured_exit_s
 from trainready.run.records import RunInfo, RunOutcome, StopInfo, TelemetryLine
@@ -373,7 +374,15 @@ def test_scaling_reports_efficiency_and_where_time_went(tmp_path):
     report = json.loads(out[out.index("{\n"):])
     ScalingReport.model_validate(report)
     assert [p["processes"] for p in report["points"]] == [1, 2]
-    assert report["points"][0]["efficiency"] == 1.0 and 0 < report["points"][1]["efficiency"] < 1.5
+    one, two = report["points"]
+    # timing-free checks (the suite runs on a busy machine): 2 processes step twice the tokens, and the
+    # efficiency is what the two measured rates say it is
+    def tokens(n):
+        records = RunDir(tmp_path / "run" / "scaling" / f"n{n}").read_records()
+        return {r["tokens"] for r in records if r["type"] == "step"}
+    assert tokens(2) == {2 * t for t in tokens(1)} and len(tokens(1)) == 1
+    assert one["efficiency"] == 1.0
+    assert two["efficiency"] == pytest.approx(two["tokens_per_s"] / (2 * one["tokens_per_s"]), rel=1e-9)
     assert report["points"][0]["data_s"] >= 0.018  # the delay shows up as data wait
     assert report["findings"] and "2 vs 1 processes" in report["findings"][0]
 
