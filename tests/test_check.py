@@ -243,7 +243,7 @@ def test_cpu_only_option_says_no_gpu_is_expected():
     data, by_id = cli_report("--bundle", BUNDLES / "cpu-only", "--cpu-only", code=0)
     assert_well_formed(data)
     # skip 15 + the 24 acceptance checks of issue 16, which this older bundle has no files for
-    assert data["summary"] == {"pass": 3, "warn": 2, "fail": 0, "skip": 41}, {i: c["status"] for i, c in by_id.items()}
+    assert data["summary"] == {"pass": 3, "warn": 2, "fail": 0, "skip": 42}, {i: c["status"] for i, c in by_id.items()}
     count = by_id["gpu.count"]
     assert (count["status"], count["observed"], count["expected"]) == ("pass", "no GPU", "no GPU (--cpu-only)")
     for check_id in DEPENDS_ON_A_GPU:
@@ -379,7 +379,7 @@ def test_human_output():
         proc = cli("check", "--bundle", BUNDLES / kind, *extra)
         assert proc.returncode == code and "gpu.count" in proc.stdout
         assert f"(bundle {BUNDLES / kind})" in proc.stdout and "None" not in proc.stdout
-    assert "1 fail, 2 warn, 2 pass, 41 skip  -> not ready: fix the failures first" in cli(
+    assert "1 fail, 2 warn, 2 pass, 42 skip  -> not ready: fix the failures first" in cli(
         "check", "--bundle", BUNDLES / "cpu-only").stdout
 
 

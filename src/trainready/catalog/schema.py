@@ -55,6 +55,8 @@ class Gpu(_Strict):
     nvlink_domain: int | None = Field(None, gt=0, description="GPUs one NVLink domain joins across servers (GB200 "
                                                                "NVL72: 72); None: the server's own GPUs")
     pcie_gen: int | None = Field(None, ge=1)
+    power_w: float | None = Field(None, gt=0, description="rated board power, W: the default power limit nvidia-smi "
+                                                          "reports (None: not in the catalog)")
     pcie_gbps_per_dir: float | None = Field(None, gt=0)
     uncertain: str | None = None
     source: str = Field(min_length=1)

@@ -195,6 +195,7 @@ AttentionOpt = Annotated[Optional[Attention], typer.Option("--attention-kernel",
 StackOpt = Annotated[Optional[str], typer.Option("--stack", metavar="NAME", help=f"Training stack whose defaults set kernels, attention kernel, reduce dtype and what selective recompute means: {', '.join(STACKS)}. Explicit flags win. [default: {DEFAULT_STACK}]", rich_help_panel=NUM)]
 TpOverlap = Annotated[Optional[bool], typer.Option("--tp-overlap/--no-tp-overlap", help="Tensor-parallel communication pipelined with the GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP): a quarter of it stays exposed; --no-tp-overlap overrides a --job file. [default: off, as in both frameworks]", rich_help_panel=COMPILE)]
 TorchCompile = Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="The model and its loss compiled with torch.compile as the stack's framework does it (torchtitan --compile.enable, the Trainer's --torch_compile): the cross-entropy fused, its fp32 buffers never held. Memory only; speed follows the stack's kernels. --no-compile overrides a --job file. [default: off]", rich_help_panel=COMPILE)]
+PowerLimit = Annotated[Optional[float], typer.Option("--power-limit", metavar="WATTS", parser=number_for(JobSpec, "power_limit_w", "500"), help="The GPUs' power limit where it is below their rated board power (nvidia-smi -q: Current Power Limit; `check` flags it): GEMMs and attention slow by the published pair of the same chip at two powers (H100 NVL/SXM, B100/B200); memory and links keep their speed. Hopper and Blackwell only. [default: the rated power]", rich_help_panel=HW)]
 Fp8ParamGather = Annotated[Optional[bool], typer.Option("--fp8-gather/--no-fp8-gather", help="With --precision fp8, linear weights kept in FP8 and all-gathered in FP8 over data parallelism, half of bf16's bytes: Megatron's fp8_param_gather with --strategy zero1 (delayed, tensorwise; MXFP8 weights travel in bf16), torchao's FSDP2 float8 all-gather with --stack torchtitan or automodel, --strategy zero3 (tensorwise). [default: the stack's recipe: megatron on where it applies, as Megatron-Bridge's FP8 recipes; torchtitan and automodel off]", rich_help_panel=COMPILE)]
 Fp8RecipeOpt = Annotated[Optional[Fp8RecipeLabel], typer.Option("--fp8-recipe", show_choices=False, help="FP8 scaling with --precision fp8: tensorwise (current scaling), delayed, blockwise, rowwise (torchao) or mxfp8 (Blackwell). [default: the stack's: megatron delayed, else tensorwise]", rich_help_panel=NUM)]
 MoeRouting = Annotated[Optional[MoeRoutingMode], typer.Option("--moe-routing", help="Mixture-of-experts: dropless (the busiest rank sets the pace) or capacity (token-drop, expert buffers padded to --capacity-factor x the mean). [default: the model's config, dropless unless it names a capacity factor]", rich_help_panel=PAR)]
@@ -236,6 +237,9 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
     if "fp8_param_gather" not in given and any(
             k in given and given[k] != base.get(k) for k in ("strategy", "fp8_recipe", "method", "offload")):
         base.pop("fp8_param_gather", None)
+    # the file's power limit was in its GPU's watts: another instance or GPU named here drops it
+    if "power_limit_w" not in given and any(k in given and given[k] != base.get(k) for k in ("instance", "gpu")):
+        base.pop("power_limit_w", None)
     if "instance" in given:
         base.pop("gpu", None)
     if "gpu" in given:

@@ -61,6 +61,7 @@ def plan(
     moe_routing: o.MoeRouting = None,
     fp8_recipe: o.Fp8RecipeOpt = None,
     fp8_param_gather: o.Fp8ParamGather = None,
+    power_limit: o.PowerLimit = None,
     capacity_factor: o.CapacityFactor = None,
     by: Annotated[RankBy, typer.Option("--by", help="Rank by total cost or by time.", rich_help_panel=C)] = RankBy.cost,
     framework: Annotated[Optional[Framework], typer.Option("--framework", show_choices=False, help="Recommend only rows this framework runs as planned: torchtitan, deepspeed, megatron or hf-tp; auto: each row in the first that runs it. [default: the --job file's framework, else auto]", rich_help_panel=C)] = None,
@@ -95,7 +96,7 @@ def plan(
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
                       tp_overlap=tp_overlap, torch_compile=torch_compile, moe_routing=moe_routing, capacity_factor=capacity_factor,
-                      fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
+                      fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather, power_limit_w=power_limit,
                       memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)
     memory_margin = GPU_MARGIN if job.memory_margin is None else job.memory_margin
     catalog = load_catalog(catalog_file)

@@ -367,3 +367,59 @@ def fp8_gemm(e: ArchEfficiency, recipe: str = "tensorwise") -> ArchEfficiency:
     scale = FP8_GEMM_SCALE * FP8_RECIPES[recipe].gemm_scale
     return replace(e, gemm=e.gemm * scale, gemm_k0=e.gemm_k0 * FP8_GEMM_K0_SCALE,
                    gemm_range=None if e.gemm_range is None else tuple(g * scale for g in e.gemm_range))
+
+
+# --- power limits (--power-limit) ------------------------------------------------------------
+# A GPU held below its rated board power lowers its SM clock under tensor load; its memory clock stays
+# (a 315 W cap on an RTX 3090 held the SM clock 3-11% low and never moved the memory clock:
+# ashalliants/ninfer-3090 PR #72, 2 Hz nvidia-smi samples). So a cap scales what the SMs compute --
+# GEMMs, attention -- and leaves HBM-bound kernels and the links alone. How much, per architecture, from
+# the one public evidence that isolates it: NVIDIA's datasheet peaks of the same silicon sold at two
+# board powers (dense peaks, which NVIDIA sets at the clock each part holds within its power).
+#   Hopper: H100 NVL (400 W) 835 bf16 TFLOP/s against H100 SXM (700 W) 989 -> 0.844 at 0.571 of rated
+#     (NVIDIA H100 datasheet; Meta's torchtitan benchmarks put their 500 W H100s "between SXM and NVL").
+#   Blackwell: B100 (700 W) 1,750 against HGX B200 (1,000 W) 2,250 -> 0.778 at 0.70 of rated
+#     (glennklockwood.com/garden/processors/B200; hmc-tech B100/B200 tables: tensor clock 1.44 vs
+#     1.86 GHz). Check: GB200's B200 at 1,200 W, 2,500 TFLOP/s, is 1/0.90 of HGX B200's where this line,
+#     run from 1,000 to 1,200 W, gives 1/0.88.
+# Between a part's rated power and the lower point the scale is linear in the fraction of rated power;
+# below that point, and on architectures with no such pair (Ampere: the A100 PCIe at 300 W and SXM at
+# 400 W list the same peaks, which says nothing about clocks held under load), a cap is not modelled.
+@dataclass(frozen=True)
+class PowerPair:
+    low_fraction: float  # the lower part's board power / the rated part's
+    peak_ratio: float  # the lower part's dense peak / the rated part's
+    source: str
+
+
+POWER_PAIRS = {
+    "hopper": PowerPair(400 / 700, 835 / 989, "H100 NVL (400 W) vs H100 SXM (700 W) datasheet peaks"),
+    "blackwell": PowerPair(700 / 1000, 1750 / 2250, "B100 (700 W) vs HGX B200 (1,000 W) datasheet peaks"),
+}
+
+
+def power_scale(arch: str, limit_w: float, rated_w: float | None) -> float:
+    """The fraction of its rated compute a GPU keeps at a power limit of `limit_w` (1.0 at the rated power).
+    ValueError, saying what is modelled, where the limit is outside what the evidence covers."""
+    pair = POWER_PAIRS.get(arch)
+    if pair is None:
+        raise ValueError(f"a power limit is not modelled on {arch} GPUs (no published pair of the same chip at two "
+                         f"board powers); modelled on {', '.join(sorted(POWER_PAIRS))}")
+    if rated_w is None:
+        raise ValueError("this GPU's rated board power is not in the catalog")
+    low = pair.low_fraction * rated_w
+    if limit_w > rated_w or limit_w < low - 1e-9:
+        raise ValueError(f"{limit_w:g} W is outside {low:.0f}-{rated_w:.0f} W, the range modelled for this GPU "
+                         f"(its rated {rated_w:.0f} W down to {pair.low_fraction:.0%} of it: {pair.source})")
+    frac = limit_w / rated_w
+    return 1.0 - (1.0 - pair.peak_ratio) * (1.0 - frac) / (1.0 - pair.low_fraction)
+
+
+def power_capped(e: ArchEfficiency, scale: float) -> ArchEfficiency:
+    """`e` on a GPU that keeps `scale` of its rated compute: GEMM and attention factors (and their ranges)
+    scaled; memory and link factors kept."""
+    if scale >= 1.0:
+        return e
+    rng = (lambda r: None if r is None else (r[0] * scale, r[1] * scale))
+    return replace(e, gemm=e.gemm * scale, attention=e.attention * scale,
+                   gemm_range=rng(e.gemm_range), attention_range=rng(e.attention_range))

@@ -54,6 +54,10 @@ class SetupInfo(BaseModel):
     fp8_recipe: str | None = Field(None, description="FP8 scaling recipe (precision fp8); None: not fp8")
     fp8_param_gather: bool = Field(False, description="linear weights all-gathered in FP8 over data parallelism "
                                                       "(--fp8-gather, or the stack's recipe)")
+    power_limit_w: float | None = Field(None, description="the GPUs' power limit below their rated power "
+                                                          "(--power-limit); None: rated power")
+    power_scale: float = Field(1.0, description="fraction of rated compute (GEMMs, attention) the GPUs keep under "
+                                                "power_limit_w (efficiency.power_scale); 1.0 at rated power")
     capacity_factor: float | None = Field(None, description="MoE token-drop routing at this capacity factor (expert "
                                                             "buffers padded to it); None: dropless, or a dense model")
     tp_overlap: bool = Field(False, description="tensor-parallel communication pipelined with the GEMMs (--tp-overlap; "
@@ -361,6 +365,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
                         fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
                         fp8_param_gather=s.fp8_param_gather,
+                        power_limit_w=s.power_limit_w, power_scale=round(s.power_scale, 4),
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         pp_local_batch=s.pp_local_batch, pp_schedule_calls=s.schedule_calls,
                         global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,

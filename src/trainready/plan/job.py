@@ -123,6 +123,10 @@ class JobSpec(BaseModel):
                                           "float8 all-gather under tensorwise scaling); None: the stack's recipe "
                                           "(megatron: on where it applies, as Megatron-Bridge's FP8 recipes; "
                                           "torchtitan, automodel: off)")
+    power_limit_w: float | None = Field(None, gt=0, le=10000, description="the GPUs' power limit, W, where it is "
+                                        "below their rated board power (nvidia-smi -q: Current Power Limit): their "
+                                        "GEMMs and attention slow as efficiency.power_scale says (Hopper and "
+                                        "Blackwell, down to the lower part of a published pair); None: rated power")
     memory_margin: float | None = Field(None, ge=0, le=0.5, description="fraction of GPU memory the fit rule keeps "
                                                                        "free (plan/fit.py); None: 0.10")
     moe_routing: Literal["dropless", "capacity"] | None = Field(

@@ -549,7 +549,7 @@ def _cp_s(s: Setup, tokens: int, ln: Links, attn_fwd_s: float) -> tuple[float, f
 def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> StepResult:
     """One training step of `s`; `efficiency` replaces its GPU's factors (the ends of an assumed range)."""
     m, gpu = s.model, s.gpu
-    e = efficiency or s.efficiency or eff.arch_efficiency(gpu.arch)
+    e = eff.power_capped(efficiency or s.efficiency or eff.arch_efficiency(gpu.arch), s.power_scale)
     hbm = gpu.hbm_gbps * 1e9 * e.memory
     mb = _micro_batch_time(s, e)
     pc = param_counts(s)

@@ -18,6 +18,7 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
+from .efficiency import power_scale
 from .estimate import EstimateResult, assemble, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
@@ -197,9 +198,22 @@ def _global_batch(job: JobSpec, seq_len: int) -> int:
     return 1 << (target.bit_length() - 1) if target & (target - 1) else target  # power of two
 
 
+def power_problem(job: JobSpec, gpu) -> str | None:
+    """Why the job's --power-limit cannot be modelled on `gpu` (None: no limit, or it can)."""
+    if job.power_limit_w is None:
+        return None
+    try:
+        power_scale(gpu.arch, job.power_limit_w, gpu.power_w)
+    except ValueError as exc:
+        return f"--power-limit {job.power_limit_w:g}: {exc}"
+    return None
+
+
 def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: int,
                 calibration: CalibrationFile | None = None, framework: str = "auto") -> Setup | None:
     gpu = catalog.gpu_of(inst)
+    if power_problem(job, gpu):
+        return None  # excluded by the search's loop, with the reason
     precision = job.precision or default_precision(gpu)
     if not gpu.peak_tflops(precision) and precision != "fp32":
         return None
@@ -223,7 +237,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
                  torch_compile=torch_compile_of(job.torch_compile, st.stack),
                  fp8_recipe=fp8_recipe, fp8_param_gather_asked=job.fp8_param_gather,
-                 **moe_comm(job, model, st.stack, precision))
+                 power_limit_w=job.power_limit_w, **moe_comm(job, model, st.stack, precision))
     return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
 
 
@@ -923,6 +937,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             excluded.append(Exclusion(instance=inst.name, reason=reason))
             framework_whys.append(None)
             continue
+        if power := power_problem(req.job, gpu):
+            excluded.append(Exclusion(instance=inst.name, reason=power))
+            framework_whys.append(None)
+            continue
         found, log, n = _evaluate_instance(req, catalog, inst, model, seq_len, gb)
         searched += n
         if not found:
@@ -997,6 +1015,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             notes.append(said)
     if job.tp_overlap and stack.stack.tp_overlap is None:
         notes.append(tp_overlap_of(True, stack.stack, 2)[1])
+    if job.power_limit_w is not None and ranked:
+        b = ranked[0].setup
+        notes.append(f"GPUs capped at {job.power_limit_w:g} W (--power-limit): the best row's {b.gpu.name} keep "
+                     f"{b.power_scale:.0%} of their rated compute; memory and links at full speed")
     if job.fp8_param_gather and ranked and not (b := ranked[0].setup).fp8_param_gather:
         notes.append("--fp8-gather does not apply to the best row: " + str(fp8_param_gather_problem(
             get_stack(b.stack), precision=b.precision, recipe=b.fp8_recipe, strategy=b.strategy, method=b.method,

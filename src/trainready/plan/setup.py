@@ -12,7 +12,7 @@ from functools import lru_cache
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.errors import UsageError, printable
 
-from .efficiency import FP8_RECIPES, ArchEfficiency
+from .efficiency import FP8_RECIPES, ArchEfficiency, power_scale
 from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
@@ -89,10 +89,18 @@ class Setup:
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
+    power_limit_w: float | None = None  # the GPUs' power limit below their rated power (efficiency.power_scale)
     # the framework that runs the row (plan/recipes framework_for); the default stack leaves it to the recipe, and a
     # row DeepSpeed runs holds DeepSpeed's model states (memory.deepspeed_states). None: not chosen yet
     runs_on: str | None = None
     framework: str = "auto"  # the one asked for (JobSpec.framework, plan's --framework) that runs_on is chosen by
+
+    @property
+    def power_scale(self) -> float:
+        """The fraction of its rated compute each GPU keeps under `power_limit_w` (1.0: rated power)."""
+        if self.power_limit_w is None:
+            return 1.0
+        return power_scale(self.gpu.arch, self.power_limit_w, self.gpu.power_w)
 
     @property
     def compiled(self) -> bool:
@@ -621,6 +629,11 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     notes += stack_warnings(st.stack, fp8_recipe=recipe if precision == "fp8" else None,
                             token_drop=model.moe is not None and model.moe.capacity_factor is not None
                             and (job.moe_routing == "capacity" or job.capacity_factor is not None))
+    if job.power_limit_w is not None:  # a usage error where the evidence does not cover it
+        try:
+            power_scale(gpu.arch, job.power_limit_w, gpu.power_w)
+        except ValueError as exc:
+            raise UsageError(f"--power-limit {job.power_limit_w:g} on {gpu.name}: {exc}") from None
     inter = job.inter_node_gbps or (inst.network_gbps if inst else None)
     if nodes > 1 and inter is None:
         raise UsageError(f"{nodes} nodes need an inter-node bandwidth: the catalog does not know it for "
@@ -637,4 +650,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  framework=job.framework or "auto",
                  pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, tp_overlap=overlap, fp8_recipe=recipe,
                  fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled,
-                 recompute_modules=modules, **moe_comm(job, model, st.stack, precision))
+                 recompute_modules=modules, power_limit_w=job.power_limit_w,
+                 **moe_comm(job, model, st.stack, precision))

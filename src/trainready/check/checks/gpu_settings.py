@@ -1,9 +1,11 @@
-"""How the GPUs are set: persistence mode, application clocks, VBIOS, GSP firmware, MIG; and whether
-something else already runs on them."""
+"""How the GPUs are set: persistence mode, application clocks, power limits, VBIOS, GSP firmware, MIG; and
+whether something else already runs on them."""
 
 from __future__ import annotations
 
 from collections import Counter
+
+from trainready.plan.efficiency import power_scale
 
 from ..facts import Facts
 from ..facts.gpu import SMI_Q
@@ -60,6 +62,54 @@ def application_clocks(f: Facts) -> Verdict | None:
         v.advice = "sudo nvidia-smi -rac (or trainready check --fix) resets them; locked clocks: sudo nvidia-smi -rgc"
     else:
         v.reason = "application clocks at their defaults (locked clocks, nvidia-smi -lgc, are not shown by -q)"
+    return v
+
+
+POWER_SLACK = 0.98  # a limit within 2% of the default is the default (boards round it)
+
+
+def _compute_kept(f: Facts, limit: float, default: float) -> str:
+    """What the planner's model says the cap costs, where the GPU is known and its arch has a published pair."""
+    gpu = f.ctx.gpu
+    if gpu is None:
+        return ""
+    try:
+        kept = power_scale(gpu.arch, limit, default)
+    except ValueError:
+        return f"; how much that slows a {gpu.name} is not modelled"
+    return (f"; the planner's model keeps {kept:.0%} of a {gpu.name}'s rated GEMM and attention speed there "
+            f"(trainready estimate --power-limit {limit:g})")
+
+
+@check("gpu.power-limit", "gpu", needs=(SMI_Q,), gpu=True)
+def power_limit(f: Facts) -> Verdict | None:
+    rows = [s for s in settings(f) if s.power_limit_w is not None and s.power_default_w is not None]
+    if not rows:
+        return Verdict.skip("nvidia-smi -q reports no power limits (N/A, or the section was not captured)") \
+            if settings(f) else None
+    low = [s for s in rows if s.power_limit_w < POWER_SLACK * s.power_default_w]
+    sample = low[0] if low else rows[0]
+    count = f"{len(rows)} GPU" + ("s" if len(rows) > 1 else "")
+    v = Verdict("pass", expected="each GPU's power limit in force at its default",
+                observed="; ".join(f"GPU {s.index} {s.power_limit_w:g} of {s.power_default_w:g} W" for s in low[:6])
+                if low else f"{sample.power_limit_w:g} W, the default, on {count}")
+    if not low:
+        v.reason = "every GPU may draw its rated board power"
+        return v
+    v.status = "warn"
+    outside = [s for s in low if s.power_requested_w is not None and s.power_requested_w > s.power_limit_w]
+    cost = _compute_kept(f, sample.power_limit_w, sample.power_default_w)
+    if outside:  # nvidia-smi asked for more than is in force: the driver's setting is not what holds it
+        v.reason = (f"GPU {gpus([s.index for s in outside])} held below the limit nvidia-smi asked for "
+                    f"({outside[0].power_requested_w:g} W asked, {outside[0].power_limit_w:g} W in force): the "
+                    f"platform caps them (BMC or chassis power budget, a power-brake policy), so under tensor load "
+                    f"their SM clocks drop{cost}")
+        v.advice = ("nvidia-smi -pl cannot lift it: ask the provider (or, on your own hardware, the BMC's GPU power "
+                    "capping setting) for the rated power, or plan with the cap")
+    else:
+        v.reason = (f"GPU {gpus([s.index for s in low])} set below their default power limit (nvidia-smi -pl): under "
+                    f"tensor load their SM clocks drop{cost}")
+        v.advice = f"sudo nvidia-smi -pl {sample.power_default_w:g} (per GPU: -i N) restores the default"
     return v
 
 

@@ -36,6 +36,12 @@ class GpuSettings(_Frozen):
     max_graphics_mhz: int | None = None
     fabric_state: str | None = None  # Hopper and later with NVSwitch: Completed / In Progress / Not Started
     fabric_status: str | None = None
+    # power limits, W: the one in force, the one nvidia-smi -pl asked for, the board's default. Drivers from
+    # ~525 print "GPU Power Readings" with Current/Requested/Default; older ones "Power Readings" with
+    # Enforced (in force)/Power Limit (asked)/Default
+    power_limit_w: float | None = None
+    power_requested_w: float | None = None
+    power_default_w: float | None = None
 
 
 _NA = {"n/a", "not supported", "unknown error", "insufficient permissions", "requested functionality has been deprecated", ""}
@@ -57,6 +63,13 @@ def _mhz(value: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _watts(value: str | None) -> float | None:
+    if value is None:
+        return None
+    match = re.fullmatch(r"([0-9]{1,5}(?:\.[0-9]{1,3})?)\s*W", value)
+    return float(match.group(1)) if match else None
+
+
 def gpu_settings(smi_q: Any) -> list[GpuSettings]:
     """Per-GPU settings from a parsed `nvidia-smi -q` (parsers.nvsmi.SmiQ); [] for anything else."""
     out = []
@@ -71,7 +84,13 @@ def gpu_settings(smi_q: Any) -> list[GpuSettings]:
             default_app_graphics_mhz=_mhz(_value(f, "Default Applications Clocks/Graphics")),
             default_app_memory_mhz=_mhz(_value(f, "Default Applications Clocks/Memory")),
             max_graphics_mhz=_mhz(_value(f, "Max Clocks/Graphics")),
-            fabric_state=_value(f, "Fabric/State"), fabric_status=_value(f, "Fabric/Status")))
+            fabric_state=_value(f, "Fabric/State"), fabric_status=_value(f, "Fabric/Status"),
+            power_limit_w=_watts(_value(f, "GPU Power Readings/Current Power Limit",
+                                        "Power Readings/Enforced Power Limit")),
+            power_requested_w=_watts(_value(f, "GPU Power Readings/Requested Power Limit",
+                                            "Power Readings/Power Limit")),
+            power_default_w=_watts(_value(f, "GPU Power Readings/Default Power Limit",
+                                          "Power Readings/Default Power Limit"))))
     return out
 
 

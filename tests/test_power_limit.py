@@ -1,0 +1,146 @@
+"""GPUs held below their rated board power (--power-limit): the published pairs the scale comes from, what it slows
+and what it leaves, the usage errors where no evidence covers it, plan's exclusions, job files, and the bench rows
+whose sources state a limit."""
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from cloud_stubs import cli_run
+
+from trainready.errors import UsageError
+from trainready.plan import efficiency as eff
+from trainready.plan.job import JobSpec
+from trainready.plan.memory import estimate_memory
+from trainready.plan.performance import estimate_step
+from trainready.plan.setup import resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = dict(model="llama-3.1-8b", gpu="h100-80gb", gpus=8, micro_batch=1, global_batch=64, seq_len=4096)
+
+
+def test_the_scale_runs_through_the_published_pairs():
+    assert eff.power_scale("hopper", 700, 700) == 1.0
+    assert eff.power_scale("hopper", 400, 700) == pytest.approx(835 / 989)  # H100 NVL against H100 SXM
+    assert eff.power_scale("blackwell", 700, 1000) == pytest.approx(1750 / 2250)  # B100 against HGX B200
+    caps = [eff.power_scale("hopper", w, 700) for w in range(400, 701, 50)]
+    assert caps == sorted(caps) and len(set(caps)) == len(caps)  # more watts, more compute
+    # the Blackwell line, run from GB200's 1,200 W down to HGX B200's 1,000 W, lands within 3% of their datasheets
+    assert eff.power_scale("blackwell", 1000, 1200) == pytest.approx(2250 / 2500, rel=0.03)
+
+
+@pytest.mark.parametrize("arch, watts, rated, said", [
+    ("hopper", 300, 700, "outside 400-700 W"), ("hopper", 800, 700, "outside 400-700 W"),
+    ("blackwell", 600, 1000, "outside 700-1000 W"), ("ampere", 300, 400, "not modelled on ampere"),
+    ("hopper", 500, None, "rated board power is not in the catalog")])
+def test_limits_no_evidence_covers_are_refused(arch, watts, rated, said):
+    with pytest.raises(ValueError, match=said):
+        eff.power_scale(arch, watts, rated)
+
+
+def test_a_cap_slows_compute_only(catalog):
+    full, capped = resolve(JobSpec(**H100), catalog), resolve(JobSpec(**H100, power_limit_w=500), catalog)
+    scale = capped.power_scale
+    assert scale == pytest.approx(eff.power_scale("hopper", 500, 700)) and full.power_scale == 1.0
+    a, b = estimate_step(full), estimate_step(capped)
+    # GEMMs and attention take 1/scale as long, elementwise kernels and links no longer: between the two
+    assert a.step_s < b.step_s < a.step_s / scale
+    assert b.mfu / a.mfu == pytest.approx(b.tokens_per_s / a.tokens_per_s)  # MFU stays against the rated peak
+    assert estimate_memory(full).peak == estimate_memory(capped).peak
+
+
+def test_resolve_names_the_range(catalog):
+    with pytest.raises(UsageError, match=r"--power-limit 300 on h100-80gb: 300 W is outside 400-700 W"):
+        resolve(JobSpec(**H100, power_limit_w=300), catalog)
+    with pytest.raises(UsageError, match="not modelled on ampere"):
+        resolve(JobSpec(**{**H100, "gpu": "a100-80gb"}, power_limit_w=300), catalog)
+
+
+def test_estimate_says_the_cap_and_writes_it(tmp_path):
+    r = cli_run("estimate", "-m", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus", "8", "--power-limit", "500",
+                "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    setup = json.loads(r.stdout)["setup"]
+    assert setup["power_limit_w"] == 500 and 0.85 < setup["power_scale"] < 0.95
+    r = cli_run("estimate", "-m", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus", "8", "--power-limit", "500")
+    assert "capped at 500 W (90% of rated compute)" in r.stdout
+    for bad, said in (("300", "outside 400-700 W"), ("0", "above 0")):
+        r = cli_run("estimate", "-m", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus", "8", "--power-limit", bad)
+        assert r.returncode == 2 and said in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr
+
+
+def test_a_job_file_keeps_its_cap_for_its_own_gpu(tmp_path):
+    job = tmp_path / "job.toml"
+    r = cli_run("estimate", "-m", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus", "8", "--power-limit", "500",
+                "--save", str(job))
+    assert r.returncode == 0, r.stdout + r.stderr
+    kept = json.loads(cli_run("estimate", "--job", str(job), "--json").stdout)["setup"]
+    assert kept["power_limit_w"] == 500
+    # its watts were the H100's: another GPU named here drops them (500 W would be outside a B200's range)
+    other = cli_run("estimate", "--job", str(job), "--gpu", "b200", "--json")
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert json.loads(other.stdout)["setup"]["power_limit_w"] is None
+
+
+def test_plan_excludes_what_the_cap_cannot_be_modelled_on():
+    r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--power-limit", "500", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["rows"] and all(row["estimate"]["setup"]["power_limit_w"] == 500 for row in out["rows"])
+    assert all(row["estimate"]["setup"]["power_scale"] < 1 for row in out["rows"])
+    reasons = {e["instance"]: e["reason"] for e in out["excluded"]}
+    assert any("not modelled on ampere" in why for why in reasons.values())
+    assert any("outside 700-1000 W" in why for why in reasons.values())  # B200 nodes: 500 W is below B100's
+    assert any("GPUs capped at 500 W" in n for n in out["notes"])
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("plan_accuracy_2024", ROOT / "bench" / "plan_accuracy_2024.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("plan_accuracy_2024", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_bench_reads_the_limits_and_parts_its_sources_state():
+    b = _bench()
+    rows = {r["id"]: r for name in b.FILES for r in csv.DictReader((b.DATA / name).open(newline=""))}
+    meta = b.job_of(rows["titan24-8b-fsdp8-compile"])  # "96GB HBM2e ... 500 W power limit"
+    assert meta.power_limit_w == 500 and meta.gpu == "h100-96gb-hbm2e"
+    assert b.CATALOG.gpus["h100-96gb-hbm2e"].hbm_gbps == 2400
+    assert b.job_of(rows["titan-mx-b200-8b-bf16"]).power_limit_w == 750  # "B200 power limit 750 W"
+    nvidia = b.job_of(rows["mbridge-llama3-8b-b200-fp8cs"])
+    assert nvidia.power_limit_w is None and nvidia.gpu == "b200"
+
+
+FIXTURE = ROOT / "tests" / "fixtures" / "real" / "nvsmi" / "nvidia-smi-q-d-power_H100-700W-held-at-500W_stackhpc975.txt"
+
+
+def _power_finding(text: str, instance: str | None = None):
+    from trainready.check.analyze import analyze
+    from trainready.check.bundle import Bundle
+
+    files = {"nvidia-smi-q.txt": text}
+    if instance:
+        files["instance-type.txt"] = instance + "\n"
+    return next(c for c in analyze(Bundle(files, None, source="t")).checks if c.id == "gpu.power-limit")
+
+
+def test_check_tells_a_platform_cap_from_a_driver_setting():
+    text = "".join(line for line in FIXTURE.read_text().splitlines(keepends=True) if not line.startswith("# "))
+    capped = _power_finding(text, "p5.48xlarge")  # the real output: 700 W asked, 500 W in force
+    assert capped.status == "warn" and "500 of 700 W" in capped.observed
+    assert "platform caps them" in capped.reason and "cannot lift it" in capped.advice
+    assert "keeps 90% of a h100-80gb's rated GEMM and attention speed" in capped.reason
+    # the same GPU after `nvidia-smi -pl 500` (Requested follows): the driver's setting, which -pl undoes
+    set_low = text.replace("Requested Power Limit                          : 700.00 W",
+                           "Requested Power Limit                          : 500.00 W")
+    assert set_low != text
+    by_pl = _power_finding(set_low)
+    assert by_pl.status == "warn" and "nvidia-smi -pl 700" in by_pl.advice and "platform" not in by_pl.reason
+    at_default = _power_finding(text.replace("Current Power Limit                            : 500.00 W",
+                                             "Current Power Limit                            : 700.00 W"))
+    assert at_default.status == "pass"
