@@ -79,10 +79,17 @@ def test_a_job_file_keeps_its_cap_for_its_own_gpu(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     kept = json.loads(cli_run("estimate", "--job", str(job), "--json").stdout)["setup"]
     assert kept["power_limit_w"] == 500
-    # its watts were the H100's: another GPU named here drops them (500 W would be outside a B200's range)
+    # its watts were the H100's: another GPU named here drops them (500 W would be outside a B200's range), an
+    # instance of the same GPU keeps them
     other = cli_run("estimate", "--job", str(job), "--gpu", "b200", "--json")
     assert other.returncode == 0, other.stdout + other.stderr
     assert json.loads(other.stdout)["setup"]["power_limit_w"] is None
+    same = json.loads(cli_run("estimate", "--job", str(job), "--instance", "p5.48xlarge", "--json").stdout)
+    assert same["setup"]["power_limit_w"] == 500
+    # plan searches every GPU: the file's watts are not applied, and it says so
+    plan = json.loads(cli_run("plan", "--job", str(job), "--tokens", "1e9", "--json").stdout)
+    assert all(row["estimate"]["setup"]["power_limit_w"] is None for row in plan["rows"])
+    assert any("power limit (500 W) was for its own GPU" in n for n in plan["notes"])
 
 
 def test_plan_excludes_what_the_cap_cannot_be_modelled_on():
@@ -134,7 +141,7 @@ def test_check_tells_a_platform_cap_from_a_driver_setting():
     capped = _power_finding(text, "p5.48xlarge")  # the real output: 700 W asked, 500 W in force
     assert capped.status == "warn" and "500 of 700 W" in capped.observed
     assert "platform caps them" in capped.reason and "cannot lift it" in capped.advice
-    assert "keeps 90% of a h100-80gb's rated GEMM and attention speed" in capped.reason
+    assert "on h100-80gb the planner's model keeps 90% of the rated GEMM and attention speed at 500 W" in capped.reason
     # the same GPU after `nvidia-smi -pl 500` (Requested follows): the driver's setting, which -pl undoes
     set_low = text.replace("Requested Power Limit                          : 700.00 W",
                            "Requested Power Limit                          : 500.00 W")
@@ -144,3 +151,38 @@ def test_check_tells_a_platform_cap_from_a_driver_setting():
     at_default = _power_finding(text.replace("Current Power Limit                            : 500.00 W",
                                              "Current Power Limit                            : 700.00 W"))
     assert at_default.status == "pass"
+
+
+def _q(*gpus: tuple[str, str, str]) -> str:
+    """An nvidia-smi -q power section for GPUs given as (current, requested, default) values."""
+    out = "==============NVSMI LOG==============\n\nAttached GPUs : %d\n" % len(gpus)
+    for i, (cur, req, dflt) in enumerate(gpus):
+        out += (f"GPU 00000000:{i + 10:02X}:00.0\n    GPU Power Readings\n"
+                f"        Current Power Limit               : {cur}\n"
+                f"        Requested Power Limit             : {req}\n"
+                f"        Default Power Limit               : {dflt}\n")
+    return out
+
+
+def test_check_readings_that_are_not_readings_are_unknown():
+    assert _power_finding(_q(("0.00 W", "700.00 W", "700.00 W"))).status == "skip"
+    assert _power_finding(_q(("500.00 W", "500.00 W", "0.00 W"))).status == "skip"
+    assert _power_finding(_q(("N/A", "N/A", "700.00 W"))).status == "skip"
+    above = _power_finding(_q(("800.00 W", "800.00 W", "700.00 W")))
+    assert above.status == "pass" and "800 W in force, default 700 W" in above.observed  # never "the default"
+
+
+def test_check_quotes_the_most_capped_gpu_and_each_cause():
+    mixed = _power_finding(_q(("600.00 W", "600.00 W", "700.00 W"), ("450.00 W", "700.00 W", "700.00 W")),
+                           "p5.48xlarge")
+    assert mixed.status == "warn"
+    assert "GPU 1 held below the limit nvidia-smi asked for" in mixed.reason  # the platform's cap
+    assert "GPU 0 set below their default power limit (nvidia-smi -pl)" in mixed.reason
+    assert "at 450 W (trainready estimate --power-limit 450)" in mixed.reason  # the slowest GPU sets the pace
+    assert "GPU 1: nvidia-smi -pl cannot lift it" in mixed.advice and "GPU 0: sudo nvidia-smi -pl 700" in mixed.advice
+
+
+def test_plan_says_the_range_when_the_limit_excludes_everything():
+    r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--power-limit", "100", "--json")
+    assert r.returncode == 1 and not json.loads(r.stdout)["rows"]
+    assert any("excluded every instance" in n and "H100/H200: 400 W" in n for n in json.loads(r.stdout)["notes"])

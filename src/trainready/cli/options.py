@@ -217,6 +217,22 @@ def module_list(text: str | None) -> list[str] | None:
     return [w for w in text.replace(",", " ").split() if w]
 
 
+def _gpu_of(fields: dict[str, Any]) -> str | None:
+    """The shipped catalog's GPU of a job's `gpu` or `instance` (None: neither, or a name it does not know)."""
+    from trainready.catalog import load_catalog
+    from trainready.errors import UnknownNameError
+
+    catalog = load_catalog()
+    try:
+        if fields.get("gpu"):
+            return catalog.gpu(fields["gpu"]).name
+        if fields.get("instance"):
+            return catalog.gpu_of(catalog.instance(fields["instance"])).name
+    except UnknownNameError:
+        return None
+    return None
+
+
 def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
     """A JobSpec from `--job` (if any) with the options the user gave on top."""
     base: dict[str, Any] = {}
@@ -237,9 +253,10 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
     if "fp8_param_gather" not in given and any(
             k in given and given[k] != base.get(k) for k in ("strategy", "fp8_recipe", "method", "offload")):
         base.pop("fp8_param_gather", None)
-    # the file's power limit was in its GPU's watts: another instance or GPU named here drops it
-    if "power_limit_w" not in given and any(k in given and given[k] != base.get(k) for k in ("instance", "gpu")):
-        base.pop("power_limit_w", None)
+    # the file's power limit was in its GPU's watts: an instance or GPU named here keeps it only on the same GPU
+    if "power_limit_w" not in given and "power_limit_w" in base and ("instance" in given or "gpu" in given):
+        if _gpu_of(given) is None or _gpu_of(given) != _gpu_of(base):
+            base.pop("power_limit_w", None)
     if "instance" in given:
         base.pop("gpu", None)
     if "gpu" in given:

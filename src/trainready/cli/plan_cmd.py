@@ -98,6 +98,9 @@ def plan(
                       tp_overlap=tp_overlap, torch_compile=torch_compile, moe_routing=moe_routing, capacity_factor=capacity_factor,
                       fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather, power_limit_w=power_limit,
                       memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)
+    file_cap = job.power_limit_w if power_limit is None else None  # a --job file's watts were for its own GPU
+    if file_cap is not None:
+        job = job.model_copy(update={"power_limit_w": None})
     memory_margin = GPU_MARGIN if job.memory_margin is None else job.memory_margin
     catalog = load_catalog(catalog_file)
     cal, cal_line = resolve_calibration(calibrate, calibration, catalog, None)
@@ -107,6 +110,9 @@ def plan(
                       min_gpu_mem_gib=min_gpu_mem, memory_margin=memory_margin, optimistic=optimistic, spot_mtbf_h=spot_mtbf_hours,
                       calibration=cal, **({"framework": framework.value} if framework is not None else {}))
     result = run_plan(req, catalog)
+    if file_cap is not None:
+        result.notes.append(f"the --job file's power limit ({file_cap:.10g} W) was for its own GPU: not applied to "
+                            f"the search (give --power-limit to cap every GPU searched)")
     if live or regions or data or live_deadline is not None:  # --regions/--data/--live-deadline alone mean --live
         result = live_plan(result, catalog, regions=regions, data=data, max_age=max_age, spot=bool(job.spot),
                            spot_mtbf_h=spot_mtbf_hours, deadline_s=live_deadline)

@@ -88,8 +88,8 @@ class _Grid:
 def _setup_line(e: EstimateResult) -> str:
     s = e.setup
     where = f"{s.nodes} x {s.instance}" if s.instance else f"{s.gpus} x {s.gpu}"
-    if s.power_limit_w is not None:
-        where += f" capped at {s.power_limit_w:g} W ({s.power_scale:.0%} of rated compute)"
+    if s.power_limit_w is not None and s.power_scale < 1:
+        where += f" capped at {s.power_limit_w:.10g} W ({s.power_scale:.0%} of rated compute)"
     par = s.strategy + (f"+offload {s.offload}" if s.offload != "none" else "")
     if s.tp > 1 or s.pp > 1 or s.cp > 1:
         par += f", tp {s.tp} x pp {s.pp}" + (f" x cp {s.cp}" if s.cp > 1 else "") + f" x dp {s.dp}"

@@ -409,7 +409,7 @@ def power_scale(arch: str, limit_w: float, rated_w: float | None) -> float:
         raise ValueError("this GPU's rated board power is not in the catalog")
     low = pair.low_fraction * rated_w
     if limit_w > rated_w or limit_w < low - 1e-9:
-        raise ValueError(f"{limit_w:g} W is outside {low:.0f}-{rated_w:.0f} W, the range modelled for this GPU "
+        raise ValueError(f"{limit_w:.10g} W is outside {low:.0f}-{rated_w:.0f} W, the range modelled for this GPU "
                          f"(its rated {rated_w:.0f} W down to {pair.low_fraction:.0%} of it: {pair.source})")
     frac = limit_w / rated_w
     return 1.0 - (1.0 - pair.peak_ratio) * (1.0 - frac) / (1.0 - pair.low_fraction)

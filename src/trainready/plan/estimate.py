@@ -293,6 +293,9 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     per_btok = run_cost(s, mem.checkpoint_bytes, tps, 1e9, spot_mtbf_h=spot_mtbf_h).total_usd
     interval = sp.interval_s if s.spot else od.interval_s
     warnings = list(s.notes)
+    if s.power_limit_w is not None and s.efficiency is not None and s.power_scale < 1:
+        warnings.append(f"--power-limit {s.power_limit_w:.10g} with calibrated factors: if the calibration was "
+                        f"measured on GPUs already capped, the cap is counted twice (give one or the other)")
     advice = batch_advice(s)
     if advice:
         warnings.append(advice)

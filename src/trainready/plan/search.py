@@ -18,7 +18,7 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
-from .efficiency import power_scale
+from .efficiency import POWER_PAIRS, power_scale
 from .estimate import EstimateResult, assemble, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
@@ -205,7 +205,7 @@ def power_problem(job: JobSpec, gpu) -> str | None:
     try:
         power_scale(gpu.arch, job.power_limit_w, gpu.power_w)
     except ValueError as exc:
-        return f"--power-limit {job.power_limit_w:g}: {exc}"
+        return f"--power-limit {job.power_limit_w:.10g}: {exc}"
     return None
 
 
@@ -1015,9 +1015,14 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             notes.append(said)
     if job.tp_overlap and stack.stack.tp_overlap is None:
         notes.append(tp_overlap_of(True, stack.stack, 2)[1])
+    if job.power_limit_w is not None and not ranked and excluded and all(
+            e.reason.startswith("--power-limit") for e in excluded):
+        notes.append(f"--power-limit {job.power_limit_w:.10g} W excluded every instance: the model knows caps down to "
+                     + ", ".join(f"{p.low_fraction:.0%} of rated power on {arch}" for arch, p in POWER_PAIRS.items())
+                     + " (H100/H200: 400 W, B200: 700 W); give a limit in that range, or leave it out")
     if job.power_limit_w is not None and ranked:
         b = ranked[0].setup
-        notes.append(f"GPUs capped at {job.power_limit_w:g} W (--power-limit): the best row's {b.gpu.name} keep "
+        notes.append(f"GPUs capped at {job.power_limit_w:.10g} W (--power-limit): the best row's {b.gpu.name} keep "
                      f"{b.power_scale:.0%} of their rated compute; memory and links at full speed")
     if job.fp8_param_gather and ranked and not (b := ranked[0].setup).fp8_param_gather:
         notes.append("--fp8-gather does not apply to the best row: " + str(fp8_param_gather_problem(

@@ -633,7 +633,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
         try:
             power_scale(gpu.arch, job.power_limit_w, gpu.power_w)
         except ValueError as exc:
-            raise UsageError(f"--power-limit {job.power_limit_w:g} on {gpu.name}: {exc}") from None
+            raise UsageError(f"--power-limit {job.power_limit_w:.10g} on {gpu.name}: {exc}") from None
     inter = job.inter_node_gbps or (inst.network_gbps if inst else None)
     if nodes > 1 and inter is None:
         raise UsageError(f"{nodes} nodes need an inter-node bandwidth: the catalog does not know it for "

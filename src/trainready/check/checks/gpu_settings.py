@@ -68,17 +68,22 @@ def application_clocks(f: Facts) -> Verdict | None:
 POWER_SLACK = 0.98  # a limit within 2% of the default is the default (boards round it)
 
 
-def _compute_kept(f: Facts, limit: float, default: float) -> str:
-    """What the planner's model says the cap costs, where the GPU is known and its arch has a published pair."""
+def _w(watts: float) -> str:
+    return f"{watts:.10g}"
+
+
+def _compute_kept(f: Facts, limit: float) -> str:
+    """What the planner's model says the cap costs (its rated power is the catalog's, as `estimate` takes it), where
+    the GPU is known and the model covers the limit."""
     gpu = f.ctx.gpu
     if gpu is None:
         return ""
     try:
-        kept = power_scale(gpu.arch, limit, default)
-    except ValueError:
-        return f"; how much that slows a {gpu.name} is not modelled"
-    return (f"; the planner's model keeps {kept:.0%} of a {gpu.name}'s rated GEMM and attention speed there "
-            f"(trainready estimate --power-limit {limit:g})")
+        kept = power_scale(gpu.arch, limit, gpu.power_w)
+    except ValueError as exc:
+        return f"; what that costs on {gpu.name} is not modelled ({exc})"
+    return (f"; on {gpu.name} the planner's model keeps {kept:.0%} of the rated GEMM and attention speed at "
+            f"{_w(limit)} W (trainready estimate --power-limit {_w(limit)})")
 
 
 @check("gpu.power-limit", "gpu", needs=(SMI_Q,), gpu=True)
@@ -87,29 +92,35 @@ def power_limit(f: Facts) -> Verdict | None:
     if not rows:
         return Verdict.skip("nvidia-smi -q reports no power limits (N/A, or the section was not captured)") \
             if settings(f) else None
-    low = [s for s in rows if s.power_limit_w < POWER_SLACK * s.power_default_w]
-    sample = low[0] if low else rows[0]
+    low = sorted((s for s in rows if s.power_limit_w < POWER_SLACK * s.power_default_w),
+                 key=lambda s: s.power_limit_w / s.power_default_w)  # the most capped first: it sets the pace
     count = f"{len(rows)} GPU" + ("s" if len(rows) > 1 else "")
+    at = sorted({(_w(s.power_limit_w), _w(s.power_default_w)) for s in rows})
     v = Verdict("pass", expected="each GPU's power limit in force at its default",
-                observed="; ".join(f"GPU {s.index} {s.power_limit_w:g} of {s.power_default_w:g} W" for s in low[:6])
-                if low else f"{sample.power_limit_w:g} W, the default, on {count}")
+                observed="; ".join(f"GPU {s.index} {_w(s.power_limit_w)} of {_w(s.power_default_w)} W"
+                                   for s in low[:6]) if low else
+                f"{'; '.join(f'{a} W in force, default {d} W' for a, d in at[:3])} ({count})")
     if not low:
-        v.reason = "every GPU may draw its rated board power"
+        v.reason = "every GPU may draw at least its default board power"
         return v
     v.status = "warn"
-    outside = [s for s in low if s.power_requested_w is not None and s.power_requested_w > s.power_limit_w]
-    cost = _compute_kept(f, sample.power_limit_w, sample.power_default_w)
-    if outside:  # nvidia-smi asked for more than is in force: the driver's setting is not what holds it
-        v.reason = (f"GPU {gpus([s.index for s in outside])} held below the limit nvidia-smi asked for "
-                    f"({outside[0].power_requested_w:g} W asked, {outside[0].power_limit_w:g} W in force): the "
-                    f"platform caps them (BMC or chassis power budget, a power-brake policy), so under tensor load "
-                    f"their SM clocks drop{cost}")
-        v.advice = ("nvidia-smi -pl cannot lift it: ask the provider (or, on your own hardware, the BMC's GPU power "
-                    "capping setting) for the rated power, or plan with the cap")
-    else:
-        v.reason = (f"GPU {gpus([s.index for s in low])} set below their default power limit (nvidia-smi -pl): under "
-                    f"tensor load their SM clocks drop{cost}")
-        v.advice = f"sudo nvidia-smi -pl {sample.power_default_w:g} (per GPU: -i N) restores the default"
+    platform = [s for s in low if s.power_requested_w is not None and s.power_requested_w > s.power_limit_w]
+    by_pl = [s for s in low if s not in platform]
+    parts, advice = [], []
+    if platform:  # nvidia-smi asked for more than is in force: the driver's setting is not what holds it
+        parts.append(f"GPU {gpus([s.index for s in platform])} held below the limit nvidia-smi asked for (GPU "
+                     f"{platform[0].index}: {_w(platform[0].power_requested_w)} W asked, "
+                     f"{_w(platform[0].power_limit_w)} W in force): the platform caps them (BMC or chassis power "
+                     f"budget, a power-brake policy)")
+        advice.append(f"GPU {gpus([s.index for s in platform])}: nvidia-smi -pl cannot lift it; ask the provider (or, "
+                      f"on your own hardware, the BMC's GPU power capping setting) for the rated power, or plan with "
+                      f"the cap")
+    if by_pl:
+        parts.append(f"GPU {gpus([s.index for s in by_pl])} set below their default power limit (nvidia-smi -pl)")
+        advice.append(f"GPU {gpus([s.index for s in by_pl])}: sudo nvidia-smi -pl {_w(by_pl[0].power_default_w)} "
+                      f"(per GPU: -i N) restores the default")
+    v.reason = "; ".join(parts) + ": under tensor load their SM clocks drop" + _compute_kept(f, low[0].power_limit_w)
+    v.advice = "; ".join(advice)
     return v
 
 

@@ -66,8 +66,9 @@ def _mhz(value: str | None) -> int | None:
 def _watts(value: str | None) -> float | None:
     if value is None:
         return None
-    match = re.fullmatch(r"([0-9]{1,5}(?:\.[0-9]{1,3})?)\s*W", value)
-    return float(match.group(1)) if match else None
+    match = re.fullmatch(r"([0-9]{1,7}(?:\.[0-9]{1,3})?)\s*W", value)
+    watts = float(match.group(1)) if match else None
+    return watts if watts is not None and 0 < watts <= 10_000 else None  # 0 or beyond any board: not a reading
 
 
 def gpu_settings(smi_q: Any) -> list[GpuSettings]:
