@@ -255,7 +255,8 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
         base.pop("fp8_param_gather", None)
     # the file's power limit was in its GPU's watts: an instance or GPU named here keeps it only on the same GPU
     if "power_limit_w" not in given and "power_limit_w" in base and ("instance" in given or "gpu" in given):
-        if _gpu_of(given) is None or _gpu_of(given) != _gpu_of(base):
+        named = _gpu_of(given)
+        if named is None or named != _gpu_of(base):
             base.pop("power_limit_w", None)
     if "instance" in given:
         base.pop("gpu", None)

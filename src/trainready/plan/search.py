@@ -18,7 +18,7 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
-from .efficiency import POWER_PAIRS, power_scale
+from .efficiency import POWER_PAIRS
 from .estimate import EstimateResult, assemble, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
@@ -39,6 +39,7 @@ from .setup import (
     layout_text,
     moe_comm,
     nearest_multiples,
+    power_problem,
     resolve_model,
     tp_splits_heads,
 )
@@ -196,17 +197,6 @@ def _global_batch(job: JobSpec, seq_len: int) -> int:
         return job.global_batch
     target = max(1, round(1_048_576 / seq_len))
     return 1 << (target.bit_length() - 1) if target & (target - 1) else target  # power of two
-
-
-def power_problem(job: JobSpec, gpu) -> str | None:
-    """Why the job's --power-limit cannot be modelled on `gpu` (None: no limit, or it can)."""
-    if job.power_limit_w is None:
-        return None
-    try:
-        power_scale(gpu.arch, job.power_limit_w, gpu.power_w)
-    except ValueError as exc:
-        return f"--power-limit {job.power_limit_w:.10g}: {exc}"
-    return None
 
 
 def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: int,

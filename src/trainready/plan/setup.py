@@ -570,6 +570,18 @@ def _placement(job: JobSpec, catalog: Catalog) -> tuple[Gpu, Instance | None, in
     return gpu, inst, per_node, total // per_node
 
 
+
+def power_problem(job: JobSpec, gpu: Gpu) -> str | None:
+    """Why the job's --power-limit cannot be modelled on `gpu` (None: no limit, or it can): resolve's usage error
+    and plan's exclusion."""
+    if job.power_limit_w is None:
+        return None
+    try:
+        power_scale(gpu.arch, job.power_limit_w, gpu.power_w)
+    except ValueError as exc:
+        return f"--power-limit {job.power_limit_w:.10g} on {gpu.name}: {exc}"
+    return None
+
 def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -> Setup:
     """Validate a fully specified job (micro-batch may still be None: defaults to 1)."""
     model = model or resolve_model(job)
@@ -629,11 +641,8 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     notes += stack_warnings(st.stack, fp8_recipe=recipe if precision == "fp8" else None,
                             token_drop=model.moe is not None and model.moe.capacity_factor is not None
                             and (job.moe_routing == "capacity" or job.capacity_factor is not None))
-    if job.power_limit_w is not None:  # a usage error where the evidence does not cover it
-        try:
-            power_scale(gpu.arch, job.power_limit_w, gpu.power_w)
-        except ValueError as exc:
-            raise UsageError(f"--power-limit {job.power_limit_w:.10g} on {gpu.name}: {exc}") from None
+    if problem := power_problem(job, gpu):  # a usage error where the evidence does not cover it
+        raise UsageError(problem)
     inter = job.inter_node_gbps or (inst.network_gbps if inst else None)
     if nodes > 1 and inter is None:
         raise UsageError(f"{nodes} nodes need an inter-node bandwidth: the catalog does not know it for "
