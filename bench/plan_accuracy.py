@@ -110,7 +110,6 @@ class Row:
     tok_s_gpu: float | None = None
     mem_gib: float | None = None
     mem_kind: str = "reserved"  # which allocator figure was measured
-    tput_in_target: bool = True  # False: throughput shown for information only
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -216,22 +215,6 @@ def torchtune_rows(records: list[dict[str, str]]) -> list[Row]:
     return rows
 
 
-def torchtitan_rows(records: list[dict[str, str]]) -> list[Row]:
-    rows = []
-    for r in records:
-        job = JobSpec(gpu=r["gpu"], gpus=int(r["num_gpus"]), gpus_per_node=int(r["gpus_per_node"]),
-                      inter_node_gbps=float(r["inter_node_gbps"]), strategy=r["strategy"],
-                      micro_batch=int(r["micro_batch"]), global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]),
-                      precision=r["precision"], activation_checkpointing=r["act_ckpt"],
-                      # torchtitan's Llama 3 config: eager (compile false), SDPA, fp32 reduce, op-level selective
-                      **with_stack(r["stack"], kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32"))
-        label = f"{r['model']} {r['num_gpus']}xH100 fsdp mb{r['micro_batch']} s{r['seq_len']} ckpt={r['act_ckpt']}"
-        rows.append(Row("torchtitan 2024-12", label, job, preset(r["model"]), tok_s_gpu=float(r["tok_s_gpu"]),
-                        mem_gib=float(r["peak_mem_gib"]), mem_kind=r["mem_kind"],
-                        tput_in_target=r["throughput_in_target"] == "yes"))
-    return rows
-
-
 DEVICE_SHAPES = {
     "llama-0.9b": ModelSpec(name="llama-0.9b", vocab_size=32000, hidden_size=2048, ffn_hidden_size=5632,
                             num_layers=16, num_heads=16, num_kv_heads=8),
@@ -289,9 +272,10 @@ def _device_file(path: Path, label: str) -> list[Row]:
     return rows
 
 
-def dense_rows(mosaic: list[dict[str, str]], tune: list[dict[str, str]], titan: list[dict[str, str]]) -> list[Row]:
-    """Every dense row: MosaicML, torchtune, our H200 runs, torchtitan's (Row.tput_in_target says which count)."""
-    return mosaic_rows(mosaic) + torchtune_rows(tune) + device_rows() + torchtitan_rows(titan)
+def dense_rows(mosaic: list[dict[str, str]], tune: list[dict[str, str]]) -> list[Row]:
+    """Every dense row: MosaicML, torchtune, our H200 runs. torchtitan's
+    2024-12 FSDP rows live in plan_accuracy_2024.py's set, on the H100 part they ran on."""
+    return mosaic_rows(mosaic) + torchtune_rows(tune) + device_rows()
 
 
 def megatron_rows(records: list[dict[str, str]]) -> list[tuple[str, JobSpec, ModelSpec, float, float]]:
@@ -418,18 +402,15 @@ def main() -> None:
         tune = read_csv(DATA / "torchtune.csv")
         mega = read_csv(DATA / "megatron_table1.csv")
     moe = read_csv(DATA / "moe.csv")
-    titan = read_csv(DATA / "torchtitan.csv")  # no copy in the shared reference: read from the repo
     print(__doc__.split("Usage:")[0].strip().split("\n\n", 1)[1])
     print()
-    rows = dense_rows(mosaic, tune, titan)
-    tput, mem, flat, aside = [], [], [], []
+    rows = dense_rows(mosaic, tune)
+    tput, mem, flat = [], [], []
     for row in rows:
         setup = resolve(row.job, CATALOG, model=row.model)
         step = estimate_step(setup)
         pred_tps = step.tokens_per_s / setup.n_gpus
-        if row.tok_s_gpu and not row.tput_in_target:
-            aside.append((ape(pred_tps, row.tok_s_gpu), row, pred_tps, row.tok_s_gpu))
-        elif row.tok_s_gpu:
+        if row.tok_s_gpu:
             tput.append((ape(pred_tps, row.tok_s_gpu), row, pred_tps, row.tok_s_gpu))
             # the rule of thumb: 6 N FLOPs per token at 50% of the dense peak
             peak = setup.gpu.peak_tflops("bf16") * 1e12
@@ -450,10 +431,6 @@ def main() -> None:
     print("  worst rows:")
     for e, r, p, m in sorted(tput, key=lambda x: -x[0])[: args.worst]:
         print(f"    {e:5.1f}%  pred {p:9.0f}  meas {m:9.0f}  {r.source}: {r.label}")
-    if aside:
-        print("  not in the target (GPU outside the catalog), for information:")
-        for e, r, p, m in aside:
-            print(f"    {e:5.1f}%  pred {p:9.0f}  meas {m:9.0f} ({(p / m - 1) * 100:+.0f}%)  {r.source}: {r.label}")
 
     print("\nPeak memory per GPU")
     print(f"  {'all rows':30s} {summary([e for e, *_ in mem])}")

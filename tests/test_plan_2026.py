@@ -395,10 +395,13 @@ def test_compile_counts_the_loss_as_the_compiled_graph_holds_it(catalog):
     assert est_c.memory.per_gpu_gib.peak < est_e.memory.per_gpu_gib.peak - 7.0
     assert est_c.throughput.tokens_per_s == est_e.throughput.tokens_per_s
     assert est_c.setup.torch_compile and not est_e.setup.torch_compile
-    # the speed figure says what it assumes of compile: torchtitan's factors match its compiled runs
-    eager_said = " ".join(est_e.assumptions)
-    assert "its configs' default is eager, which torchtitan measured 14% slower" in eager_said
-    assert "checked against torchtitan's published compiled runs" in " ".join(est_c.assumptions)
+    # the speed figure says what it assumes of compile: torchtitan's eager class, checked against its runs, and the
+    # speed-up torchtitan measured, which the figure leaves out
+    eager_said, compiled_said = " ".join(est_e.assumptions), " ".join(est_c.assumptions)
+    assert "torchtitan measured torch.compile 16% faster than eager" in eager_said
+    assert "the speed figure stays" in eager_said
+    assert "checked against torchtitan's published runs" in compiled_said
+    assert "a compiled run may beat this figure" in compiled_said
     hf_said = " ".join(estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer"), torch_compile=True)).assumptions)
     assert "speed keeps the eager kernels" in hf_said
     fused = " ".join(estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer", kernels="fused"),
@@ -409,7 +412,7 @@ def test_compile_counts_the_loss_as_the_compiled_graph_holds_it(catalog):
                  tp_overlap=True, micro_batch=1)
     assert atp.compiled and not atp.torch_compile
     assert estimate_setup(atp).setup.torch_compile
-    assert "checked against torchtitan's published compiled runs" in " ".join(estimate_setup(atp).assumptions)
+    assert "checked against torchtitan's published runs" in " ".join(estimate_setup(atp).assumptions)
     assert not any("torch.compile" in a for a in estimate_setup(_setup(catalog, **dict(job, stack="hf-trainer")))
                    .assumptions)
     tp = dict(job, tp=2, gpus=8)

@@ -11,7 +11,7 @@ import pytest
 from trainready.plan.presets import preset
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data" / "plan_reference"
-FILES = ("mosaicml_llmfoundry.csv", "torchtune.csv", "megatron_table1.csv", "torchtitan.csv", "moe.csv")
+FILES = ("mosaicml_llmfoundry.csv", "torchtune.csv", "megatron_table1.csv", "moe.csv")
 MEASURED_GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200")  # rule 3: efficiency measured
 
 
