@@ -33,10 +33,10 @@ torchtitan compiled the blocks only, the loss eager) and "yes" rows (what was co
 
 MoE dispatch and routing (added 2026-12-07, after the Kimi K2 row read -43% with the stack's collective
 all-to-all where its source names DeepEP): a row whose framework or notes name DeepEP or HybridEP is estimated
-with `ep_dispatcher = "deepep"`; one that forced balanced routing (force-balanced, NeMo AutoModel's
-fake_balanced_gate) with a load imbalance of 1.0, and fake_balanced_gate's contiguous routing. Megatron recipes
-with `--recompute-modules` are estimated with that list (plan/recompute.py; publications' short names read by
-recompute.published_modules).
+with `ep_dispatcher = "deepep"`; one that forced balanced routing (force-balanced, forced load balance,
+moe_force_load_balance, NeMo AutoModel's fake_balanced_gate; not where negated) with a load imbalance of 1.0, and
+fake_balanced_gate's contiguous routing. Megatron recipes with `--recompute-modules` are estimated with that list
+(plan/recompute.py; publications' short names read by recompute.published_modules).
 
 Pipeline schedule calls (added 2026-12-07, after the Kimi K2 row read +27%; the mechanism read in NeMo AutoModel's
 benchmark loop at 89e3a9fdd and torchtitan 0.3's Trainer.train_step, no factor fitted): where a torchtitan or AutoModel row's source gives the
@@ -57,10 +57,10 @@ notes say its H100s are Meta's "96GB HBM2e" parts runs on that part (2.4 TB/s, 9
 as torchtitan's benchmark files describe their hardware.
 
 MoE rows of both benches (added 2026-12-07, when seven Qwen3-30B-A3B rows on B200 joined this set, collected by a
-helper before the planner saw them, and read within 7% while moe.csv's ten read 31% median): issue 24's MoE target
+helper before the planner saw them, and read -5..+14% while moe.csv's ten read 31% median): issue 24's MoE target
 and the fit target count moe.csv's rows too (NeMo AutoModel, Megatron-Bridge and Megatron-MoE-ModelZoo runs
 published 2025-2026, estimated by bench/plan_accuracy.py's MoE rule); the "MoE" line is this set's rows alone, six
-of whose twelve are one strong-scaling series (NousResearch's DeepEP fork of torchtitan, 1-16 nodes).
+of whose twelve are one source's scaling runs of one config (NousResearch's DeepEP fork of torchtitan, 1-16 nodes).
 
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
@@ -195,7 +195,7 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["fp8_recipe"] = next((n for n in ("mxfp8", "rowwise", "blockwise", "delayed", "tensorwise") if n in recipe),
                                 None)
     said = f"{r['framework']} {r['notes']}".lower()
-    if "force-balanced" in said or "forced balanced" in said or "fake_balanced_gate" in said:
+    if forced_balance(said):
         kw["expert_load_imbalance"] = 1.0  # the benchmark forced an even token spread over the experts
     if "fake_balanced_gate" in said:  # NeMo AutoModel's gate: token t to experts t k .. t k + k - 1 (moe.py)
         kw["expert_routing"] = "contiguous"
@@ -220,6 +220,17 @@ def job_of(r: dict[str, str]) -> JobSpec:
     if r["compile"] == "model+loss":  # torchtitan from PR #1033 (2025-04) compiles the loss with the model
         kw["torch_compile"] = True
     return JobSpec(**kw)
+
+
+FORCED_BALANCE = re.compile(r"(\b(?:not|no|without)\s+)?(force-balanced|forced[ -]balanced?|forced (?:load )?balance"
+                            r"|force_load_balanc|fake_balanced_gate)")
+
+
+def forced_balance(said: str) -> bool:
+    """Whether a row's lower-cased framework and notes say the benchmark forced balanced routing (Megatron's
+    --moe-router-force-load-balancing, torchtitan's moe_force_load_balance, NeMo AutoModel's fake_balanced_gate),
+    a phrase not negated ("not forced-balanced", "no forced balance")."""
+    return any(not m.group(1) for m in FORCED_BALANCE.finditer(said))
 
 
 def evaluate(r: dict[str, str]) -> dict:

@@ -459,7 +459,7 @@ llama3_h100_202412_torchtitan.md Table 1), tokens/s/GPU eager and compiled. Said
 eager class matches that table's eager rows, but treating compiled blocks as fused kernels overshoots its compiled
 rows by about 25% (bench/plan_accuracy_2024.py, 2026-12-07), so what Inductor's fusion saves is not modelled."""
 _TITAN_COMPILE_MEASURED = (f"torchtitan measured torch.compile {TITAN_COMPILED_TPS / TITAN_EAGER_TPS - 1:.0%} faster "
-                           f"than eager (Llama 3.1 8B, FSDP on 8 H100: {TITAN_COMPILED_TPS:,} against "
+                           f"than eager (Llama 3.1 8B, FSDP on 8 of Meta's 500 W H100s: {TITAN_COMPILED_TPS:,} against "
                            f"{TITAN_EAGER_TPS:,} tokens/s/GPU, benchmarks/llama3_h100_202412_torchtitan.md)")
 
 
