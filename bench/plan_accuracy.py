@@ -273,8 +273,8 @@ def _device_file(path: Path, label: str) -> list[Row]:
 
 
 def dense_rows(mosaic: list[dict[str, str]], tune: list[dict[str, str]]) -> list[Row]:
-    """Every dense row: MosaicML, torchtune, our H200 runs. torchtitan's
-    2024-12 FSDP rows live in plan_accuracy_2024.py's set, on the H100 part they ran on."""
+    """Every dense row: MosaicML, torchtune, our H200 runs. torchtitan's 2024-12 FSDP rows live in
+    plan_accuracy_2024.py's set, on the H100 part they ran on."""
     return mosaic_rows(mosaic) + torchtune_rows(tune) + device_rows()
 
 
@@ -359,6 +359,13 @@ def moe_results(records: list[dict[str, str]]) -> list[tuple[dict[str, str], flo
             msg = str(exc).splitlines()[0]
             out.append((r, None, msg.split(". ")[0][:110], None))
     return out
+
+
+def counted_moe(records: list[dict[str, str]]) -> list[tuple[dict[str, str], float, Setup]]:
+    """(row, predicted tokens/s/GPU, setup) of the rows the MoE targets count: included by the MoE rule and
+    expressible by `estimate`."""
+    return [(r, pred, setup) for r, pred, _, setup in moe_results(records)
+            if r["included"] == "yes" and pred is not None]
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -251,11 +251,13 @@ def evaluate(r: dict[str, str]) -> dict:
         out["mem_signed"] = (ours / GiB / float(r["peak_mem_gib"]) - 1) * 100
     out["gpu_gib"] = setup.gpu.memory_gib
     if r["tok_s_gpu"]:
-        meas = float(r["tok_s_gpu"])
-        out["meas"] = meas
-        out["err"] = abs(out["pred"] - meas) / meas * 100
-        out["signed"] = (out["pred"] / meas - 1) * 100
+        out.update(_compared(out["pred"], float(r["tok_s_gpu"])))
     return out
+
+
+def _compared(pred: float, meas: float) -> dict[str, float]:
+    """A row's measured tokens/s/GPU and the prediction's absolute and signed error (%)."""
+    return {"meas": meas, "err": abs(pred - meas) / meas * 100, "signed": (pred / meas - 1) * 100}
 
 
 p90 = track_record.p90  # nearest rank, as bench/plan_accuracy.py and `plan`'s track record count it
@@ -290,15 +292,9 @@ def moe_csv_results() -> list[dict]:
     """moe.csv's MoE rows (NeMo AutoModel, Megatron-Bridge, Megatron-MoE-ModelZoo: published 2025-2026, estimated as
     bench/plan_accuracy.py's MoE rule has them), in `evaluate`'s form: issue 24's MoE target counts them with this
     set's own."""
-    out = []
-    for r, pred, _, setup in acc2023.moe_results(acc2023.read_csv(DATA / "moe.csv")):
-        if r["included"] != "yes" or pred is None:
-            continue
-        meas = float(r["tok_s_gpu"])
-        out.append({"row": dict(r, _file="moe.csv"), "setup": setup, "pred": pred, "meas": meas,
-                    "err": abs(pred - meas) / meas * 100, "signed": (pred / meas - 1) * 100,
-                    "peak_gib": estimate_memory(setup).peak / GiB, "gpu_gib": setup.gpu.memory_gib})
-    return out
+    return [{"row": dict(r, _file="moe.csv"), "setup": setup, "pred": pred, **_compared(pred, float(r["tok_s_gpu"])),
+             "peak_gib": estimate_memory(setup).peak / GiB, "gpu_gib": setup.gpu.memory_gib}
+            for r, pred, setup in acc2023.counted_moe(acc2023.read_csv(DATA / "moe.csv"))]
 
 
 def main() -> None:
@@ -319,7 +315,8 @@ def main() -> None:
                        ("dense LoRA/SFT", [x for x in dense if x["row"]["method"] in ("lora", "sft")]),
                        ("MoE", moe)):
         print(line(label, sel))
-    moe_all = moe + moe_csv_results()
+    moe_csv = moe_csv_results()
+    moe_all = moe + moe_csv
     print(line("MoE, with moe.csv's rows", moe_all))
     for gpu in sorted({x["setup"].gpu.name for x in results}):
         print(line(gpu, [x for x in results if x["setup"].gpu.name == gpu]))
@@ -330,7 +327,7 @@ def main() -> None:
             med, hi = statistics.median(e), p90(e)
             print(f"  target {label:6s} median {med:5.1f}% <= {t_med:g}% {'PASS' if med <= t_med else 'MISS'}   "
                   f"p90 {hi:5.1f}% <= {t_p90:g}% {'PASS' if hi <= t_p90 else 'MISS'}")
-    counted = results + moe_all[len(moe):]  # this set's rows and moe.csv's
+    counted = results + moe_csv
     unfit = [x for x in counted if x["peak_gib"] > x["gpu_gib"]]
     print(f"  target fit: {len(counted) - len(unfit)} of {len(counted)} published runs fit by the memory model "
           f"{'PASS' if not unfit else 'MISS'}")

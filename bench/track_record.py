@@ -48,9 +48,8 @@ def records() -> list[RecordRow]:
         setup = resolve(row.job, acc2023.CATALOG, model=row.model)
         out.append(_row(f"{row.source}: {row.label}", "plan_accuracy.py", setup,
                         estimate_step(setup).tokens_per_s / setup.n_gpus, row.tok_s_gpu))
-    for r, pred, _, setup in acc2023.moe_results(read(d / "moe.csv")):  # the MoE rule's rows that it can estimate
-        if r["included"] == "yes" and pred is not None:
-            out.append(_row(r["id"], "moe.csv", setup, pred, float(r["tok_s_gpu"])))
+    for r, pred, setup in acc2023.counted_moe(read(d / "moe.csv")):  # the MoE rule's rows that it can estimate
+        out.append(_row(r["id"], "moe.csv", setup, pred, float(r["tok_s_gpu"])))
     for res in acc2024.evaluated()[0]:
         if "err" in res:
             out.append(_row(res["row"]["id"], res["row"]["_file"], res["setup"], res["pred"], res["meas"]))

@@ -454,7 +454,7 @@ def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
 
 
 TITAN_EAGER_TPS, TITAN_COMPILED_TPS = 5762, 6667
-"""torchtitan's own measurement of torch.compile on Llama 3.1 8B, FSDP on 8 H100 (benchmarks/
+"""torchtitan's own measurement of torch.compile on Llama 3.1 8B, FSDP on 8 of Meta's 500 W H100s (benchmarks/
 llama3_h100_202412_torchtitan.md Table 1), tokens/s/GPU eager and compiled. Said, not applied: the planner's
 eager class matches that table's eager rows, but treating compiled blocks as fused kernels overshoots its compiled
 rows by about 25% (bench/plan_accuracy_2024.py, 2026-12-07), so what Inductor's fusion saves is not modelled."""
