@@ -29,9 +29,9 @@ def _bench():
 
 
 def _row(id_: str, err: float, arch: str = "hopper", precision: str = "16-bit", kind: str = "dense",
-         context: str = "standard") -> tr.RecordRow:
+         context: str = "standard", stack: str = "hf-trainer") -> tr.RecordRow:
     return tr.RecordRow(id=id_, source="test", signed_error_pct=err,
-                        regime=tr.Regime(kind=kind, context=context, precision=precision, arch=arch))
+                        regime=tr.Regime(kind=kind, context=context, precision=precision, arch=arch, stack=stack))
 
 
 def _setup(**kw):
@@ -95,6 +95,26 @@ def test_an_unmeasured_regime_still_names_the_few_runs_of_a_broader_one():
     assert "too few measured MoE runs with long sequences" in rec.narrower and "(1: +41%)" in rec.narrower
 
 
+def test_each_stack_is_quoted_its_own_runs_where_it_has_enough_and_named_where_it_has_few():
+    # one regime, two stacks that miss in opposite directions (as torchtitan's and Megatron's long-context FP8
+    # runs on Hopper do): neither user is quoted the other's lean without being told
+    titan = [_row(f"t{i}", e, precision="fp8", context="long", stack="torchtitan")
+             for i, e in enumerate([26, 34, 48, 63, 65, -6, 1, 30])]
+    rows = tuple(titan + [_row("m1", -15.0, precision="fp8", context="long", stack="megatron")])
+    long_fp8 = {"precision": "fp8", "seq_len": 65536, "cp": 2}
+    on_titan = tr.track_record(_setup(stack="torchtitan", **long_fp8), rows)
+    assert on_titan.runs == 8 and on_titan.regime.endswith("on Hopper GPUs under torchtitan")
+    assert on_titan.narrower is None and on_titan.signed_median_pct == pytest.approx(32.0)
+    on_megatron = tr.track_record(_setup(stack="megatron", **long_fp8), rows)
+    assert on_megatron.runs == 9 and "under" not in on_megatron.regime
+    assert "under megatron to quote alone (1: -15%)" in on_megatron.narrower
+    assert on_megatron.narrower_errors_pct == [-15.0] and on_megatron.regime_measured
+    # a stack with no run of its own is quoted the regime's runs, not called unmeasured
+    on_trainer = tr.track_record(_setup(stack="hf-trainer", **long_fp8), rows)
+    assert on_trainer.runs == 9 and on_trainer.narrower is None and on_trainer.regime_measured
+    assert tr.regime_of(_setup(stack="torchtitan")).stack == "torchtitan"
+
+
 def test_the_lean_is_said_only_where_there_is_one():
     even = tr.summarize([_row("a", -0.4), _row("b", 0.0), _row("c", 0.3)], "x")
     assert "leaned neither way" in tr.text(even)
@@ -117,9 +137,10 @@ def test_long_sequences_and_context_parallelism_are_their_own_regime():
     assert tr.regime_of(_setup(precision="fp8")).precision == "fp8"
 
 
-GOOD = {"schema_version": 1, "generated_by": "bench/track_record.py",
+GOOD = {"schema_version": 2, "generated_by": "bench/track_record.py",
         "rows": [{"id": "a", "source": "s", "signed_error_pct": 3.0,
-                  "regime": {"kind": "dense", "context": "standard", "precision": "fp8", "arch": "hopper"}}]}
+                  "regime": {"kind": "dense", "context": "standard", "precision": "fp8", "arch": "hopper",
+                             "stack": "torchtitan"}}]}
 
 
 def _with(path: tuple, value) -> str:
@@ -132,18 +153,22 @@ def _with(path: tuple, value) -> str:
 
 
 @pytest.mark.parametrize("text", [
-    _with(("schema_version",), 2),
+    _with(("schema_version",), 1),  # written before regimes named their stack: its rows would match none
+    _with(("schema_version",), 3),
     _with(("rows", 0, "signed_error_pct"), float("nan")),
     _with(("rows", 0, "signed_error_pct"), "3"),
     _with(("rows", 0, "regime", "kind"), "hybrid"),
     _with(("rows", 0, "regime", "arch"), "[bold]hopper[/]"),
+    _with(("rows", 0, "regime", "stack"), "[bold]torchtitan[/]"),
+    _with(("rows", 0, "regime", "stack"), ""),
+    _with(("rows", 0, "regime", "stack"), 7),
     _with(("rows", 0, "extra"), 1),
     _with(("rows",), []),
     _with(("rows", 0, "id"), ""),
     _with(("schema_version",), True),
-    _with(("schema_version",), 1.0),
+    _with(("schema_version",), 2.0),
     json.dumps({**GOOD, "rows": GOOD["rows"] * 2}),  # a run counted twice
-    "not json", "[" * 50_000, '{"schema_version": 1}',
+    "not json", "[" * 50_000, '{"schema_version": 2}',
 ])
 def test_a_file_that_does_not_hold_what_it_must_gives_no_record(text):
     assert tr.parse(text) is None

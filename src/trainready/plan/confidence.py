@@ -37,7 +37,7 @@ class ConfidenceInfo(BaseModel):
     usd_per_billion_tokens: Range | None = None
     track_record: TrackRecord | None = Field(
         None, description="how far the planner's tokens/s was off on measured runs of this setup's regime (dense or "
-                          "MoE, sequence length, precision, GPU architecture; plan/track_record.py); None: the "
+                          "MoE, sequence length, precision, GPU architecture, stack; plan/track_record.py); None: the "
                           "estimate uses calibrated factors (the record is the shipped model's), fewer than 8 runs of "
                           "its kind, or the record could not be read")
 

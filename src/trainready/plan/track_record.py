@@ -5,7 +5,10 @@ bench/plan_accuracy_2024.py) count, published ones and the H200 runs a trainread
 run's own layout, and writes plan/data/track_record.json: one line
 per run with its regime (regime_of) and the signed error of tokens/s per GPU. An estimate quotes the
 narrowest regime that holds at least MIN_RUNS runs: (dense or MoE, sequence regime, precision, GPU
-architecture), then without the architecture, then without the precision, then the kind alone.
+architecture, training stack), then without the stack, then without the architecture, then without the
+precision, then the kind alone. The stack is the narrowest field because stacks of one regime miss in
+opposite directions (on Hopper FP8 with long sequences, torchtitan's context-parallel runs read +34% where
+Megatron's reads -15%): a user of one should not be quoted the other's lean.
 
 The error is what the planner got wrong on runs that were measured, not a range of its inputs: a user reads
 "runs like this were off by 10% (median), 31% (9 in 10)" beside the point estimate. The file is ours, but it
@@ -27,7 +30,7 @@ from trainready.io import parse_json
 
 from .setup import Setup
 
-TRACK_RECORD_SCHEMA_VERSION = 1
+TRACK_RECORD_SCHEMA_VERSION = 2  # 2: a regime names its training stack
 MIN_RUNS = 8
 """Fewest runs a regime needs to be quoted (below it, the next broader regime)."""
 LONG_SEQUENCE = 32768
@@ -36,13 +39,16 @@ WIDE_P90_PCT = 20.0
 """A regime whose 90th-percentile error exceeds this (the MoE target of issue 24) is also a warning."""
 MAX_FILE_BYTES = 4 * 2**20
 """~100 bytes a run: a file larger than this is not ours (read no further)."""
-REGIME_FIELDS = ("kind", "context", "precision", "arch")
+REGIME_FIELDS = ("kind", "context", "precision", "arch", "stack")
 """A regime's fields, narrowest last: quoting widens by dropping them from the right."""
 
 Kind = Literal["dense", "moe"]
 Context = Literal["standard", "long"]
 Precision = Literal["16-bit", "fp8", "other"]
 Arch = Literal["volta", "ampere", "ada", "hopper", "blackwell", "other"]
+MEASURED_DEPTH = 4
+"""Fields of a regime (kind .. arch) that must hold a measured run for the setup to count as measured: a stack
+with no run of its own is quoted its regime's runs without a warning, as before stacks were a field."""
 
 
 class Regime(BaseModel):
@@ -51,6 +57,7 @@ class Regime(BaseModel):
     context: Context
     precision: Precision
     arch: Arch
+    stack: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="the stack preset (plan/stacks.py)")
 
 
 class RecordRow(BaseModel):
@@ -65,15 +72,15 @@ class RecordRow(BaseModel):
 
 class RecordFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     generated_by: str = Field(max_length=200)
     rows: list[RecordRow] = Field(max_length=10_000)
 
     @field_validator("schema_version", mode="before")
     @classmethod
     def _an_int(cls, v: object) -> object:
-        if type(v) is not int:  # Literal[1] alone takes True and 1.0
-            raise ValueError("schema_version must be the integer 1")
+        if type(v) is not int:  # Literal[2] alone takes True and 2.0
+            raise ValueError("schema_version must be the integer 2")
         return v
 
     @model_validator(mode="after")
@@ -89,7 +96,8 @@ class TrackRecord(BaseModel):
     model_config = ConfigDict(frozen=True)  # one instance per regime, shared by every estimate that quotes it
 
     regime: str = Field(description="the runs compared, in words: the narrowest regime with enough runs, widened "
-                                    "from the GPU architecture, then the precision, then the sequence regime")
+                                    "from the training stack, then the GPU architecture, then the precision, then "
+                                    "the sequence regime")
     runs: int = Field(description="measured runs in that regime")
     median_abs_error_pct: float = Field(description="median |estimate / measured - 1| of tokens/s per GPU, %")
     p90_abs_error_pct: float | None = Field(description="90th percentile of the same (nearest rank: the ceil(0.9 n)-th "
@@ -108,7 +116,7 @@ class TrackRecord(BaseModel):
     source: str = Field(description="where the figures come from")
 
 
-Key = tuple[str, str, str, str]
+Key = tuple[str, str, str, str, str]
 """A regime as plain strings in REGIME_FIELDS order: what `plan` computes for every candidate."""
 
 
@@ -116,7 +124,7 @@ def _key(s: Setup) -> Key:
     return ("moe" if s.model.is_moe else "dense",
             "long" if s.cp > 1 or s.seq_len >= LONG_SEQUENCE else "standard",
             "fp8" if s.precision == "fp8" else "16-bit" if s.precision in ("bf16", "fp16") else "other",
-            s.gpu.arch)
+            s.gpu.arch, s.stack)
 
 
 def regime_of(s: Setup) -> Regime:
@@ -129,7 +137,7 @@ def key_of(r: Regime) -> Key:
 
 def _label(key: Key, depth: int) -> str:
     """The regime's first `depth` fields, in words."""
-    kind, context, precision, arch = key
+    kind, context, precision, arch, stack = key
     parts = ["MoE" if kind == "moe" else "dense"]
     if depth > 2:
         parts.append({"fp8": "FP8", "16-bit": "BF16/FP16", "other": "FP32/other-precision"}[precision])
@@ -139,6 +147,8 @@ def _label(key: Key, depth: int) -> str:
                   if context == "long" else f" with sequences under {LONG_SEQUENCE // 1024}k")
     if depth > 3:
         words += f" on {arch.capitalize()} GPUs"
+    if depth > 4:
+        words += f" under {stack}"
     return words
 
 
@@ -207,7 +217,7 @@ def _of_regime(key: Key, rows: tuple[RecordRow, ...]) -> TrackRecord | None:
         same = [x for k, x in keyed if k[:depth] == key[:depth]]
         if len(same) >= MIN_RUNS:
             return summarize(same, _label(key, depth), "; ".join(notes) or None, few, measured)
-        if not same and depth == len(REGIME_FIELDS):
+        if not same and depth == MEASURED_DEPTH:
             measured = False
             notes.append(f"no measured {_label(key, depth)}")
         elif same and not few:
