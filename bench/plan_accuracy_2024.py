@@ -24,7 +24,15 @@ are listed with the reason.
 Attention kernel: where a row's attention went through torch's SDPA (torchtitan, torchao, Hugging Face
 stacks) on a torch release the source names and that release predates cuDNN as SDPA's choice on
 Hopper/Blackwell (torch 2.11, plan/stacks.py), the row is estimated with `--attention-kernel flash2`, the
-kernel that release ran; a row whose torch is not published keeps the stack's kernel.
+kernel that release ran; a row whose torch is not published keeps the stack's kernel. The release is the `torch`
+column (a build named by commit is read as its release line: 1963fc8 of 2024-12 as 2.6, 38410cf9 of 2025-06 as
+2.8, the benchmark files' dates).
+
+What a source states in prose that the estimate takes as an input is a column of its own (added 2026-12-07; until
+then the bench read it from the notes with patterns, and a review found a phrase the pattern missed): `torch`,
+`power_limit_w`, `host_offload`, `load_imbalance`, `expert_routing`, `ep_dispatcher`, `fp8_param_gather`, and a
+`gpu` of `h100-96gb-hbm2e` for Meta's parts. The notes keep the words the value was read from, and
+tests/test_plan_reference.py fails where a note says one thing and the column another.
 
 torch.compile (the `compile` column, from the row's framework release): "model+loss" rows (torchtitan from PR
 #1033, 2025-04, which compiles the loss with the model) are estimated with `--compile`; "model" rows (earlier
@@ -32,10 +40,10 @@ torchtitan compiled the blocks only, the loss eager) and "yes" rows (what was co
 `--compile` changes the loss's memory only, and the blocks' compile is not an input.
 
 MoE dispatch and routing (added 2026-12-07, after the Kimi K2 row read -43% with the stack's collective
-all-to-all where its source names DeepEP): a row whose framework or notes name DeepEP or HybridEP is estimated
-with `ep_dispatcher = "deepep"`; one that forced balanced routing (force-balanced, forced load balance,
-moe_force_load_balance, NeMo AutoModel's fake_balanced_gate; not where negated) with a load imbalance of 1.0, and
-fake_balanced_gate's contiguous routing. Megatron recipes with `--recompute-modules` are estimated with that list
+all-to-all where its source names DeepEP): a row whose source names DeepEP or HybridEP has `ep_dispatcher`
+deepep; one that forced balanced routing (force-balanced, forced load balance, moe_force_load_balance, NeMo
+AutoModel's fake_balanced_gate) a `load_imbalance` of 1.0, and fake_balanced_gate's rows `expert_routing`
+contiguous. Megatron recipes with `--recompute-modules` are estimated with that list
 (plan/recompute.py; publications' short names read by recompute.published_modules).
 
 Pipeline schedule calls (added 2026-12-07, after the Kimi K2 row read +27%; the mechanism read in NeMo AutoModel's
@@ -44,16 +52,17 @@ local batch, the `pp_local_batch` column holds it and the row is estimated with 
 pipeline fill and drain per local batch (Kimi K2: LBS 8 x GA 2).
 
 FP8 parameter all-gather (added 2026-12-07, with `--fp8-gather`; the flags read in Megatron-Bridge's and NeMo's
-mixed-precision recipes and torchtitan's float8 config, no factor fitted): an FP8 row whose notes or source say
-its weights were all-gathered in float8 ("with float8 all-gather", "FSDP float8 all-gather", "(f8 all-gather)")
-is estimated with `--fp8-gather`, one that says "bfloat16 all-gather" with `--no-fp8-gather`; a row that does not
-say keeps the stack's recipe (Megatron's delayed and current-scaling recipes gather FP8, torchtitan's default
+mixed-precision recipes and torchtitan's float8 config, no factor fitted): an FP8 row whose source says its
+weights were all-gathered in float8 ("with float8 all-gather", "FSDP float8 all-gather", "(f8 all-gather)") has
+`fp8_param_gather` yes and is estimated with `--fp8-gather`, one that says "bfloat16 all-gather" no and
+`--no-fp8-gather`; a row that does not say keeps the stack's recipe (Megatron's delayed and current-scaling recipes gather FP8, torchtitan's default
 does not).
 
 Power limits and Meta's H100s (added 2026-12-07, with `--power-limit`; the scale from NVIDIA's datasheets of the
-same chip at two board powers, efficiency.power_scale, no factor fitted): a row whose notes or unknowns state its
-GPUs' power limit ("500 W power limit", "B200 power limit 750 W") is estimated at that limit, and a row whose
-notes say its H100s are Meta's "96GB HBM2e" parts runs on that part (2.4 TB/s, 96 GB: the H100 SXM's compute),
+same chip at two board powers, efficiency.power_scale, no factor fitted): a row whose source states its GPUs'
+power limit ("500 W power limit", "B200 power limit 750 W"; the `power_limit_w` column) is estimated at that
+limit, and a row whose notes say its H100s are Meta's "96GB HBM2e" parts runs on that part (`gpu`
+h100-96gb-hbm2e) (2.4 TB/s, 96 GB: the H100 SXM's compute),
 as torchtitan's benchmark files describe their hardware.
 
 MoE rows of both benches (added 2026-12-07, when seven Qwen3-30B-A3B rows on B200 joined this set, collected by a
@@ -71,7 +80,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -98,7 +106,7 @@ FILES = ("megatron_bridge.csv", "published_2024_2026.csv")
 _SHIPPED = load_catalog()
 # Meta's benchmark H100s (torchtitan's 2024-12 and 2025-06 tables): "96GB HBM2e with 2.4 TB/sec peak memory
 # bandwidth", the H100 SXM's compute; a part of their own, not in the shipped catalog. Rows whose notes say
-# "96GB HBM2e" run on it (its fit judged against 96 GB, its elementwise kernels at 2.4 TB/s).
+# "96GB HBM2e" name it as their `gpu` and run on it (its fit judged against 96 GB, its elementwise kernels at 2.4 TB/s).
 H100_96GB_HBM2E = _SHIPPED.gpus["h100-80gb"].model_copy(update={
     "name": "h100-96gb-hbm2e", "display_name": "NVIDIA H100 96GB HBM2e (Meta Grand Teton)", "aliases": [],
     "memory_gib": 96e9 / 2**30, "hbm_gbps": 2400,
@@ -123,20 +131,9 @@ def _checkpointing(recompute: str) -> str:
     return "selective"
 
 
-# torch builds the sources name by commit, with the release line they belong to (the benchmark files' dates:
-# torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Dec 2024 -> 2.6 nightly; asyncTP_llama3_h100_2025-06,
-# June 2025 -> 2.8 nightly)
-TORCH_COMMITS = {"1963fc8": (2, 6), "38410cf9": (2, 8)}
-
-
 def torch_of(r: dict[str, str]) -> tuple[int, int] | None:
-    """The torch release a row ran (None: not published)."""
-    text = r["source"] + " " + r["notes"]
-    m = re.search(r"torch (2)\.(\d+)", text)
-    if m:
-        return int(m.group(1)), int(m.group(2))
-    m = re.search(r"torch ([0-9a-f]{7,})", text)
-    return TORCH_COMMITS.get(m.group(1)) if m else None
+    """The torch release a row ran, from its `torch` column (None: not published)."""
+    return tuple(int(x) for x in r["torch"].split(".")) if r["torch"] else None  # type: ignore[return-value]
 
 
 def attention_kernel_of(r: dict[str, str], stack: str | None) -> str | None:
@@ -157,9 +154,8 @@ def job_of(r: dict[str, str]) -> JobSpec:
         preset(r["model"])
     except UsageError:
         raise UsageError(f"no preset for {r['model']}") from None
-    offload = re.search(r"cpu_offloading_num_layers|moe_paged_stash", r["notes"])
-    if offload:  # Megatron's activation CPU offloading / MoE paged stash with a host tier
-        raise UsageError(f"activations offloaded to host memory ({offload.group(0)}) are not modelled")
+    if r["host_offload"]:  # Megatron's activation CPU offloading / MoE paged stash with a host tier
+        raise UsageError(f"activations offloaded to host memory ({r['host_offload']}) are not modelled")
     if r["gpu"] not in CATALOG.gpus:
         raise UsageError(f"GPU {r['gpu'] or '(not published)'} is not in the catalog")
     n = int(r["num_gpus"])
@@ -170,8 +166,7 @@ def job_of(r: dict[str, str]) -> JobSpec:
         if n > NVL72:
             raise UsageError(f"{n} GB200 GPUs span NVL72 racks (NVLink inside, InfiniBand between): not modelled")
         per_node = n
-    gpu = H100_96GB_HBM2E.name if r["gpu"] == "h100-80gb" and "96GB HBM2e" in r["notes"] else r["gpu"]
-    kw: dict = dict(model=r["model"], gpu=gpu, gpus=n, gpus_per_node=min(per_node, n),
+    kw: dict = dict(model=r["model"], gpu=r["gpu"], gpus=n, gpus_per_node=min(per_node, n),
                     strategy=r["sharding"] or "zero1", tp=int(r["tp"] or 1), pp=int(r["pp"] or 1),
                     cp=int(r["cp"] or 1), ep=int(r["ep"] or 1), micro_batch=int(r["micro_batch"]),
                     global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]), precision=precision,
@@ -194,22 +189,18 @@ def job_of(r: dict[str, str]) -> JobSpec:
     if precision == "fp8" and recipe:  # the row's scaling recipe; unpublished: the stack's default
         kw["fp8_recipe"] = next((n for n in ("mxfp8", "rowwise", "blockwise", "delayed", "tensorwise") if n in recipe),
                                 None)
-    said = f"{r['framework']} {r['notes']}".lower()
-    if forced_balance(said):
-        kw["expert_load_imbalance"] = 1.0  # the benchmark forced an even token spread over the experts
-    if "fake_balanced_gate" in said:  # NeMo AutoModel's gate: token t to experts t k .. t k + k - 1 (moe.py)
-        kw["expert_routing"] = "contiguous"
-    if kw["ep"] > 1 and ("deepep" in said or "hybridep" in said):  # the dispatcher the source names
-        kw["ep_dispatcher"] = "deepep"
-    told = f"{said} {r['source']}".lower()  # the table's own row label may sit in the source column
-    if precision == "fp8" and any(k in told for k in ("with float8 all-gather", "fsdp float8 all-gather",
-                                                      "(f8 all-gather)")):
-        kw["fp8_param_gather"] = True  # the source says its weights were all-gathered in float8
-    elif precision == "fp8" and "bfloat16 all-gather" in told:
-        kw["fp8_param_gather"] = False
-    # the GPUs' power limit where the source states one ("500 W power limit", "B200 power limit 750 W")
-    if watts := re.search(r"(\d+) W power limit|power limit (\d+) W", f"{r['notes']} {r['unknowns']}"):
-        kw["power_limit_w"] = float(watts.group(1) or watts.group(2))
+    # what the source states of routing, dispatch, FP8 weights and power, in columns of their own (the notes say
+    # where each comes from; tests/test_plan_reference.py checks that notes and columns agree)
+    if r["load_imbalance"]:
+        kw["expert_load_imbalance"] = float(r["load_imbalance"])  # 1.0: the benchmark forced an even spread
+    if r["expert_routing"]:  # contiguous: NeMo AutoModel's fake_balanced_gate, token t to experts t k .. t k + k - 1
+        kw["expert_routing"] = r["expert_routing"]
+    if r["ep_dispatcher"]:  # the dispatcher the source names (DeepEP, HybridEP: deepep)
+        kw["ep_dispatcher"] = r["ep_dispatcher"]
+    if r["fp8_param_gather"] in ("yes", "no"):  # the source says its weights were all-gathered in float8, or not
+        kw["fp8_param_gather"] = r["fp8_param_gather"] == "yes"
+    if r["power_limit_w"]:  # the GPUs' power limit where the source states one
+        kw["power_limit_w"] = float(r["power_limit_w"])
     if r["tp_comm_overlap"] == "yes" and kw["tp"] > 1:  # Megatron's --tp-comm-overlap, torchtitan's async TP
         kw["tp_overlap"] = True
     kernel = attention_kernel_of(r, stack)
@@ -220,17 +211,6 @@ def job_of(r: dict[str, str]) -> JobSpec:
     if r["compile"] == "model+loss":  # torchtitan from PR #1033 (2025-04) compiles the loss with the model
         kw["torch_compile"] = True
     return JobSpec(**kw)
-
-
-FORCED_BALANCE = re.compile(r"(\b(?:not|no|without)\s+)?(force-balanced|forced[ -]balanced?|forced (?:load )?balance"
-                            r"|force_load_balanc|fake_balanced_gate)")
-
-
-def forced_balance(said: str) -> bool:
-    """Whether a row's lower-cased framework and notes say the benchmark forced balanced routing (Megatron's
-    --moe-router-force-load-balancing, torchtitan's moe_force_load_balance, NeMo AutoModel's fake_balanced_gate),
-    a phrase not negated ("not forced-balanced", "no forced balance")."""
-    return any(not m.group(1) for m in FORCED_BALANCE.finditer(said))
 
 
 def evaluate(r: dict[str, str]) -> dict:

@@ -4,6 +4,7 @@ and the MoE rows marked as counting meet the inclusion rule written in the scrip
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,51 @@ def test_local_batches_are_torch_pipelinings_and_split_each_ranks_share(name):
         assert r["stack"] in ("torchtitan", "automodel") and int(r["pp"]) > 1, r["id"]
         assert local % micro == 0 and share % local == 0 and local // micro >= int(r["pp"]), r["id"]
         assert f"local batch {local}" in r["notes"].lower() or f"lbs {local}" in r["notes"].lower(), r["id"]
+
+
+# What the 2024-2026 rows' prose says of the inputs bench/plan_accuracy_2024.py reads from columns: each column
+# must agree with its row's own words, so a row added with a note but no value (or a value its note does not
+# back) fails here, not silently in the accuracy figures.
+_FORCED = re.compile(r"(\b(?:not|no|without)\s+)?(force-balanced|forced[ -]balanced?|forced (?:load )?balance"
+                     r"|force_load_balanc|fake_balanced_gate)")
+_TORCH_BUILDS = {"1963fc8": "2.6", "38410cf9": "2.8"}  # the benchmark files' dates: Dec 2024, June 2025 nightlies
+
+
+def _said_columns(r: dict[str, str]) -> dict[str, str]:
+    said = f"{r['framework']} {r['notes']}".lower()
+    told = f"{said} {r['source']}".lower()
+    fp8 = r["precision"] in ("fp8", "mxfp8")
+    watts = re.search(r"(\d+) W power limit|power limit (\d+) W", f"{r['notes']} {r['unknowns']}")
+    offload = re.search(r"cpu_offloading_num_layers|moe_paged_stash", r["notes"])
+    release = re.search(r"torch (2\.\d+)", f"{r['source']} {r['notes']}")
+    build = re.search(r"torch ([0-9a-f]{7,})", f"{r['source']} {r['notes']}")
+    gather = ("yes" if fp8 and any(k in told for k in ("with float8 all-gather", "fsdp float8 all-gather",
+                                                       "(f8 all-gather)"))
+              else "no" if fp8 and "bfloat16 all-gather" in told else "")
+    return {
+        "power_limit_w": (watts.group(1) or watts.group(2)) if watts else "",
+        "host_offload": offload.group(0) if offload else "",
+        "load_imbalance": "1.0" if any(not m.group(1) for m in _FORCED.finditer(said)) else "",
+        "expert_routing": "contiguous" if "fake_balanced_gate" in said else "",
+        "ep_dispatcher": "deepep" if int(r["ep"] or 1) > 1 and ("deepep" in said or "hybridep" in said) else "",
+        "fp8_param_gather": gather,
+        "torch": release.group(1) if release else _TORCH_BUILDS.get(build.group(1), "") if build else "",
+        "gpu": "h100-96gb-hbm2e" if "96GB HBM2e" in r["notes"] else r["gpu"],
+    }
+
+
+@pytest.mark.parametrize("name", ("published_2024_2026.csv", "megatron_bridge.csv"))
+def test_the_2024_rows_columns_say_what_their_notes_say(name):
+    checked = 0
+    for r in rows(name):
+        for column, said in _said_columns(r).items():
+            assert r[column] == said, f"{r['id']}: {column} is {r[column]!r}, its notes say {said!r}"
+            checked += bool(said)
+    assert checked >= (60 if name.startswith("published") else 9)
+
+
+def test_a_negated_or_missing_phrase_is_not_read_as_forced_balance():
+    base = {"framework": "x", "notes": "", "source": "", "unknowns": "", "precision": "bf16", "ep": "8", "gpu": "b200"}
+    for note, forced in (("forced load balance", True), ("moe_force_load_balance=true", True),
+                         ("not forced-balanced", False), ("no forced balance", False), ("", False)):
+        assert _said_columns({**base, "notes": note})["load_imbalance"] == ("1.0" if forced else ""), note
