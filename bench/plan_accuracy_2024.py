@@ -47,22 +47,22 @@ contiguous. Megatron recipes with `--recompute-modules` are estimated with that 
 (plan/recompute.py; publications' short names read by recompute.published_modules).
 
 Pipeline schedule calls (added 2026-12-07, after the Kimi K2 row read +27%; the mechanism read in NeMo AutoModel's
-benchmark loop at 89e3a9fdd and torchtitan 0.3's Trainer.train_step, no factor fitted): where a torchtitan or AutoModel row's source gives the
-local batch, the `pp_local_batch` column holds it and the row is estimated with `--pp-local-batch`, one
-pipeline fill and drain per local batch (Kimi K2: LBS 8 x GA 2).
+benchmark loop at 89e3a9fdd and torchtitan 0.3's Trainer.train_step, no factor fitted): where a torchtitan or
+AutoModel row's source gives the local batch, the `pp_local_batch` column holds it and the row is estimated with
+`--pp-local-batch`, one pipeline fill and drain per local batch (Kimi K2: LBS 8 x GA 2).
 
 FP8 parameter all-gather (added 2026-12-07, with `--fp8-gather`; the flags read in Megatron-Bridge's and NeMo's
 mixed-precision recipes and torchtitan's float8 config, no factor fitted): an FP8 row whose source says its
 weights were all-gathered in float8 ("with float8 all-gather", "FSDP float8 all-gather", "(f8 all-gather)") has
 `fp8_param_gather` yes and is estimated with `--fp8-gather`, one that says "bfloat16 all-gather" no and
-`--no-fp8-gather`; a row that does not say keeps the stack's recipe (Megatron's delayed and current-scaling recipes gather FP8, torchtitan's default
-does not).
+`--no-fp8-gather`; a row that does not say keeps the stack's recipe (Megatron's delayed and current-scaling
+recipes gather FP8, torchtitan's default does not).
 
 Power limits and Meta's H100s (added 2026-12-07, with `--power-limit`; the scale from NVIDIA's datasheets of the
 same chip at two board powers, efficiency.power_scale, no factor fitted): a row whose source states its GPUs'
 power limit ("500 W power limit", "B200 power limit 750 W"; the `power_limit_w` column) is estimated at that
 limit, and a row whose notes say its H100s are Meta's "96GB HBM2e" parts runs on that part (`gpu`
-h100-96gb-hbm2e) (2.4 TB/s, 96 GB: the H100 SXM's compute),
+h100-96gb-hbm2e: 2.4 TB/s, 96 GB, the H100 SXM's compute),
 as torchtitan's benchmark files describe their hardware.
 
 MoE rows of both benches (added 2026-12-07, when seven Qwen3-30B-A3B rows on B200 joined this set, collected by a

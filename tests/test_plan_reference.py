@@ -87,9 +87,17 @@ def test_local_batches_are_torch_pipelinings_and_split_each_ranks_share(name):
 # What the 2024-2026 rows' prose says of the inputs bench/plan_accuracy_2024.py reads from columns: each column
 # must agree with its row's own words, so a row added with a note but no value (or a value its note does not
 # back) fails here, not silently in the accuracy figures.
-_FORCED = re.compile(r"(\b(?:not|no|without)\s+)?(force-balanced|forced[ -]balanced?|forced (?:load )?balance"
+_FORCED = re.compile(r"(\b(?:not|no|without)\s+)?(force-balanced?|forced[ -]balanced?|forced (?:load )?balance"
                      r"|force_load_balanc|fake_balanced_gate)")
 _TORCH_BUILDS = {"1963fc8": "2.6", "38410cf9": "2.8"}  # the benchmark files' dates: Dec 2024, June 2025 nightlies
+# Where a row's words match a pattern but say otherwise, the column holds what they say, and why is written here
+# (a row whose pattern misses its phrase is fixed in the pattern instead).
+_STATED_OTHERWISE = {
+    ("nous19-standard-ep8-1node", "ep_dispatcher"): "the baseline of the DeepEP comparison: its framework column "
+                                                    "says torchtitan's default all-to-all",
+    ("torchtitan2392-qwen3-deepep-b200", "ep_dispatcher"): "its notes say the PR compares DeepEP with the standard "
+                                                           "dispatcher; which one the row's figure is, is not stated",
+}
 
 
 def _said_columns(r: dict[str, str]) -> dict[str, str]:
@@ -120,6 +128,9 @@ def test_the_2024_rows_columns_say_what_their_notes_say(name):
     checked = 0
     for r in rows(name):
         for column, said in _said_columns(r).items():
+            if (r["id"], column) in _STATED_OTHERWISE:
+                assert r[column] != said, f"{r['id']}: {column} agrees with its pattern now: drop the exception"
+                continue
             assert r[column] == said, f"{r['id']}: {column} is {r[column]!r}, its notes say {said!r}"
             checked += bool(said)
     assert checked >= (60 if name.startswith("published") else 9)
@@ -128,5 +139,6 @@ def test_the_2024_rows_columns_say_what_their_notes_say(name):
 def test_a_negated_or_missing_phrase_is_not_read_as_forced_balance():
     base = {"framework": "x", "notes": "", "source": "", "unknowns": "", "precision": "bf16", "ep": "8", "gpu": "b200"}
     for note, forced in (("forced load balance", True), ("moe_force_load_balance=true", True),
+                         ("benchmarks force-balance tokens", True),
                          ("not forced-balanced", False), ("no forced balance", False), ("", False)):
         assert _said_columns({**base, "notes": note})["load_imbalance"] == ("1.0" if forced else ""), note

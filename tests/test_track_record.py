@@ -106,12 +106,14 @@ def test_each_stack_is_quoted_its_own_runs_where_it_has_enough_and_named_where_i
     assert on_titan.runs == 8 and on_titan.regime.endswith("on Hopper GPUs under torchtitan")
     assert on_titan.narrower is None and on_titan.signed_median_pct == pytest.approx(32.0)
     on_megatron = tr.track_record(_setup(stack="megatron", **long_fp8), rows)
-    assert on_megatron.runs == 9 and "under" not in on_megatron.regime
+    assert on_megatron.runs == 9 and on_megatron.regime.endswith("on Hopper GPUs (8 of 9 under torchtitan)")
     assert "under megatron to quote alone (1: -15%)" in on_megatron.narrower
     assert on_megatron.narrower_errors_pct == [-15.0] and on_megatron.regime_measured
     # a stack with no run of its own is quoted the regime's runs, not called unmeasured
     on_trainer = tr.track_record(_setup(stack="hf-trainer", **long_fp8), rows)
     assert on_trainer.runs == 9 and on_trainer.narrower is None and on_trainer.regime_measured
+    assert on_trainer.regime.endswith("(8 of 9 under torchtitan)")  # the lean it reads is mostly torchtitan's
+    assert "(" not in tr.track_record(_setup(stack="torchtitan", precision="fp8"), rows).regime  # no majority
     assert tr.regime_of(_setup(stack="torchtitan")).stack == "torchtitan"
 
 
@@ -162,6 +164,7 @@ def _with(path: tuple, value) -> str:
     _with(("rows", 0, "regime", "stack"), "[bold]torchtitan[/]"),
     _with(("rows", 0, "regime", "stack"), ""),
     _with(("rows", 0, "regime", "stack"), 7),
+    _with(("rows", 0, "regime", "stack"), "foo"),  # no stack of this release: its runs would match no setup
     _with(("rows", 0, "extra"), 1),
     _with(("rows",), []),
     _with(("rows", 0, "id"), ""),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from functools import cache
 from importlib import resources
 from typing import Literal
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainready.io import parse_json
 
 from .setup import Setup
+from .stacks import STACKS
 
 TRACK_RECORD_SCHEMA_VERSION = 2  # 2: a regime names its training stack
 MIN_RUNS = 8
@@ -46,6 +48,7 @@ Kind = Literal["dense", "moe"]
 Context = Literal["standard", "long"]
 Precision = Literal["16-bit", "fp8", "other"]
 Arch = Literal["volta", "ampere", "ada", "hopper", "blackwell", "other"]
+StackName = Literal[tuple(STACKS)]  # type: ignore[valid-type]  # a stack this release knows: no other matches
 MEASURED_DEPTH = 4
 """Fields of a regime (kind .. arch) that must hold a measured run for the setup to count as measured: a stack
 with no run of its own is quoted its regime's runs without a warning, as before stacks were a field."""
@@ -57,7 +60,7 @@ class Regime(BaseModel):
     context: Context
     precision: Precision
     arch: Arch
-    stack: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="the stack preset (plan/stacks.py)")
+    stack: StackName = Field(description="the stack preset (plan/stacks.py)")
 
 
 class RecordRow(BaseModel):
@@ -216,7 +219,8 @@ def _of_regime(key: Key, rows: tuple[RecordRow, ...]) -> TrackRecord | None:
     for depth in range(len(REGIME_FIELDS), 0, -1):
         same = [x for k, x in keyed if k[:depth] == key[:depth]]
         if len(same) >= MIN_RUNS:
-            return summarize(same, _label(key, depth), "; ".join(notes) or None, few, measured)
+            return summarize(same, _label(key, depth) + _mostly_another_stack(same, key, depth),
+                             "; ".join(notes) or None, few, measured)
         if not same and depth == MEASURED_DEPTH:
             measured = False
             notes.append(f"no measured {_label(key, depth)}")
@@ -225,6 +229,15 @@ def _of_regime(key: Key, rows: tuple[RecordRow, ...]) -> TrackRecord | None:
             notes.append(f"too few measured {_label(key, depth)} to quote alone "
                          f"({len(same)}: {', '.join(f'{e:+.0f}%' for e in few)})")
     return None
+
+
+def _mostly_another_stack(same: list[RecordRow], key: Key, depth: int) -> str:
+    """" (8 of 9 under torchtitan)" where a regime wider than the stack is quoted and most of its runs are another
+    stack's: its lean is then mostly that stack's, and the reader should know."""
+    if depth >= len(REGIME_FIELDS):
+        return ""
+    stack, n = Counter(x.regime.stack for x in same).most_common(1)[0]
+    return f" ({n} of {len(same)} under {stack})" if stack != key[-1] and 2 * n > len(same) else ""
 
 
 def text(t: TrackRecord) -> str:
