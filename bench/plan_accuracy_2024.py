@@ -62,8 +62,7 @@ Power limits and Meta's H100s (added 2026-12-07, with `--power-limit`; the scale
 same chip at two board powers, efficiency.power_scale, no factor fitted): a row whose source states its GPUs'
 power limit ("500 W power limit", "B200 power limit 750 W"; the `power_limit_w` column) is estimated at that
 limit, and a row whose notes say its H100s are Meta's "96GB HBM2e" parts runs on that part (`gpu`
-h100-96gb-hbm2e: 2.4 TB/s, 96 GB, the H100 SXM's compute),
-as torchtitan's benchmark files describe their hardware.
+h100-96gb-hbm2e: 2.4 TB/s, 96 GB, the H100 SXM's compute), as torchtitan's benchmark files describe their hardware.
 
 MoE rows of both benches (added 2026-12-07, when seven Qwen3-30B-A3B rows on B200 joined this set, collected by a
 helper before the planner saw them, and read -5..+14% while moe.csv's ten read 31% median): issue 24's MoE target
@@ -133,7 +132,10 @@ def _checkpointing(recompute: str) -> str:
 
 def torch_of(r: dict[str, str]) -> tuple[int, int] | None:
     """The torch release a row ran, from its `torch` column (None: not published)."""
-    return tuple(int(x) for x in r["torch"].split(".")) if r["torch"] else None  # type: ignore[return-value]
+    if not r["torch"]:
+        return None
+    major, minor = r["torch"].split(".")
+    return int(major), int(minor)
 
 
 def attention_kernel_of(r: dict[str, str], stack: str | None) -> str | None:

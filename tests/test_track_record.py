@@ -113,7 +113,7 @@ def test_each_stack_is_quoted_its_own_runs_where_it_has_enough_and_named_where_i
     on_trainer = tr.track_record(_setup(stack="hf-trainer", **long_fp8), rows)
     assert on_trainer.runs == 9 and on_trainer.narrower is None and on_trainer.regime_measured
     assert on_trainer.regime.endswith("(8 of 9 under torchtitan)")  # the lean it reads is mostly torchtitan's
-    assert "(" not in tr.track_record(_setup(stack="torchtitan", precision="fp8"), rows).regime  # no majority
+    assert "(" not in tr.track_record(_setup(stack="torchtitan", precision="fp8"), rows).regime  # most are its own stack's
     assert tr.regime_of(_setup(stack="torchtitan")).stack == "torchtitan"
 
 

@@ -7,7 +7,7 @@ per run with its regime (regime_of) and the signed error of tokens/s per GPU. An
 narrowest regime that holds at least MIN_RUNS runs: (dense or MoE, sequence regime, precision, GPU
 architecture, training stack), then without the stack, then without the architecture, then without the
 precision, then the kind alone. The stack is the narrowest field because stacks of one regime miss in
-opposite directions (on Hopper FP8 with long sequences, torchtitan's context-parallel runs read +34% where
+opposite directions (on Hopper FP8 with long sequences, torchtitan's context-parallel runs read +30% where
 Megatron's reads -15%): a user of one should not be quoted the other's lean.
 
 The error is what the planner got wrong on runs that were measured, not a range of its inputs: a user reads
@@ -49,7 +49,7 @@ Context = Literal["standard", "long"]
 Precision = Literal["16-bit", "fp8", "other"]
 Arch = Literal["volta", "ampere", "ada", "hopper", "blackwell", "other"]
 StackName = Literal[tuple(STACKS)]  # type: ignore[valid-type]  # a stack this release knows: no other matches
-MEASURED_DEPTH = 4
+MEASURED_DEPTH = REGIME_FIELDS.index("arch") + 1
 """Fields of a regime (kind .. arch) that must hold a measured run for the setup to count as measured: a stack
 with no run of its own is quoted its regime's runs without a warning, as before stacks were a field."""
 
