@@ -91,6 +91,9 @@ from trainready.errors import UsageError  # noqa: E402
 from trainready.plan.fit import GPU_MARGIN  # noqa: E402
 from trainready.plan.job import JobSpec  # noqa: E402
 from trainready.plan.memory import GiB, estimate_memory  # noqa: E402
+from trainready.plan.memory_record import compared as memory_compared  # noqa: E402
+from trainready.plan.memory_record import memory_record, projected_peak_gib  # noqa: E402
+from trainready.plan.memory_record import warning as memory_record_warning  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.presets import preset  # noqa: E402
 from trainready.plan.recompute import published_modules  # noqa: E402
@@ -228,9 +231,7 @@ def evaluate(r: dict[str, str]) -> dict:
     out["pred"] = step.tokens_per_s / setup.n_gpus
     out["peak_gib"] = mem.peak / GiB
     if r["peak_mem_gib"]:  # the published peak, compared with the same quantity the source reports
-        kind = r["mem_kind"]
-        ours = mem.reserved_peak if kind == "reserved" else mem.allocated_peak if kind == "allocated" else mem.peak
-        out["mem_signed"] = (ours / GiB / float(r["peak_mem_gib"]) - 1) * 100
+        out["mem_signed"], out["mem_ratio"] = memory_compared(mem, float(r["peak_mem_gib"]), r["mem_kind"])
     out["gpu_gib"] = setup.gpu.memory_gib
     if r["tok_s_gpu"]:
         out.update(_compared(out["pred"], float(r["tok_s_gpu"])))
@@ -268,6 +269,27 @@ def evaluated() -> tuple[list[dict], list[dict]]:
             res = evaluate(r)
             (left_out if "why_not" in res else results).append(res)
     return results, left_out
+
+
+def _record_warns(setup) -> bool:
+    rec = memory_record(setup)
+    return rec is not None and memory_record_warning(rec, estimate_memory(setup), setup.gpu.memory_gib) is not None
+
+
+def known_oom() -> list[dict]:
+    """known_oom.csv: published runs that ran out of memory, each as the row it names (`like`) with its local and
+    global batch changed; with the model's peak and the peak at the memory record's median error."""
+    rows = {r["id"]: r for name in FILES for r in csv.DictReader((DATA / name).open(newline=""))}
+    out = []
+    for k in csv.DictReader((DATA / "known_oom.csv").open(newline="")):
+        job = job_of(rows[k["like"]]).model_copy(update={"micro_batch": int(k["micro_batch"]),
+                                                         "global_batch": int(k["global_batch"])})
+        setup = resolve(job, CATALOG)
+        mem = estimate_memory(setup)
+        rec = memory_record(setup)
+        out.append({"id": k["id"], "setup": setup, "peak_gib": mem.peak / GiB, "gpu_gib": setup.gpu.memory_gib,
+                    "at_record_gib": projected_peak_gib(rec, mem) if rec else None, "warned": _record_warns(setup)})
+    return out
 
 
 def moe_csv_results() -> list[dict]:
@@ -324,6 +346,18 @@ def main() -> None:
     for x in sorted((x for x in results if "mem_signed" in x), key=lambda x: -abs(x["mem_signed"])):
         print(f"    {x['mem_signed']:+6.1f}%  published {float(x['row']['peak_mem_gib']):6.1f} GiB "
               f"{x['row']['mem_kind']:9s} {x['row']['id']}")
+    print("\nThe memory record (plan/memory_record.py): a warning where, scaled by the median ratio of the published "
+          "peaks of runs\nlike it, a setup's peak would exceed the card; never on a run that ran, always on one that "
+          "ran out of memory (known_oom.csv)")
+    ran = [x for x in counted if _record_warns(x["setup"])]
+    print(f"  runs that ran, warned: {len(ran)} of {len(counted)} (target 0)"
+          + "".join(f"\n    {x['row']['id']}" for x in ran))
+    for x in known_oom():
+        said = ("said not to fit" if x["peak_gib"] > x["gpu_gib"] else
+                "warned" if x["warned"] else "NOT WARNED")
+        at = f"{x['at_record_gib']:6.1f}" if x["at_record_gib"] is not None else "     -"
+        print(f"  ran out of memory: {x['id']}: model {x['peak_gib']:6.1f} GiB, at the record {at} GiB of "
+              f"{x['gpu_gib']:.0f}: {said}")
     print("\nRows said not to fit (peak > the card):")
     for x in unfit:
         r = x["row"]

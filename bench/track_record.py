@@ -3,7 +3,8 @@
 For each run that bench/plan_accuracy.py (MosaicML, torchtune, the H200 device runs, MoE) and
 bench/plan_accuracy_2024.py (Megatron-Bridge, torchtitan, torchao, NeMo AutoModel) count toward their
 targets, the publisher's layout is estimated exactly as those benches do, and its regime
-(plan/track_record.regime_of) and signed error of tokens/s per GPU go to
+(plan/track_record.regime_of), signed error of tokens/s per GPU and, where the source published its peak, the
+memory model's signed error (plan/memory_record.py) go to
 src/trainready/plan/data/track_record.json, which `estimate` quotes. Runs a bench lists for information
 only (outside its inclusion rule) are left out, as they are from the targets.
 
@@ -26,8 +27,13 @@ sys.path.insert(0, str(BENCH.parent / "src"))
 import plan_accuracy as acc2023  # noqa: E402
 import plan_accuracy_2024 as acc2024  # noqa: E402
 
+from trainready.plan.memory import estimate_memory  # noqa: E402
 from trainready.plan.performance import estimate_step  # noqa: E402
 from trainready.plan.setup import resolve  # noqa: E402
+from trainready.plan.memory_record import KEPT, MEMORY_FIELDS  # noqa: E402
+from trainready.plan.memory_record import compared as memory_compared  # noqa: E402
+from trainready.plan.memory_record import regime_label as memory_label  # noqa: E402
+from trainready.plan.memory_record import summarize as memory_summary  # noqa: E402
 from trainready.plan.track_record import (  # noqa: E402
     MIN_RUNS, REGIME_FIELDS, TRACK_RECORD_SCHEMA_VERSION, RecordFile, RecordRow, key_of, regime_of, summarize, text,
 )
@@ -35,8 +41,20 @@ from trainready.plan.track_record import (  # noqa: E402
 OUT = BENCH.parent / "src" / "trainready" / "plan" / "data" / "track_record.json"
 
 
-def _row(id_: str, source: str, setup, pred: float, meas: float) -> RecordRow:
-    return RecordRow(id=id_, source=source, regime=regime_of(setup), signed_error_pct=round((pred / meas - 1) * 100, 1))
+def _row(id_: str, source: str, setup, pred: float, meas: float,
+         memory: tuple[float, float] | None = None) -> RecordRow:
+    return RecordRow(id=id_, source=source, regime=regime_of(setup), signed_error_pct=round((pred / meas - 1) * 100, 1),
+                     memory_signed_error_pct=None if memory is None else round(memory[0], 1),
+                     memory_transient_ratio=None if memory is None else round(memory[1], 3))
+
+
+def _memory_2023(row, setup) -> tuple[float, float] | None:
+    """The memory model against the row's published peak (plan/memory_record.compared), as bench/plan_accuracy.py
+    compares it: allocated where it says so, else reserved."""
+    if not row.mem_gib:
+        return None
+    kind = "allocated" if row.mem_kind == "allocated" else "reserved"
+    return memory_compared(estimate_memory(setup), row.mem_gib, kind)
 
 
 def records() -> list[RecordRow]:
@@ -47,12 +65,13 @@ def records() -> list[RecordRow]:
             continue
         setup = resolve(row.job, acc2023.CATALOG, model=row.model)
         out.append(_row(f"{row.source}: {row.label}", "plan_accuracy.py", setup,
-                        estimate_step(setup).tokens_per_s / setup.n_gpus, row.tok_s_gpu))
+                        estimate_step(setup).tokens_per_s / setup.n_gpus, row.tok_s_gpu, _memory_2023(row, setup)))
     for r, pred, setup in acc2023.counted_moe(read(d / "moe.csv")):  # the MoE rule's rows that it can estimate
         out.append(_row(r["id"], "moe.csv", setup, pred, float(r["tok_s_gpu"])))
     for res in acc2024.evaluated()[0]:
         if "err" in res:
-            out.append(_row(res["row"]["id"], res["row"]["_file"], res["setup"], res["pred"], res["meas"]))
+            memory = (res["mem_signed"], res["mem_ratio"]) if "mem_signed" in res else None
+            out.append(_row(res["row"]["id"], res["row"]["_file"], res["setup"], res["pred"], res["meas"], memory))
     dup = [k for k, n in Counter(x.id for x in out).items() if n > 1]
     if dup:
         raise SystemExit(f"runs counted twice: {dup}")
@@ -87,6 +106,28 @@ def markdown(rows: list[RecordRow]) -> str:
     return "\n".join(out)
 
 
+def memory_markdown(rows: list[RecordRow]) -> str:
+    """docs/planner.md's memory table: the memory regimes an estimate can quote (plan/memory_record.py)."""
+    out = ["| memory regime | peaks | median | p90 (worst under 10) | lean | beyond the states |",
+           "|---|---|---|---|---|---|"]
+    peaks = [x for x in rows if x.memory_signed_error_pct is not None]
+    groups: dict[tuple, list[RecordRow]] = {}
+    for x in peaks:
+        key = tuple(getattr(x.regime, f) for f in MEMORY_FIELDS)
+        for depth in range(KEPT, len(MEMORY_FIELDS) + 1):
+            groups.setdefault(key[:depth], []).append(x)
+    for key, sel in sorted(groups.items()):
+        if len(sel) < MIN_RUNS and len(key) > KEPT:
+            continue
+        full = key + ("",) * (len(MEMORY_FIELDS) - len(key))
+        t = memory_summary(sel, memory_label(full, len(key)))
+        spread = (f"{t.p90_abs_error_pct:.0f}%" if t.p90_abs_error_pct is not None
+                  else f"({abs(t.worst_signed_error_pct):.0f}%)")
+        out.append(f"| {t.regime} | {t.runs} | {t.median_abs_error_pct:.0f}% | {spread} | "
+                   f"{t.signed_median_pct:+.0f}% | {t.transient_over_model:.2f}x |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
@@ -95,6 +136,8 @@ def main() -> int:
     rows = records()
     if args.markdown:
         print(markdown(rows))
+        print()
+        print(memory_markdown(rows))
         return 0
     new = document(rows)
     if args.check:
@@ -111,6 +154,8 @@ def main() -> int:
         sel = groups[key]
         t = summarize(sel, " / ".join(key))
         print(f"  {' / '.join(key):40s} n={len(sel):4d}  {text(t)}")
+    print("memory regimes (published peaks):")
+    print(memory_markdown(rows))
     return 0
 
 

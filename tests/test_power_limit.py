@@ -3,12 +3,11 @@ and what it leaves, the usage errors where no evidence covers it, plan's exclusi
 whose sources state a limit."""
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import bench_module
 from cloud_stubs import cli_run
 
 from trainready.errors import UsageError
@@ -104,16 +103,10 @@ def test_plan_excludes_what_the_cap_cannot_be_modelled_on():
     assert any("GPUs capped at 500 W" in n for n in out["notes"])
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("plan_accuracy_2024", ROOT / "bench" / "plan_accuracy_2024.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("plan_accuracy_2024", mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_bench_reads_the_limits_and_parts_its_sources_state():
-    b = _bench()
+    b = bench_module("plan_accuracy_2024")
     rows = {r["id"]: r for name in b.FILES for r in csv.DictReader((b.DATA / name).open(newline=""))}
     meta = b.job_of(rows["titan24-8b-fsdp8-compile"])  # "96GB HBM2e ... 500 W power limit"
     assert meta.power_limit_w == 500 and meta.gpu == "h100-96gb-hbm2e"

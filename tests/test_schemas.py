@@ -36,8 +36,9 @@ BUNDLES = ROOT / "tests" / "fixtures" / "check" / "bundles"
 Outputs = dict[str, list[tuple[str, Any]]]  # schema name -> (what produced it, the document)
 # Formats past their first version, and why: check 2 (issue 23) added `readiness`, made a check that does not
 # apply `skip` (was `pass`), and exits 1 when the deciding checks had no evidence; track-record 2 (issue 24) gave each
-# regime its training stack, so a version-1 record (its regimes naming none) is refused, not half-matched.
-VERSIONS = {"check": 2, "track-record": 2}
+# regime its training stack, so a version-1 record (its regimes naming none) is refused, not half-matched; 3 gave each
+# run the memory model's error against its published peak and each regime its MoE dispatcher (the memory record).
+VERSIONS = {"check": 2, "track-record": 3}
 
 
 # ------------------------------------------------------------ the committed files are the code's

@@ -3,13 +3,12 @@ narrowest regime with enough runs first, and never from a file that does not hol
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench_modules import bench_module
 from cloud_stubs import cli_run
 from trainready.catalog import load_catalog
 from trainready.plan import track_record as tr
@@ -20,18 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CATALOG = load_catalog()
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("track_record_bench", ROOT / "bench" / "track_record.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _row(id_: str, err: float, arch: str = "hopper", precision: str = "16-bit", kind: str = "dense",
          context: str = "standard", stack: str = "hf-trainer") -> tr.RecordRow:
     return tr.RecordRow(id=id_, source="test", signed_error_pct=err,
-                        regime=tr.Regime(kind=kind, context=context, precision=precision, arch=arch, stack=stack))
+                        regime=tr.Regime(kind=kind, context=context, precision=precision, arch=arch, stack=stack,
+                                         dispatcher="none"))
 
 
 def _setup(**kw):
@@ -39,7 +33,7 @@ def _setup(**kw):
 
 
 def test_the_committed_record_is_what_the_model_gives_now():
-    bench = _bench()
+    bench = bench_module("track_record")
     committed = (ROOT / "src" / "trainready" / "plan" / "data" / "track_record.json").read_text(encoding="utf-8")
     rows = bench.records()
     assert bench.document(rows) == committed, "stale: run python bench/track_record.py and commit the file"
@@ -49,8 +43,9 @@ def test_the_committed_record_is_what_the_model_gives_now():
     assert {r.regime.context for r in rows} == {"standard", "long"}
     assert {"ampere", "hopper", "blackwell"} <= {r.regime.arch for r in rows}
     # docs/planner.md quotes the regimes as `bench/track_record.py --markdown` prints them
-    assert bench.markdown(rows) in (ROOT / "docs" / "planner.md").read_text(encoding="utf-8"), \
-        "stale: paste python bench/track_record.py --markdown into docs/planner.md"
+    docs = (ROOT / "docs" / "planner.md").read_text(encoding="utf-8")
+    assert bench.markdown(rows) in docs and bench.memory_markdown(rows) in docs, \
+        "stale: paste python bench/track_record.py --markdown (both tables) into docs/planner.md"
 
 
 def test_the_committed_file_loads_and_every_regime_of_the_catalog_gets_a_record():
@@ -139,10 +134,11 @@ def test_long_sequences_and_context_parallelism_are_their_own_regime():
     assert tr.regime_of(_setup(precision="fp8")).precision == "fp8"
 
 
-GOOD = {"schema_version": 2, "generated_by": "bench/track_record.py",
-        "rows": [{"id": "a", "source": "s", "signed_error_pct": 3.0,
+GOOD = {"schema_version": 3, "generated_by": "bench/track_record.py",
+        "rows": [{"id": "a", "source": "s", "signed_error_pct": 3.0, "memory_signed_error_pct": -4.0,
+                  "memory_transient_ratio": 1.1,
                   "regime": {"kind": "dense", "context": "standard", "precision": "fp8", "arch": "hopper",
-                             "stack": "torchtitan"}}]}
+                             "stack": "torchtitan", "dispatcher": "none"}}]}
 
 
 def _with(path: tuple, value) -> str:
@@ -156,7 +152,15 @@ def _with(path: tuple, value) -> str:
 
 @pytest.mark.parametrize("text", [
     _with(("schema_version",), 1),  # written before regimes named their stack: its rows would match none
-    _with(("schema_version",), 3),
+    _with(("schema_version",), 2),  # written before runs carried their memory error
+    _with(("schema_version",), 4),
+    _with(("rows", 0, "memory_signed_error_pct"), -100.0),  # a model peak of nothing: no ratio to scale by
+    _with(("rows", 0, "memory_signed_error_pct"), float("inf")),
+    _with(("rows", 0, "memory_transient_ratio"), -1.0),
+    _with(("rows", 0, "memory_transient_ratio"), 1e9),
+    _with(("rows", 0, "memory_transient_ratio"), "1.1"),
+    _with(("rows", 0, "regime", "dispatcher"), "[bold]deepep[/]"),
+    _with(("rows", 0, "regime", "dispatcher"), None),
     _with(("rows", 0, "signed_error_pct"), float("nan")),
     _with(("rows", 0, "signed_error_pct"), "3"),
     _with(("rows", 0, "regime", "kind"), "hybrid"),
@@ -169,9 +173,9 @@ def _with(path: tuple, value) -> str:
     _with(("rows",), []),
     _with(("rows", 0, "id"), ""),
     _with(("schema_version",), True),
-    _with(("schema_version",), 2.0),
+    _with(("schema_version",), 3.0),
     json.dumps({**GOOD, "rows": GOOD["rows"] * 2}),  # a run counted twice
-    "not json", "[" * 50_000, '{"schema_version": 2}',
+    "not json", "[" * 50_000, '{"schema_version": 3}',
 ])
 def test_a_file_that_does_not_hold_what_it_must_gives_no_record(text):
     assert tr.parse(text) is None
@@ -245,8 +249,4 @@ def test_the_90th_percentile_is_the_nearest_rank_one_the_benches_share():
     assert tr.p90([3.0]) == 3.0
     assert math.isnan(tr.p90([]))
     for name in ("plan_accuracy", "plan_accuracy_2024"):  # the two accuracy benches count it the same way
-        spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "bench" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # its dataclasses look their module up
-        spec.loader.exec_module(mod)
-        assert mod.p90 is tr.p90
+        assert bench_module(name).p90 is tr.p90

@@ -23,6 +23,10 @@ from .recompute import DEFAULT_MODULES, modules_text
 from .setup import Setup
 from .stacks import compile_assumption, resolve_stack
 from .storage import StoragePlan, storage_plan
+from .memory_record import MemoryRecord, memory_record, projected_peak_gib
+from .memory_record import unchecked as memory_unchecked
+from .memory_record import warning as memory_record_warning
+from .track_record import committed_rows
 from .track_record import text as track_record_text
 from .track_record import wide as track_record_wide
 
@@ -136,6 +140,14 @@ class MemoryInfo(BaseModel):
     host_margin: float = Field(description="fraction of host RAM left to the OS and page cache")
     host_limit_gib: float | None = Field(description="host RAM offloaded states may use; None: not known")
     host_fits: bool | None = Field(description="host_gib <= host_limit_gib; None: the instance's RAM is not known")
+    track_record: MemoryRecord | None = Field(
+        None, description="how far the memory model was off on published peaks of runs of this setup's kind and "
+                          "stack (plan/memory_record.py); None: no such peak (an assumption says so), or the record "
+                          "could not be read")
+    peak_at_record_gib: float | None = Field(
+        None, description="the peak with what it holds beyond the persistent states scaled by that record's median "
+                          "ratio (what runs like it used for this figure); over gpu_gib: a warning that the fit is not "
+                          "established")
 
 
 class StepBreakdown(BaseModel):
@@ -346,6 +358,13 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     problem = fit.problem()
     if problem:
         warnings.append(problem)
+    mem_record = memory_record(s)
+    if mem_record is not None:
+        said = memory_record_warning(mem_record, mem, gpu_gib)
+        if said and not problem:  # a setup already said not to fit needs no second reason
+            warnings.append(said)
+    elif committed_rows() is not None:
+        assumptions.append(memory_unchecked(s))
     st = storage_plan(s, mem.checkpoint_bytes, interval, tps, train_hours=train_h)
     conf = confidence_info(s, tps, lambda t: _run_figures(s, mem.checkpoint_bytes, t, spot_mtbf_h))
     if summary(conf):
@@ -387,7 +406,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
             gpu_gib=gpu_gib, fits=fit.fits, headroom_gib=gpu_gib - mem.peak / GiB, margin=fit.margin,
             limit_gib=fit.gpu_limit_gib, fits_with_margin=fit.fits_with_margin, peak_phase=mem.phase,
             states_gib=mem.states_full / GiB, host_gib=host_gib, host_ram_gib=ram, host_margin=fit.host_margin,
-            host_limit_gib=fit.host_limit_gib, host_fits=fit.host_fits),
+            host_limit_gib=fit.host_limit_gib, host_fits=fit.host_fits, track_record=mem_record,
+            peak_at_record_gib=projected_peak_gib(mem_record, mem) if mem_record else None),
         throughput=ThroughputInfo(
             tokens_per_s=tps, tokens_per_s_per_gpu=tps / s.n_gpus, mfu=step.mfu, hfu=step.hfu,
             step_time_s=step.step_s,

@@ -3,7 +3,8 @@
 bench/track_record.py estimates every measured run that the accuracy benches (bench/plan_accuracy.py and
 bench/plan_accuracy_2024.py) count, published ones and the H200 runs a trainready session measured, with the
 run's own layout, and writes plan/data/track_record.json: one line
-per run with its regime (regime_of) and the signed error of tokens/s per GPU. An estimate quotes the
+per run with its regime (regime_of), the signed error of tokens/s per GPU and, where the source published a
+peak, the memory model's error against it (read by plan/memory_record.py). An estimate quotes the
 narrowest regime that holds at least MIN_RUNS runs: (dense or MoE, sequence regime, precision, GPU
 architecture, training stack), then without the stack, then without the architecture, then without the
 precision, then the kind alone. The stack is the narrowest field because stacks of one regime miss in
@@ -32,7 +33,7 @@ from trainready.io import parse_json
 from .setup import Setup
 from .stacks import STACKS
 
-TRACK_RECORD_SCHEMA_VERSION = 2  # 2: a regime names its training stack
+TRACK_RECORD_SCHEMA_VERSION = 3  # 2: a regime names its training stack; 3: a run carries its memory error
 MIN_RUNS = 8
 """Fewest runs a regime needs to be quoted (below it, the next broader regime)."""
 LONG_SEQUENCE = 32768
@@ -48,6 +49,7 @@ Kind = Literal["dense", "moe"]
 Context = Literal["standard", "long"]
 Precision = Literal["16-bit", "fp8", "other"]
 Arch = Literal["volta", "ampere", "ada", "hopper", "blackwell", "other"]
+Dispatcher = Literal["none", "alltoall", "deepep"]
 StackName = Literal[tuple(STACKS)]  # type: ignore[valid-type]  # a stack this release knows: no other matches
 MEASURED_DEPTH = REGIME_FIELDS.index("arch") + 1
 """Fields of a regime (kind .. arch) that must hold a measured run for the setup to count as measured: a stack
@@ -61,6 +63,9 @@ class Regime(BaseModel):
     precision: Precision
     arch: Arch
     stack: StackName = Field(description="the stack preset (plan/stacks.py)")
+    dispatcher: Dispatcher = Field(description="how MoE tokens reach their experts' ranks: none (dense, or every "
+                                               "expert local, ep 1), alltoall or deepep (DeepEP keeps its own "
+                                               "buffers); a field of the memory record only (plan/memory_record.py)")
 
 
 class RecordRow(BaseModel):
@@ -71,19 +76,26 @@ class RecordRow(BaseModel):
     source: str = Field(min_length=1, max_length=200, description="the bench data file it comes from")
     regime: Regime
     signed_error_pct: float = Field(ge=-100, le=10_000, description="estimate / measured - 1, in %")
+    memory_signed_error_pct: float | None = Field(
+        None, gt=-100, le=10_000, description="the memory model's peak / the published peak - 1, in %, the same "
+                                              "quantity the source reports (max reserved or allocated); None: no "
+                                              "peak published (plan/memory_record.py)")
+    memory_transient_ratio: float | None = Field(
+        None, ge=0, le=1000, description="the published peak less the modelled persistent states, per byte of the "
+                                         "modelled peak less them (plan/memory_record.compared); None: no peak")
 
 
 class RecordFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    schema_version: Literal[2]
+    schema_version: Literal[3]
     generated_by: str = Field(max_length=200)
     rows: list[RecordRow] = Field(max_length=10_000)
 
     @field_validator("schema_version", mode="before")
     @classmethod
     def _an_int(cls, v: object) -> object:
-        if type(v) is not int:  # Literal[2] alone takes True and 2.0
-            raise ValueError("schema_version must be the integer 2")
+        if type(v) is not int:  # Literal[3] alone takes True and 3.0
+            raise ValueError("schema_version must be the integer 3")
         return v
 
     @model_validator(mode="after")
@@ -130,8 +142,12 @@ def _key(s: Setup) -> Key:
             s.gpu.arch, s.stack)
 
 
+def dispatcher_of(s: Setup) -> str:
+    return s.ep_dispatcher if s.model.is_moe and s.ep > 1 else "none"
+
+
 def regime_of(s: Setup) -> Regime:
-    return Regime(**dict(zip(REGIME_FIELDS, _key(s))))
+    return Regime(**dict(zip(REGIME_FIELDS, _key(s))), dispatcher=dispatcher_of(s))
 
 
 def key_of(r: Regime) -> Key:
@@ -173,6 +189,11 @@ def _rows() -> tuple[RecordRow, ...] | None:
     except OSError:
         return None
     return parse(raw) if len(raw) <= MAX_FILE_BYTES else None
+
+
+def committed_rows() -> tuple[RecordRow, ...] | None:
+    """The runs of the shipped track_record.json (None: missing or unreadable), for the memory record too."""
+    return _rows()
 
 
 def p90(xs: list[float]) -> float:
