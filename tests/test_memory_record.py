@@ -103,7 +103,7 @@ def test_the_cli_prints_the_record_in_estimate_and_for_plans_first_row():
     assert rec["runs"] >= tr.MIN_RUNS and "hf-trainer" in rec["regime"] and out["memory"]["peak_at_record_gib"] > 0
     human = cli_run("estimate", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus", "8",
                     columns=80).stdout.replace("\n", " ")
-    assert "memory track record: on 22 published peaks" in human
+    assert "memory track record: on 22 measured peaks" in human
     plan = cli_run("plan", "--model", "llama-3.1-8b", "--tokens", "1e9", "--instances", "p5.48xlarge",
                    columns=80).stdout.replace("\n", " ")
     assert "Memory track record (#1): on" in plan
@@ -114,3 +114,29 @@ def test_without_a_readable_track_record_nothing_is_said_of_memory(monkeypatch):
     e = estimate_setup(resolve(JobSpec(model="llama-3.1-8b", gpu="h100-80gb", gpus=8, stack="megatron"), CATALOG))
     assert e.memory.track_record is None
     assert not any("memory figure unchecked" in a for a in e.assumptions)
+
+
+def test_a_setup_inside_the_margin_still_hears_its_record():
+    tight = estimate_setup(resolve(JobSpec(**NOUS, micro_batch=44, global_batch=5632), CATALOG))
+    assert tight.memory.fits and not tight.memory.fits_with_margin  # the margin problem is a warning of its own
+    assert any(w.startswith(mr.MEMORY_RECORD_WARNING) for w in tight.warnings)
+    over = estimate_setup(resolve(JobSpec(**NOUS, micro_batch=60, global_batch=7680), CATALOG))
+    assert not over.memory.fits and not any(w.startswith(mr.MEMORY_RECORD_WARNING) for w in over.warnings)
+    one = mr.summarize([_row("a", 21.0, 0.77, kind="moe")], "MoE runs under torchtitan")
+    assert mr.text(one).startswith("on 1 measured peak of") and "(only 1)" in mr.text(one)
+
+
+def test_a_calibrated_allocator_slack_is_the_users_own_so_the_record_is_not_quoted():
+    import dataclasses
+
+    from trainready.plan import efficiency as eff
+
+    s = resolve(JobSpec(**NOUS, micro_batch=20, global_batch=2560), CATALOG)
+    own = dataclasses.replace(eff.arch_efficiency(s.gpu.arch), fragmentation_zero3=0.05, confidence="measured")
+    mine = dataclasses.replace(s, efficiency=own)
+    assert mr.calibrated(mine) and mr.memory_record(mine) is None
+    e = estimate_setup(mine)
+    assert e.memory.track_record is None and mr.CALIBRATED_NOTE in e.assumptions
+    assert not any(w.startswith(mr.MEMORY_RECORD_WARNING) for w in e.warnings)
+    speed_only = dataclasses.replace(s, efficiency=dataclasses.replace(own, fragmentation_zero3=None))
+    assert not mr.calibrated(speed_only) and mr.memory_record(speed_only) is not None

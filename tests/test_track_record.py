@@ -161,6 +161,8 @@ def _with(path: tuple, value) -> str:
     _with(("rows", 0, "memory_transient_ratio"), "1.1"),
     _with(("rows", 0, "regime", "dispatcher"), "[bold]deepep[/]"),
     _with(("rows", 0, "regime", "dispatcher"), None),
+    _with(("rows", 0, "regime", "dispatcher"), "deepep"),  # a dense run has none: it would hide the dense peaks
+    _with(("rows", 0, "memory_transient_ratio"), None),  # half a memory comparison: the run would drop out unseen
     _with(("rows", 0, "signed_error_pct"), float("nan")),
     _with(("rows", 0, "signed_error_pct"), "3"),
     _with(("rows", 0, "regime", "kind"), "hybrid"),

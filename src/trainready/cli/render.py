@@ -18,6 +18,7 @@ from trainready.plan.estimate import EstimateResult
 from trainready.plan.model_spec import ModelSpec
 from trainready.plan.recipes import Recipe
 from trainready.plan.search import PlanResult
+from trainready.plan.memory_record import MEMORY_NOT_QUOTED, MEMORY_RECORD_WARNING
 from trainready.plan.memory_record import text as memory_record_text
 from trainready.plan.track_record import text as track_record_text
 from trainready.plan.track_record import wide as track_record_wide
@@ -134,7 +135,7 @@ def render_estimate(con: Console, e: EstimateResult) -> None:
         if not m.host_fits:
             host.append(" (too much)", "red")
     con.print(host)
-    if m.track_record is not None and not _memory_record_warns(m):  # one that warns is a warning below
+    if m.track_record is not None and not _memory_record_warned(e.warnings):  # else it is a warning below
         con.print(line(f"memory track record: {memory_record_text(m.track_record)}"))
     t = e.throughput
     speed = _Grid("Speed", ["tokens/s", "per GPU", "MFU", "HFU", "step s", "compute", "comm", "other"])
@@ -245,8 +246,11 @@ def render_plan(con: Console, r: PlanResult) -> None:
             con.print(line(("warning: loose track record", "yellow") if loose else ("Track record", "bold"),
                            f" (#1): {track_record_text(record)}"))
         memory = r.rows[0].estimate.memory
+        unchecked = [a for a in r.rows[0].estimate.assumptions if a.startswith(MEMORY_NOT_QUOTED)]
+        if memory.track_record is None and unchecked:
+            con.print(line(("Memory track record", "bold"), f" (#1): {unchecked[0]}"))
         if memory.track_record is not None:
-            warns = _memory_record_warns(memory)
+            warns = _memory_record_warned(r.rows[0].estimate.warnings)
             tail = (f"; at that median #1's peak would be ~{memory.peak_at_record_gib:,.0f} GiB, over the "
                     f"{memory.gpu_gib:,.0f} GiB card: its fit is not established" if warns else "")
             con.print(line(("warning: memory track record", "yellow") if warns else ("Memory track record", "bold"),
@@ -263,9 +267,9 @@ def render_plan(con: Console, r: PlanResult) -> None:
         _render_recipe(con, r.recipe)
 
 
-def _memory_record_warns(m) -> bool:
-    """Whether the peak, scaled by its memory record's median error, exceeds the card (estimate warns then)."""
-    return m.peak_at_record_gib is not None and m.peak_at_record_gib > m.gpu_gib
+def _memory_record_warned(warnings: list[str]) -> bool:
+    """Whether the estimate warns that its memory record says the fit is not established."""
+    return any(w.startswith(MEMORY_RECORD_WARNING) for w in warnings)
 
 
 def shell_lines(command: str, width: int) -> str:

@@ -24,6 +24,8 @@ from .setup import Setup
 from .stacks import compile_assumption, resolve_stack
 from .storage import StoragePlan, storage_plan
 from .memory_record import MemoryRecord, memory_record, projected_peak_gib
+from .memory_record import CALIBRATED_NOTE as MEMORY_CALIBRATED_NOTE
+from .memory_record import calibrated as memory_calibrated
 from .memory_record import unchecked as memory_unchecked
 from .memory_record import warning as memory_record_warning
 from .track_record import committed_rows
@@ -141,9 +143,9 @@ class MemoryInfo(BaseModel):
     host_limit_gib: float | None = Field(description="host RAM offloaded states may use; None: not known")
     host_fits: bool | None = Field(description="host_gib <= host_limit_gib; None: the instance's RAM is not known")
     track_record: MemoryRecord | None = Field(
-        None, description="how far the memory model was off on published peaks of runs of this setup's kind and "
-                          "stack (plan/memory_record.py); None: no such peak (an assumption says so), or the record "
-                          "could not be read")
+        None, description="how far the memory model was off on measured peaks of runs of this setup's kind, stack "
+                          "and MoE dispatcher (plan/memory_record.py); None: no such peak, or a calibrated allocator "
+                          "slack (an assumption says which), or the record could not be read")
     peak_at_record_gib: float | None = Field(
         None, description="the peak with what it holds beyond the persistent states scaled by that record's median "
                           "ratio (what runs like it used for this figure); over gpu_gib: a warning that the fit is not "
@@ -361,8 +363,10 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     mem_record = memory_record(s)
     if mem_record is not None:
         said = memory_record_warning(mem_record, mem, gpu_gib)
-        if said and not problem:  # a setup already said not to fit needs no second reason
+        if said and fit.fits:  # a peak already over the card needs no second reason
             warnings.append(said)
+    elif memory_calibrated(s):
+        assumptions.append(MEMORY_CALIBRATED_NOTE)
     elif committed_rows() is not None:
         assumptions.append(memory_unchecked(s))
     st = storage_plan(s, mem.checkpoint_bytes, interval, tps, train_hours=train_h)

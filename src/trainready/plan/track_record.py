@@ -99,6 +99,15 @@ class RecordFile(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _consistent(self) -> RecordFile:
+        for r in self.rows:  # a half-written row would drop out of the memory record and call its regime unchecked
+            if (r.memory_signed_error_pct is None) != (r.memory_transient_ratio is None):
+                raise ValueError(f"run {r.id!r}: a memory error needs its transient ratio, and the other way round")
+            if r.regime.kind == "dense" and r.regime.dispatcher != "none":  # regime_of never writes it
+                raise ValueError(f"run {r.id!r}: a dense run has no MoE dispatcher")
+        return self
+
+    @model_validator(mode="after")
     def _each_run_once(self) -> RecordFile:
         if len({r.id for r in self.rows}) != len(self.rows):  # a run counted twice would weigh twice
             raise ValueError("a run is listed more than once")
