@@ -33,6 +33,7 @@ from trainready.plan.setup import resolve  # noqa: E402
 from trainready.plan.memory_record import KEPT, MEMORY_FIELDS  # noqa: E402
 from trainready.plan.memory_record import compared as memory_compared  # noqa: E402
 from trainready.plan.memory_record import regime_label as memory_label  # noqa: E402
+from trainready.plan.memory_record import row_key as memory_row_key  # noqa: E402
 from trainready.plan.memory_record import summarize as memory_summary  # noqa: E402
 from trainready.plan.track_record import (  # noqa: E402
     MIN_RUNS, REGIME_FIELDS, TRACK_RECORD_SCHEMA_VERSION, RecordFile, RecordRow, key_of, regime_of, summarize, text,
@@ -110,10 +111,11 @@ def memory_markdown(rows: list[RecordRow]) -> str:
     """docs/planner.md's memory table: the memory regimes an estimate can quote (plan/memory_record.py)."""
     out = ["| memory regime | peaks | median | p90 (worst under 10) | lean | beyond the states |",
            "|---|---|---|---|---|---|"]
-    peaks = [x for x in rows if x.memory_signed_error_pct is not None]
     groups: dict[tuple, list[RecordRow]] = {}
-    for x in peaks:
-        key = tuple(getattr(x.regime, f) for f in MEMORY_FIELDS)
+    for x in rows:
+        if x.memory_signed_error_pct is None:
+            continue
+        key = memory_row_key(x)
         for depth in range(KEPT, len(MEMORY_FIELDS) + 1):
             groups.setdefault(key[:depth], []).append(x)
     for key, sel in sorted(groups.items()):
@@ -154,7 +156,7 @@ def main() -> int:
         sel = groups[key]
         t = summarize(sel, " / ".join(key))
         print(f"  {' / '.join(key):40s} n={len(sel):4d}  {text(t)}")
-    print("memory regimes (published peaks):")
+    print("memory regimes (measured peaks):")
     print(memory_markdown(rows))
     return 0
 

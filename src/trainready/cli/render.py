@@ -249,12 +249,11 @@ def render_plan(con: Console, r: PlanResult) -> None:
         unchecked = [a for a in r.rows[0].estimate.assumptions if a.startswith(MEMORY_NOT_QUOTED)]
         if memory.track_record is None and unchecked:
             con.print(line(("Memory track record", "bold"), f" (#1): {unchecked[0]}"))
-        if memory.track_record is not None:
-            warns = _memory_record_warned(r.rows[0].estimate.warnings)
-            tail = (f"; at that median #1's peak would be ~{memory.peak_at_record_gib:,.0f} GiB, over the "
-                    f"{memory.gpu_gib:,.0f} GiB card: its fit is not established" if warns else "")
-            con.print(line(("warning: memory track record", "yellow") if warns else ("Memory track record", "bold"),
-                           f" (#1): {memory_record_text(memory.track_record)}{tail}"))
+        said = [w for w in r.rows[0].estimate.warnings if w.startswith(MEMORY_RECORD_WARNING)]
+        if said:  # the estimate's own warning, word for word
+            con.print(line(("warning", "yellow"), f" (#1): {said[0]}"))
+        elif memory.track_record is not None:
+            con.print(line(("Memory track record", "bold"), f" (#1): {memory_record_text(memory.track_record)}"))
     if r.others:
         said = "; ~: assumed efficiency, ranked by the pessimistic end" if any(a.assumed for a in r.others) else ""
         con.print(line(("Also fits", "bold"), f" (best per instance, ranked lower{said}): "

@@ -40,15 +40,15 @@ class MemoryRecord(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    regime: str = Field(description="the runs compared, in words: the narrowest regime with enough published "
+    regime: str = Field(description="the runs compared, in words: the narrowest regime with enough measured "
                                     "peaks, widened from the GPU architecture, then the precision, then the "
-                                    "sequence regime; never across dense/MoE or training stacks")
+                                    "sequence regime; never across dense/MoE, training stacks or MoE dispatchers")
     runs: int = Field(description="runs with a measured (published, or measured here) peak in that regime")
-    few: bool = Field(description=f"fewer than {MIN_RUNS} runs: quoted because no wider regime of the same kind "
-                                   "and stack has more")
+    few: bool = Field(description=f"fewer than {MIN_RUNS} runs: quoted because no wider regime of the same kind, "
+                                   "stack and dispatcher has more")
     median_abs_error_pct: float = Field(description="median |model / measured - 1| of the peak, %")
     p90_abs_error_pct: float | None = Field(description="90th percentile of the same (nearest rank); None under 10")
-    signed_median_pct: float = Field(description="median of model / published - 1: - the model counted less "
+    signed_median_pct: float = Field(description="median of model / measured - 1: - the model counted less "
                                                  "memory than the runs used")
     transient_over_model: float = Field(description="median over the runs of the measured peak less the modelled "
                                                     "persistent states, per GiB of the modelled peak less them: what "
@@ -65,7 +65,8 @@ def _mkey(s: Setup) -> tuple[str, ...]:
     return tuple(getattr(r, f) for f in MEMORY_FIELDS)
 
 
-def _row_key(x: RecordRow) -> tuple[str, ...]:
+def row_key(x: RecordRow) -> tuple[str, ...]:
+    """A run's memory regime, MEMORY_FIELDS in order (bench/track_record.py groups its table by it)."""
     return tuple(getattr(x.regime, f) for f in MEMORY_FIELDS)
 
 
@@ -74,7 +75,8 @@ MEMORY_RECORD_WARNING = "memory track record:"
 CALIBRATED_NOTE = "memory record not quoted: the allocator slack is calibrated from your own run's peak"
 MEMORY_NOT_QUOTED = ("memory figure unchecked:", CALIBRATED_NOTE)
 """How the assumptions start that say why a setup has no memory record."""
-_DISPATCH_WORDS = {"none": " with every expert on its rank (ep 1)", "alltoall": " with all-to-all expert dispatch", "deepep": " with DeepEP dispatch"}
+_DISPATCH_WORDS = {"none": " with every expert on its rank (ep 1)", "alltoall": " with all-to-all expert dispatch",
+                   "deepep": " with DeepEP dispatch"}
 
 
 def regime_label(key: tuple[str, ...], depth: int) -> str:
@@ -106,7 +108,7 @@ def memory_record(s: Setup, rows: tuple[RecordRow, ...] | None = None) -> Memory
     if not rows:
         return None
     key = _mkey(s)
-    peaks = [(_row_key(x), x) for x in rows if x.memory_signed_error_pct is not None
+    peaks = [(row_key(x), x) for x in rows if x.memory_signed_error_pct is not None
              and x.memory_transient_ratio is not None]
     for depth in range(len(MEMORY_FIELDS), KEPT - 1, -1):
         same = [x for k, x in peaks if k[:depth] == key[:depth]]
