@@ -83,7 +83,7 @@ def test_replanning_a_saved_row_finds_it_again(r1_efa, r1_ib):
 
 
 def test_deepep_runs_where_its_kernels_and_network_do(catalog):
-    from trainready.plan.search import deepep_reason
+    from trainready.plan.dispatch import deepep_reason
 
     def s(instance, gpus, ep):
         return resolve(JobSpec(model="deepseek-v3", instance=instance, gpus=gpus, ep=ep, etp=1, tp=1, pp=4,

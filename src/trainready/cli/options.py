@@ -21,6 +21,7 @@ JOB = "Job"
 MODEL = "Model"
 HW = "Hardware"
 PAR = "Parallelism and batch"
+MOE = "Mixture of experts"
 NUM = "Numerics"
 MEM = "Memory"
 # flag pairs (--x/--no-x) in a panel of their own: the pair's second column would narrow every other option's help
@@ -95,6 +96,15 @@ Fp8RecipeLabel = labelled(Fp8RecipeMode, "RECIPE")
 class MoeRoutingMode(str, Enum):
     dropless = "dropless"
     capacity = "capacity"
+
+
+class EpDispatcherMode(str, Enum):
+    alltoall = "alltoall"
+    deepep = "deepep"
+
+
+EpDispatcherLabel = labelled(EpDispatcherMode, "NAME")
+MoeRoutingLabel = labelled(MoeRoutingMode, "MODE")
 
 
 class Attention(str, Enum):
@@ -198,9 +208,12 @@ TorchCompile = Annotated[Optional[bool], typer.Option("--compile/--no-compile", 
 PowerLimit = Annotated[Optional[float], typer.Option("--power-limit", metavar="WATTS", parser=number_for(JobSpec, "power_limit_w", "500"), help="The GPUs' power limit where it is below their rated board power (nvidia-smi -q: Current Power Limit; `check` flags it): GEMMs and attention slow by the published pair of the same chip at two powers (H100 NVL/SXM, B100/B200); memory and links keep their speed. Hopper and Blackwell only. [default: the rated power]", rich_help_panel=HW)]
 Fp8ParamGather = Annotated[Optional[bool], typer.Option("--fp8-gather/--no-fp8-gather", help="With --precision fp8, linear weights kept in FP8 and all-gathered in FP8 over data parallelism, half of bf16's bytes: Megatron's fp8_param_gather with --strategy zero1 (delayed, tensorwise; MXFP8 weights travel in bf16), torchao's FSDP2 float8 all-gather with --stack torchtitan or automodel, --strategy zero3 (tensorwise). [default: the stack's recipe: megatron on where it applies, as Megatron-Bridge's FP8 recipes; torchtitan and automodel off]", rich_help_panel=COMPILE)]
 Fp8RecipeOpt = Annotated[Optional[Fp8RecipeLabel], typer.Option("--fp8-recipe", show_choices=False, help="FP8 scaling with --precision fp8: tensorwise (current scaling), delayed, blockwise, rowwise (torchao) or mxfp8 (Blackwell). [default: the stack's: megatron delayed, else tensorwise]", rich_help_panel=NUM)]
-MoeRouting = Annotated[Optional[MoeRoutingMode], typer.Option("--moe-routing", help="Mixture-of-experts: dropless (the busiest rank sets the pace) or capacity (token-drop, expert buffers padded to --capacity-factor x the mean). [default: the model's config, dropless unless it names a capacity factor]", rich_help_panel=PAR)]
-CapacityFactor = Annotated[Optional[float], typer.Option("--capacity-factor", parser=number_for(JobSpec, "capacity_factor", "1.25"), help="MoE capacity factor for --moe-routing capacity, 1 to 64. [default: the model's, else 1.0]", rich_help_panel=PAR)]
-LoadImbalance = Annotated[Optional[float], typer.Option("--expert-load-imbalance", parser=number_for(JobSpec, "expert_load_imbalance", "1.0"), help="Mixture-of-experts: routed tokens on the busiest expert-parallel rank over the mean; 1.0 for forced-balance benchmarks. [default: 1.15, an assumption]", rich_help_panel=PAR)]
+MoeRouting = Annotated[Optional[MoeRoutingLabel], typer.Option("--moe-routing", show_choices=False, help="dropless (the busiest rank sets the pace) or capacity (token-drop, expert buffers padded to --capacity-factor x the mean). [default: the model's config, dropless unless it names a capacity factor]", rich_help_panel=MOE)]
+CapacityFactor = Annotated[Optional[float], typer.Option("--capacity-factor", parser=number_for(JobSpec, "capacity_factor", "1.25"), help="Capacity factor for --moe-routing capacity, 1 to 64. [default: the model's, else 1.0]", rich_help_panel=MOE)]
+LoadImbalance = Annotated[Optional[float], typer.Option("--expert-load-imbalance", parser=number_for(JobSpec, "expert_load_imbalance", "1.0"), help="Routed tokens on the busiest expert-parallel rank over the mean; 1.0 for forced-balance benchmarks. [default: 1.15, an assumption]", rich_help_panel=PAR)]
+EpDispatcher = Annotated[Optional[EpDispatcherLabel], typer.Option("--ep-dispatcher", show_choices=False, help="With --ep 2+, how tokens reach their experts: alltoall (a collective all-to-all, a row per routed expert) or deepep (DeepEP/HybridEP: a token sent once per GPU and once per node; launched by --framework megatron; needs NVSwitch and, across nodes, InfiniBand). [default: the stack's, alltoall; plan tries deepep on megatron where it runs]", rich_help_panel=MOE)]
+EpOverlap = Annotated[Optional[bool], typer.Option("--ep-overlap/--no-ep-overlap", help="All-to-alls run beside another micro-batch's compute (Megatron-Core's EP overlap, DeepSeek's DualPipe). On megatron: needs --ep 2+, virtual stages with --pp 2+, no full recompute. [default: the stack's, off; plan tries it on megatron]", rich_help_panel=MOE)]
+Fp8Dispatch = Annotated[Optional[bool], typer.Option("--fp8-dispatch/--no-fp8-dispatch", help="With --precision fp8, tokens dispatched in FP8, combined in BF16 (DeepSeek-V3). [default: the stack's, off]", rich_help_panel=MOE)]
 Spot = Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="Price on spot (with expected interruption rework) or on-demand.", rich_help_panel=COST)]
 Region = Annotated[Optional[str], typer.Option("--region", help="Price region. [default: the catalog's]", rich_help_panel=COST)]
 UsdPerHour = Annotated[Optional[float], typer.Option("--usd-per-hour", parser=number_for(JobSpec, "usd_per_hour", "32.77"), help="Your price per node-hour (overrides the catalog).", rich_help_panel=COST)]

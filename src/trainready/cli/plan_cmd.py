@@ -56,6 +56,9 @@ def plan(
     attention_kernel: o.AttentionOpt = None,
     stack: o.StackOpt = None,
     expert_load_imbalance: o.LoadImbalance = None,
+    ep_dispatcher: o.EpDispatcher = None,
+    ep_overlap: o.EpOverlap = None,
+    fp8_dispatch: o.Fp8Dispatch = None,
     tp_overlap: o.TpOverlap = None,
     torch_compile: o.TorchCompile = None,
     moe_routing: o.MoeRouting = None,
@@ -95,6 +98,7 @@ def plan(
                       lora_rank=lora_rank, tokens=tokens, seq_len=seq_len, global_batch=global_batch,
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
+                      ep_dispatcher=ep_dispatcher, ep_overlap=ep_overlap, fp8_dispatch=fp8_dispatch,
                       tp_overlap=tp_overlap, torch_compile=torch_compile, moe_routing=moe_routing, capacity_factor=capacity_factor,
                       fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather, power_limit_w=power_limit,
                       memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)

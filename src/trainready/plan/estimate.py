@@ -15,6 +15,7 @@ from . import reliability as rel
 from .attention import attention_note
 from .batch_advice import batch_advice
 from .confidence import ConfidenceInfo, confidence_info, summary
+from .dispatch import deepep_assumption, deepep_warning
 from .fit import GPU_MARGIN, fit_of
 from .memory import GiB, MemoryResult, deepspeed_states, estimate_memory, qlora_moe_note
 from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
@@ -313,6 +314,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     advice = batch_advice(s)
     if advice:
         warnings.append(advice)
+    if said := deepep_warning(s):
+        warnings.append(said)
     resolved = resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
                              reduce_dtype=s.reduce_dtype)
     assumptions = [
@@ -341,6 +344,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
     if m.derived:
         assumptions.append(m.derived)
     assumptions += moe.assumptions(s)
+    if said := deepep_assumption(s):
+        assumptions.append(said)
     if s.instance is None:
         assumptions.append(f"no instance given: {s.gpus_per_node} x {s.gpu.name} per node, no price")
     for kind, p in (("on-demand", od_price), ("spot", spot_price)):

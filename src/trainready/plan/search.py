@@ -18,14 +18,14 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
+from .dispatch import deepep_reason, ep_spans_nodes
 from .efficiency import POWER_PAIRS
 from .estimate import EstimateResult, assemble, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
 from .memory import GiB, estimate_memory, qlora_moe_note
-from . import moe
-from .performance import dp_layout, estimate_step
+from .performance import estimate_step
 from .recipes import Recipe, framework_for, recipe_for
 from .recompute import DEFAULT_MODULES, modules_text
 from .setup import (
@@ -189,6 +189,7 @@ class _InstanceLog:
     price: str = ""
     over_limits: list[_Best] = field(default_factory=list)  # fit, but beyond --max-usd or --deadline-hours
     framework: str = ""  # why --framework cannot run a configuration (the first such reason)
+    dispatch: str = ""  # why the job's --ep-dispatcher deepep cannot run a configuration (the first such reason)
     nodes_needed: int | None = None  # where nothing fit: the nodes ZeRO-3 would need (_exclusion_reason)
 
 
@@ -347,31 +348,6 @@ def checkpointing_options(base: Setup) -> list[tuple[str, tuple[str, ...]]]:
     return out + [("selective-attn", ("layernorm", "moe_act"))]
 
 
-DEEPEP_ARCHS = ("hopper", "blackwell")
-"""GPUs DeepEP's kernels run on: SM90 (deepseek-ai/DeepEP README), and Blackwell through Megatron-Core's HybridEP
-backend ('GB200, B200, H100 supported', Core 0.15 release notes in megatron/core/transformer/moe/README.md)."""
-
-
-def deepep_reason(s: Setup) -> str | None:
-    """Why DeepEP cannot carry this row's tokens (None: it can). Its intranode kernels need NVLink between every GPU
-    pair; its internode kernels post RDMA from the GPU (IBGDA), which needs InfiniBand NICs: AWS's EFA has no IBGDA
-    (deepseek-ai/DeepEP#369), and Megatron-Bridge's H100 recipe crashes on EFA once EP spans nodes, 'neither
-    inter-node DeepEP backend supporting EFA' (NVIDIA-NeMo/Megatron-Bridge#3343, 2026-04)."""
-    if s.gpu.arch not in DEEPEP_ARCHS:
-        return f"DeepEP runs on Hopper and Blackwell GPUs, not {s.gpu.name}"
-    if (s.instance.topology if s.instance else None) != "nvswitch":
-        return "DeepEP needs NVLink between every GPU pair (NVSwitch)"
-    if _ep_spans_nodes(s) and (s.instance is None or s.instance.fabric != "infiniband"):
-        fabric = s.instance.fabric if s.instance and s.instance.fabric else "not known to be InfiniBand"
-        return f"DeepEP's inter-node kernels need InfiniBand (GPU-initiated RDMA); this network is {fabric}"
-    return None
-
-
-def _ep_spans_nodes(s: Setup) -> bool:
-    """The expert-parallel group reaches past one node (its all-to-alls cross the network)."""
-    return moe.ep_ranks_per_node(s, dp_layout(s)[0]) < s.ep
-
-
 def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework: str, overlap_asked: bool = False):
     """A Megatron MoE row with what NVIDIA's published MoE recipes on H100 run instead of Megatron-Core's defaults
     (Megatron-MoE-ModelZoo best_practice/DeepSeekV3 and qwen3, 'Enable DeepEP', 'Enable EP A2A overlapping'): DeepEP
@@ -384,7 +360,7 @@ def _moe_dispatch(job: JobSpec, s: Setup, mem, step, limit_gib: float, framework
     if s.stack != "megatron" or not s.model.is_moe or s.ep <= 1:
         return s, mem, step
     dispatchers = [job.ep_dispatcher] if job.ep_dispatcher else ["alltoall"] + (
-        ["deepep"] if _ep_spans_nodes(s) and deepep_reason(s.with_(ep_dispatcher="deepep")) is None else [])
+        ["deepep"] if ep_spans_nodes(s) and deepep_reason(s.with_(ep_dispatcher="deepep")) is None else [])
     virtual = [s.pp_virtual]
     if s.pp > 1 and s.pp_virtual == 1 and s.grad_accum % s.pp == 0:  # the overlap needs virtual stages there
         virtual += [v for v in VIRTUAL_STAGES if s.model.num_layers >= s.pp * v]
@@ -597,6 +573,9 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                         log.framework = log.framework or why_not
                         continue
                     s = s.with_(runs_on=runs_on)  # its memory is that framework's (memory.deepspeed_states)
+                    if s.ep > 1 and s.ep_dispatcher == "deepep" and (no_deepep := deepep_reason(s)):
+                        log.dispatch = log.dispatch or f"--ep-dispatcher deepep with --ep {s.ep}: {no_deepep}"
+                        continue  # the job asked for DeepEP: a row that cannot run it is not offered
                     searched += 1
                     best, smallest = _largest_fitting(s, per_dp, limit)
                     if smallest is not None and smallest.peak / GiB < log.smallest_peak_gib:
@@ -658,7 +637,7 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
         if log.smallest_peak_gib == float("inf"):
             if log.framework:
                 return f"--framework {req.framework} runs none of its configurations: {log.framework}"
-            return log.batch or log.network or "no configuration could be formed"
+            return log.batch or log.network or log.dispatch or "no configuration could be formed"
         nodes_needed = log.nodes_needed = _nodes_needed(req, inst, model, catalog)
         tail = ""
         if nodes_needed:
@@ -682,7 +661,8 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
             detail = (f"(least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
                       f"largest parts {log.smallest_parts} GiB){tail}")
         fw = f"; others not run by --framework {req.framework}: {log.framework}" if log.framework else ""
-        return f"{head} {detail}" + (f"; {log.network}" if log.network else "") + fw + _way_forward(req, model, gpu)
+        return (f"{head} {detail}" + (f"; {log.network}" if log.network else "") + fw
+                + (f"; not planned: {log.dispatch}" if log.dispatch else "") + _way_forward(req, model, gpu))
     if log.over_limits:
         return "fits, but " + _over_limits(req, log.over_limits)
     return "fits, ranked below the shown rows"

@@ -503,15 +503,37 @@ def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_no
                          f"ranks); valid: {', '.join(map(str, valid))} (with --etp {etp}){fold}")
 
 
+def _check_megatron_ep_overlap(ep: int, pp: int, pp_virtual: int, checkpointing: str, modules: tuple[str, ...]) -> None:
+    """Megatron-Core's --overlap-moe-expert-parallel-comm refuses to start without expert parallelism, with pipeline
+    stages but no virtual ones, and under full recompute or with `moe` among the recomputed modules
+    (megatron/core/transformer/transformer_config.py __post_init__, its asserts): a usage error, with the way out."""
+    if ep <= 1:
+        why, fix = "it overlaps expert-parallel all-to-alls", "--ep 2 or more"
+    elif pp > 1 and pp_virtual <= 1:
+        why, fix = "with pipeline stages it needs virtual ones", f"--pp-virtual 2 or more with --pp {pp}"
+    elif checkpointing == "full":
+        why, fix = "it does not run under full recompute", "--activation-checkpointing selective"
+    elif "moe" in modules:
+        why, fix = "it does not run with the MoE layer among the recomputed modules", "--recompute-modules without moe"
+    else:
+        return
+    raise UsageError(f"--ep-overlap on stack megatron: Megatron-Core's --overlap-moe-expert-parallel-comm refuses this "
+                     f"layout ({why}); {fix}, or --no-ep-overlap")
+
+
 def moe_comm(job: JobSpec, model: ModelSpec, stack: Stack, precision: str) -> dict:
     """Setup fields of the MoE communication: the job's values, else the stack's."""
     if job.expert_load_imbalance is not None and model.moe is None:
         raise UsageError(f"--expert-load-imbalance needs a mixture-of-experts model; {printable(model.name)} is dense")
     fp8 = stack.fp8_dispatch if job.fp8_dispatch is None else job.fp8_dispatch
     if job.fp8_dispatch and precision != "fp8":
-        raise UsageError(f"fp8_dispatch needs --precision fp8 (this job computes in {precision})")
+        raise UsageError(f"--fp8-dispatch needs --precision fp8 (this job computes in {precision})")
     if job.expert_routing is not None and model.moe is None:
         raise UsageError(f"expert_routing needs a mixture-of-experts model; {printable(model.name)} is dense")
+    asked = [flag for flag, on in (("--ep-dispatcher deepep", job.ep_dispatcher == "deepep"),
+                                   ("--ep-overlap", job.ep_overlap), ("--fp8-dispatch", job.fp8_dispatch)) if on]
+    if asked and model.moe is None:
+        raise UsageError(f"{asked[0]} needs a mixture-of-experts model; {printable(model.name)} is dense")
     return dict(load_imbalance=job.expert_load_imbalance, ep_dispatcher=job.ep_dispatcher or stack.ep_dispatcher,
                 expert_routing=job.expert_routing or "random",
                 ep_overlap=stack.ep_overlap if job.ep_overlap is None else job.ep_overlap,
@@ -629,6 +651,12 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     _check_local_batch(job.pp_local_batch, job.pp, v, st.stack, micro, dp, global_batch)
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
+    ep_overlap = st.stack.ep_overlap if job.ep_overlap is None else job.ep_overlap
+    if model.moe is not None and ep_overlap and st.stack.name == "megatron":
+        _check_megatron_ep_overlap(job.ep, job.pp, v, ckpt, tuple(job.recompute_modules or ()))
+    if model.moe is not None and job.ep == 1 and (job.ep_dispatcher == "deepep" or ep_overlap):
+        notes.append(f"{'--ep-dispatcher deepep' if job.ep_dispatcher == 'deepep' else '--ep-overlap'} acts on "
+                     f"expert parallelism: with --ep 1 no token leaves its GPU, so it changes nothing here")
     overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)
     if why:
         notes.append(why)
