@@ -63,7 +63,6 @@ def test_a_framework_without_deepep_says_which_has_it():
 @pytest.mark.parametrize("extra, fix", [
     (["--gpus", "16", "--pp", "2"], "--pp-virtual 2 or more with --pp 2"),
     (["--activation-checkpointing", "full"], "--activation-checkpointing selective"),
-    (["--ep", "1"], "--ep 2 or more"),
 ])
 def test_megatron_refuses_an_overlap_it_cannot_run(extra, fix):
     args = [*MOE, "--gpu", "h100-80gb", *(["--ep", "8"] if "--ep" not in extra else []), *extra, "--ep-overlap"]
@@ -80,6 +79,12 @@ def test_deepep_where_it_cannot_run_is_warned_and_where_unknown_assumed():
     bare = estimate(*MOE, "--gpu", "h100-80gb", "--ep", "8", "--ep-dispatcher", "deepep")
     assert not any("DeepEP" in w for w in bare["warnings"])
     assert any(a.startswith("DeepEP taken to run") for a in bare["assumptions"])
+
+
+def test_without_expert_parallelism_the_overlap_changes_nothing_and_says_so():
+    one = estimate(*MOE, "--gpu", "h100-80gb", "--ep-overlap")  # what plan --save writes for an ep-1 row
+    assert any("--ep-overlap acts on expert parallelism" in w for w in one["warnings"])
+    assert one["throughput"]["tokens_per_s"] == estimate(*MOE, "--gpu", "h100-80gb")["throughput"]["tokens_per_s"]
 
 
 def test_without_expert_parallelism_deepep_changes_nothing_and_says_so():

@@ -504,12 +504,12 @@ def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_no
 
 
 def _check_megatron_ep_overlap(ep: int, pp: int, pp_virtual: int, checkpointing: str, modules: tuple[str, ...]) -> None:
-    """Megatron-Core's --overlap-moe-expert-parallel-comm refuses to start without expert parallelism, with pipeline
-    stages but no virtual ones, and under full recompute or with `moe` among the recomputed modules
+    """Megatron-Core's --overlap-moe-expert-parallel-comm refuses to start with pipeline stages but no virtual ones,
+    and under full recompute or with `moe` among the recomputed modules
     (megatron/core/transformer/transformer_config.py __post_init__, its asserts): a usage error, with the way out."""
     if ep <= 1:
-        why, fix = "it overlaps expert-parallel all-to-alls", "--ep 2 or more"
-    elif pp > 1 and pp_virtual <= 1:
+        return  # nothing to overlap: Megatron's recipe leaves the flag out (resolve notes it)
+    if pp > 1 and pp_virtual <= 1:
         why, fix = "with pipeline stages it needs virtual ones", f"--pp-virtual 2 or more with --pp {pp}"
     elif checkpointing == "full":
         why, fix = "it does not run under full recompute", "--activation-checkpointing selective"
