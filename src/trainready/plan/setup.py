@@ -503,22 +503,21 @@ def _check_ep(model: ModelSpec, ep: int, etp: int, tp: int, dp: int, gpus_per_no
                          f"ranks); valid: {', '.join(map(str, valid))} (with --etp {etp}){fold}")
 
 
-def _check_megatron_ep_overlap(ep: int, pp: int, pp_virtual: int, checkpointing: str, modules: tuple[str, ...]) -> None:
-    """Megatron-Core's --overlap-moe-expert-parallel-comm refuses to start with pipeline stages but no virtual ones,
-    and under full recompute or with `moe` among the recomputed modules
-    (megatron/core/transformer/transformer_config.py __post_init__, its asserts): a usage error, with the way out."""
+def megatron_ep_overlap_problem(ep: int, pp: int, pp_virtual: int, checkpointing: str,
+                                modules: tuple[str, ...]) -> str | None:
+    """Why Megatron-Core's --overlap-moe-expert-parallel-comm refuses this layout, with the way out (None: it runs it,
+    or there is no expert parallelism to overlap, where Megatron's recipe leaves the flag out): pipeline stages
+    without virtual ones, full recompute, `moe` among the recomputed modules (megatron/core/transformer/
+    transformer_config.py __post_init__, its asserts). resolve refuses the job; the megatron recipe declines the row."""
     if ep <= 1:
-        return  # nothing to overlap: Megatron's recipe leaves the flag out (resolve notes it)
+        return None
     if pp > 1 and pp_virtual <= 1:
-        why, fix = "with pipeline stages it needs virtual ones", f"--pp-virtual 2 or more with --pp {pp}"
-    elif checkpointing == "full":
-        why, fix = "it does not run under full recompute", "--activation-checkpointing selective"
-    elif "moe" in modules:
-        why, fix = "it does not run with the MoE layer among the recomputed modules", "--recompute-modules without moe"
-    else:
-        return
-    raise UsageError(f"--ep-overlap on stack megatron: Megatron-Core's --overlap-moe-expert-parallel-comm refuses this "
-                     f"layout ({why}); {fix}, or --no-ep-overlap")
+        return f"with pipeline stages it needs virtual ones: --pp-virtual 2 or more with --pp {pp}"
+    if checkpointing == "full":
+        return "it does not run under full recompute: --activation-checkpointing selective-attn or none"
+    if "moe" in modules:
+        return "it does not run with the MoE layer among the recomputed modules: --recompute-modules without moe"
+    return None
 
 
 def moe_comm(job: JobSpec, model: ModelSpec, stack: Stack, precision: str) -> dict:
@@ -651,10 +650,8 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     _check_local_batch(job.pp_local_batch, job.pp, v, st.stack, micro, dp, global_batch)
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
-    ep_overlap = st.stack.ep_overlap if job.ep_overlap is None else job.ep_overlap
-    if model.moe is not None and ep_overlap and st.stack.name == "megatron":
-        _check_megatron_ep_overlap(job.ep, job.pp, v, ckpt, tuple(job.recompute_modules or ()))
-    if model.moe is not None and job.ep == 1 and (job.ep_dispatcher == "deepep" or ep_overlap):
+    comm = moe_comm(job, model, st.stack, precision)
+    if model.moe is not None and job.ep == 1 and (job.ep_dispatcher == "deepep" or comm["ep_overlap"]):
         notes.append(f"{'--ep-dispatcher deepep' if job.ep_dispatcher == 'deepep' else '--ep-overlap'} acts on "
                      f"expert parallelism: with --ep 1 no token leaves its GPU, so it changes nothing here")
     overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)
@@ -663,6 +660,10 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     compiled = torch_compile_of(job.torch_compile, st.stack)
     modules = check_modules(job.recompute_modules, model, stack=st.stack.name, checkpointing=ckpt,
                             asked=job.activation_checkpointing, method=job.method)
+    if model.moe is not None and comm["ep_overlap"] and st.stack.name == "megatron" and (
+            problem := megatron_ep_overlap_problem(job.ep, job.pp, v, ckpt, modules or ())):
+        raise UsageError(f"--ep-overlap on stack megatron: Megatron-Core's --overlap-moe-expert-parallel-comm refuses "
+                         f"this layout ({problem}), or --no-ep-overlap")
     recipe = fp8_recipe_of(job, st.stack, gpu, precision)
     fp8_param_gather_of(job.fp8_param_gather, st.stack, precision=precision, recipe=recipe, strategy=strategy,
                         method=job.method, offload=job.offload)  # a usage error where asked for and impossible
@@ -687,5 +688,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  framework=job.framework or "auto",
                  pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, tp_overlap=overlap, fp8_recipe=recipe,
                  fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled,
-                 recompute_modules=modules, power_limit_w=job.power_limit_w,
-                 **moe_comm(job, model, st.stack, precision))
+                 recompute_modules=modules, power_limit_w=job.power_limit_w, **comm)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from itertools import groupby
 
 from ..recompute import DEFAULT_MODULES
-from ..setup import Setup, pipeline_split
+from ..setup import Setup, megatron_ep_overlap_problem, pipeline_split
 from .common import (
     Recipe,
     args_lines,
@@ -154,13 +154,9 @@ def reason(s: Setup) -> str | None:
     if s.ep > 1 and s.fp8_dispatch:
         return ("Megatron-Core's flex dispatcher sends activations as they are (bf16 under FP8 compute; HybridEP "
                 "'does not support fp8 dispatch now', moe/fused_a2a.py): plan without fp8_dispatch")
-    if s.ep > 1 and s.ep_overlap:  # TransformerConfig.__post_init__'s rules for overlap_moe_expert_parallel_comm
-        if s.pp > 1 and s.pp_virtual == 1:
-            return ("Megatron's --overlap-moe-expert-parallel-comm needs virtual pipeline stages when pp > 1 "
-                    "(transformer_config.py): add --pp-virtual")
-        if checkpointing(s) == "full":
-            return ("Megatron's --overlap-moe-expert-parallel-comm refuses full recompute (transformer_config.py): "
-                    "use --activation-checkpointing selective-attn or none")
+    if s.ep_overlap and (problem := megatron_ep_overlap_problem(s.ep, s.pp, s.pp_virtual, checkpointing(s),
+                                                                s.recomputes)):
+        return f"Megatron's --overlap-moe-expert-parallel-comm refuses this layout (transformer_config.py): {problem}"
     return None
 
 
