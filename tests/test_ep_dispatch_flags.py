@@ -107,3 +107,15 @@ def test_plan_keeps_the_asked_dispatcher_only_where_it_runs():
     assert any(s["ep_dispatcher"] == "deepep" for s in rows)
     for s in rows:  # EFA: DeepEP only where the expert-parallel group stays inside a node
         assert s["ep_dispatcher"] in ("deepep", None) and (s["ep_dispatcher"] is None or s["ep"] <= 8), s
+
+
+def test_automodel_all_to_all_says_how_automodel_itself_dispatches():
+    """NeMo AutoModel has no collective all-to-all: an estimate that takes one on its stack says what it runs."""
+    auto = [*MOE[:2], "--stack", "automodel", "--gpu", "h100-80gb", "--gpus", "8", "--ep", "8", "--global-batch", "64"]
+
+    def moe_line(out):
+        return next(a for a in out["assumptions"] if a.startswith("MoE:"))
+    assert "AutoModel itself dispatches with DeepEP" in moe_line(estimate(*auto))
+    assert "AutoModel itself" not in moe_line(estimate(*auto, "--ep-dispatcher", "deepep"))
+    titan = [a if a != "automodel" else "torchtitan" for a in auto]
+    assert "AutoModel itself" not in moe_line(estimate(*titan))

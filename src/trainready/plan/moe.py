@@ -543,10 +543,12 @@ def assumptions(s: Setup) -> list[str]:
     dispatch += " in FP8, combine in BF16" if s.fp8_dispatch else ""
     dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
                  else ", not overlapped with compute")
+    caveat = get_stack(s.stack).alltoall_caveat if s.ep > 1 and s.ep_dispatcher == "alltoall" else ""
     et = s.expert_tp
     grid = f"experts split ep {s.ep} x etp {et}, expert data-parallel {s.expert_dp}"
     if et != s.tp:
         grid += f"; attention tp {s.tp} x dp {s.dp}: expert grid folded over the same GPUs (MoE parallel folding)"
     return [f"MoE: {moe.experts_per_token} of {moe.num_experts} experts per token, {routing}; {grid}"
             + f"; grouped-GEMM efficiency rows/(rows+{grouped_gemm_m0(s):g}) per expert; {dispatch} "
-            f"(stack {s.stack})" + ("; LoRA adapts attention and shared experts only" if s.method != "full" else "")]
+            f"(stack {s.stack})" + (f"; {caveat}" if caveat else "")
+            + ("; LoRA adapts attention and shared experts only" if s.method != "full" else "")]

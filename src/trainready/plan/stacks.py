@@ -72,6 +72,9 @@ class Stack:
     BF16 (DeepSeek-V3 technical report, Sec. 3.3.3)."""
     ep_source: str = ""
     """Where the three MoE communication values come from."""
+    alltoall_caveat: str = ""
+    """Said beside an estimate that takes this stack's all-to-all dispatch with EP: how the framework itself
+    dispatches where that differs ("": it dispatches as estimated)."""
     expert_tp: ExpertTP = "whole-under-ep"
     """The expert tensor-parallel size (etp) of a job that gives none (default_etp): "tp" splits routed experts
     like the dense MLP (Megatron-Core's expert_tensor_parallel_size default); "whole-under-ep" keeps them whole
@@ -183,6 +186,18 @@ _TRAINER_COMPILE = ("the Trainer's --torch_compile: the model's forward, which c
                     "(transformers loss_utils.ForCausalLMLoss upcasts the logits inside it)")
 _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to travel by a collective all-to-all "
                         "in the activation dtype, in the compute path (as torchtitan's 'standard' dispatcher)")
+
+# NeMo AutoModel has no collective all-to-all dispatcher: BackendConfig.dispatcher defaults to DeepEP where
+# deep_ep is importable (NVIDIA's containers build it), else UCCL-EP, else "torch", which all-gathers every EP
+# rank's tokens (bf16) and all-reduces the experts' fp32 output over the whole gathered batch: about 10 (ep - 1)
+# bytes per token and hidden unit against an all-to-all's 4 k (ep - 1)/ep, 2.5 ep/k times as much (not modelled).
+_AUTOMODEL_DISPATCH_SOURCE = ("; NVIDIA-NeMo/Automodel @36044ad3 (2026-08-22) components/models/common/utils.py "
+                              "BackendConfig.dispatcher (deepep if deep_ep imports, else uccl_ep, else torch) and "
+                              "components/moe/experts.py (torch: all_gather of x, fp32 all_reduce of y)")
+_AUTOMODEL_DISPATCH = ("AutoModel itself dispatches with DeepEP where it is installed, as in NVIDIA's containers "
+                       "(--ep-dispatcher deepep), else with UCCL-EP, else by all-gathering the tokens and "
+                       "all-reducing the experts' fp32 output, about 2.5 x ep/top-k times an all-to-all's bytes "
+                       "(not modelled)")
 
 # transformers 5.23: sdpa_mask builds an explicit mask for sliding-window layers (only a plain causal mask is
 # dropped for is_causal), and GptOssPreTrainedModel sets _supports_sdpa = False, so gpt-oss without an
@@ -297,7 +312,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "model's RMSNorm, SwiGLU MLP and RoPE for Liger's fused kernels (liger-kernel is in the dev group "
                  "that docker/Dockerfile installs with uv sync --all-groups); its own models take rms_norm/linear "
                  "'te'; activation checkpointing wraps whole layers",
-          ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", lora_fp32_adapters=False,
+          ep_source=_EP_ALLTOALL_ASSUMED + _AUTOMODEL_DISPATCH_SOURCE, alltoall_caveat=_AUTOMODEL_DISPATCH,
+          expert_tp="whole-under-ep", lora_fp32_adapters=False,
           fp8_param_gather=("tensorwise",), fp8_param_gather_strategy="zero3",
           fp8_param_gather_source="NeMo AutoModel docs/guides/fp8-training.mdx: FP8Config "
                                   "enable_fsdp_float8_all_gather (torchao's FSDP2 float8 all-gather), False by default",
