@@ -119,3 +119,49 @@ def test_automodel_all_to_all_says_how_automodel_itself_dispatches():
     assert "AutoModel itself" not in moe_line(estimate(*auto, "--ep-dispatcher", "deepep"))
     titan = [a if a != "automodel" else "torchtitan" for a in auto]
     assert "AutoModel itself" not in moe_line(estimate(*titan))
+
+
+def test_a_dropped_overlap_is_said_and_saved_as_dropped(tmp_path):
+    """200 sequences on 2 stages: 25 micro-batches per step, no virtual stages, so the pp-2 row runs without the
+    overlap; the plan says so and its saved job reads back to the same figure."""
+    saved = tmp_path / "plan.toml"
+    r = cli_run("plan", "--model", "qwen3-30b-a3b", "--tokens", "1e9", "--stack", "megatron", "--instances",
+                "p5.48xlarge", "--ep-overlap", "--global-batch", "200", "--save", str(saved), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    best = out["rows"][0]["estimate"]
+    assert best["setup"]["pp"] > 1 and best["setup"]["ep"] > 1 and not best["setup"]["ep_overlap"], best["setup"]
+    assert any(n.startswith("--ep-overlap does not apply to the best row") and "not a multiple of --pp" in n
+               for n in out["notes"]), out["notes"]
+    assert "ep_overlap = false" in saved.read_text()
+    again = estimate("--job", str(saved))
+    assert again["throughput"]["tokens_per_s"] == best["throughput"]["tokens_per_s"]
+
+
+def test_an_ep1_best_row_says_the_dispatch_flags_change_nothing():
+    r = cli_run("plan", "--model", "mixtral-8x7b", "--tokens", "1e9", "--instances", "p5.48xlarge", "--stack",
+                "torchtitan", "--ep-overlap", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["rows"][0]["estimate"]["setup"]["ep"] == 1
+    assert any(n.startswith("the best row has --ep 1: --ep-overlap acts on expert parallelism") for n in out["notes"])
+    one = estimate(*MOE, "--gpu", "h100-80gb", "--ep-overlap", "--ep-dispatcher", "deepep")
+    moe_line = next(a for a in one["assumptions"] if a.startswith("MoE:"))
+    assert "no token leaves its GPU" in moe_line and "overlapped with" not in moe_line and "DeepEP" not in moe_line
+
+
+def test_deepep_refusal_leads_where_it_removed_the_layouts_that_fit():
+    """On EFA DeepEP cannot carry an EP group across nodes; the layouts it could run do not fit, and the reason says
+    that rather than that the model cannot fit the instance (it does, with the all-to-all)."""
+    r = cli_run("plan", "--model", "deepseek-v3", "--tokens", "1e10", "--stack", "megatron", "--max-nodes", "32",
+                "--instances", "p5.48xlarge", "--ep-dispatcher", "deepep", "--json")
+    (excluded,) = json.loads(r.stdout)["excluded"]
+    assert excluded["reason"].startswith("not planned: --ep-dispatcher deepep with --ep"), excluded
+    assert "the layouts DeepEP could run here do not fit" in excluded["reason"]
+    assert "cannot hold them" not in excluded["reason"]
+
+
+def test_fp8_dispatch_is_in_the_json():
+    fp8 = [*ONE_NODE, "--precision", "fp8", "--strategy", "zero1"]
+    assert estimate(*fp8, "--fp8-dispatch")["setup"]["fp8_dispatch"] is True
+    assert estimate(*fp8)["setup"]["fp8_dispatch"] is False

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from . import moe
 from .performance import dp_layout
-from .setup import Setup
+from .job import JobSpec
+from .setup import Setup, ep1_dispatch_note
 
 DEEPEP_ARCHS = ("hopper", "blackwell")
 """GPUs DeepEP's kernels run on: SM90 (deepseek-ai/DeepEP README), and Blackwell through Megatron-Core's HybridEP
@@ -55,3 +56,20 @@ def deepep_assumption(s: Setup) -> str | None:
         return None
     return ("DeepEP taken to run: it needs NVSwitch (and InfiniBand once EP spans nodes), which a GPU named "
             "without --instance does not tell")
+
+
+def dispatch_note(job: JobSpec, s: Setup) -> str | None:
+    """plan's note where its best row does not run the MoE dispatch the job asked for: an ep-1 row, where it changes
+    nothing, or a Megatron row with pipeline stages that could not take the virtual ones its EP overlap needs
+    (search._moe_dispatch tries them)."""
+    if not s.model.is_moe:
+        return None
+    if s.ep == 1:
+        said = ep1_dispatch_note(job.ep_dispatcher == "deepep", bool(job.ep_overlap), bool(job.fp8_dispatch))
+        return f"the best row has --ep 1: {said} there" if said else None
+    if job.ep_overlap and not s.ep_overlap:
+        why = (f"its {s.grad_accum} micro-batches per step are not a multiple of --pp {s.pp}" if s.grad_accum % s.pp
+               else "no variant of it with virtual stages fits and runs")
+        return (f"--ep-overlap does not apply to the best row: Megatron-Core overlaps the EP all-to-all across "
+                f"pipeline stages (--pp {s.pp}) only with virtual ones, and {why}; it runs without the overlap")
+    return None

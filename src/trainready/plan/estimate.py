@@ -97,6 +97,8 @@ class SetupInfo(BaseModel):
                                                         "None otherwise")
     ep_overlap: bool = Field(False, description="MoE with ep > 1: the all-to-alls overlapped with another "
                                                 "micro-batch's compute")
+    fp8_dispatch: bool = Field(False, description="MoE with ep > 1 under FP8: tokens dispatched in FP8 (combines "
+                                                  "stay BF16)")
     offload: str
     method: str
     lora_rank: int | None
@@ -326,7 +328,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         (f"memory as {s.runs_on} holds it" + (" (DeepSpeed's ZeRO: 16-bit gradients beside the fp32 ones, ZeRO-3's "
                                               "16-bit shard)" if deepspeed_states(s) else "")
          + ("" if s.framework != "auto" else ": the first framework that runs this setup (--framework to name one)")
-         if s.runs_on else "memory as no framework holds it: none runs this setup as estimated"),
+         if s.runs_on else "memory as no framework holds it: " + str(framework_for(s, s.framework)[1])),
         f"efficiency factors: {s.efficiency.source}" if s.efficiency is not None else
         f"efficiency factors for {s.gpu.arch} (see docs/planner.md)",
         f"on-demand MTBF {rel.ON_DEMAND_GPU_MTBF_H:,.0f} GPU-hours (Llama 3 paper); checkpoint every "
@@ -404,6 +406,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,
                         recompute_modules=list(s.recomputes) or None,
                         ep_dispatcher=s.ep_dispatcher if s.ep > 1 else None, ep_overlap=s.ep > 1 and s.ep_overlap,
+                        fp8_dispatch=s.ep > 1 and s.fp8_dispatch,
                         lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,

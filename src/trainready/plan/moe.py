@@ -544,6 +544,8 @@ def assumptions(s: Setup) -> list[str]:
     dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
                  else ", not overlapped with compute")
     caveat = get_stack(s.stack).alltoall_caveat if s.ep > 1 and s.ep_dispatcher == "alltoall" else ""
+    if s.ep == 1:
+        dispatch = "no expert parallelism: no token leaves its GPU"
     et = s.expert_tp
     grid = f"experts split ep {s.ep} x etp {et}, expert data-parallel {s.expert_dp}"
     if et != s.tp:

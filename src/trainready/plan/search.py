@@ -18,7 +18,7 @@ from .attention import attention_note
 from .batch_advice import batch_advice
 from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
-from .dispatch import deepep_reason, ep_spans_nodes
+from .dispatch import deepep_reason, dispatch_note, ep_spans_nodes
 from .efficiency import POWER_PAIRS
 from .estimate import EstimateResult, assemble, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
@@ -649,6 +649,10 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
                     tail += f" (more than --max-nodes {req.max_nodes})"
                 tail += "; communication-bound" if _comm_bound(req, inst, model, catalog, nodes_needed) else ""
         within = "on 1 node" if log.network else f"within --max-nodes {req.max_nodes}"
+        if log.dispatch:  # the skipped layouts were never sized: what did not fit is only what DeepEP could run
+            return (f"not planned: {log.dispatch}; the layouts DeepEP could run here do not fit {within} (least: "
+                    f"{log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}); --ep-dispatcher alltoall "
+                    f"plans the others" + (f"; {log.network}" if log.network else "") + _way_forward(req, model, gpu))
         if req.job.method == "full":
             head = (f"full training of {model.param_count() / 1e9:.0f}B holds ~{_states_tb(model, 'full'):,.2f} TB "
                     f"of model states; {inst.gpu_count}x{gpu.memory_gib:g} GiB cannot hold them {within}")
@@ -662,7 +666,7 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
                       f"largest parts {log.smallest_parts} GiB){tail}")
         fw = f"; others not run by --framework {req.framework}: {log.framework}" if log.framework else ""
         return (f"{head} {detail}" + (f"; {log.network}" if log.network else "") + fw
-                + (f"; not planned: {log.dispatch}" if log.dispatch else "") + _way_forward(req, model, gpu))
+                + _way_forward(req, model, gpu))
     if log.over_limits:
         return "fits, but " + _over_limits(req, log.over_limits)
     return "fits, ranked below the shown rows"
@@ -994,6 +998,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         b = ranked[0].setup
         notes.append(f"GPUs capped at {job.power_limit_w:.10g} W (--power-limit): the best row's {b.gpu.name} keep "
                      f"{b.power_scale:.0%} of their rated compute; memory and links at full speed")
+    if ranked and (said := dispatch_note(job, ranked[0].setup)):
+        notes.append(said)
     if job.fp8_param_gather and ranked and not (b := ranked[0].setup).fp8_param_gather:
         notes.append("--fp8-gather does not apply to the best row: " + str(fp8_param_gather_problem(
             get_stack(b.stack), precision=b.precision, recipe=b.fp8_recipe, strategy=b.strategy, method=b.method,
@@ -1040,7 +1046,8 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         else None,
         # MoE dispatch the search chose (_moe_dispatch); otherwise the job's own, or the stack's (None)
         "ep_dispatcher": best.ep_dispatcher if best.ep_dispatcher == "deepep" else job.ep_dispatcher,
-        "ep_overlap": True if best.ep_overlap else job.ep_overlap,
+        # an ep-1 row keeps the job's (it changes nothing there); one that could not run the asked overlap says so
+        "ep_overlap": True if best.ep_overlap else (False if best.ep > 1 and job.ep_overlap else job.ep_overlap),
         "offload": best.offload, "ep": best.ep,
         "etp": best.etp if best.ep > 1 or best.etp != best.tp else None,  # None: the stack's convention
         "pp_virtual": best.pp_virtual if best.pp_virtual > 1 else None, "cp": best.cp,

@@ -520,6 +520,16 @@ def megatron_ep_overlap_problem(ep: int, pp: int, pp_virtual: int, checkpointing
     return None
 
 
+def ep1_dispatch_note(deepep: bool, overlap: bool, fp8_dispatch: bool) -> str | None:
+    """What the MoE dispatch flags do with --ep 1: nothing, said (None: none asked)."""
+    asked = [f for f, on in (("--ep-dispatcher deepep", deepep), ("--ep-overlap", overlap),
+                             ("--fp8-dispatch", fp8_dispatch)) if on]
+    if not asked:
+        return None
+    return (f"{' and '.join(asked)} {'act' if len(asked) > 1 else 'acts'} on expert parallelism: with --ep 1 no "
+            f"token leaves its GPU, so {'they change' if len(asked) > 1 else 'it changes'} nothing")
+
+
 def moe_comm(job: JobSpec, model: ModelSpec, stack: Stack, precision: str) -> dict:
     """Setup fields of the MoE communication: the job's values, else the stack's."""
     if job.expert_load_imbalance is not None and model.moe is None:
@@ -651,9 +661,11 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     if job.pp > 1 and accum < job.pp:
         notes.append(f"only {accum} micro-batches per step for {job.pp} pipeline stages: the bubble is large")
     comm = moe_comm(job, model, st.stack, precision)
-    if model.moe is not None and job.ep == 1 and (job.ep_dispatcher == "deepep" or comm["ep_overlap"]):
-        notes.append(f"{'--ep-dispatcher deepep' if job.ep_dispatcher == 'deepep' else '--ep-overlap'} acts on "
-                     f"expert parallelism: with --ep 1 no token leaves its GPU, so it changes nothing here")
+    if model.moe is not None and job.ep == 1:
+        if said := ep1_dispatch_note(job.ep_dispatcher == "deepep", comm["ep_overlap"], comm["fp8_dispatch"]):
+            notes.append(said + " here")
+        # no token leaves its GPU: the setup (and the assumptions said from it) holds none of them
+        comm.update(ep_dispatcher="alltoall", ep_overlap=False, fp8_dispatch=False)
     overlap, why = tp_overlap_of(job.tp_overlap, st.stack, job.tp)
     if why:
         notes.append(why)

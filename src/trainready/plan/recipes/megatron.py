@@ -153,7 +153,7 @@ def reason(s: Setup) -> str | None:
                 f"--fp8-recipe tensorwise, blockwise or mxfp8, or drop {late[0]}")
     if s.ep > 1 and s.fp8_dispatch:
         return ("Megatron-Core's flex dispatcher sends activations as they are (bf16 under FP8 compute; HybridEP "
-                "'does not support fp8 dispatch now', moe/fused_a2a.py): plan without fp8_dispatch")
+                "'does not support fp8 dispatch now', moe/fused_a2a.py): --no-fp8-dispatch")
     if s.ep_overlap and (problem := megatron_ep_overlap_problem(s.ep, s.pp, s.pp_virtual, checkpointing(s),
                                                                 s.recomputes)):
         return f"Megatron's --overlap-moe-expert-parallel-comm refuses this layout (transformer_config.py): {problem}"
