@@ -16,6 +16,11 @@ def estimate(*args):
     return json.loads(r.stdout)
 
 
+def moe_line(out) -> str:
+    """The estimate's MoE assumption (moe.assumptions)."""
+    return next(a for a in out["assumptions"] if a.startswith("MoE:"))
+
+
 def refused(*args) -> str:
     r = cli_run("estimate", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -112,9 +117,6 @@ def test_plan_keeps_the_asked_dispatcher_only_where_it_runs():
 def test_automodel_all_to_all_says_how_automodel_itself_dispatches():
     """NeMo AutoModel has no collective all-to-all: an estimate that takes one on its stack says what it runs."""
     auto = [*MOE[:2], "--stack", "automodel", "--gpu", "h100-80gb", "--gpus", "8", "--ep", "8", "--global-batch", "64"]
-
-    def moe_line(out):
-        return next(a for a in out["assumptions"] if a.startswith("MoE:"))
     assert "AutoModel itself dispatches with DeepEP" in moe_line(estimate(*auto))
     assert "AutoModel itself" not in moe_line(estimate(*auto, "--ep-dispatcher", "deepep"))
     titan = [a if a != "automodel" else "torchtitan" for a in auto]
@@ -146,8 +148,8 @@ def test_an_ep1_best_row_says_the_dispatch_flags_change_nothing():
     assert out["rows"][0]["estimate"]["setup"]["ep"] == 1
     assert any(n.startswith("the best row has --ep 1: --ep-overlap acts on expert parallelism") for n in out["notes"])
     one = estimate(*MOE, "--gpu", "h100-80gb", "--ep-overlap", "--ep-dispatcher", "deepep")
-    moe_line = next(a for a in one["assumptions"] if a.startswith("MoE:"))
-    assert "no token leaves its GPU" in moe_line and "overlapped with" not in moe_line and "DeepEP" not in moe_line
+    said = moe_line(one)
+    assert "no token leaves its GPU" in said and "overlapped with" not in said and "DeepEP" not in said
 
 
 def test_deepep_refusal_leads_where_it_removed_the_layouts_that_fit():

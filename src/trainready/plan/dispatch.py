@@ -6,8 +6,8 @@ a machine that cannot). What the frameworks refuse outright is a usage error in 
 from __future__ import annotations
 
 from . import moe
-from .performance import dp_layout
 from .job import JobSpec
+from .performance import dp_layout
 from .setup import Setup, ep1_dispatch_note
 
 DEEPEP_ARCHS = ("hopper", "blackwell")

@@ -538,14 +538,15 @@ def assumptions(s: Setup) -> list[str]:
                f"dropless routing, busiest expert-parallel rank {load_imbalance(s):g}x the mean load ({stated})")
     spread = ("routing contiguous: token t to experts t*k..t*k+k-1, as fake_balanced_gate" if s.expert_routing ==
               "contiguous" else "routing taken as uniformly random")
-    dispatch = (f"DeepEP-style dispatch (a token once per GPU and per node holding its experts, {spread})"
-                if s.ep_dispatcher == "deepep" else "all-to-all dispatch (a row per routed expert)")
-    dispatch += " in FP8, combine in BF16" if s.fp8_dispatch else ""
-    dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
-                 else ", not overlapped with compute")
-    caveat = get_stack(s.stack).alltoall_caveat if s.ep > 1 and s.ep_dispatcher == "alltoall" else ""
     if s.ep == 1:
-        dispatch = "no expert parallelism: no token leaves its GPU"
+        dispatch, caveat = "no expert parallelism: no token leaves its GPU", ""
+    else:
+        dispatch = (f"DeepEP-style dispatch (a token once per GPU and per node holding its experts, {spread})"
+                    if s.ep_dispatcher == "deepep" else "all-to-all dispatch (a row per routed expert)")
+        dispatch += " in FP8, combine in BF16" if s.fp8_dispatch else ""
+        dispatch += (", overlapped with another micro-batch's compute" if s.ep_overlap
+                     else ", not overlapped with compute")
+        caveat = get_stack(s.stack).alltoall_caveat if s.ep_dispatcher == "alltoall" else ""
     et = s.expert_tp
     grid = f"experts split ep {s.ep} x etp {et}, expert data-parallel {s.expert_dp}"
     if et != s.tp:

@@ -665,8 +665,7 @@ def _exclusion_reason(req: PlanRequest, inst: Instance, log: _InstanceLog, model
             detail = (f"(least: {log.smallest_peak_gib:,.1f} GiB per GPU at {log.smallest_at}; "
                       f"largest parts {log.smallest_parts} GiB){tail}")
         fw = f"; others not run by --framework {req.framework}: {log.framework}" if log.framework else ""
-        return (f"{head} {detail}" + (f"; {log.network}" if log.network else "") + fw
-                + _way_forward(req, model, gpu))
+        return f"{head} {detail}" + (f"; {log.network}" if log.network else "") + fw + _way_forward(req, model, gpu)
     if log.over_limits:
         return "fits, but " + _over_limits(req, log.over_limits)
     return "fits, ranked below the shown rows"

@@ -520,10 +520,15 @@ def megatron_ep_overlap_problem(ep: int, pp: int, pp_virtual: int, checkpointing
     return None
 
 
+def dispatch_flags(deepep: bool, overlap: bool | None, fp8_dispatch: bool | None) -> list[str]:
+    """The MoE dispatch flags a job gives, as the command line spells them."""
+    return [f for f, on in (("--ep-dispatcher deepep", deepep), ("--ep-overlap", overlap),
+                            ("--fp8-dispatch", fp8_dispatch)) if on]
+
+
 def ep1_dispatch_note(deepep: bool, overlap: bool, fp8_dispatch: bool) -> str | None:
     """What the MoE dispatch flags do with --ep 1: nothing, said (None: none asked)."""
-    asked = [f for f, on in (("--ep-dispatcher deepep", deepep), ("--ep-overlap", overlap),
-                             ("--fp8-dispatch", fp8_dispatch)) if on]
+    asked = dispatch_flags(deepep, overlap, fp8_dispatch)
     if not asked:
         return None
     return (f"{' and '.join(asked)} {'act' if len(asked) > 1 else 'acts'} on expert parallelism: with --ep 1 no "
@@ -539,8 +544,7 @@ def moe_comm(job: JobSpec, model: ModelSpec, stack: Stack, precision: str) -> di
         raise UsageError(f"--fp8-dispatch needs --precision fp8 (this job computes in {precision})")
     if job.expert_routing is not None and model.moe is None:
         raise UsageError(f"expert_routing needs a mixture-of-experts model; {printable(model.name)} is dense")
-    asked = [flag for flag, on in (("--ep-dispatcher deepep", job.ep_dispatcher == "deepep"),
-                                   ("--ep-overlap", job.ep_overlap), ("--fp8-dispatch", job.fp8_dispatch)) if on]
+    asked = dispatch_flags(job.ep_dispatcher == "deepep", job.ep_overlap, job.fp8_dispatch)
     if asked and model.moe is None:
         raise UsageError(f"{asked[0]} needs a mixture-of-experts model; {printable(model.name)} is dense")
     return dict(load_imbalance=job.expert_load_imbalance, ep_dispatcher=job.ep_dispatcher or stack.ep_dispatcher,
@@ -601,7 +605,6 @@ def _placement(job: JobSpec, catalog: Catalog) -> tuple[Gpu, Instance | None, in
     return gpu, inst, per_node, total // per_node
 
 
-
 def power_problem(job: JobSpec, gpu: Gpu) -> str | None:
     """Why the job's --power-limit cannot be modelled on `gpu` (None: no limit, or it can): resolve's usage error
     and plan's exclusion."""
@@ -612,6 +615,7 @@ def power_problem(job: JobSpec, gpu: Gpu) -> str | None:
     except ValueError as exc:
         return f"--power-limit {job.power_limit_w:.10g} on {gpu.name}: {exc}"
     return None
+
 
 def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -> Setup:
     """Validate a fully specified job (micro-batch may still be None: defaults to 1)."""
