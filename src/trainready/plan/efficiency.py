@@ -305,7 +305,9 @@ A2A_FORWARD_NVLINK_EFFICIENCY = 0.33
 # Megatron H100 rows the right way (signed median -5.7% -> -0.6%) but every Blackwell FP8 row further into
 # optimism: dense median 9.5% -> 10.8%, p90 30.8% -> 34.1% on bench/plan_accuracy_2024.py. Some other part
 # of the FP8 rows is too fast by about as much, and until a GPU measurement says which, the two stay as they
-# are; bench/gpu_suite.py times cuBLAS FP8 against bf16 at the presets' shapes.
+# are; bench/gpu_suite.py times cuBLAS FP8 against bf16 at the presets' shapes. Rechecked on 2026-12-07, after
+# the Megatron rows lost a gradient-accumulation pass Megatron does not make (Stack.wgrad_accumulates): its H100
+# rows now read -4..+5% as they are, and TE's figures would make the Megatron rows lean +12% (signed median).
 FP8_GEMM_SCALE = 0.69 / 0.75
 FP8_GEMM_K0_SCALE = 650 / 170
 # HBM bytes per element to cast a bf16 GEMM operand to FP8 under Transformer Engine's current scaling

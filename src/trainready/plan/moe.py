@@ -246,6 +246,7 @@ class _Gemm:
     op_recompute: bool = False  # recomputed under torchtitan's op policy whatever the mm count (router, routed)
     shared: bool = False  # a shared expert's (Megatron's shared_experts recompute)
     fp8: bool = True  # runs in FP8 under --precision fp8 (the router stays in its own dtype: Megatron's fp32)
+    weights: float = 0.0  # weight elements on the rank: what the weight gradient writes (its memory floor)
 
 
 def grouped_gemm_m0(s: Setup) -> float:
@@ -256,8 +257,8 @@ def grouped_gemm_m0(s: Setup) -> float:
 
 def _ffn(d: int, f: int, t: int, gated: bool, tokens: float) -> list[_Gemm]:
     up = (2 if gated else 1) * f
-    return [_Gemm(2 * tokens * d * up / t, 2 * tokens * d * up / t, d, up / t, tokens),
-            _Gemm(2 * tokens * f / t * d, 2 * tokens * f / t * d, f / t, d, tokens)]
+    return [_Gemm(2 * tokens * d * up / t, 2 * tokens * d * up / t, d, up / t, tokens, weights=d * up / t),
+            _Gemm(2 * tokens * f / t * d, 2 * tokens * f / t * d, f / t, d, tokens, weights=f / t * d)]
 
 
 def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
@@ -267,7 +268,8 @@ def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
         return _ffn(d, m.ffn_hidden_size, t, m.gated_mlp, tokens)
     moe = m.moe
     router = 2 * tokens * d * moe.num_experts / t  # sequence parallel: each TP rank routes tokens/tp
-    gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t, op_recompute=True, fp8=False)]
+    gemms = [_Gemm(router, router, d, moe.num_experts, tokens / t, op_recompute=True, fp8=False,
+                   weights=d * moe.num_experts)]
     if moe.shared_width:
         gemms += [replace(g, shared=True) for g in _ffn(d, moe.shared_width, t, m.gated_mlp, tokens)]
     # a rank's experts take etp/tp of the micro-batch's routed rows (its tokens/tp, gathered over the expert
@@ -277,8 +279,11 @@ def _mlp_gemms(s: Setup, tokens: int, moe_layer: bool) -> list[_Gemm]:
     per_expert = mean * s.ep / moe.num_experts  # rows each local expert receives
     ramp = per_expert / (per_expert + grouped_gemm_m0(s))
     fe, up = moe.expert_ffn_hidden_size, (2 if m.gated_mlp else 1) * moe.expert_ffn_hidden_size
-    gemms += [_Gemm(2 * busy * d * up / et, 2 * mean * d * up / et, d, up / et, per_expert, ramp, True),
-              _Gemm(2 * busy * fe / et * d, 2 * mean * fe / et * d, fe / et, d, per_expert, ramp, True)]
+    local = moe.num_experts / s.ep  # the rank's experts, each etp-split
+    gemms += [_Gemm(2 * busy * d * up / et, 2 * mean * d * up / et, d, up / et, per_expert, ramp, True,
+                    weights=local * d * up / et),
+              _Gemm(2 * busy * fe / et * d, 2 * mean * fe / et * d, fe / et, d, per_expert, ramp, True,
+                    weights=local * fe / et * d)]
     return gemms
 
 
@@ -298,6 +303,16 @@ def _mlp_elementwise_bytes(s: Setup, tokens: int, moe_layer: bool, act_coef: flo
 GemmTime = Callable[[float, float, float, eff.ArchEfficiency], float]
 
 
+def wgrad_bytes(s: Setup) -> float:
+    """HBM bytes per weight element a weight-gradient GEMM moves for its output: 8 where it accumulates into the fp32
+    gradient buffer in its epilogue (Stack.wgrad_accumulates: read and write fp32, every micro-batch), else the
+    gradient written in the compute dtype (accumulation, if any, is a separate pass: performance.estimate_step).
+    With few rows per expert this, not the FLOPs, sets the time of a routed expert's weight gradient."""
+    if get_stack(s.stack).wgrad_accumulates:
+        return 8.0
+    return 4.0 if s.precision == "fp32" else 2.0
+
+
 def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps: float, gemm_time: GemmTime,
               act_coef: float, moe_layer: bool) -> tuple[float, float, float]:
     """(forward s, backward s with recomputation, FLOPs executed) of one layer's MLP."""
@@ -306,6 +321,8 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
     mods = s.recomputes  # Megatron's --recompute-modules (plan/recompute.py)
     again = again_flops = 0.0  # what they run again in backward
     cast = eff.FP8_RECIPES[s.fp8_recipe].cast_bytes
+    in_bytes = 4 if s.precision == "fp32" else 2
+    grad_bytes = wgrad_bytes(s)
     for g in _mlp_gemms(s, tokens, moe_layer):
         g_fwd = gemm_time(g.flops, g.k, peak, e) / g.ramp
         casts = s.precision == "fp8" and g.fp8  # operand casts (Fp8Recipe.cast_bytes): rows x (K in, N out)
@@ -318,8 +335,9 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
         bwd += gemm_time(g.flops, g.n, peak, e) / g.ramp  # input gradient
         flops += 2 * g.mean_flops
         fwd_flops += g.mean_flops
-        if not frozen:
-            bwd += gemm_time(g.flops, g.rows, peak, e)  # weight gradient: K = rows
+        if not frozen:  # weight gradient: K = rows, and never faster than its bytes move
+            floor = (g.weights * grad_bytes + rows * (g.k + g.n) * (1 if casts else in_bytes)) / hbm_bps
+            bwd += max(gemm_time(g.flops, g.rows, peak, e), floor)
             flops += g.mean_flops
         if casts:
             fwd += cast_in

@@ -687,7 +687,11 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     opt_bytes = 16 if s.optimizer_dtype == "bf16" and full else 32
     optimizer = train_n(shard) / shard * opt_bytes / hbm
     g_shard = shard if s.strategy in ("zero2", "zero3") else 1
-    accum_adds = (s.grad_accum - 1) * train_n(g_shard) / g_shard * 12 / hbm
+    # each micro-batch after the first adds its gradients to the accumulated ones (read both, write one: 12 bytes
+    # per fp32 element); where the weight-gradient GEMMs accumulate in place (Stack.wgrad_accumulates) only the
+    # input embedding table's gradients are added, the largest unit the GEMMs leave out (norms: too few to count)
+    adds = pc.largest_embedding if full and get_stack(s.stack).wgrad_accumulates else train_n(g_shard) / g_shard
+    accum_adds = (s.grad_accum - 1) * adds * 12 / hbm
     offload_s = 0.0
     if s.offload != "none":
         pcie = host_copy_bps(s)  # every GPU of the node copies at once

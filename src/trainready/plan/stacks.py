@@ -176,6 +176,12 @@ class Stack:
     """A routed expert's output is kept for the combine's backward (the routing weights multiply it there); False: the
     experts apply the weights in their activation and the combine keeps nothing (Megatron-Core experts.py
     weighted_bias_swiglu_impl; token_dispatcher.py calls unpermute without probs)."""
+    wgrad_accumulates: bool = False
+    """The weight-gradient GEMMs add into the fp32 gradient buffer themselves (Megatron-Core's
+    gradient_accumulation_fusion: Transformer Engine's fuse_wgrad_accumulation, grouped experts included), so a
+    micro-batch adds no pass over the linear layers' gradients; only the embedding table's, through the DDP hook
+    (plan/performance.py); False: each micro-batch after the first adds every local gradient to the accumulated
+    ones."""
     fp8_saves_inputs: bool = False
     """Under --precision fp8 each linear saves its input for backward in FP8 (Transformer Engine's Linear and
     LayerNormLinear keep the quantized input they cast; plan/activations.py); False: bf16 inputs are kept
@@ -292,6 +298,12 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # Megatron-Bridge recipes/common.py DistributedDataParallelConfig(overlap_grad_reduce=True,
           # overlap_param_gather=True); trainready's megatron recipe passes --overlap-param-gather with dp > 1
           param_gather_overlap=True,
+          # Megatron-LM arguments.py --no-gradient-accumulation-fusion (on unless given; trainready's recipe leaves
+          # it on), Megatron-Bridge's model providers fusions.can_enable_gradient_accumulation_fusion (on where
+          # apex's fused_weight_gradient_mlp_cuda imports, as in NVIDIA's containers); extensions/
+          # transformer_engine.py passes it to TE Linear, LayerNormLinear and GroupedLinear as
+          # fuse_wgrad_accumulation; distributed_data_parallel.py's hook adds the other grads (main_grad.add_)
+          wgrad_accumulates=True,
           fp8_param_gather=("delayed", "tensorwise"), fp8_param_gather_strategy="zero1",
           fp8_param_gather_default=True,
           fp8_param_gather_source="Megatron-Bridge training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed "
