@@ -76,3 +76,19 @@ def test_the_floor_leaves_long_rows_to_the_flops(catalog):
         peak = s.gpu.peak_tflops("bf16") * 1e12
         times.append(moe._mlp_time(s, e, s.local_tokens, peak, hbm(s), _gemm_time, 0.0, moe_layer=False))
     assert times[0] == pytest.approx(times[1])
+
+
+def test_a_dense_models_weight_gradients_have_the_same_floor(catalog, monkeypatch):
+    """The blocks' GEMMs of a dense model take the same floor: with every GEMM infinitely fast, the output bytes of
+    the weight gradients (8 per weight under Megatron) are what is left of them in backward."""
+    from trainready.plan import performance
+
+    s = setup(catalog, stack="megatron", seq_len=256, activation_checkpointing="none")
+    e = eff.arch_efficiency(s.gpu.arch)
+    monkeypatch.setattr(performance, "_gemm_time", lambda *a: 0.0)
+    with_out = performance._micro_batch_time(s, e).bwd_s
+    monkeypatch.setattr(moe, "wgrad_bytes", lambda s: 0.0)
+    without = performance._micro_batch_time(s, e).bwd_s
+    weights = sum(k * n * c for k, n, c in performance._gemms(s))  # one block's linear weights
+    hbm_bps = s.gpu.hbm_gbps * 1e9 * e.memory  # a fused stack's memory efficiency
+    assert with_out - without == pytest.approx(s.stage_layers * weights * 8 / hbm_bps, rel=1e-9)

@@ -303,11 +303,20 @@ def _mlp_elementwise_bytes(s: Setup, tokens: int, moe_layer: bool, act_coef: flo
 GemmTime = Callable[[float, float, float, eff.ArchEfficiency], float]
 
 
+def wgrad_floor_s(s: Setup, e: eff.ArchEfficiency, weights: float, rows: float, k: float, n: float,
+                  fp8_inputs: bool) -> float:
+    """The least time a weight-gradient GEMM takes for its bytes: its inputs (rows x (k + n), 1 byte in FP8) and
+    its output, `weights` elements of wgrad_bytes, at the GPU's streaming bandwidth (a GEMM's tiles load as a fused
+    kernel's do, whatever the stack's elementwise kernels reach). With few rows per expert this, not the FLOPs,
+    sets the time of a routed expert's weight gradient; at thousands of rows a GEMM stays compute-bound."""
+    inputs = 1 if fp8_inputs else (4 if s.precision == "fp32" else 2)
+    return (weights * wgrad_bytes(s) + rows * (k + n) * inputs) / (s.gpu.hbm_gbps * 1e9 * e.memory)
+
+
 def wgrad_bytes(s: Setup) -> float:
     """HBM bytes per weight element a weight-gradient GEMM moves for its output: 8 where it accumulates into the fp32
     gradient buffer in its epilogue (Stack.wgrad_accumulates: read and write fp32, every micro-batch), else the
-    gradient written in the compute dtype (accumulation, if any, is a separate pass: performance.estimate_step).
-    With few rows per expert this, not the FLOPs, sets the time of a routed expert's weight gradient."""
+    gradient written in the compute dtype (accumulation, if any, is a separate pass: performance.estimate_step)."""
     if get_stack(s.stack).wgrad_accumulates:
         return 8.0
     return 4.0 if s.precision == "fp32" else 2.0
@@ -321,8 +330,6 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
     mods = s.recomputes  # Megatron's --recompute-modules (plan/recompute.py)
     again = again_flops = 0.0  # what they run again in backward
     cast = eff.FP8_RECIPES[s.fp8_recipe].cast_bytes
-    in_bytes = 4 if s.precision == "fp32" else 2
-    grad_bytes = wgrad_bytes(s)
     for g in _mlp_gemms(s, tokens, moe_layer):
         g_fwd = gemm_time(g.flops, g.k, peak, e) / g.ramp
         casts = s.precision == "fp8" and g.fp8  # operand casts (Fp8Recipe.cast_bytes): rows x (K in, N out)
@@ -336,7 +343,7 @@ def _mlp_time(s: Setup, e: eff.ArchEfficiency, tokens: int, peak: float, hbm_bps
         flops += 2 * g.mean_flops
         fwd_flops += g.mean_flops
         if not frozen:  # weight gradient: K = rows, and never faster than its bytes move
-            floor = (g.weights * grad_bytes + rows * (g.k + g.n) * (1 if casts else in_bytes)) / hbm_bps
+            floor = wgrad_floor_s(s, e, g.weights, rows, g.k, g.n, casts)
             bwd += max(gemm_time(g.flops, g.rows, peak, e), floor)
             flops += g.mean_flops
         if casts:

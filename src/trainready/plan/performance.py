@@ -350,8 +350,9 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
             module_flops += f_flops
         bwd += _gemm_time(f_flops, n, gemm_peak, ge)  # input gradient: K = out features
         flops += 2 * f_flops
-        if not frozen:
-            bwd += _gemm_time(f_flops, tokens, gemm_peak, ge)  # weight gradient: K = tokens
+        if not frozen:  # weight gradient: K = tokens, and never faster than its bytes move
+            floor = moe.wgrad_floor_s(s, ge, k * n * count, tokens * count, k, n, fp8)
+            bwd += max(_gemm_time(f_flops, tokens, gemm_peak, ge), floor)
             flops += f_flops
         if fp8:
             fwd += cast_in
