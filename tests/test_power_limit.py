@@ -178,4 +178,6 @@ def test_check_quotes_the_most_capped_gpu_and_each_cause():
 def test_plan_says_the_range_when_the_limit_excludes_everything():
     r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--power-limit", "100", "--json")
     assert r.returncode == 1 and not json.loads(r.stdout)["rows"]
-    assert any("excluded every instance" in n and "H100/H200: 400 W" in n for n in json.loads(r.stdout)["notes"])
+    said = [n for n in json.loads(r.stdout)["notes"] if "excluded every instance" in n]
+    # each GPU's range from its rated power in the catalog: 57% of H100's 700 W, 70% of B200's 1,000 W
+    assert said and "h100-80gb 400-700 W" in said[0] and "b200 700-1000 W" in said[0]

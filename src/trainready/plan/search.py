@@ -118,6 +118,18 @@ class PlanRow(BaseModel):
     live: LiveRow | None = Field(None, description="plan --live: can it launch now, live price, worst case")
 
 
+def _power_ranges(catalog: Catalog, excluded: list[Exclusion]) -> str:
+    """The power-limit range the model covers on each GPU of the excluded instances, from the catalog's rated power
+    ("" where none has a range): " (h100-80gb 400-700 W, b200 700-1000 W)"."""
+    ranges = []
+    for name in sorted({catalog.instance(e.instance).gpu for e in excluded}):
+        gpu = catalog.gpus[name]
+        pair = POWER_PAIRS.get(gpu.arch)
+        if pair is not None and gpu.power_w:
+            ranges.append(f"{gpu.name} {pair.low_fraction * gpu.power_w:.0f}-{gpu.power_w:.0f} W")
+    return f" ({', '.join(ranges)})" if ranges else ""
+
+
 class Exclusion(BaseModel):
     instance: str
     reason: str
@@ -992,7 +1004,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
             e.reason.startswith("--power-limit") for e in excluded):
         notes.append(f"--power-limit {job.power_limit_w:.10g} W excluded every instance: the model knows caps down to "
                      + ", ".join(f"{p.low_fraction:.0%} of rated power on {arch}" for arch, p in POWER_PAIRS.items())
-                     + " (H100/H200: 400 W, B200: 700 W); give a limit in that range, or leave it out")
+                     + _power_ranges(catalog, excluded) + "; give a limit in that range, or leave it out")
     if job.power_limit_w is not None and ranked:
         b = ranked[0].setup
         notes.append(f"GPUs capped at {job.power_limit_w:.10g} W (--power-limit): the best row's {b.gpu.name} keep "
