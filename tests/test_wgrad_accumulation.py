@@ -92,3 +92,58 @@ def test_a_dense_models_weight_gradients_have_the_same_floor(catalog, monkeypatc
     weights = sum(k * n * c for k, n, c in performance._gemms(s))  # one block's linear weights
     hbm_bps = s.gpu.hbm_gbps * 1e9 * e.memory  # a fused stack's memory efficiency
     assert with_out - without == pytest.approx(s.stage_layers * weights * 8 / hbm_bps, rel=1e-9)
+
+
+def test_the_floor_counts_inputs_at_their_bytes_and_the_gradient_as_kept(catalog):
+    """wgrad_floor_s: inputs rows x (k + n) at 1 byte in FP8, 2 in bf16; the output at wgrad_bytes."""
+    e = eff.arch_efficiency("hopper")
+    bw = lambda s: s.gpu.hbm_gbps * 1e9 * e.memory  # noqa: E731
+    bf16 = setup(catalog, stack="megatron")
+    fp8 = setup(catalog, stack="megatron", precision="fp8")
+    w, r, k, n = 1e6, 300.0, 2048.0, 1024.0
+    assert moe.wgrad_floor_s(bf16, e, w, r, k, n, False) == pytest.approx((w * 8 + r * (k + n) * 2) / bw(bf16))
+    assert moe.wgrad_floor_s(fp8, e, w, r, k, n, True) == pytest.approx((w * 8 + r * (k + n) * 1) / bw(fp8))
+
+
+@pytest.mark.parametrize("kw, grad_bytes, adds", [
+    (dict(), 8, "embedding"),  # fp32 main_grad, read and written in the epilogue
+    (dict(reduce_dtype="bf16"), 4, "embedding"),  # --grad-reduce-in-bf16: a bf16 main_grad buffer
+    (dict(strategy="zero3"), 2, "shard"),  # sharded gradients: no in-place accumulation, a pass over the shard
+    (dict(method="lora"), 2, "adapters"),  # frozen base: only the adapters accumulate
+])
+def test_megatrons_gradient_bytes_follow_its_buffer(catalog, kw, grad_bytes, adds):
+    one, eight = (setup(catalog, stack="megatron", global_batch=8 * ga, **kw) for ga in (1, 8))
+    assert moe.wgrad_bytes(eight) == grad_bytes
+    pc = param_counts(eight)
+    count = {"embedding": pc.largest_embedding, "shard": pc.trainable / 8, "adapters": pc.trainable}[adds]
+    elem = {8: 4, 4: 2}.get(grad_bytes, 4)  # the accumulated element: fp32, bf16 buffer, or fp32 (sharded, adapters)
+    extra = estimate_step(eight).optimizer_s - estimate_step(one).optimizer_s
+    assert extra == pytest.approx(7 * count * 3 * elem / hbm(eight), rel=1e-9)
+
+
+def test_each_gemm_counts_the_weights_on_its_rank(catalog):
+    """Routed experts: num_experts / ep of them, each split etp ways; the router replicated on every TP rank (its
+    rows the rank's tokens / tp); shared experts split over tp."""
+    d, f, E = 2048, 1024, 64
+    for tp, ep, etp in ((1, 8, 1), (2, 8, 1), (2, 4, 2)):
+        s = setup(catalog, model=TOY, stack="megatron", gpus=16, gpus_per_node=16, tp=tp, ep=ep, etp=etp)
+        router, shared_up, shared_down, up, down = moe._mlp_gemms(s, s.local_tokens, moe_layer=True)
+        assert router.weights == d * E and router.rows == pytest.approx(s.local_tokens / tp)
+        assert (shared_up.weights, shared_down.weights) == (d * 2 * f / tp, f / tp * d)
+        assert (up.weights, down.weights) == (E / ep * d * 2 * f / etp, E / ep * f / etp * d)
+
+
+def test_a_grouped_gemms_floor_reads_every_row_on_the_rank(catalog, monkeypatch):
+    """The inputs a routed experts' weight gradient reads are all the rows the rank holds (every local expert's),
+    not one expert's share."""
+    free = lambda *a: 0.0  # noqa: E731
+    e = eff.arch_efficiency("hopper")
+    s = setup(catalog, model=TOY, stack="megatron", seq_len=256, activation_checkpointing="none", ep=1)
+    peak, bw = s.gpu.peak_tflops("bf16") * 1e12, hbm(s)
+    gemms = moe._mlp_gemms(s, s.local_tokens, moe_layer=True)
+    expected = sum((g.weights * 8 + g.flops / (2 * g.k * g.n) * (g.k + g.n) * 2) / bw for g in gemms)
+    with_floor = moe._mlp_time(s, e, s.local_tokens, peak, bw, free, 0.0, moe_layer=True)[1]
+    monkeypatch.setattr(moe, "wgrad_floor_s", lambda *a: 0.0)
+    without = moe._mlp_time(s, e, s.local_tokens, peak, bw, free, 0.0, moe_layer=True)[1]
+    assert with_floor - without == pytest.approx(expected, rel=1e-9)
+    assert gemms[-1].rows * 64 == pytest.approx(gemms[-1].flops / (2 * gemms[-1].k * gemms[-1].n))  # 64 experts

@@ -35,7 +35,7 @@ from .attention import attention_path
 from .model_spec import ModelSpec
 from .recompute import DEFAULT_MODULES, freed_per_token
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
-from .stacks import get_stack
+from .stacks import get_stack, gradient_element_bytes
 
 GiB = 1024**3
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
@@ -156,9 +156,8 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
         return base + 4 * a, 4 * a, 8 * a, 0.0
     pure = s.optimizer_dtype == "bf16"
     mixed = s.precision in MIXED
-    w_b, g_b, o_b = (2, 2, 4) if pure else (4, 4, 8)  # master/param, grad, Adam states
-    if not pure and s.reduce_dtype == "bf16" and stack.grads_in_reduce_dtype:
-        g_b = 2  # a bf16 gradient buffer beside fp32 masters (Stack.grads_in_reduce_dtype)
+    w_b, o_b = (2, 4) if pure else (4, 8)  # master/param, Adam states
+    g_b = gradient_element_bytes(s.stack, s.reduce_dtype, pure)  # a bf16 buffer beside fp32 masters where kept so
     working = 2.0 * pc.local if (mixed and not pure and not z3) else 0.0
     shard_opt = dp if s.strategy != "ddp" else 1
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1

@@ -53,7 +53,7 @@ from . import efficiency as eff
 from .activations import mlp_bytes_per_token, op_sac_bytes_per_token, op_sac_matmuls
 from .model_spec import ModelSpec
 from .setup import Setup, pipeline_ranks
-from .stacks import get_stack
+from .stacks import get_stack, gradient_element_bytes
 
 PERMUTE_BYTES_PER_ROW = 16
 """HBM bytes per routed row and hidden unit (bf16) of token permutation and the weighted combine:
@@ -314,11 +314,12 @@ def wgrad_floor_s(s: Setup, e: eff.ArchEfficiency, weights: float, rows: float, 
 
 
 def wgrad_bytes(s: Setup) -> float:
-    """HBM bytes per weight element a weight-gradient GEMM moves for its output: 8 where it accumulates into the fp32
-    gradient buffer in its epilogue (Stack.wgrad_accumulates: read and write fp32, every micro-batch), else the
-    gradient written in the compute dtype (accumulation, if any, is a separate pass: performance.estimate_step)."""
-    if get_stack(s.stack).wgrad_accumulates:
-        return 8.0
+    """HBM bytes per weight element a weight-gradient GEMM moves for its output: where it accumulates into the
+    gradient buffer in its epilogue (Stack.wgrad_accumulates, full training, an unsharded buffer) a read and a write
+    of the buffer's element every micro-batch (8 in fp32, 4 under a bf16 buffer); else the gradient written in the
+    compute dtype (accumulation, if any, is a separate pass: performance.estimate_step)."""
+    if get_stack(s.stack).wgrad_accumulates and s.method == "full" and s.strategy not in ("zero2", "zero3"):
+        return 2.0 * gradient_element_bytes(s.stack, s.reduce_dtype, s.optimizer_dtype == "bf16")
     return 4.0 if s.precision == "fp32" else 2.0
 
 
