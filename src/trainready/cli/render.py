@@ -103,7 +103,8 @@ def _setup_line(e: EstimateResult) -> str:
         par += f", ep {s.ep} x etp {s.etp}" + s.dispatch_text()
     method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
-            f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len} | {s.precision}"
+            f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len}"
+            + (f" (documents of {s.doc_len}, masked apart)" if s.doc_len else "") + f" | {s.precision}"
             + (f" ({s.fp8_recipe} scaling{', weights gathered in FP8' if s.fp8_param_gather and s.dp > 1 else ''})"
                if s.fp8_recipe else "")
             + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "")

@@ -85,6 +85,8 @@ class SetupInfo(BaseModel):
                                                   "draining the pipeline (1 without pipeline stages)")
     global_batch: int
     seq_len: int
+    doc_len: int | None = Field(None, description="packed documents' mean length, attention masked to each "
+                                                   "(--doc-len); None: attention spans the whole sequence")
     tokens_per_step: int
     precision: str
     optimizer_dtype: str
@@ -219,6 +221,14 @@ class EstimateResult(BaseModel):
     warnings: list[str]
 
 
+def doc_len_assumption(doc_len: int, seq_len: int) -> str:
+    """What --doc-len changes, and what it assumes of the documents."""
+    return (f"packed documents of {doc_len:,} tokens in each {seq_len:,}-token sequence, attention masked to each "
+            f"(--doc-len): attention's FLOPs, the MFU numerator's included, and its kernel's efficiency at "
+            f"{doc_len:,} tokens; GEMMs, memory and communication at the sequence's. Documents assumed all "
+            f"{doc_len:,} long: a spread of lengths costs more attention (the mean of the squared lengths over the "
+            f"mean length)")
+
 def _price(s: Setup, model: str) -> Price | None:
     if s.instance is None:
         return None
@@ -345,6 +355,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                            f"{host_copy_note(s)}")
     if m.derived:
         assumptions.append(m.derived)
+    if s.doc_len:
+        assumptions.append(doc_len_assumption(s.doc_len, s.seq_len))
     assumptions += moe.assumptions(s)
     if said := deepep_assumption(s):
         assumptions.append(said)
@@ -401,7 +413,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         power_limit_w=s.power_limit_w, power_scale=round(s.power_scale, 4),
                         strategy=s.strategy, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
                         pp_local_batch=s.pp_local_batch, pp_schedule_calls=s.schedule_calls,
-                        global_batch=s.global_batch, seq_len=s.seq_len, tokens_per_step=s.tokens_per_step,
+                        global_batch=s.global_batch, seq_len=s.seq_len, doc_len=s.doc_len,
+                        tokens_per_step=s.tokens_per_step,
                         precision=s.precision, optimizer_dtype=s.optimizer_dtype,
                         activation_checkpointing=s.checkpointing, offload=s.offload, method=s.method,
                         recompute_modules=list(s.recomputes) or None,

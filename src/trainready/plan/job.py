@@ -73,6 +73,11 @@ class JobSpec(BaseModel):
     micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per GPU per forward")
     global_batch: int | None = Field(None, gt=0, le=MAX_BATCH, description="sequences per optimizer step")
     seq_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN)
+    doc_len: int | None = Field(None, gt=0, le=MAX_SEQ_LEN, description="packed sequences: the mean length of the "
+                                "documents packed into each sequence, with attention masked to each document "
+                                "(FlashAttention varlen, FlexAttention's block-causal mask, Transformer Engine's "
+                                "THD); attention's FLOPs and kernel length follow it, every other cost the "
+                                "sequence; None: attention spans the whole sequence")
     precision: Precision | None = None
     optimizer_dtype: Literal["fp32", "bf16"] | None = Field(None, description="master weights and Adam states: "
                                                                         "fp32, or bf16 (pure bf16); None: the "

@@ -126,11 +126,12 @@ def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> fl
 
 
 def model_flops_per_token(s: Setup) -> float:
-    return flops_per_token(s.model, s.seq_len, s.method, s.lora_rank)
+    return flops_per_token(s.model, s.attention_len, s.method, s.lora_rank)
 
 
 def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank: int = 16) -> float:
-    """6N + 12*L*q_dim*s (PaLM/MosaicML), N = weights used in matmuls (blocks + head).
+    """6N + 12*L*q_dim*s (PaLM/MosaicML), N = weights used in matmuls (blocks + head), s the length attention spans
+    (a packed document's where documents are masked apart: Setup.attention_len).
     For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters.
     The MFU numerator: what `trainready run` divides by the GPUs' peak."""
     attn = 12 * m.num_layers * moe.attention_dim(m) * layer_attention(m, seq_len).span
@@ -144,7 +145,7 @@ def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank:
 def recompute_flops_per_token(s: Setup) -> float:
     """Extra FLOPs per token of recomputation, counted like the MFU numerator."""
     m = s.model
-    attn_fwd = 4 * m.num_layers * moe.attention_dim(m) * layer_attention(m, s.seq_len).span
+    attn_fwd = 4 * m.num_layers * moe.attention_dim(m) * layer_attention(m, s.attention_len).span
     if s.checkpointing == "full":
         if m.is_moe or m.mla is not None:  # the blocks' active matmul weights
             return 2 * (m.matmul_params() - m.vocab_size * (m.embedding_dim or m.hidden_size)) + attn_fwd
@@ -279,7 +280,7 @@ def attention_efficiency(s: Setup, e: eff.ArchEfficiency, peak_flops: float, len
     tokens (default: the sequence, or its context-parallel chunk)."""
     base, s0 = eff.attention_factors(e, s.gpu.arch, s.attention_kernel, peak_flops / 1e12)
     hd = e.attention_hd64 if s.model.hd <= 64 else 1.0
-    n = s.seq_len / s.cp  # context parallelism: the kernel runs on chunks of the sequence
+    n = s.attention_len / s.cp  # context parallelism: the kernel runs on chunks of the sequence (or a document)
     if length is not None:
         n = min(n, length)
     return base * hd * n / (n + s0)
@@ -365,7 +366,7 @@ def _micro_batch_time(s: Setup, e: eff.ArchEfficiency) -> _MicroBatch:
         bwd += a_bwd
         flops += a_flops
     path = attention_path(m, get_stack(s.stack), s.attention_kernel)
-    la = moe._memo(m, ("layer_attention", s.seq_len, path), lambda: layer_attention(m, s.seq_len, path))
+    la = moe._memo(m, ("layer_attention", s.attention_len, path), lambda: layer_attention(m, s.attention_len, path))
     attn_fwd_flops = attn_fwd = 0.0
     for share, span, length in la.parts:  # full blocks and sliding-window ones (plan/attention.py)
         part = share * 2 * tokens * span * moe.attention_dim(m) / s.tp  # causal span: half of 4*s*q_dim

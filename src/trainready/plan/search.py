@@ -20,7 +20,7 @@ from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
 from .dispatch import deepep_reason, dispatch_note, ep_spans_nodes
 from .efficiency import POWER_PAIRS
-from .estimate import EstimateResult, assemble, on_its_framework, run_cost
+from .estimate import EstimateResult, assemble, doc_len_assumption, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
@@ -30,6 +30,7 @@ from .recipes import Recipe, framework_for, recipe_for
 from .recompute import DEFAULT_MODULES, modules_text
 from .setup import (
     Setup,
+    check_doc_len,
     check_fp8_recipe_precision,
     chosen_fp8_recipe,
     default_precision,
@@ -240,7 +241,8 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
                  torch_compile=torch_compile_of(job.torch_compile, st.stack),
                  fp8_recipe=fp8_recipe, fp8_param_gather_asked=job.fp8_param_gather,
-                 power_limit_w=job.power_limit_w, **moe_comm(job, model, st.stack, precision))
+                 power_limit_w=job.power_limit_w, doc_len=job.doc_len, **moe_comm(job, model, st.stack, precision))
+    check_doc_len(job.doc_len, seq_len, 1, model, st)
     return setup.with_(efficiency=efficiency_for(calibration, setup)) if calibration is not None else setup
 
 
@@ -275,8 +277,9 @@ CP_SIZES = (2, 4, 8)
 
 
 def _cp_options(s: Setup, nodes: int) -> list[int]:
-    """Context-parallel sizes to try: 1, and for long sequences the sizes that split them evenly."""
-    if s.seq_len < CP_MIN_SEQ_LEN:
+    """Context-parallel sizes to try: 1, and for long sequences the sizes that split them evenly (not over packed,
+    separately masked documents: resolve refuses that)."""
+    if s.seq_len < CP_MIN_SEQ_LEN or s.doc_len:
         return [1]
     return [1] + [c for c in CP_SIZES if s.seq_len % (2 * c) == 0 and (nodes * s.gpus_per_node) % c == 0]
 
@@ -984,6 +987,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                      f"kernels and recompute; for {own_stack[0]}'s own, plan again with --stack {own_stack[0]}")
     if said := qlora_moe_note(model, job.method):
         notes.append(said)
+    if job.doc_len:
+        notes.append(doc_len_assumption(job.doc_len, seq_len) + (
+            "; context parallelism not searched: over separately masked documents it is not modelled"
+            if seq_len >= CP_MIN_SEQ_LEN else ""))
     if beyond:
         notes.append(beyond)
     single = sorted({c.setup.instance.name for c in candidates if c.setup.inter_node_gbps is None

@@ -12,6 +12,7 @@ from functools import lru_cache
 from trainready.catalog import Catalog, Gpu, Instance
 from trainready.errors import UsageError, printable
 
+from .attention import attention_path
 from .efficiency import FP8_RECIPES, ArchEfficiency, power_scale
 from .hf_config import load_hf_config
 from .job import JobSpec
@@ -87,6 +88,7 @@ class Setup:
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
     recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
+    doc_len: int | None = None  # packed documents' mean length, attention masked to each (JobSpec.doc_len)
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
     power_limit_w: float | None = None  # the GPUs' power limit below their rated power (efficiency.power_scale)
@@ -133,6 +135,12 @@ class Setup:
         step and reduces gradients once, after the last micro-batch (Stack.pp_gathers_stage; torchtitan), with or
         without CPU offload (torchtitan's reshard_after_forward ignores it)."""
         return self.strategy == "zero3" and self.pp > 1 and get_stack(self.stack).pp_gathers_stage
+
+    @property
+    def attention_len(self) -> int:
+        """The tokens a query's causal attention spans the like of: the document's length where packed documents
+        are masked apart (doc_len), else the sequence's."""
+        return min(self.seq_len, self.doc_len) if self.doc_len else self.seq_len
 
     @property
     def local_tokens(self) -> int:
@@ -394,6 +402,27 @@ def _check_cp(cp: int, seq_len: int, gpus: int = 0, tp_pp: int = 1) -> None:
                          f"{', '.join(map(str, valid)) or '1 only'}")
 
 
+def check_doc_len(doc_len: int | None, seq_len: int, cp: int, model: ModelSpec, st: Resolved) -> None:
+    """Packed documents with their own attention masks: shorter than the sequence, on one GPU's share of it (with
+    context parallelism the ring's chunks would each hold parts of many documents: not modelled), and through a
+    kernel that skips the masked tiles: an eager score matrix, or SDPA given a dense mask (what transformers builds
+    from position_ids that restart per document: masking_utils.find_packed_sequence_indices), computes every key."""
+    if doc_len is None:
+        return
+    if doc_len >= seq_len:
+        raise UsageError(f"--doc-len {doc_len} is not shorter than the sequence (--seq-len {seq_len}): attention then "
+                         f"spans the sequence anyway; leave --doc-len out, or give a length below {seq_len}")
+    if cp > 1:
+        raise UsageError(f"--doc-len with --cp {cp}: context parallelism over packed, separately masked documents is "
+                         f"not modelled; --cp 1, or leave --doc-len out")
+    dense = st.stack.window_attention == "masks" and st.attention_kernel == st.stack.attention_kernel
+    if dense or attention_path(model, st.stack, st.attention_kernel) != "tiles":
+        raise UsageError(f"--doc-len on stack {st.stack.name}: its attention would take the documents' masks as a "
+                         f"dense matrix (transformers' SDPA path) or run eagerly, computing every key, so masking "
+                         f"documents apart saves nothing; --attention-kernel flash2 (attn_implementation="
+                         f"\"flash_attention_2\": FlashAttention's varlen kernel) runs them apart")
+
+
 def _check_virtual(model: ModelSpec, pp: int, v: int, micro: int, dp: int, global_batch: int, accum: int) -> None:
     """Interleaved pipeline stages: pp > 1, a layer per virtual stage, and micro-batches in whole groups of
     pp: Megatron-Core's interleaved schedule runs micro-batches pp at a time per virtual stage
@@ -642,6 +671,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     _check_offload(strategy, job.offload, job.method)
     seq_len = job.seq_len or default_seq_len(model)
     _check_cp(cp, seq_len, n_gpus, job.tp * job.pp)
+    check_doc_len(job.doc_len, seq_len, cp, model, st)
     notes: list[str] = []
     if model.position == "learned" and model.max_seq_len and seq_len > model.max_seq_len:
         raise UsageError(f"--seq-len {seq_len} exceeds {model.name}'s learned position table ({model.max_seq_len})")
@@ -702,6 +732,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  spot=job.spot, region=region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
                  ep=job.ep, etp=etp, notes=tuple(notes), stack=st.stack.name, stack_named=job.stack is not None,
                  framework=job.framework or "auto",
-                 pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, tp_overlap=overlap, fp8_recipe=recipe,
+                 pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, doc_len=job.doc_len, tp_overlap=overlap,
+                 fp8_recipe=recipe,
                  fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled,
                  recompute_modules=modules, power_limit_w=job.power_limit_w, **comm)

@@ -85,4 +85,27 @@ def recipe_for(s: Setup, name: str = "auto") -> Recipe:
     fw, why = framework_for(s, name)
     if fw is None:
         raise ValueError(why)
-    return _MODULES[fw].recipe(s)
+    recipe = _MODULES[fw].recipe(s)
+    if s.doc_len:  # the data pipeline and the attention kernel decide it, not the launch line: said where to set
+        recipe.notes.append(PACKED_DOCUMENTS[fw].format(doc_len=s.doc_len))
+    return recipe
+
+
+_HF_FLATTENED = ("packed documents (--doc-len {doc_len}): flatten each micro-batch's documents with transformers' "
+                 "DataCollatorWithFlattening (position_ids restart at each document) and load the model with "
+                 "attn_implementation=\"flash_attention_2\", whose varlen kernel runs them apart; under SDPA "
+                 "transformers builds a dense mask from those position_ids (masking_utils."
+                 "find_packed_sequence_indices) and every key is computed")
+PACKED_DOCUMENTS = {
+    "torchtitan": ("packed documents (--doc-len {doc_len}): a model flavor with use_flex_attn=True and "
+                   "attn_mask_type=\"block_causal\" (as torchtitan/models/llama3/__init__.py's debugmodel_flex_attn: "
+                   "FlexAttention masks at each EOS of the batch), set in the model's Python config, not on this "
+                   "command line; the estimate takes FlexAttention at the stack's attention speed (not measured)"),
+    "megatron": ("packed documents (--doc-len {doc_len}): Megatron-LM's --dataloader-inter-document-masking (from "
+                 "core_v0.19.0, f88b85f8c6: the dataset passes cu_seqlens and attention runs per document); the "
+                 "Megatron-LM of this recipe lacks it, and its --reset-attention-mask builds a dense mask instead, "
+                 "which computes every key"),
+    "deepspeed": _HF_FLATTENED,
+    "hf-tp": _HF_FLATTENED,
+}
+"""How each framework masks packed documents apart, as `estimate --doc-len` assumes (a recipe note)."""

@@ -1,0 +1,107 @@
+"""--doc-len: packed sequences whose attention is masked to each document. Attention's FLOPs and kernel length
+follow the documents; GEMMs, memory and communication the sequence. Refused where the kernel would compute
+every key anyway, with context parallelism, and at or beyond the sequence's length."""
+
+import json
+
+import pytest
+from cloud_stubs import cli_run
+
+from trainready.errors import UsageError
+from trainready.plan import efficiency as eff
+from trainready.plan.job import JobSpec
+from trainready.plan.memory import estimate_memory
+from trainready.plan.performance import _micro_batch_time, estimate_step, flops_per_token, model_flops_per_token
+from trainready.plan.recipes import FRAMEWORKS, PACKED_DOCUMENTS, recipe_for
+from trainready.plan.setup import resolve
+
+
+def setup(catalog, **kw):
+    base = dict(model="llama-3.1-8b", instance="p5.48xlarge", micro_batch=1, seq_len=32768, stack="torchtitan",
+                activation_checkpointing="full")
+    base.update(kw)
+    return resolve(JobSpec(**base), catalog)
+
+
+def test_attention_runs_as_if_each_document_were_a_sequence(catalog):
+    """A micro-batch of one 32k sequence packed with 2k documents: its attention is 16 documents' attention, each
+    as a 2k-token sequence's (the same FLOPs and kernel efficiency), and the MFU numerator counts that."""
+    packed = setup(catalog, doc_len=2048)
+    short = setup(catalog, seq_len=2048)
+    e = eff.arch_efficiency(packed.gpu.arch)
+    assert _micro_batch_time(packed, e).attn_fwd_s == pytest.approx(16 * _micro_batch_time(short, e).attn_fwd_s)
+    assert model_flops_per_token(packed) == pytest.approx(flops_per_token(packed.model, 2048))
+    assert model_flops_per_token(packed) < model_flops_per_token(setup(catalog))
+
+
+def test_everything_else_stays_at_the_sequence(catalog):
+    whole, packed = setup(catalog), setup(catalog, doc_len=2048)
+    assert estimate_memory(packed).peak == estimate_memory(whole).peak  # flash-style attention: memory linear
+    assert packed.local_tokens == whole.local_tokens and packed.tokens_per_step == whole.tokens_per_step
+    faster = estimate_step(packed).tokens_per_s / estimate_step(whole).tokens_per_s
+    assert 1.2 < faster < 3  # attention was most of a 32k step's FLOPs; the GEMMs are untouched
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(doc_len=32768), "--doc-len 32768 is not shorter than the sequence (--seq-len 32768)"),
+    (dict(doc_len=2048, cp=2), "--doc-len with --cp 2"),
+    (dict(doc_len=2048, stack="hf-trainer"), "--attention-kernel flash2"),
+    (dict(doc_len=2048, stack="deepspeed"), "transformers' SDPA path"),
+    (dict(doc_len=2048, model="gpt-oss-20b", stack="hf-trainer", seq_len=8192, attention_kernel="sdpa"),
+     "computing every key"),
+])
+def test_refused_where_it_would_not_hold(catalog, kw, said):
+    with pytest.raises(UsageError) as err:
+        setup(catalog, **kw)
+    assert said in str(err.value)
+
+
+def test_flash2_on_a_transformers_stack_runs_documents_apart(catalog):
+    s = setup(catalog, doc_len=2048, stack="hf-trainer", attention_kernel="flash2")
+    assert s.attention_len == 2048
+
+
+def test_cli_says_it_and_json_carries_it():
+    r = cli_run("estimate", "-m", "llama-3.1-8b", "--instance", "p5.48xlarge", "--seq-len", "16384", "--doc-len", "1024",
+                "--stack", "torchtitan", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["setup"]["doc_len"] == 1024 and out["setup"]["seq_len"] == 16384
+    assert any(a.startswith("packed documents of 1,024 tokens") for a in out["assumptions"])
+    human = cli_run("estimate", "-m", "llama-3.1-8b", "--instance", "p5.48xlarge", "--seq-len", "16384",
+                    "--doc-len", "1024", "--stack", "torchtitan")
+    assert "documents of 1024, masked apart" in human.stdout
+    for bad in ("0", "x", "-5"):
+        r = cli_run("estimate", "-m", "llama-3.1-8b", "--seq-len", "4096", "--doc-len", bad)
+        assert r.returncode == 2 and "--doc-len" in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr
+
+
+def test_plan_keeps_context_parallelism_out_and_saves_the_length(tmp_path):
+    path = tmp_path / "job.toml"
+    r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--seq-len", "32768", "--doc-len", "4096",
+                "--instances", "p5.48xlarge", "--stack", "torchtitan", "--json", "--save", str(path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = out["rows"]
+    assert any("context parallelism not searched" in n for n in out["notes"])
+    assert rows and all(row["estimate"]["setup"]["cp"] == 1 and row["estimate"]["setup"]["doc_len"] == 4096
+                        for row in rows)
+    again = json.loads(cli_run("estimate", "--job", str(path), "--json").stdout)
+    assert again["setup"]["doc_len"] == 4096
+    assert again["throughput"]["tokens_per_s"] == pytest.approx(rows[0]["estimate"]["throughput"]["tokens_per_s"])
+
+
+@pytest.mark.parametrize("framework, mechanism", [
+    ("torchtitan", 'attn_mask_type="block_causal"'), ("megatron", "--dataloader-inter-document-masking"),
+    ("deepspeed", "DataCollatorWithFlattening"), ("hf-tp", "flash_attention_2")])
+def test_each_recipe_says_how_its_framework_masks_documents(catalog, framework, mechanism):
+    assert set(PACKED_DOCUMENTS) == set(FRAMEWORKS)
+    stack = {"deepspeed": "deepspeed", "hf-tp": "hf-trainer"}.get(framework, framework)
+    kw = dict(stack=stack, seq_len=8192, doc_len=1024, activation_checkpointing="none")
+    if stack in ("deepspeed", "hf-trainer"):
+        kw["attention_kernel"] = "flash2"
+    kw["strategy"] = {"hf-tp": "zero3", "megatron": "zero1"}.get(framework, "zero3")
+    s = setup(catalog, **kw)
+    notes = recipe_for(s, framework).notes
+    assert any(mechanism in n and "--doc-len 1024" in n for n in notes)
+    assert not any("--doc-len" in n for n in recipe_for(setup(catalog, **{**kw, "doc_len": None}), framework).notes)
