@@ -11,9 +11,16 @@ from trainready.errors import UsageError
 from trainready.plan import efficiency as eff
 from trainready.plan.job import JobSpec
 from trainready.plan.memory import estimate_memory
-from trainready.plan.performance import _micro_batch_time, estimate_step, flops_per_token, model_flops_per_token
+from trainready.plan.performance import (
+    _micro_batch_time,
+    estimate_step,
+    flops_per_token,
+    model_flops_per_token,
+    recompute_flops_per_token,
+)
 from trainready.plan.recipes import FRAMEWORKS, PACKED_DOCUMENTS, recipe_for
 from trainready.plan.setup import resolve
+from trainready.plan.track_record import regime_of
 
 
 def setup(catalog, **kw):
@@ -34,6 +41,19 @@ def test_attention_runs_as_if_each_document_were_a_sequence(catalog):
     assert model_flops_per_token(packed) < model_flops_per_token(setup(catalog))
 
 
+def test_recomputation_counts_the_documents_attention(catalog):
+    """HFU's recomputed attention (full recompute runs each block's forward again) spans the document too."""
+    packed, short = setup(catalog, doc_len=2048), setup(catalog, seq_len=2048)
+    assert recompute_flops_per_token(packed) == pytest.approx(recompute_flops_per_token(short))
+    assert recompute_flops_per_token(packed) < recompute_flops_per_token(setup(catalog))
+
+
+def test_the_track_record_regime_follows_attention(catalog):
+    """A 32k sequence of 2k documents attends like short sequences: the standard regime's record, not long context's."""
+    assert regime_of(setup(catalog)).context == "long"
+    assert regime_of(setup(catalog, doc_len=2048)).context == "standard"
+
+
 def test_everything_else_stays_at_the_sequence(catalog):
     whole, packed = setup(catalog), setup(catalog, doc_len=2048)
     assert estimate_memory(packed).peak == estimate_memory(whole).peak  # flash-style attention: memory linear
@@ -43,12 +63,15 @@ def test_everything_else_stays_at_the_sequence(catalog):
 
 
 @pytest.mark.parametrize("kw, said", [
-    (dict(doc_len=32768), "--doc-len 32768 is not shorter than the sequence (--seq-len 32768)"),
-    (dict(doc_len=2048, cp=2), "--doc-len with --cp 2"),
-    (dict(doc_len=2048, stack="hf-trainer"), "--attention-kernel flash2"),
+    (dict(doc_len=32768), "doc_len 32768 (--doc-len, or a --job file's doc_len) is not shorter than the "
+                          "32768-token sequence"),
+    (dict(doc_len=2048, cp=2), "doc_len 2048 (--doc-len, or a --job file's doc_len) with --cp 2"),
+    (dict(doc_len=2048, stack="hf-trainer"), "flash_attention_2"),
     (dict(doc_len=2048, stack="deepspeed"), "transformers' SDPA path"),
+    (dict(doc_len=2048, stack="automodel", attention_kernel="sdpa"), "give --attention-kernel flash2"),
+    # gpt-oss's sinks: FlashAttention-2 has none, so the way forward names kernels that do
     (dict(doc_len=2048, model="gpt-oss-20b", stack="hf-trainer", seq_len=8192, attention_kernel="sdpa"),
-     "computing every key"),
+     "kernels-community/vllm-flash-attn3"),
 ])
 def test_refused_where_it_would_not_hold(catalog, kw, said):
     with pytest.raises(UsageError) as err:
@@ -76,6 +99,15 @@ def test_cli_says_it_and_json_carries_it():
         assert r.returncode == 2 and "--doc-len" in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr
 
 
+def test_plan_refuses_where_the_kernel_would_compute_every_key():
+    r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--seq-len", "8192", "--doc-len", "1024",
+                "--instances", "p5.48xlarge")  # the default stack: transformers' SDPA
+    assert r.returncode == 2 and "give --attention-kernel flash2" in r.stdout + r.stderr
+    ok = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--seq-len", "8192", "--doc-len", "1024",
+                 "--instances", "p5.48xlarge", "--attention-kernel", "flash2", "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["rows"]
+
+
 def test_plan_keeps_context_parallelism_out_and_saves_the_length(tmp_path):
     path = tmp_path / "job.toml"
     r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--seq-len", "32768", "--doc-len", "4096",
@@ -92,7 +124,7 @@ def test_plan_keeps_context_parallelism_out_and_saves_the_length(tmp_path):
 
 
 @pytest.mark.parametrize("framework, mechanism", [
-    ("torchtitan", 'attn_mask_type="block_causal"'), ("megatron", "--dataloader-inter-document-masking"),
+    ("torchtitan", '"block_causal"'), ("megatron", "--dataloader-inter-document-masking"),
     ("deepspeed", "DataCollatorWithFlattening"), ("hf-tp", "flash_attention_2")])
 def test_each_recipe_says_how_its_framework_masks_documents(catalog, framework, mechanism):
     assert set(PACKED_DOCUMENTS) == set(FRAMEWORKS)
@@ -104,4 +136,7 @@ def test_each_recipe_says_how_its_framework_masks_documents(catalog, framework, 
     s = setup(catalog, **kw)
     notes = recipe_for(s, framework).notes
     assert any(mechanism in n and "--doc-len 1024" in n for n in notes)
+    if framework == "deepspeed":  # a model with sinks is told the kernels that take them
+        sinks = setup(catalog, **{**kw, "model": "gpt-oss-20b"})
+        assert any("vllm-flash-attn3" in n for n in recipe_for(sinks, framework).notes)
     assert not any("--doc-len" in n for n in recipe_for(setup(catalog, **{**kw, "doc_len": None}), framework).notes)

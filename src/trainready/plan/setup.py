@@ -406,21 +406,26 @@ def check_doc_len(doc_len: int | None, seq_len: int, cp: int, model: ModelSpec, 
     """Packed documents with their own attention masks: shorter than the sequence, on one GPU's share of it (with
     context parallelism the ring's chunks would each hold parts of many documents: not modelled), and through a
     kernel that skips the masked tiles: an eager score matrix, or SDPA given a dense mask (what transformers builds
-    from position_ids that restart per document: masking_utils.find_packed_sequence_indices), computes every key."""
+    from position ids that restart per document: Stack.transformers_attention), computes every key."""
     if doc_len is None:
         return
+    given = f"doc_len {doc_len} (--doc-len, or a --job file's doc_len)"
     if doc_len >= seq_len:
-        raise UsageError(f"--doc-len {doc_len} is not shorter than the sequence (--seq-len {seq_len}): attention then "
-                         f"spans the sequence anyway; leave --doc-len out, or give a length below {seq_len}")
+        raise UsageError(f"{given} is not shorter than the {seq_len}-token sequence (--seq-len, or the model's "
+                         f"default): attention spans the sequence anyway; give --doc-len below {seq_len} or a longer "
+                         f"--seq-len, or leave doc_len out")
     if cp > 1:
-        raise UsageError(f"--doc-len with --cp {cp}: context parallelism over packed, separately masked documents is "
-                         f"not modelled; --cp 1, or leave --doc-len out")
-    dense = st.stack.window_attention == "masks" and st.attention_kernel == st.stack.attention_kernel
+        raise UsageError(f"{given} with --cp {cp}: context parallelism over packed, separately masked documents is "
+                         f"not modelled; --cp 1, or leave doc_len out")
+    dense = st.stack.transformers_attention and st.attention_kernel == "sdpa"
     if dense or attention_path(model, st.stack, st.attention_kernel) != "tiles":
-        raise UsageError(f"--doc-len on stack {st.stack.name}: its attention would take the documents' masks as a "
+        kernel = ("attn_implementation='kernels-community/vllm-flash-attn3' (FlashAttention-3 with sinks) or "
+                  "'flex_attention'" if model.attention_sinks else
+                  "attn_implementation=\"flash_attention_2\" (FlashAttention's varlen kernel)")
+        raise UsageError(f"{given} on stack {st.stack.name}: its attention would take the documents' masks as a "
                          f"dense matrix (transformers' SDPA path) or run eagerly, computing every key, so masking "
-                         f"documents apart saves nothing; --attention-kernel flash2 (attn_implementation="
-                         f"\"flash_attention_2\": FlashAttention's varlen kernel) runs them apart")
+                         f"documents apart saves nothing; with {kernel} they run apart: give --attention-kernel "
+                         f"flash2, or leave doc_len out")
 
 
 def _check_virtual(model: ModelSpec, pp: int, v: int, micro: int, dp: int, global_batch: int, accum: int) -> None:

@@ -159,6 +159,10 @@ class Stack:
     """A sliding-window block (gpt-oss, Gemma, Mistral v0.1): "tiles" where the kernel skips the key tiles the
     window masks (FlashAttention's window_size, FlexAttention's block mask, Transformer Engine's window);
     "masks" where the window reaches torch SDPA as an explicit mask, which computes every key (plan/attention.py)."""
+    transformers_attention: bool = False
+    """Its attention is transformers' (the model classes' attn_implementation): under SDPA, packed documents reach the
+    kernel as a dense mask built from position ids that restart per document (masking_utils.
+    find_packed_sequence_indices), which computes every key (setup.check_doc_len)."""
     sink_attention: Literal["kernel", "eager"] = "kernel"
     """Attention with learned sinks (gpt-oss): "kernel" where the stack's kernel applies them; "eager" where the
     model class has no SDPA path and transformers runs its eager attention (plan/attention.py)."""
@@ -208,7 +212,7 @@ _AUTOMODEL_DISPATCH = ("AutoModel itself dispatches with DeepEP where it is inst
 # transformers 5.23: sdpa_mask builds an explicit mask for sliding-window layers (only a plain causal mask is
 # dropped for is_causal), and GptOssPreTrainedModel sets _supports_sdpa = False, so gpt-oss without an
 # attn_implementation runs eager_attention_forward
-_TRANSFORMERS_ATTENTION = {"window_attention": "masks", "sink_attention": "eager"}
+_TRANSFORMERS_ATTENTION = {"window_attention": "masks", "sink_attention": "eager", "transformers_attention": True}
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("hf-trainer", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
@@ -342,6 +346,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # transformers integrations/flash_attention.py returns flash_attn_func's batch x seq x heads output, which
           # the attention module reshapes (a view) for o_proj; sdpa_attention_forward transposes and copies
           attention_copy=False,
+          transformers_attention=True,  # Hugging Face model classes: their attn_implementation (flash or sdpa)
           lora_source="Automodel components/_peft/lora.py: adapter dtype = lora_dtype or the base weight's dtype "
                       "(bf16); lora_B(lora_A(x)) on the base linear's own x",
           etp_source="assumed as torchtitan (FSDP2 + EP, experts whole under EP): not read in Automodel's source"),

@@ -146,7 +146,7 @@ Key = tuple[str, str, str, str, str]
 
 def _key(s: Setup) -> Key:
     return ("moe" if s.model.is_moe else "dense",
-            "long" if s.cp > 1 or s.seq_len >= LONG_SEQUENCE else "standard",
+            "long" if s.cp > 1 or s.attention_len >= LONG_SEQUENCE else "standard",  # packed documents: theirs
             "fp8" if s.precision == "fp8" else "16-bit" if s.precision in ("bf16", "fp16") else "other",
             s.gpu.arch, s.stack)
 

@@ -87,24 +87,26 @@ def recipe_for(s: Setup, name: str = "auto") -> Recipe:
         raise ValueError(why)
     recipe = _MODULES[fw].recipe(s)
     if s.doc_len:  # the data pipeline and the attention kernel decide it, not the launch line: said where to set
-        recipe.notes.append(PACKED_DOCUMENTS[fw].format(doc_len=s.doc_len))
+        kernel = ("attn_implementation='kernels-community/vllm-flash-attn3' or 'flex_attention' (kernels that "
+                  "take gpt-oss's sinks)" if s.model.attention_sinks else "attn_implementation=\"flash_attention_2\"")
+        recipe.notes.append(PACKED_DOCUMENTS[fw].format(doc_len=s.doc_len, kernel=kernel))
     return recipe
 
 
 _HF_FLATTENED = ("packed documents (--doc-len {doc_len}): flatten each micro-batch's documents with transformers' "
                  "DataCollatorWithFlattening (position_ids restart at each document) and load the model with "
-                 "attn_implementation=\"flash_attention_2\", whose varlen kernel runs them apart; under SDPA "
-                 "transformers builds a dense mask from those position_ids (masking_utils."
-                 "find_packed_sequence_indices) and every key is computed")
+                 "{kernel}, which runs them apart; under SDPA transformers builds a dense mask from those "
+                 "position_ids (masking_utils.find_packed_sequence_indices) and every key is computed")
 PACKED_DOCUMENTS = {
-    "torchtitan": ("packed documents (--doc-len {doc_len}): a model flavor with use_flex_attn=True and "
-                   "attn_mask_type=\"block_causal\" (as torchtitan/models/llama3/__init__.py's debugmodel_flex_attn: "
-                   "FlexAttention masks at each EOS of the batch), set in the model's Python config, not on this "
-                   "command line; the estimate takes FlexAttention at the stack's attention speed (not measured)"),
-    "megatron": ("packed documents (--doc-len {doc_len}): Megatron-LM's --dataloader-inter-document-masking (from "
-                 "core_v0.19.0, f88b85f8c6: the dataset passes cu_seqlens and attention runs per document); the "
-                 "Megatron-LM of this recipe lacks it, and its --reset-attention-mask builds a dense mask instead, "
-                 "which computes every key"),
+    "torchtitan": ("packed documents (--doc-len {doc_len}): a model flavor whose attention masks documents "
+                   "apart at each EOS, mask type \"block_causal\" with FlashAttention varlen or FlexAttention as "
+                   "the inner attention (llama3's 8B_varlen and 8B_flex; for other sizes the same two settings in "
+                   "the model's Python config), which this command line cannot set; the estimate takes either at "
+                   "the stack's attention speed (not measured)"),
+    "megatron": ("packed documents (--doc-len {doc_len}): add --dataloader-inter-document-masking (the dataset "
+                 "passes cu_seqlens and attention runs per document), which needs a Megatron-LM from core_v0.19.0 "
+                 "(f88b85f8c6) on, not the Core this recipe is checked against; --reset-attention-mask builds a "
+                 "dense mask instead, which computes every key"),
     "deepspeed": _HF_FLATTENED,
     "hf-tp": _HF_FLATTENED,
 }
