@@ -140,3 +140,19 @@ def test_each_recipe_says_how_its_framework_masks_documents(catalog, framework, 
         sinks = setup(catalog, **{**kw, "model": "gpt-oss-20b"})
         assert any("vllm-flash-attn3" in n for n in recipe_for(sinks, framework).notes)
     assert not any("--doc-len" in n for n in recipe_for(setup(catalog, **{**kw, "doc_len": None}), framework).notes)
+
+
+def test_megatron_splits_each_document_over_the_context_parallel_ranks(catalog):
+    """Megatron-Core's per-document zigzag CP (TE THD): --cp with --doc-len runs there, each rank holding 1/cp of
+    every document; the attention per rank is the documents' over cp, the ring as dense CP's."""
+    one = setup(catalog, stack="megatron", strategy="zero1", doc_len=4096, activation_checkpointing="none")
+    two = setup(catalog, stack="megatron", strategy="zero1", doc_len=4096, activation_checkpointing="none", cp=2)
+    assert two.local_tokens * 2 == one.local_tokens and model_flops_per_token(two) == model_flops_per_token(one)
+    with pytest.raises(UsageError) as err:
+        setup(catalog, stack="megatron", strategy="zero1", doc_len=2, cp=2)
+    assert "2 x cp = 4 chunks" in str(err.value)
+    r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--seq-len", "131072", "--doc-len", "8192",
+                "--instances", "p5.48xlarge", "--stack", "megatron", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and any(row["estimate"]["setup"]["cp"] > 1 for row in out["rows"])
+    assert not any("context parallelism not searched" in n for n in out["notes"])

@@ -277,11 +277,12 @@ CP_SIZES = (2, 4, 8)
 
 
 def _cp_options(s: Setup, nodes: int) -> list[int]:
-    """Context-parallel sizes to try: 1, and for long sequences the sizes that split them evenly (not over packed,
-    separately masked documents: resolve refuses that)."""
-    if s.seq_len < CP_MIN_SEQ_LEN or s.doc_len:
+    """Context-parallel sizes to try: 1, and for long sequences the sizes that split them evenly (over packed,
+    separately masked documents only where the stack splits each document: Stack.cp_over_documents)."""
+    if s.seq_len < CP_MIN_SEQ_LEN or (s.doc_len and not get_stack(s.stack).cp_over_documents):
         return [1]
-    return [1] + [c for c in CP_SIZES if s.seq_len % (2 * c) == 0 and (nodes * s.gpus_per_node) % c == 0]
+    return [1] + [c for c in CP_SIZES if s.seq_len % (2 * c) == 0 and (nodes * s.gpus_per_node) % c == 0
+                  and (s.doc_len or s.seq_len) >= 2 * c]
 
 
 def _parallel_options(s: Setup, nodes: int) -> list[tuple[int, int, int, int, int]]:
@@ -989,8 +990,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         notes.append(said)
     if job.doc_len:
         notes.append(doc_len_assumption(job.doc_len, seq_len) + (
-            "; context parallelism not searched: over separately masked documents it is not modelled"
-            if seq_len >= CP_MIN_SEQ_LEN else ""))
+            f"; context parallelism not searched: over separately masked documents it is modelled on --stack megatron "
+            f"only, not {stack.stack.name}" if seq_len >= CP_MIN_SEQ_LEN and not stack.stack.cp_over_documents else ""))
     if beyond:
         notes.append(beyond)
     single = sorted({c.setup.instance.name for c in candidates if c.setup.inter_node_gbps is None

@@ -403,8 +403,8 @@ def _check_cp(cp: int, seq_len: int, gpus: int = 0, tp_pp: int = 1) -> None:
 
 
 def check_doc_len(doc_len: int | None, seq_len: int, cp: int, model: ModelSpec, st: Resolved) -> None:
-    """Packed documents with their own attention masks: shorter than the sequence, on one GPU's share of it (with
-    context parallelism the ring's chunks would each hold parts of many documents: not modelled), and through a
+    """Packed documents with their own attention masks: shorter than the sequence, with context parallelism only where
+    the stack splits each document over the ranks (Stack.cp_over_documents), and through a
     kernel that skips the masked tiles: an eager score matrix, or SDPA given a dense mask (what transformers builds
     from position ids that restart per document: Stack.transformers_attention), computes every key."""
     if doc_len is None:
@@ -414,9 +414,13 @@ def check_doc_len(doc_len: int | None, seq_len: int, cp: int, model: ModelSpec, 
         raise UsageError(f"{given} is not shorter than the {seq_len}-token sequence (--seq-len, or the model's "
                          f"default): attention spans the sequence anyway; give --doc-len below {seq_len} or a longer "
                          f"--seq-len, or leave doc_len out")
-    if cp > 1:
-        raise UsageError(f"{given} with --cp {cp}: context parallelism over packed, separately masked documents is "
-                         f"not modelled; --cp 1, or leave doc_len out")
+    if cp > 1 and not st.stack.cp_over_documents:
+        raise UsageError(f"{given} with --cp {cp} on stack {st.stack.name}: its context parallelism over packed, "
+                         f"separately masked documents is not modelled; --stack megatron (Transformer Engine's THD, "
+                         f"each document split over the ranks) models it, or --cp 1, or leave doc_len out")
+    if cp > 1 and doc_len < 2 * cp:
+        raise UsageError(f"{given} with --cp {cp}: each document is split into 2 x cp = {2 * cp} chunks (Megatron-Core's "
+                         f"per-document zigzag), more than its tokens; a --cp of at most {max(1, doc_len // 2)}")
     dense = st.stack.transformers_attention and st.attention_kernel == "sdpa"
     if dense or attention_path(model, st.stack, st.attention_kernel) != "tiles":
         kernel = ("attn_implementation='kernels-community/vllm-flash-attn3' (FlashAttention-3 with sinks) or "

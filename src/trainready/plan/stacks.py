@@ -159,6 +159,11 @@ class Stack:
     """A sliding-window block (gpt-oss, Gemma, Mistral v0.1): "tiles" where the kernel skips the key tiles the
     window masks (FlashAttention's window_size, FlexAttention's block mask, Transformer Engine's window);
     "masks" where the window reaches torch SDPA as an explicit mask, which computes every key (plan/attention.py)."""
+    cp_over_documents: bool = False
+    """Context parallelism runs over packed, separately masked documents (--doc-len with --cp): each document split
+    into 2 x cp zigzag chunks, two per rank (Megatron-Core utils.py _get_batch_on_this_cp_rank_per_document_balancing
+    with Transformer Engine's thd_get_partitioned_indices; documents padded to a multiple of 2 x cp); False: not
+    modelled for the stack (--cp with --doc-len refused, plan does not try it)."""
     transformers_attention: bool = False
     """Its attention is transformers' (the model classes' attn_implementation): under SDPA, packed documents reach the
     kernel as a dense mask built from position ids that restart per document (masking_utils.
@@ -308,6 +313,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # transformer_engine.py passes it to TE Linear, LayerNormLinear and GroupedLinear as
           # fuse_wgrad_accumulation; distributed_data_parallel.py's hook adds the other grads (main_grad.add_)
           wgrad_accumulates=True,
+          cp_over_documents=True,  # THD with per-document zigzag CP chunks (Stack.cp_over_documents)
           fp8_param_gather=("delayed", "tensorwise"), fp8_param_gather_strategy="zero1",
           fp8_param_gather_default=True,
           fp8_param_gather_source="Megatron-Bridge training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed "

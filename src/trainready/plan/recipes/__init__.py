@@ -89,7 +89,10 @@ def recipe_for(s: Setup, name: str = "auto") -> Recipe:
     if s.doc_len:  # the data pipeline and the attention kernel decide it, not the launch line: said where to set
         kernel = ("attn_implementation='kernels-community/vllm-flash-attn3' or 'flex_attention' (kernels that "
                   "take gpt-oss's sinks)" if s.model.attention_sinks else "attn_implementation=\"flash_attention_2\"")
-        recipe.notes.append(PACKED_DOCUMENTS[fw].format(doc_len=s.doc_len, kernel=kernel))
+        split = (f"; with --context-parallel-size {s.cp} each document is split into {2 * s.cp} zigzag chunks, two a "
+                 f"rank, and padded to a multiple of {2 * s.cp} (Megatron-Core utils.py "
+                 f"_get_batch_on_this_cp_rank_per_document_balancing)" if s.cp > 1 else "")
+        recipe.notes.append(PACKED_DOCUMENTS[fw].format(doc_len=s.doc_len, kernel=kernel) + split)
     return recipe
 
 
