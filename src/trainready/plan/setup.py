@@ -419,8 +419,9 @@ def check_doc_len(doc_len: int | None, seq_len: int, cp: int, model: ModelSpec, 
                          f"separately masked documents is not modelled; --stack megatron (Transformer Engine's THD, "
                          f"each document split over the ranks) models it, or --cp 1, or leave doc_len out")
     if cp > 1 and doc_len < 2 * cp:
-        raise UsageError(f"{given} with --cp {cp}: each document is split into 2 x cp = {2 * cp} chunks (Megatron-Core's "
-                         f"per-document zigzag), more than its tokens; a --cp of at most {max(1, doc_len // 2)}")
+        raise UsageError(f"{given} with --cp {cp}: each document is split into 2 x cp = {2 * cp} chunks "
+                         f"(Megatron-Core's per-document zigzag), more than its tokens; a --cp of at most "
+                         f"{max(1, doc_len // 2)}")
     dense = st.stack.transformers_attention and st.attention_kernel == "sdpa"
     if dense or attention_path(model, st.stack, st.attention_kernel) != "tiles":
         kernel = ("attn_implementation='kernels-community/vllm-flash-attn3' (FlashAttention-3 with sinks) or "
