@@ -37,7 +37,9 @@ tests/test_plan_reference.py fails where a note says one thing and the column an
 torch.compile (the `compile` column, from the row's framework release): "model+loss" rows (torchtitan from PR
 #1033, 2025-04, which compiles the loss with the model) are estimated with `--compile`; "model" rows (earlier
 torchtitan compiled the blocks only, the loss eager) and "yes" rows (what was compiled is not published) without:
-`--compile` changes the loss's memory only, and the blocks' compile is not an input.
+`--compile` changes the loss's memory only, and the blocks' compile is not an input. A Megatron row whose source ran
+CUDA graphs (the `cuda_graphs` column) is estimated with `--cuda-graphs` (added 2026-12-07; no row's figure moved: the
+model has each of them GPU-bound).
 
 MoE dispatch and routing (added 2026-12-07, after the Kimi K2 row read -43% with the stack's collective
 all-to-all where its source names DeepEP): a row whose source names DeepEP or HybridEP has `ep_dispatcher`
@@ -215,6 +217,8 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["reduce_dtype"] = r["reduce_dtype"]
     if r["compile"] == "model+loss":  # torchtitan from PR #1033 (2025-04) compiles the loss with the model
         kw["torch_compile"] = True
+    if r["cuda_graphs"] == "yes" and stack == "megatron":  # Megatron's per-layer graphs (--cuda-graphs)
+        kw["cuda_graphs"] = True
     return JobSpec(**kw)
 
 

@@ -43,7 +43,7 @@ def megatron_fields(text: str) -> tuple[dict, dict]:
         flag, *value = line.split()
         assert flag in FLAGS, f"{flag}: not a flag this module knows (megatron.FLAGS)"
         assert flag not in args, f"{flag} given twice"
-        if flag == "--recompute-modules":  # a List[str] field: argparse nargs "+" (argument_utils.py)
+        if flag in ("--recompute-modules", "--cuda-graph-scope"):  # List fields: argparse nargs "+"
             args[flag] = value
             continue
         args[flag] = _value(value[0]) if value else True
@@ -80,8 +80,11 @@ def run(path: str) -> None:
     fields.update(moe_grouped_gemm=False, use_cpu_initialization=True, masked_softmax_fusion=False,
                   bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
                   persist_layer_norm=False)
-    config = TransformerConfig(**{k: v for k, v in fields.items()
-                                  if k in {f.name for f in dataclasses.fields(TransformerConfig)}})
+    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    if fields.get("cuda_graph_impl", "none") != "none":  # Megatron-Core's own checks see the graphs asked for; CPU
+        TransformerConfig(**{k: v for k, v in fields.items() if k in known})  # has no graphs to capture: run without
+        fields.update(cuda_graph_impl="none", cuda_graph_scope=[])
+    config = TransformerConfig(**{k: v for k, v in fields.items() if k in known})
     ps.initialize_model_parallel(tensor_model_parallel_size=config.tensor_model_parallel_size,
                                  pipeline_model_parallel_size=config.pipeline_model_parallel_size,
                                  expert_model_parallel_size=config.expert_model_parallel_size,

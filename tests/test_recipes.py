@@ -77,6 +77,13 @@ CASES = {
         model="deepseek-v3", instance="p5.48xlarge", strategy="zero1", tp=2, pp=8, pp_virtual=4, ep=64, etp=1,
         gpus=1024, stack="megatron", ep_dispatcher="deepep", ep_overlap=True,
         activation_checkpointing="selective", recompute_modules=["mla_up_proj", "mlp"]),
+    # --cuda-graphs: Megatron-Core's TransformerConfig checks the per-layer graphs asked for (whole layers dense; a
+    # dropless MoE layer's attention, router and preprocessing)
+    "megatron cuda graphs, dense (whole layers)": dict(model="llama-3.1-8b", instance="p5.48xlarge", strategy="zero1",
+                                                      stack="megatron", cuda_graphs=True,
+                                                      activation_checkpointing="selective-attn"),
+    "megatron cuda graphs, dropless MoE ep8": dict(model="qwen3-30b-a3b", instance="p5.48xlarge", strategy="zero1",
+                                                   stack="megatron", ep=8, cuda_graphs=True),
     # what `plan --stack megatron` picks for Mixtral 8x22B on 16 p5 (search._moe_dispatch, checkpointing_options)
     "mixtral-8x22b tp2 pp4 v4 ep8 etp2 x 16 nodes, deepep + a2a overlap, layernorm moe_act": dict(
         model="mixtral-8x22b", instance="p5.48xlarge", strategy="zero1", tp=2, pp=4, pp_virtual=4, ep=8, etp=2,
@@ -880,7 +887,9 @@ def test_qlora_base_weighs_what_bitsandbytes_stores(tmp_path, catalog):
 MEGATRON_ROWS = {"zero1-pp2": dict(strategy="zero1", pp=2), "zero1-ep2": dict(strategy="zero1", ep=2),
                  "ddp-ep2": dict(strategy="ddp", ep=2), "zero1-tp2-ep2": dict(strategy="zero1", tp=2, ep=2),
                  # DeepSeek-R1's and Mixtral's top Megatron rows are tp x pp x ep together: 4 processes
-                 "zero1-tp2-pp2-ep2": dict(strategy="zero1", tp=2, pp=2, ep=2, gpus=4)}
+                 "zero1-tp2-pp2-ep2": dict(strategy="zero1", tp=2, pp=2, ep=2, gpus=4),
+                 # per-layer CUDA graphs: Megatron-Core's config checks see them, the CPU run goes without
+                 "zero1-ep2-cuda-graphs": dict(strategy="zero1", ep=2, cuda_graphs=True, stack="megatron")}
 
 
 def test_the_recommended_megatron_rows_train_on_two_gloo_processes(tmp_path, catalog):

@@ -62,6 +62,7 @@ def plan(
     fp8_dispatch: o.Fp8Dispatch = None,
     tp_overlap: o.TpOverlap = None,
     torch_compile: o.TorchCompile = None,
+    cuda_graphs: o.CudaGraphs = None,
     moe_routing: o.MoeRouting = None,
     fp8_recipe: o.Fp8RecipeOpt = None,
     fp8_param_gather: o.Fp8ParamGather = None,
@@ -100,7 +101,8 @@ def plan(
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
                       ep_dispatcher=ep_dispatcher, ep_overlap=ep_overlap, fp8_dispatch=fp8_dispatch,
-                      tp_overlap=tp_overlap, torch_compile=torch_compile, moe_routing=moe_routing, capacity_factor=capacity_factor,
+                      tp_overlap=tp_overlap, torch_compile=torch_compile, cuda_graphs=cuda_graphs,
+                      moe_routing=moe_routing, capacity_factor=capacity_factor,
                       fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather, power_limit_w=power_limit,
                       memory_margin=memory_margin, spot=spot, region=region, usd_per_hour=usd_per_hour)
     file_cap = job.power_limit_w if power_limit is None else None  # a --job file's watts were for its own GPU

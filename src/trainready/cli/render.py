@@ -108,7 +108,8 @@ def _setup_line(e: EstimateResult) -> str:
             + (f" ({s.fp8_recipe} scaling{', weights gathered in FP8' if s.fp8_param_gather and s.dp > 1 else ''})"
                if s.fp8_recipe else "")
             + (f", token-drop routing at capacity {s.capacity_factor:g}" if s.capacity_factor else "")
-            + (", compiled with its loss" if s.torch_compile else "") + ", "
+            + (", compiled with its loss" if s.torch_compile else "") + (", CUDA graphs" if s.cuda_graphs else "")
+            + ", "
             f"{'no' if s.activation_checkpointing == 'none' else s.recompute_text()} recompute")
 
 

@@ -22,7 +22,7 @@ from .performance import StepResult, estimate_step, host_copy_bps, host_copy_not
 from .recipes import framework_for
 from .recompute import DEFAULT_MODULES, modules_text
 from .setup import Setup
-from .stacks import compile_assumption, resolve_stack
+from .stacks import compile_assumption, get_stack, resolve_stack
 from .storage import StoragePlan, storage_plan
 from .memory_record import MemoryRecord, memory_record, projected_peak_gib
 from .memory_record import CALIBRATED_NOTE as MEMORY_CALIBRATED_NOTE
@@ -69,6 +69,8 @@ class SetupInfo(BaseModel):
                                                             "buffers padded to it); None: dropless, or a dense model")
     tp_overlap: bool = Field(False, description="tensor-parallel communication pipelined with the GEMMs (--tp-overlap; "
                                                 "only with tp > 1)")
+    cuda_graphs: bool = Field(False, description="the layers captured in CUDA graphs (--cuda-graphs): no host launch "
+                                                 "floor for what is captured")
     torch_compile: bool = Field(False, description="the model and its loss compiled with torch.compile (--compile): "
                                                    "the loss's memory as the compiled graph keeps it")
     ep: int = Field(1, description="expert-parallel size (MoE); ep x etp divides the tp x dp GPUs of a stage")
@@ -221,6 +223,15 @@ class EstimateResult(BaseModel):
     warnings: list[str]
 
 
+def cuda_graphs_assumption(s: Setup) -> str:
+    """What --cuda-graphs changes in the estimate, and what it leaves out."""
+    what = ("every layer replays from its graph: no host launch floor" if s.graphs_whole_layers else
+            "attention, router and preprocessing replay from graphs; the dispatch and experts, whose shapes change "
+            "every step, stay eager and keep the host launch floor")
+    return (f"CUDA graphs ({get_stack(s.stack).cuda_graphs}): {what}; the graphs' static input and output buffers "
+            f"and memory pool are not counted in the memory figure (not known)")
+
+
 def doc_len_assumption(doc_len: int, seq_len: int) -> str:
     """What --doc-len changes, and what it assumes of the documents."""
     return (f"packed documents of {doc_len:,} tokens in each {seq_len:,}-token sequence, attention masked to each "
@@ -357,6 +368,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         assumptions.append(m.derived)
     if s.doc_len:
         assumptions.append(doc_len_assumption(s.doc_len, s.seq_len))
+    if s.cuda_graphs:
+        assumptions.append(cuda_graphs_assumption(s))
     assumptions += moe.assumptions(s)
     if said := deepep_assumption(s):
         assumptions.append(said)
@@ -406,7 +419,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         gpus_per_node=s.gpus_per_node, gpus=s.n_gpus, dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep,
                         etp=s.expert_tp,
                         pp_virtual=s.pp_virtual, cp=s.cp, tp_overlap=s.tp_overlap and s.tp > 1,
-                        torch_compile=s.compiled,
+                        torch_compile=s.compiled, cuda_graphs=s.cuda_graphs,
                         capacity_factor=m.moe.capacity_factor if m.moe else None,
                         fp8_recipe=s.fp8_recipe if s.precision == "fp8" else None,
                         fp8_param_gather=s.fp8_param_gather,

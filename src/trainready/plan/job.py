@@ -111,6 +111,9 @@ class JobSpec(BaseModel):
                           "per GPU and per node); None: the stack's")
     ep_overlap: bool | None = Field(None, description="MoE all-to-alls hidden behind another micro-batch's compute "
                                                       "(DualPipe, 1F1B A2A overlap); None: the stack's")
+    cuda_graphs: bool | None = Field(None, description="the stack's per-layer CUDA graphs (Megatron's --cuda-graph-impl "
+                                     "transformer_engine): the host launches a graph per captured layer and pass, not "
+                                     "its kernels, so the per-block launch floor goes for what is captured; None: off")
     tp_overlap: bool | None = Field(None, description="tensor-parallel communication overlapped with the GEMMs (Megatron's "
                                                  "--tp-comm-overlap, torchtitan's async TP) where the stack has it; "
                                                  "None: off, as in both frameworks")

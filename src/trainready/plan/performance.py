@@ -681,7 +681,9 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     contention = e.overlap_contention() * overlapped_mb
 
     compute_mb = mb.fwd_s + mb.bwd_s + cast + contention
-    cpu_mb = layers * eff.CPU_S_PER_LAYER[s.kernels] * (1.33 if s.checkpointing in ("full", "selective-op") else 1.0)
+    # the host's kernel launches; layers replayed from CUDA graphs launch a graph instead (counted as nothing)
+    cpu_mb = 0.0 if s.graphs_whole_layers else (
+        layers * eff.CPU_S_PER_LAYER[s.kernels] * (1.33 if s.checkpointing in ("full", "selective-op") else 1.0))
     cpu_stall_mb = max(0.0, cpu_mb - compute_mb)
 
     # optimizer and gradient accumulation (memory-bound), or the CPU optimizer with offload

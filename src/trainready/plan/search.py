@@ -47,6 +47,7 @@ from .setup import (
 from .stacks import (
     STACKS,
     compile_assumption,
+    cuda_graphs_of,
     default_etp,
     fp8_param_gather_of,
     fp8_param_gather_problem,
@@ -240,6 +241,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  stack=st.stack.name, stack_named=job.stack is not None, framework=framework,
                  tp_overlap=bool(job.tp_overlap) and st.stack.tp_overlap is not None,
                  torch_compile=torch_compile_of(job.torch_compile, st.stack),
+                 cuda_graphs=cuda_graphs_of(job.cuda_graphs, st.stack),
                  fp8_recipe=fp8_recipe, fp8_param_gather_asked=job.fp8_param_gather,
                  power_limit_w=job.power_limit_w, doc_len=job.doc_len, **moe_comm(job, model, st.stack, precision))
     check_doc_len(job.doc_len, seq_len, 1, model, st)
@@ -891,6 +893,7 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         check_stack(req.calibration, stack.stack.name)
     check_fp8_recipe_precision(job, job.precision)
     torch_compile_of(job.torch_compile, stack.stack)  # a stack without one is exit 2 before any search
+    cuda_graphs_of(job.cuda_graphs, stack.stack)
     if not stack.stack.has_recipe:
         raise UsageError(f"--stack {stack.stack.name} estimates runs of {stack.stack.description.split(':')[0]}, "
                          f"which trainready does not launch (no recipe): use `trainready estimate --stack "
@@ -1073,6 +1076,7 @@ def job_for_row(job: JobSpec, row: PlanRow, framework: str = "auto") -> JobSpec:
         "pp_local_batch": None,  # the search runs a step's micro-batches in one schedule call (a file's is not read)
         "tp_overlap": best.tp_overlap or None,  # None: off
         "torch_compile": best.torch_compile or None,  # None: off
+        "cuda_graphs": best.cuda_graphs or None,  # None: off
         # the job's own where it applies to this row (elsewhere resolve would refuse it), else the stack's recipe
         "fp8_param_gather": job.fp8_param_gather if best.fp8_param_gather or job.fp8_param_gather is False else None,
         "framework": row.framework if framework != "auto" else job.framework})  # its memory is that framework's

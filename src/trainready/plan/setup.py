@@ -25,6 +25,7 @@ from .stacks import (
     Resolved,
     Stack,
     checkpointing_kind,
+    cuda_graphs_of,
     default_etp,
     fp8_param_gather_of,
     get_stack,
@@ -85,6 +86,7 @@ class Setup:
     fp8_recipe: str = "tensorwise"  # FP8 scaling recipe (efficiency.FP8_RECIPES); read only under precision fp8
     fp8_param_gather_asked: bool | None = None  # the job's --fp8-param-gather (None: the stack's recipe)
     tp_overlap: bool = False  # TP collectives pipelined with the GEMMs (efficiency.TP_OVERLAP_EXPOSED)
+    cuda_graphs: bool = False  # the layers captured in CUDA graphs (Stack.cuda_graphs): no host launch floor there
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
     recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
@@ -135,6 +137,12 @@ class Setup:
         step and reduces gradients once, after the last micro-batch (Stack.pp_gathers_stage; torchtitan), with or
         without CPU offload (torchtitan's reshard_after_forward ignores it)."""
         return self.strategy == "zero3" and self.pp > 1 and get_stack(self.stack).pp_gathers_stage
+
+    @property
+    def graphs_whole_layers(self) -> bool:
+        """CUDA graphs capture every layer whole: dense, or MoE padded to capacity (static shapes); a dropless MoE
+        layer's dispatch and experts stay eager (Megatron graphs attention, router and preprocessing there)."""
+        return self.cuda_graphs and (self.model.moe is None or self.model.moe.capacity_factor is not None)
 
     @property
     def attention_len(self) -> int:
@@ -714,6 +722,7 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
     if why:
         notes.append(why)
     compiled = torch_compile_of(job.torch_compile, st.stack)
+    graphs = cuda_graphs_of(job.cuda_graphs, st.stack)
     modules = check_modules(job.recompute_modules, model, stack=st.stack.name, checkpointing=ckpt,
                             asked=job.activation_checkpointing, method=job.method)
     if model.moe is not None and comm["ep_overlap"] and st.stack.name == "megatron" and (
@@ -744,5 +753,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  framework=job.framework or "auto",
                  pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, doc_len=job.doc_len, tp_overlap=overlap,
                  fp8_recipe=recipe,
-                 fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled,
+                 fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled, cuda_graphs=graphs,
                  recompute_modules=modules, power_limit_w=job.power_limit_w, **comm)

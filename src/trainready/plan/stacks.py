@@ -159,6 +159,10 @@ class Stack:
     """A sliding-window block (gpt-oss, Gemma, Mistral v0.1): "tiles" where the kernel skips the key tiles the
     window masks (FlashAttention's window_size, FlexAttention's block mask, Transformer Engine's window);
     "masks" where the window reaches torch SDPA as an explicit mask, which computes every key (plan/attention.py)."""
+    cuda_graphs: str | None = None
+    """How the framework captures each layer in CUDA graphs (--cuda-graphs); None: not modelled for the stack, refused.
+    A captured layer's kernels replay from the graph, so the host's per-block launch time (efficiency.CPU_S_PER_LAYER)
+    goes; what stays eager (a dropless MoE layer's dispatch and experts, whose shapes change every step) keeps it."""
     cp_over_documents: bool = False
     """Context parallelism runs over packed, separately masked documents (--doc-len with --cp): each document split
     into 2 x cp zigzag chunks, two per rank (Megatron-Core utils.py _get_batch_on_this_cp_rank_per_document_balancing
@@ -314,6 +318,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # fuse_wgrad_accumulation; distributed_data_parallel.py's hook adds the other grads (main_grad.add_)
           wgrad_accumulates=True,
           cp_over_documents=True,  # THD with per-document zigzag CP chunks (Stack.cp_over_documents)
+          # Megatron-LM docs/user-guide/features/cuda_graph.md and arguments.py (--cuda-graph-impl, --cuda-graph-scope
+          # at core_v0.16.1): TE make_graphed_callables per layer, the whole layer by default, "not working for MoE
+          # dynamic shapes": attn moe_router moe_preprocess there; TransformerConfig refuses full recompute with it
+          cuda_graphs="--cuda-graph-impl transformer_engine (Transformer Engine's make_graphed_callables, per layer)",
           fp8_param_gather=("delayed", "tensorwise"), fp8_param_gather_strategy="zero1",
           fp8_param_gather_default=True,
           fp8_param_gather_source="Megatron-Bridge training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed "
@@ -489,16 +497,27 @@ def fp8_param_gather_of(asked: bool | None, stack: Stack, *, strict: bool = True
     return False
 
 
-def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
-    """Whether the model and its loss are compiled: a usage error where the stack's framework has no such compile
-    (Stack.torch_compile)."""
+def _asked_and_modelled(asked: bool | None, stack: Stack, feature: str, refusal: str) -> bool:
+    """Whether the job asked for the stack's `feature` (a Stack field naming how its framework does it): a usage
+    error, `refusal` with {have} the stacks that have it, where this stack's is not modelled (the field is None)."""
     if not asked:
         return False
-    if stack.torch_compile is None:
-        have = ", ".join(s.name for s in STACKS.values() if s.torch_compile)
-        raise UsageError(f"--compile: stack {stack.name} has no torch.compile of the model with its loss "
-                         f"({stack.description}); stacks that have it: {have} (--stack), or --no-compile")
+    if getattr(stack, feature) is None:
+        raise UsageError(refusal.format(have=", ".join(s.name for s in STACKS.values() if getattr(s, feature))))
     return True
+
+
+def cuda_graphs_of(asked: bool | None, stack: Stack) -> bool:
+    """Whether the layers run as CUDA graphs (Stack.cuda_graphs)."""
+    return _asked_and_modelled(asked, stack, "cuda_graphs", f"--cuda-graphs: stack {stack.name}'s CUDA graphs are not "
+                               "modelled; stacks whose are: {have} (--stack), or --no-cuda-graphs")
+
+
+def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
+    """Whether the model and its loss are compiled (Stack.torch_compile)."""
+    return _asked_and_modelled(asked, stack, "torch_compile", f"--compile: stack {stack.name} has no torch.compile of "
+                               f"the model with its loss ({stack.description}); stacks that have it: {{have}} "
+                               f"(--stack), or --no-compile")
 
 
 TITAN_EAGER_TPS, TITAN_COMPILED_TPS = 5762, 6667

@@ -52,6 +52,7 @@ FLAGS: dict[str, str | None] = {
     "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
     "--expert-model-parallel-size": "expert_model_parallel_size", "--sequence-parallel": "sequence_parallel",
     "--tp-comm-overlap": "tp_comm_overlap",
+    "--cuda-graph-impl": "cuda_graph_impl", "--cuda-graph-scope": "cuda_graph_scope",
     "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
     "--moe-pad-expert-input-to-capacity": "moe_pad_expert_input_to_capacity",
     "--expert-tensor-parallel-size": "expert_tensor_parallel_size",
@@ -106,11 +107,28 @@ def rope_reason(m) -> str | None:
             f"use --framework deepspeed")
 
 
+GRAPH_SCOPE_DROPLESS = ("attn", "moe_router", "moe_preprocess")
+"""What Megatron captures of a dropless MoE layer (docs/user-guide/features/cuda_graph.md's MoE example)."""
+
+
+def graphs_reason(s: Setup) -> str | None:
+    """Why Megatron-Core refuses this setup's per-layer CUDA graphs (TransformerConfig.__post_init__ at 0.16.1)."""
+    if not s.cuda_graphs:
+        return None
+    if checkpointing(s) == "full":
+        return ("Megatron-Core runs full recompute only under a full-iteration CUDA graph (--cuda-graph-impl local), "
+                "not per-layer graphs: --activation-checkpointing selective-attn or none, or --no-cuda-graphs")
+    if not s.graphs_whole_layers and "moe" in s.recomputes:
+        return ("Megatron-Core refuses moe recompute beside the graphed MoE router (--cuda-graph-impl "
+                "transformer_engine): drop moe from --recompute-modules, or --no-cuda-graphs")
+    return None
+
+
 def reason(s: Setup) -> str | None:
     m = s.model
     why = windowed_reason(s, "Megatron", "Megatron-Bridge's gpt_oss provider sets window_size, "
                                         "window_attn_skip_freq and learnable softmax") or rope_reason(m) \
-        or schedule_calls_reason(s, "Megatron (forward_backward_func)")
+        or schedule_calls_reason(s, "Megatron (forward_backward_func)") or graphs_reason(s)
     if why:
         return why
     if m.activation == "relu":
@@ -311,6 +329,10 @@ def parallel_args(s: Setup) -> list[tuple[str, object]]:
             a.append(("--fp8-param-gather", True))
     if s.reduce_dtype == "bf16" and s.precision != "fp32":
         a.append(("--grad-reduce-in-bf16", True))
+    if s.cuda_graphs:  # per-layer graphs (Stack.cuda_graphs); validate_args turns the TE RNG tracker on for them
+        a.append(("--cuda-graph-impl", "transformer_engine"))
+        if not s.graphs_whole_layers:  # dropless MoE: whole-layer capture "not working for MoE dynamic shapes"
+            a.append(("--cuda-graph-scope", " ".join(GRAPH_SCOPE_DROPLESS)))
     a += [("--save", "checkpoints"), ("--load", "checkpoints"), ("--save-interval", 500)]
     return a
 
