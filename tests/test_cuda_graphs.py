@@ -94,3 +94,23 @@ def test_cli_json_and_a_saved_job(tmp_path):
     assert off["throughput"]["tokens_per_s"] < again["throughput"]["tokens_per_s"]
     bad = cli_run("plan", "-m", "llama-3.2-1b", "--tokens", "1e9", "--cuda-graphs")
     assert bad.returncode == 2 and "not modelled" in bad.stdout + bad.stderr
+
+
+def test_a_moe_padded_to_capacity_is_captured_whole(catalog):
+    """Token-drop routing padded to capacity has static shapes: Megatron captures the whole layer (the recipe pads,
+    --moe-pad-expert-input-to-capacity, and names no scope), and its launch floor goes."""
+    kw = dict(model="qwen3-30b-a3b", ep=8, micro_batch=1, seq_len=256, global_batch=64, moe_routing="capacity",
+              capacity_factor=1.0)
+    s, graphed = est(catalog, cuda_graphs=True, **kw)
+    _, eager = est(catalog, **kw)
+    assert s.graphs_whole_layers and graphed.other_s == 0 < eager.other_s
+    config = recipe_for(s, "megatron").config
+    assert "--moe-pad-expert-input-to-capacity" in config and "--cuda-graph-scope" not in config
+
+
+def test_plan_says_what_the_graphs_leave_out():
+    r = cli_run("plan", "-m", "llama-3.2-1b", "--tokens", "1e9", "--stack", "megatron", "--instances", "p5.48xlarge",
+                "--seq-len", "1024", "--cuda-graphs", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and all(row["estimate"]["setup"]["cuda_graphs"] for row in out["rows"])
+    assert any("--cuda-graphs" in n and "not counted in GiB/GPU" in n for n in out["notes"])

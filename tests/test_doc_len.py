@@ -156,3 +156,21 @@ def test_megatron_splits_each_document_over_the_context_parallel_ranks(catalog):
     out = json.loads(r.stdout)
     assert r.returncode == 0 and any(row["estimate"]["setup"]["cp"] > 1 for row in out["rows"])
     assert not any("context parallelism not searched" in n for n in out["notes"])
+
+
+def test_context_parallel_chunks_of_documents_run_the_kernel_at_their_length(catalog, monkeypatch):
+    """Under --cp the attention kernel runs on a rank's chunk of each document: its efficiency at doc_len / cp; and
+    plan's CP sizes stop where a document no longer splits into 2 x cp chunks."""
+    from trainready.plan import performance, search
+
+    seen = []
+    real = performance.attention_efficiency
+    monkeypatch.setattr(performance, "attention_efficiency",
+                        lambda s, e, peak, length=None: seen.append(min(s.attention_len / s.cp, length or 1e18))
+                        or real(s, e, peak, length))
+    s = setup(catalog, stack="megatron", strategy="zero1", doc_len=4096, cp=4, activation_checkpointing="none")
+    performance.estimate_step(s)
+    assert seen and set(seen) == {1024}
+    assert search._cp_options(s.with_(cp=1, seq_len=65536, doc_len=8), nodes=1) == [1, 2, 4]
+    assert search._cp_options(s.with_(cp=1, seq_len=65536, doc_len=None, stack="torchtitan"), nodes=1) == [1, 2, 4, 8]
+    assert search._cp_options(s.with_(cp=1, seq_len=65536, stack="torchtitan"), nodes=1) == [1]

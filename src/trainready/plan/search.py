@@ -991,6 +991,10 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
                      f"kernels and recompute; for {own_stack[0]}'s own, plan again with --stack {own_stack[0]}")
     if said := qlora_moe_note(model, job.method):
         notes.append(said)
+    if job.cuda_graphs:
+        notes.append("--cuda-graphs: layers captured whole (dense, MoE padded to capacity) launch no kernels from the "
+                     "host; a dropless MoE layer, graphed in part, keeps its launch floor; the graphs' static input and "
+                     "output buffers and memory pool are not counted in GiB/GPU (not known)")
     if job.doc_len:
         notes.append(doc_len_assumption(job.doc_len, seq_len) + (
             f"; context parallelism not searched: over separately masked documents it is modelled on --stack megatron "

@@ -34,6 +34,7 @@ Transformer Engine calls cuDNN's fused attention itself, whatever the torch rele
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -497,27 +498,28 @@ def fp8_param_gather_of(asked: bool | None, stack: Stack, *, strict: bool = True
     return False
 
 
-def _asked_and_modelled(asked: bool | None, stack: Stack, feature: str, refusal: str) -> bool:
+def _asked_and_modelled(asked: bool | None, stack: Stack, feature: str, refusal: Callable[[str], str]) -> bool:
     """Whether the job asked for the stack's `feature` (a Stack field naming how its framework does it): a usage
-    error, `refusal` with {have} the stacks that have it, where this stack's is not modelled (the field is None)."""
+    error, `refusal` of the stacks that have it, where this stack's is not modelled (the field is None)."""
     if not asked:
         return False
     if getattr(stack, feature) is None:
-        raise UsageError(refusal.format(have=", ".join(s.name for s in STACKS.values() if getattr(s, feature))))
+        raise UsageError(refusal(", ".join(s.name for s in STACKS.values() if getattr(s, feature))))
     return True
 
 
 def cuda_graphs_of(asked: bool | None, stack: Stack) -> bool:
     """Whether the layers run as CUDA graphs (Stack.cuda_graphs)."""
-    return _asked_and_modelled(asked, stack, "cuda_graphs", f"--cuda-graphs: stack {stack.name}'s CUDA graphs are not "
-                               "modelled; stacks whose are: {have} (--stack), or --no-cuda-graphs")
+    return _asked_and_modelled(asked, stack, "cuda_graphs", lambda have: (
+        f"--cuda-graphs: stack {stack.name}'s CUDA graphs are not modelled; stacks whose are: {have} (--stack), or "
+        f"--no-cuda-graphs"))
 
 
 def torch_compile_of(asked: bool | None, stack: Stack) -> bool:
     """Whether the model and its loss are compiled (Stack.torch_compile)."""
-    return _asked_and_modelled(asked, stack, "torch_compile", f"--compile: stack {stack.name} has no torch.compile of "
-                               f"the model with its loss ({stack.description}); stacks that have it: {{have}} "
-                               f"(--stack), or --no-compile")
+    return _asked_and_modelled(asked, stack, "torch_compile", lambda have: (
+        f"--compile: stack {stack.name} has no torch.compile of the model with its loss ({stack.description}); "
+        f"stacks that have it: {have} (--stack), or --no-compile"))
 
 
 TITAN_EAGER_TPS, TITAN_COMPILED_TPS = 5762, 6667
