@@ -1,7 +1,8 @@
 """How close is `trainready estimate` to training runs published in 2024-2026, and do they fit?
 
 The development set of issue 24: bench/data/plan_reference/megatron_bridge.csv (NVIDIA NeMo and
-Megatron-Bridge performance summaries) and published_2024_2026.csv (torchtitan benchmarks, torchao,
+Megatron-Bridge performance summaries), dgxc_benchmarking.csv (NVIDIA's DGX Cloud Benchmarking recipes) and
+published_2024_2026.csv (torchtitan benchmarks, torchao,
 NeMo AutoModel, the Llama 3 paper), one published run per row with its source, collected from the
 publications without looking at the planner's figures. For every row the publisher's own layout is
 estimated (GPU, GPU count, TP, PP, virtual stages, CP, EP, micro-batch, global batch, sequence length,
@@ -106,7 +107,7 @@ from trainready.plan.stacks import SDPA_CUDNN_TORCH, get_stack  # noqa: E402
 import plan_accuracy as acc2023  # noqa: E402  (its MoE rows, moe.csv, are 2024-2026 publications too)
 
 DATA = Path(__file__).resolve().parent / "data" / "plan_reference"
-FILES = ("megatron_bridge.csv", "published_2024_2026.csv")
+FILES = ("megatron_bridge.csv", "published_2024_2026.csv", "dgxc_benchmarking.csv")
 _SHIPPED = load_catalog()
 # Meta's benchmark H100s (torchtitan's 2024-12 and 2025-06 tables): "96GB HBM2e with 2.4 TB/sec peak memory
 # bandwidth", the H100 SXM's compute; a part of their own, not in the shipped catalog. Rows whose notes say

@@ -123,7 +123,7 @@ def _said_columns(r: dict[str, str]) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("name", ("published_2024_2026.csv", "megatron_bridge.csv"))
+@pytest.mark.parametrize("name", ("published_2024_2026.csv", "megatron_bridge.csv", "dgxc_benchmarking.csv"))
 def test_the_2024_rows_columns_say_what_their_notes_say(name):
     checked = 0
     for r in rows(name):

@@ -164,7 +164,7 @@ def final_norm_bytes(model: ModelSpec, kernels: str, residual_bytes: int, act_by
 
 
 def loss_bytes_per_token(model: ModelSpec, act_bytes: int, keeps_logits: bool = True,
-                         loss_parallel: bool = False, compiled: bool = False) -> int:
+                         loss_parallel: bool = False, compiled: bool = False, inplace: bool = False) -> int:
     """Peak of the logits and cross-entropy buffers per token, reached as the loss is differentiated:
     the fp32 log-softmax saved for backward and two fp32 gradient buffers (12 bytes x vocab), plus the
     low-precision logits where the train step still holds them (measured on H200 with a Hugging Face
@@ -178,7 +178,13 @@ def loss_bytes_per_token(model: ModelSpec, act_bytes: int, keeps_logits: bool = 
     reductions that keep only per-token statistics, and their backward into one kernel that writes the gradient in
     the logits' dtype. The graph saves the low-precision logits for backward, so the peak is those and their
     gradient: 2 x act_bytes x vocab, counted from what the compiled graph holds (not measured here). Under
-    loss_parallel (DTensor, vocabulary-sharded) the eager figure is kept: not counted for a compiled graph."""
+    loss_parallel (DTensor, vocabulary-sharded) the eager figure is kept: not counted for a compiled graph.
+
+    In place (`inplace`, Stack.inplace_cross_entropy: Megatron-Core's vocabulary-parallel cross entropy): one fp32
+    copy of the logits becomes the softmax and then the gradient, beside the logits in forward or their gradient in
+    backward: act_bytes + 4 x vocab."""
+    if inplace:
+        return (act_bytes + 4) * model.vocab_size
     if compiled and not loss_parallel:
         return 2 * act_bytes * model.vocab_size
     return ((act_bytes if keeps_logits else 0) + (16 if loss_parallel else 12)) * model.vocab_size

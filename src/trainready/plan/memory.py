@@ -279,7 +279,8 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         saved = layers * layer if not m.is_moe else in_flight * stage
     # torch.distributed.pipelining keeps the last stage's output (the logits) until that micro-batch's backward
     keeps_logits = stack.keeps_logits or (s.pp > 1 and stack.torch_pipelining)
-    loss_bytes = loss_bytes_per_token(m, a, keeps_logits, stack.tp_loss_parallel and s.tp > 1, s.compiled)
+    loss_bytes = loss_bytes_per_token(m, a, keeps_logits, stack.tp_loss_parallel and s.tp > 1, s.compiled,
+                                      stack.inplace_cross_entropy)
     # vocabulary-parallel loss with sequence parallelism; without it the logits are gathered on every TP rank
     loss = tokens * (loss_bytes + final_norm_bytes(m, s.kernels, r, a, s.method)) / (s.tp if sp else 1)
     if s.pp > 1:  # the loss lives on the last rank, which holds one micro-batch (interleaved: (v-1) pp + 1 of v)

@@ -182,6 +182,12 @@ class Stack:
     tp_overlap_compiles: bool = False
     """Its TP overlap (--tp-overlap) runs only compiled, so a row with it is compiled with --compile or without
     (torchtitan's CompileConfig: async TP requires compile.enable, whose components default to model and loss)."""
+    inplace_cross_entropy: bool = False
+    """The loss is the framework's vocabulary-parallel cross entropy, which makes one fp32 copy of the logits and turns
+    it into the softmax and then the gradient in place (Megatron-Core tensor_parallel/cross_entropy.py
+    VocabParallelCrossEntropy and fusions/fused_cross_entropy.py: .float(), exp out=, div_, saved; backward -=,
+    mul_ on the saved softmax): its peak is that fp32 buffer beside the logits (forward) or their low-precision
+    gradient (backward), act_bytes + 4 per logit (plan/activations.loss_bytes_per_token); False: torch's."""
     keeps_logits: bool = True
     """The train step holds the model's low-precision logits while the loss is differentiated (Hugging Face
     models return them in their output, which the training loop keeps); False: the loop drops them before
@@ -319,6 +325,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           # fuse_wgrad_accumulation; distributed_data_parallel.py's hook adds the other grads (main_grad.add_)
           wgrad_accumulates=True,
           cp_over_documents=True,  # THD with per-document zigzag CP chunks (Stack.cp_over_documents)
+          inplace_cross_entropy=True,  # VocabParallelCrossEntropy: one fp32 copy, softmax and gradient in place
           # Megatron-LM docs/user-guide/features/cuda_graph.md and arguments.py (--cuda-graph-impl, --cuda-graph-scope
           # at core_v0.16.1): TE make_graphed_callables per layer, the whole layer by default, "not working for MoE
           # dynamic shapes": attn moe_router moe_preprocess there; TransformerConfig refuses full recompute with it
