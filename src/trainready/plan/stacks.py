@@ -187,7 +187,9 @@ class Stack:
     it into the softmax and then the gradient in place (Megatron-Core tensor_parallel/cross_entropy.py
     VocabParallelCrossEntropy and fusions/fused_cross_entropy.py: .float(), exp out=, div_, saved; backward -=,
     mul_ on the saved softmax): its peak is that fp32 buffer beside the logits (forward) or their low-precision
-    gradient (backward), act_bytes + 4 per logit (plan/activations.loss_bytes_per_token); False: torch's."""
+    gradient (backward), act_bytes + 4 per logit (plan/activations.loss_bytes_per_token); False: torch's. It is the
+    path trainready's recipe runs (no --cross-entropy-loss-fusion); NeMo's performance recipes pick Transformer
+    Engine's kernel (cross_entropy_fusion_impl "te"), which writes the gradient into the logits: less, not counted."""
     keeps_logits: bool = True
     """The train step holds the model's low-precision logits while the loss is differentiated (Hugging Face
     models return them in their output, which the training loop keeps); False: the loop drops them before
