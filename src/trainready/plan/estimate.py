@@ -223,13 +223,16 @@ class EstimateResult(BaseModel):
     warnings: list[str]
 
 
+CUDA_GRAPHS_MEMORY = "the graphs' static input and output buffers and memory pool are not counted in {} (not known)"
+"""What --cuda-graphs leaves out of memory, said by the estimate (the memory figure) and by plan (GiB/GPU)."""
+
+
 def cuda_graphs_assumption(s: Setup) -> str:
     """What --cuda-graphs changes in the estimate, and what it leaves out."""
     what = ("every layer replays from its graph: no host launch floor" if s.graphs_whole_layers else
             "attention, router and preprocessing replay from graphs; the dispatch and experts, whose shapes change "
             "every step, stay eager and keep the host launch floor")
-    return (f"CUDA graphs ({get_stack(s.stack).cuda_graphs}): {what}; the graphs' static input and output buffers "
-            f"and memory pool are not counted in the memory figure (not known)")
+    return f"CUDA graphs ({get_stack(s.stack).cuda_graphs}): {what}; {CUDA_GRAPHS_MEMORY.format('the memory figure')}"
 
 
 def doc_len_assumption(doc_len: int, seq_len: int) -> str:
@@ -239,6 +242,7 @@ def doc_len_assumption(doc_len: int, seq_len: int) -> str:
             f"{doc_len:,} tokens; GEMMs, memory and communication at the sequence's. Documents assumed all "
             f"{doc_len:,} long: a spread of lengths costs more attention (the mean of the squared lengths over the "
             f"mean length)")
+
 
 def _price(s: Setup, model: str) -> Price | None:
     if s.instance is None:

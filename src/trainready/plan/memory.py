@@ -35,7 +35,7 @@ from .attention import attention_path
 from .model_spec import ModelSpec
 from .recompute import DEFAULT_MODULES, freed_per_token
 from .setup import MIXED, Setup, in_flight_micro_batches, pipeline_ranks
-from .stacks import get_stack, gradient_element_bytes
+from .stacks import get_stack
 
 GiB = 1024**3
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized block constants (QLoRA paper)
@@ -157,7 +157,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     pure = s.optimizer_dtype == "bf16"
     mixed = s.precision in MIXED
     w_b, o_b = (2, 4) if pure else (4, 8)  # master/param, Adam states
-    g_b = gradient_element_bytes(s.stack, s.reduce_dtype, pure)  # a bf16 buffer beside fp32 masters where kept so
+    g_b = s.gradient_bytes  # a bf16 buffer beside fp32 masters where the stack keeps one
     working = 2.0 * pc.local if (mixed and not pure and not z3) else 0.0
     shard_opt = dp if s.strategy != "ddp" else 1
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1

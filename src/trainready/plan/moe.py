@@ -53,7 +53,7 @@ from . import efficiency as eff
 from .activations import mlp_bytes_per_token, op_sac_bytes_per_token, op_sac_matmuls
 from .model_spec import ModelSpec
 from .setup import Setup, pipeline_ranks
-from .stacks import get_stack, gradient_element_bytes
+from .stacks import get_stack
 
 PERMUTE_BYTES_PER_ROW = 16
 """HBM bytes per routed row and hidden unit (bf16) of token permutation and the weighted combine:
@@ -318,8 +318,8 @@ def wgrad_bytes(s: Setup) -> float:
     gradient buffer in its epilogue (Stack.wgrad_accumulates, full training, an unsharded buffer) a read and a write
     of the buffer's element every micro-batch (8 in fp32, 4 under a bf16 buffer); else the gradient written in the
     compute dtype (accumulation, if any, is a separate pass: performance.estimate_step)."""
-    if get_stack(s.stack).wgrad_accumulates and s.method == "full" and s.strategy not in ("zero2", "zero3"):
-        return 2.0 * gradient_element_bytes(s.stack, s.reduce_dtype, s.optimizer_dtype == "bf16")
+    if s.wgrad_in_place:
+        return 2.0 * s.gradient_bytes
     return 4.0 if s.precision == "fp32" else 2.0
 
 

@@ -29,7 +29,7 @@ from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
 from .recompute import norm_modules, up_proj_params
 from .setup import Setup
-from .stacks import get_stack, gradient_element_bytes
+from .stacks import get_stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,9 +695,8 @@ def estimate_step(s: Setup, efficiency: eff.ArchEfficiency | None = None) -> Ste
     # element, 12 bytes in fp32); where the weight-gradient GEMMs accumulate into the unsharded buffer in place
     # (Stack.wgrad_accumulates) only the input embedding table's gradients are added, the largest unit the GEMMs
     # leave out (norms and routers: too few to count)
-    in_place = full and g_shard == 1 and get_stack(s.stack).wgrad_accumulates
-    adds = pc.largest_embedding if in_place else train_n(g_shard) / g_shard
-    elem = gradient_element_bytes(s.stack, s.reduce_dtype, s.optimizer_dtype == "bf16") if full else 4
+    adds = pc.largest_embedding if s.wgrad_in_place else train_n(g_shard) / g_shard
+    elem = s.gradient_bytes if full else 4
     accum_adds = (s.grad_accum - 1) * adds * 3 * elem / hbm
     offload_s = 0.0
     if s.offload != "none":

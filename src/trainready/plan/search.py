@@ -20,7 +20,7 @@ from .calibration_file import CalibrationFile, check_stack, efficiency_for
 from .confidence import is_assumed, ranking_tokens_per_s
 from .dispatch import deepep_reason, dispatch_note, ep_spans_nodes
 from .efficiency import POWER_PAIRS
-from .estimate import EstimateResult, assemble, doc_len_assumption, on_its_framework, run_cost
+from .estimate import CUDA_GRAPHS_MEMORY, EstimateResult, assemble, doc_len_assumption, on_its_framework, run_cost
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
@@ -993,8 +993,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         notes.append(said)
     if job.cuda_graphs:
         notes.append("--cuda-graphs: layers captured whole (dense, MoE padded to capacity) launch no kernels from the "
-                     "host; a dropless MoE layer, graphed in part, keeps its launch floor; the graphs' static input and "
-                     "output buffers and memory pool are not counted in GiB/GPU (not known)")
+                     "host; a dropless MoE layer, graphed in part, keeps its launch floor; "
+                     + CUDA_GRAPHS_MEMORY.format("GiB/GPU"))
     if job.doc_len:
         notes.append(doc_len_assumption(job.doc_len, seq_len) + (
             f"; context parallelism not searched: over separately masked documents it is modelled on --stack megatron "

@@ -139,6 +139,22 @@ class Setup:
         return self.strategy == "zero3" and self.pp > 1 and get_stack(self.stack).pp_gathers_stage
 
     @property
+    def gradient_bytes(self) -> int:
+        """Bytes of one element of full training's gradients as the framework keeps them between micro-batches: 2 in
+        pure bf16, or where the stack keeps them in the reduce dtype and that is bf16 (Stack.grads_in_reduce_dtype:
+        Megatron's --grad-reduce-in-bf16 buffer); else fp32."""
+        bf16 = self.optimizer_dtype == "bf16" or (self.reduce_dtype == "bf16"
+                                                  and get_stack(self.stack).grads_in_reduce_dtype)
+        return 2 if bf16 else 4
+
+    @property
+    def wgrad_in_place(self) -> bool:
+        """Full training whose weight-gradient GEMMs add into the unsharded gradient buffer themselves
+        (Stack.wgrad_accumulates); ZeRO-2/3 shard that buffer, so their gradients are added in a pass of their own."""
+        return (self.method == "full" and self.strategy not in ("zero2", "zero3")
+                and get_stack(self.stack).wgrad_accumulates)
+
+    @property
     def graphs_whole_layers(self) -> bool:
         """CUDA graphs capture every layer whole: dense, or MoE padded to capacity (static shapes); a dropless MoE
         layer's dispatch and experts stay eager (Megatron graphs attention, router and preprocessing there)."""

@@ -387,15 +387,6 @@ DEFAULT_STACK = "hf-trainer"
 defaults before stacks existed)."""
 
 
-def gradient_element_bytes(stack: str | None, reduce_dtype: str, pure_bf16: bool) -> int:
-    """Bytes of one element of full training's gradients as the framework keeps them between micro-batches: 2 in
-    pure bf16, or where the stack keeps them in the reduce dtype and that is bf16 (Stack.grads_in_reduce_dtype:
-    Megatron's --grad-reduce-in-bf16 buffer); else fp32."""
-    if pure_bf16 or (reduce_dtype == "bf16" and get_stack(stack).grads_in_reduce_dtype):
-        return 2
-    return 4
-
-
 def get_stack(name: str | None) -> Stack:
     """The preset `name` (None: the default), or a usage error naming the nearest ones."""
     if name is None:
