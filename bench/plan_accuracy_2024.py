@@ -1,7 +1,8 @@
 """How close is `trainready estimate` to training runs published in 2024-2026, and do they fit?
 
 The development set of issue 24: bench/data/plan_reference/megatron_bridge.csv (NVIDIA NeMo and
-Megatron-Bridge performance summaries), dgxc_benchmarking.csv (NVIDIA's DGX Cloud Benchmarking recipes) and
+Megatron-Bridge performance summaries), dgxc_benchmarking.csv (NVIDIA's DGX Cloud Benchmarking recipes, v25.01.1 to
+v25.05.05) and
 published_2024_2026.csv (torchtitan benchmarks, torchao,
 NeMo AutoModel, the Llama 3 paper), one published run per row with its source, collected from the
 publications without looking at the planner's figures. For every row the publisher's own layout is
@@ -21,6 +22,12 @@ left out (decided before any GB200 row was compared); a run that offloads activa
 (Megatron's activation CPU offloading, MoE paged stash) is left out (added after the first comparison put
 two GB200 rows at 389 and 212 GiB on 185 GiB cards: their recipes turn those offloads on). Rows left out
 are listed with the reason.
+
+Each configuration counts once (added 2026-12-07, when the DGX Cloud recipes' older tags brought 5-7 GPU counts of
+each layout, fixed before their errors were seen): a row whose estimate inputs, less the GPU count, the data-parallel
+size, the global batch and the network, repeat a row of the same file at fewer GPUs (or at as many, earlier in the
+file) is a repeat: printed on a line of its own, left out of the accuracy targets, kept in the fit and memory-record
+checks (every run that ran must fit) and in the track record.
 
 Attention kernel: where a row's attention went through torch's SDPA (torchtitan, torchao, Hugging Face
 stacks) on a torch release the source names and that release predates cuDNN as SDPA's choice on
@@ -70,8 +77,8 @@ h100-96gb-hbm2e: 2.4 TB/s, 96 GB, the H100 SXM's compute), as torchtitan's bench
 MoE rows of both benches (added 2026-12-07, when seven Qwen3-30B-A3B rows on B200 joined this set, collected by a
 helper before the planner saw them, and read -5..+14% while moe.csv's ten read 31% median): issue 24's MoE target
 and the fit target count moe.csv's rows too (NeMo AutoModel, Megatron-Bridge and Megatron-MoE-ModelZoo runs
-published 2025-2026, estimated by bench/plan_accuracy.py's MoE rule); the "MoE" line is this set's rows alone, six
-of whose twelve are one source's scaling runs of one config (NousResearch's DeepEP fork of torchtitan, 1-16 nodes).
+published 2025-2026, estimated by bench/plan_accuracy.py's MoE rule); the "MoE" line is this set's rows alone (the
+DeepEP fork's 1-16 node runs of one local batch count once since the configuration rule above).
 
 Targets (issue 24): dense median <= 5%, p90 <= 12%; MoE median <= 10%, p90 <= 20%; every published run fits.
 
@@ -262,18 +269,42 @@ def line(label: str, res: list[dict]) -> str:
             f"{signed:+5.1f}%  fit {fits}/{len(res)} (within the {GPU_MARGIN:.0%} margin {margin})  (n={len(errs)})")
 
 
-def evaluated() -> tuple[list[dict], list[dict]]:
-    """(estimated, left out) for every row the files include, each as `evaluate` gives it (its file in
-    row["_file"])."""
-    results, left_out = [], []
+# What a row measures but does not choose, and what grows with its GPU count: a configuration is everything else
+_NOT_CONFIGURATION = {"id", "included", "exclusion", "framework", "tok_s_gpu", "step_time_s", "tflops_gpu",
+                      "peak_mem_gib", "mem_kind", "unknowns", "notes", "source", "_file",
+                      "num_gpus", "dp", "global_batch", "inter_node_gbps"}
+
+
+def configuration(r: dict[str, str]) -> tuple:
+    """A row's configuration: its estimate inputs less the GPU count and what scales with it (data-parallel size,
+    global batch, network)."""
+    return (r["_file"], *sorted((k, v) for k, v in r.items() if k not in _NOT_CONFIGURATION))
+
+
+def evaluated_all() -> tuple[list[dict], list[dict], list[dict]]:
+    """(counted, repeats, left out) for every row the files include, each as `evaluate` gives it (its file in
+    row["_file"]). Each configuration counts once, at the fewest GPUs its file publishes (the first such row on a
+    tie); the same configuration at more GPUs, or measured again, is a repeat (its `repeat_of` names the row that
+    counts): a weak-scaling series is one configuration, not one row per count."""
+    counted, repeats, left_out, first = [], [], [], {}
     for name in FILES:
-        for r in csv.DictReader((DATA / name).open(newline="")):
-            if r["included"] != "yes":
-                continue
-            r["_file"] = name
+        rows = [dict(r, _file=name) for r in csv.DictReader((DATA / name).open(newline="")) if r["included"] == "yes"]
+        for r in sorted(rows, key=lambda r: int(r["num_gpus"])):  # stable: file order among equal counts
             res = evaluate(r)
-            (left_out if "why_not" in res else results).append(res)
-    return results, left_out
+            if "why_not" in res:
+                left_out.append(res)
+            elif configuration(r) in first:
+                repeats.append(dict(res, repeat_of=first[configuration(r)]))
+            else:
+                first[configuration(r)] = r["id"]
+                counted.append(res)
+    return counted, repeats, left_out
+
+
+def evaluated() -> tuple[list[dict], list[dict]]:
+    """(counted, left out): `evaluated_all` without the repeats."""
+    counted, _, left_out = evaluated_all()
+    return counted, left_out
 
 
 def _record_warns(setup) -> bool:
@@ -312,7 +343,7 @@ def main() -> None:
     args = ap.parse_args()
     print(__doc__.split("Usage:")[0].strip())
     print()
-    results, left_out = evaluated()
+    results, repeats, left_out = evaluated_all()
     dense = [x for x in results if not x["setup"].model.is_moe]
     moe = [x for x in results if x["setup"].model.is_moe]
     print("Tokens/s/GPU and fit, per source")
@@ -336,19 +367,26 @@ def main() -> None:
             med, hi = statistics.median(e), p90(e)
             print(f"  target {label:6s} median {med:5.1f}% <= {t_med:g}% {'PASS' if med <= t_med else 'MISS'}   "
                   f"p90 {hi:5.1f}% <= {t_p90:g}% {'PASS' if hi <= t_p90 else 'MISS'}")
-    counted = results + moe_csv
+    if repeats:
+        e = errs(repeats)
+        print(f"  not counted: {len(repeats)} repeats of a counted configuration (more GPUs, or measured again): "
+              f"median {statistics.median(e):.1f}%  p90 {p90(e):.1f}%  signed median "
+              f"{statistics.median(x['signed'] for x in repeats):+.1f}%")
+    counted = results + repeats + moe_csv  # every run that ran must fit, repeats too
     unfit = [x for x in counted if x["peak_gib"] > x["gpu_gib"]]
     print(f"  target fit: {len(counted) - len(unfit)} of {len(counted)} published runs fit by the memory model "
           f"{'PASS' if not unfit else 'MISS'}")
-    print("\nPeak memory against the published peaks (torch's max reserved or allocated, as the source reports)")
+    print("\nPeak memory against the published peaks (torch's max reserved or allocated, as the source reports; "
+          "every run, repeats too:\nsharded state shrinks as the GPU count grows)")
+    ran_all = results + repeats
     for name in FILES:
-        sel = [x for x in results if x["row"]["_file"] == name and "mem_signed" in x]
+        sel = [x for x in ran_all if x["row"]["_file"] == name and "mem_signed" in x]
         if sel:
             e = [abs(x["mem_signed"]) for x in sel]
             print(f"  {name:34s} median {statistics.median(e):5.1f}%  p90 {p90(e):5.1f}%  signed median "
                   f"{statistics.median(x['mem_signed'] for x in sel):+5.1f}%  worst "
                   f"{max(sel, key=lambda x: abs(x['mem_signed']))['mem_signed']:+5.1f}%  (n={len(sel)})")
-    for x in sorted((x for x in results if "mem_signed" in x), key=lambda x: -abs(x["mem_signed"])):
+    for x in sorted((x for x in ran_all if "mem_signed" in x), key=lambda x: -abs(x["mem_signed"])):
         print(f"    {x['mem_signed']:+6.1f}%  published {float(x['row']['peak_mem_gib']):6.1f} GiB "
               f"{x['row']['mem_kind']:9s} {x['row']['id']}")
     print("\nThe memory record (plan/memory_record.py): a warning where, scaled by the median ratio of the published "
@@ -367,7 +405,7 @@ def main() -> None:
     for x in unfit:
         r = x["row"]
         print(f"    {x['peak_gib']:6.1f} > {x['gpu_gib']:6.1f} GiB  {r['id']}  (published peak: {r['peak_mem_gib'] or '-'})")
-    rows = sorted(results, key=lambda x: -x.get("err", 0))
+    rows = sorted(results + (repeats if args.rows else []), key=lambda x: -x.get("err", 0))
     print(f"\n{'Every row' if args.rows else 'Worst 15 rows'} (signed error: + = the planner is optimistic):")
     for x in rows if args.rows else rows[:15]:
         r, s = x["row"], x["setup"]
@@ -377,7 +415,8 @@ def main() -> None:
               f"{x['gpu_gib']:.0f}  {r['id']}: {r['model']} {s.n_gpus}x{s.gpu.name} tp{s.tp} pp{s.pp}"
               f"{'x' + str(s.pp_virtual) if s.pp_virtual > 1 else ''} cp{s.cp} ep{s.ep} mb{s.micro_batch} "
               f"gb{s.global_batch} s{s.seq_len} {r['precision']} {s.checkpointing} {s.stack}"
-              + ("" if s.attention_kernel == "sdpa" else f" attention {s.attention_kernel}"))
+              + ("" if s.attention_kernel == "sdpa" else f" attention {s.attention_kernel}")
+              + (f" (repeat of {x['repeat_of']}, not counted)" if "repeat_of" in x else ""))
     print(f"\nLeft out ({len(left_out)}: included in the file, but the planner cannot express them):")
     for x in left_out:
         print(f"    {x['row']['id']}: {x['why_not']}")

@@ -142,3 +142,26 @@ def test_a_negated_or_missing_phrase_is_not_read_as_forced_balance():
                          ("benchmarks force-balance tokens", True),
                          ("not forced-balanced", False), ("no forced balance", False), ("", False)):
         assert _said_columns({**base, "notes": note})["load_imbalance"] == ("1.0" if forced else ""), note
+
+
+def test_each_configuration_counts_once_at_its_fewest_gpus():
+    """bench/plan_accuracy_2024.py: a weak-scaling series, or a later release's re-measurement, of one layout is one
+    configuration: the row at the fewest GPUs counts, the others are repeats that name it; any other input makes a
+    configuration of its own."""
+    from bench_modules import bench_module
+
+    b = bench_module("plan_accuracy_2024")
+    read = {r["id"]: dict(r, _file=name) for name in b.FILES
+            for r in csv.DictReader((b.DATA / name).open(newline=""))}
+    small, large = read["dgxc2505-nemotron4-15b-h100-fp8-16"], read["dgxc2504-nemotron4-15b-h100-fp8-2048"]
+    assert b.configuration(small) == b.configuration(large)
+    assert b.configuration(small) != b.configuration(dict(small, micro_batch="1"))
+    assert b.configuration(small) != b.configuration(dict(small, _file="other.csv"))
+    counted, repeats, _ = b.evaluated_all()
+    ids = {x["row"]["id"] for x in counted}
+    of = {x["row"]["id"]: x["repeat_of"] for x in repeats}
+    assert small["id"] in ids and large["id"] not in ids and of[large["id"]] == small["id"]
+    assert of["titan24-8b-fsdp128-compile"] == "titan24-8b-fsdp8-compile"
+    assert not ids & set(of)
+    for x in repeats:  # a repeat runs on at least as many GPUs as the row it repeats
+        assert int(x["row"]["num_gpus"]) >= int(read[x["repeat_of"]]["num_gpus"])
