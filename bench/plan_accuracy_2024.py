@@ -24,10 +24,10 @@ two GB200 rows at 389 and 212 GiB on 185 GiB cards: their recipes turn those off
 are listed with the reason.
 
 Each configuration counts once (added 2026-12-07, when the DGX Cloud recipes' older tags brought 5-7 GPU counts of
-each layout, fixed before their errors were seen): a row whose estimate inputs, less the GPU count, the data-parallel
-size, the global batch and the network, repeat a row of the same file at fewer GPUs (or at as many, earlier in the
-file) is a repeat: printed on a line of its own, left out of the accuracy targets, kept in the fit and memory-record
-checks (every run that ran must fit) and in the track record.
+each layout, fixed before their errors were seen): a row whose estimate inputs (`job_of`), less the GPU count and
+what scales with it (global batch, network) but with the micro-batches per step, repeat a row of the same file at
+fewer GPUs (or at as many, earlier in the file) is a repeat: printed on a line of its own, left out of the accuracy
+targets and the track record, kept in the fit and memory-record checks (every run that ran must fit).
 
 Attention kernel: where a row's attention went through torch's SDPA (torchtitan, torchao, Hugging Face
 stacks) on a torch release the source names and that release predates cuDNN as SDPA's choice on
@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -269,16 +270,17 @@ def line(label: str, res: list[dict]) -> str:
             f"{signed:+5.1f}%  fit {fits}/{len(res)} (within the {GPU_MARGIN:.0%} margin {margin})  (n={len(errs)})")
 
 
-# What a row measures but does not choose, and what grows with its GPU count: a configuration is everything else
-_NOT_CONFIGURATION = {"id", "included", "exclusion", "framework", "tok_s_gpu", "step_time_s", "tflops_gpu",
-                      "peak_mem_gib", "mem_kind", "unknowns", "notes", "source", "_file",
-                      "num_gpus", "dp", "global_batch", "inter_node_gbps"}
+_SCALE_INPUTS = {"gpus", "gpus_per_node", "global_batch", "inter_node_gbps"}  # what grows with the GPU count
 
 
-def configuration(r: dict[str, str]) -> tuple:
-    """A row's configuration: its estimate inputs less the GPU count and what scales with it (data-parallel size,
-    global batch, network)."""
-    return (r["_file"], *sorted((k, v) for k, v in r.items() if k not in _NOT_CONFIGURATION))
+def configuration(r: dict[str, str]) -> str:
+    """A row's configuration: the estimate's inputs (`job_of`; a UsageError where it has none) less the GPU count and
+    what scales with it (GPUs per node below one node, global batch, network), with the micro-batches per step in
+    their place (the pipeline's bubble depends on them), and the row's file."""
+    job = job_of(r)
+    dp = job.gpus // (job.tp * job.pp * job.cp)
+    inputs = job.model_dump(exclude=_SCALE_INPUTS)
+    return json.dumps([r["_file"], inputs, job.global_batch // (dp * job.micro_batch)], sort_keys=True, default=str)
 
 
 def evaluated_all() -> tuple[list[dict], list[dict], list[dict]]:
@@ -293,10 +295,12 @@ def evaluated_all() -> tuple[list[dict], list[dict], list[dict]]:
             res = evaluate(r)
             if "why_not" in res:
                 left_out.append(res)
-            elif configuration(r) in first:
-                repeats.append(dict(res, repeat_of=first[configuration(r)]))
+                continue
+            key = configuration(r)
+            if key in first:
+                repeats.append(dict(res, repeat_of=first[key]))
             else:
-                first[configuration(r)] = r["id"]
+                first[key] = r["id"]
                 counted.append(res)
     return counted, repeats, left_out
 

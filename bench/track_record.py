@@ -69,8 +69,7 @@ def records() -> list[RecordRow]:
                         estimate_step(setup).tokens_per_s / setup.n_gpus, row.tok_s_gpu, _memory_2023(row, setup)))
     for r, pred, setup in acc2023.counted_moe(read(d / "moe.csv")):  # the MoE rule's rows that it can estimate
         out.append(_row(r["id"], "moe.csv", setup, pred, float(r["tok_s_gpu"])))
-    counted, repeats, _ = acc2024.evaluated_all()
-    for res in counted + repeats:  # every run: a repeat of a configuration at another scale is evidence too
+    for res in acc2024.evaluated()[0]:  # each configuration once, as the bench counts them
         if "err" in res:
             memory = (res["mem_signed"], res["mem_ratio"]) if "mem_signed" in res else None
             out.append(_row(res["row"]["id"], res["row"]["_file"], res["setup"], res["pred"], res["meas"], memory))

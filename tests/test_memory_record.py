@@ -47,7 +47,8 @@ def test_runs_that_ran_out_of_memory_are_warned_and_runs_that_ran_are_not():
 
 def test_the_record_never_crosses_a_stack_or_a_dispatcher():
     deepep = mr.memory_record(resolve(JobSpec(**NOUS, micro_batch=8, global_batch=1024), CATALOG))
-    assert deepep is not None and deepep.runs == 6 and deepep.few and "DeepEP" in deepep.regime
+    # its 1-16 node runs of local batch 8 are one configuration, counted once (bench/plan_accuracy_2024.py)
+    assert deepep is not None and deepep.runs == 2 and deepep.few and "DeepEP" in deepep.regime
     assert deepep.signed_median_pct < -50 and deepep.transient_over_model > 3
     # the same model on all-to-all dispatch, or under Megatron: none of those peaks, so none quoted
     for kw in (dict(ep_dispatcher="alltoall"), dict(stack="megatron", torch_compile=False)):
