@@ -234,13 +234,14 @@ def job_of(r: dict[str, str]) -> JobSpec:
 def evaluate(r: dict[str, str]) -> dict:
     out = {"row": r}
     try:
-        setup = resolve(job_of(r), CATALOG)
+        job = job_of(r)
+        setup = resolve(job, CATALOG)
         step = estimate_step(setup)
         mem = estimate_memory(setup)
     except (UsageError, ValueError) as exc:
         out["why_not"] = str(exc).splitlines()[0][:120]
         return out
-    out["setup"] = setup
+    out["job"], out["setup"] = job, setup
     out["pred"] = step.tokens_per_s / setup.n_gpus
     out["peak_gib"] = mem.peak / GiB
     if r["peak_mem_gib"]:  # the published peak, compared with the same quantity the source reports
@@ -273,14 +274,12 @@ def line(label: str, res: list[dict]) -> str:
 _SCALE_INPUTS = {"gpus", "gpus_per_node", "global_batch", "inter_node_gbps"}  # what grows with the GPU count
 
 
-def configuration(r: dict[str, str]) -> str:
-    """A row's configuration: the estimate's inputs (`job_of`; a UsageError where it has none) less the GPU count and
-    what scales with it (GPUs per node below one node, global batch, network), with the micro-batches per step in
-    their place (the pipeline's bubble depends on them), and the row's file."""
-    job = job_of(r)
-    dp = job.gpus // (job.tp * job.pp * job.cp)
-    inputs = job.model_dump(exclude=_SCALE_INPUTS)
-    return json.dumps([r["_file"], inputs, job.global_batch // (dp * job.micro_batch)], sort_keys=True, default=str)
+def configuration(res: dict) -> str:
+    """An estimated row's configuration (`evaluate`'s result): the estimate's inputs less the GPU count and what
+    scales with it (GPUs per node below one node, global batch, network), with the micro-batches per step in their
+    place (the pipeline's bubble depends on them), and the row's file."""
+    inputs = res["job"].model_dump(exclude=_SCALE_INPUTS)
+    return json.dumps([res["row"]["_file"], inputs, res["setup"].grad_accum], sort_keys=True, default=str)
 
 
 def evaluated_all() -> tuple[list[dict], list[dict], list[dict]]:
@@ -296,7 +295,7 @@ def evaluated_all() -> tuple[list[dict], list[dict], list[dict]]:
             if "why_not" in res:
                 left_out.append(res)
                 continue
-            key = configuration(r)
+            key = configuration(res)
             if key in first:
                 repeats.append(dict(res, repeat_of=first[key]))
             else:
@@ -376,13 +375,13 @@ def main() -> None:
         print(f"  not counted: {len(repeats)} repeats of a counted configuration (more GPUs, or measured again): "
               f"median {statistics.median(e):.1f}%  p90 {p90(e):.1f}%  signed median "
               f"{statistics.median(x['signed'] for x in repeats):+.1f}%")
-    counted = results + repeats + moe_csv  # every run that ran must fit, repeats too
-    unfit = [x for x in counted if x["peak_gib"] > x["gpu_gib"]]
-    print(f"  target fit: {len(counted) - len(unfit)} of {len(counted)} published runs fit by the memory model "
+    ran_all = results + repeats  # every run that ran must fit, repeats too
+    every_run = ran_all + moe_csv
+    unfit = [x for x in every_run if x["peak_gib"] > x["gpu_gib"]]
+    print(f"  target fit: {len(every_run) - len(unfit)} of {len(every_run)} published runs fit by the memory model "
           f"{'PASS' if not unfit else 'MISS'}")
     print("\nPeak memory against the published peaks (torch's max reserved or allocated, as the source reports; "
           "every run, repeats too:\nsharded state shrinks as the GPU count grows)")
-    ran_all = results + repeats
     for name in FILES:
         sel = [x for x in ran_all if x["row"]["_file"] == name and "mem_signed" in x]
         if sel:
@@ -396,8 +395,8 @@ def main() -> None:
     print("\nThe memory record (plan/memory_record.py): a warning where, scaled by the median ratio of the published "
           "peaks of runs\nlike it, a setup's peak would exceed the card; never on a run that ran, always on one that "
           "ran out of memory (known_oom.csv)")
-    ran = [x for x in counted if _record_warns(x["setup"])]
-    print(f"  runs that ran, warned: {len(ran)} of {len(counted)} (target 0)"
+    ran = [x for x in every_run if _record_warns(x["setup"])]
+    print(f"  runs that ran, warned: {len(ran)} of {len(every_run)} (target 0)"
           + "".join(f"\n    {x['row']['id']}" for x in ran))
     for x in known_oom():
         said = ("said not to fit" if x["peak_gib"] > x["gpu_gib"] else
