@@ -39,8 +39,10 @@ column (a build named by commit is read as its release line: 1963fc8 of 2024-12 
 What a source states in prose that the estimate takes as an input is a column of its own (added 2026-12-07; until
 then the bench read it from the notes with patterns, and a review found a phrase the pattern missed): `torch`,
 `power_limit_w`, `host_offload`, `load_imbalance`, `expert_routing`, `ep_dispatcher`, `fp8_param_gather`, and a
-`gpu` of `h100-96gb-hbm2e` for Meta's parts. The notes keep the words the value was read from, and
-tests/test_plan_reference.py fails where a note says one thing and the column another.
+`gpu` of `h100-96gb-hbm2e` for Meta's parts; and, with `--lora-targets` (2026-12-07), `lora_rank` and
+`lora_targets`: the recipe's LoRA dim and target modules, estimated with `--lora-rank` and `--lora-targets`. The
+notes keep the words the value was read from, and tests/test_plan_reference.py fails where a note says one thing and
+the column another.
 
 torch.compile (the `compile` column, from the row's framework release): "model+loss" rows (torchtitan from PR
 #1033, 2025-04, which compiles the loss with the model) are estimated with `--compile`; "model" rows (earlier
@@ -198,6 +200,10 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["pp_local_batch"] = int(r["pp_local_batch"])
     if r["etp"]:
         kw["etp"] = int(r["etp"])
+    if r["lora_rank"]:  # the recipe's LoRA dim
+        kw["lora_rank"] = int(r["lora_rank"])
+    if r["lora_targets"]:  # the recipe's target modules (Megatron's linear_qkv, PEFT's q_proj, ..., all-linear)
+        kw["lora_targets"] = r["lora_targets"].split(",")
     stack = r["stack"] if r["stack"] in ("megatron", "torchtitan", "deepspeed", "automodel") else None
     if stack:
         kw["stack"] = stack

@@ -123,7 +123,8 @@ def test_help_text_in_brackets_is_shown_as_written():
     # typer reads help as Rich markup: "[default: ...]" written in our help text vanished
     words = " ".join(trainready("estimate", "-h").stdout.replace("│", " ").split())
     assert "Sequence length. [default: the model's context, at most 4096]" in words
-    assert "LoRA rank (adapters on every linear layer). [default: 16]" in words
+    assert "LoRA rank. [default: 16]" in words
+    assert "attention, mlp, all-linear. [default: all-linear]" in words
 
 
 def test_help_long_and_short_are_the_same():

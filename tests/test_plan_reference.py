@@ -108,6 +108,10 @@ def _said_columns(r: dict[str, str]) -> dict[str, str]:
     offload = re.search(r"cpu_offloading_num_layers|moe_paged_stash", r["notes"])
     release = re.search(r"torch (2\.\d+)", f"{r['source']} {r['notes']}")
     build = re.search(r"torch ([0-9a-f]{7,})", f"{r['source']} {r['notes']}")
+    peft = r.get("method") in ("lora", "qlora")
+    rank = re.search(r"LoRA dim (?:\(rank\) )?(\d+)|dim \(rank\) (\d+)|--lora_r (\d+)", r["notes"]) if peft else None
+    named = re.search(r"target_modules(?: = | )\['linear_qkv'\]|--lora_target_modules ([a-z_,]*[a-z])"
+                      r"|all linear layers", r["notes"]) if peft else None
     gather = ("yes" if fp8 and any(k in told for k in ("with float8 all-gather", "fsdp float8 all-gather",
                                                        "(f8 all-gather)"))
               else "no" if fp8 and "bfloat16 all-gather" in told else "")
@@ -118,6 +122,9 @@ def _said_columns(r: dict[str, str]) -> dict[str, str]:
         "expert_routing": "contiguous" if "fake_balanced_gate" in said else "",
         "ep_dispatcher": "deepep" if int(r["ep"] or 1) > 1 and ("deepep" in said or "hybridep" in said) else "",
         "fp8_param_gather": gather,
+        "lora_rank": next(g for g in rank.groups() if g) if rank else "",
+        "lora_targets": ("" if not named else named.group(1) or ("all-linear" if "all linear" in named.group(0)
+                                                                 else "linear_qkv")),
         "torch": release.group(1) if release else _TORCH_BUILDS.get(build.group(1), "") if build else "",
         "gpu": "h100-96gb-hbm2e" if "96GB HBM2e" in r["notes"] else r["gpu"],
     }

@@ -193,7 +193,8 @@ ModelName = Annotated[Optional[str], typer.Option("--model", "-m", help="Model p
 ModelConfig = Annotated[Optional[Path], typer.Option("--model-config", help="Hugging Face config.json, read offline.", rich_help_panel=MODEL)]
 Params = Annotated[Optional[float], typer.Option("--params", parser=number_for(JobSpec, "params", "13e9"), help="Generic dense decoder of this many parameters, e.g. 13e9.", rich_help_panel=MODEL)]
 MethodOpt = Annotated[Optional[Method], typer.Option("--method", help="Full fine-tuning/pre-training, LoRA or QLoRA.", rich_help_panel=MODEL)]
-LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", parser=number_for(JobSpec, "lora_rank", "16"), help="LoRA rank (adapters on every linear layer). [default: 16]", rich_help_panel=MODEL)]
+LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", parser=number_for(JobSpec, "lora_rank", "16"), help="LoRA rank. [default: 16]", rich_help_panel=MODEL)]
+LoraTargets = Annotated[Optional[str], typer.Option("--lora-targets", metavar="NAMES", help="The linear layers LoRA adapts, comma-separated: q, k, v, o, gate, up, down (latent attention: q_a, q_b, kv_a, kv_b), Hugging Face PEFT names (q_proj, v_proj, ...), Megatron names (linear_qkv, linear_proj, linear_fc1, linear_fc2) or attention, mlp, all-linear. [default: all-linear]", rich_help_panel=MODEL)]
 Tokens = Annotated[Optional[float], typer.Option("--tokens", parser=number_for(JobSpec, "tokens", "2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
 SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number_for(JobSpec, "seq_len", "4096"), help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
 DocLen = Annotated[Optional[int], typer.Option("--doc-len", metavar="TOKENS", parser=number_for(JobSpec, "doc_len", "1024"), help="Packed sequences whose attention is masked to each document (FlashAttention varlen, FlexAttention block-causal, TE THD): the documents' mean length. Attention's FLOPs and kernel follow it; all else the sequence. [default: attention spans the whole sequence]", rich_help_panel=PAR)]
@@ -226,7 +227,8 @@ CalibrationRef = Annotated[Optional[str], typer.Option("--calibration", metavar=
 
 
 def module_list(text: str | None) -> list[str] | None:
-    """`--recompute-modules mla_up_proj,mlp` (commas or spaces) as a list; None when not given."""
+    """`--recompute-modules mla_up_proj,mlp` or `--lora-targets q_proj,v_proj` (commas or spaces) as a list; None
+    when not given."""
     if text is None:
         return None
     return [w for w in text.replace(",", " ").split() if w]
@@ -286,6 +288,9 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
     # the file's local batch belonged to its pipeline and stack: a different --pp or --stack here drops it
     if any(k in given and given[k] != base.get(k) for k in ("pp", "stack")) and "pp_local_batch" not in given:
         base.pop("pp_local_batch", None)
+    # the file's LoRA targets mean nothing for full training: --method full here drops them
+    if given.get("method") == "full":
+        base.pop("lora_targets", None)
     # the file's module list belonged to the file's stack and checkpointing: kept where those are restated unchanged
     if any(k in given and given[k] != base.get(k) for k in ("stack", "activation_checkpointing")):
         base.pop("recompute_modules", None)

@@ -101,7 +101,8 @@ def _setup_line(e: EstimateResult) -> str:
         par += " (TP communication overlapped)" if s.tp_overlap else ""
     if s.ep > 1 or s.etp != s.tp:
         par += f", ep {s.ep} x etp {s.etp}" + s.dispatch_text()
-    method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "")
+    method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "") + (f" on {', '.join(s.lora_targets)}"
+                                                                         if s.lora_targets else "")
     return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len}"
             + (f" (documents of {s.doc_len}, masked apart)" if s.doc_len else "") + f" | {s.precision}"

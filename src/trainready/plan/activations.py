@@ -33,6 +33,8 @@ what the benchmark holds this module to.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from .model_spec import ModelSpec
 
 ADAPTER_BYTES = 4  # PEFT casts adapter inputs to the adapter dtype, fp32 by default
@@ -73,8 +75,9 @@ def _attention_saved(model: ModelSpec) -> int:
 def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                           method: str = "full", dropout: bool = False, flash: bool = True,
                           seq_len: int = 0, fp8_saved: bool = False, fp32_adapters: bool = True,
-                          attention_copy: bool = True) -> float:
-    """Bytes of activations one transformer block saves per token (no recomputation). `attention_copy`: eager
+                          attention_copy: bool = True, lora_targets: Collection[str] | None = None) -> float:
+    """Bytes of activations one transformer block saves per token (no recomputation). `lora_targets`: the linear
+    layers LoRA adapts (None: every one; ModelSpec.linear_layers names them). `attention_copy`: eager
     modules copy the attention output (SDPA's batch x heads x seq layout, transposed and made contiguous) for the
     output projection; False where the kernel returns batch x seq x heads (flash-attn's flash_attn_func, as
     Hugging Face's flash_attention_2 calls it), which the projection reads as a view."""
@@ -96,7 +99,7 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
     if dropout:
         total += 2 * d  # masks after attention and after the MLP (1 byte each)
     if method in ("lora", "qlora") and fp32_adapters:
-        total += _lora_delta(model, kernels, a)
+        total += _lora_delta(model, kernels, a, lora_targets)
     return float(total)
 
 
@@ -124,7 +127,7 @@ def norm_output_bytes(act_bytes: int, fp8_saved: bool) -> int:
 
 def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                                   method: str = "full", dropout: bool = False, fp8_saved: bool = False,
-                                  fp32_adapters: bool = True) -> float:
+                                  fp32_adapters: bool = True, lora_targets: Collection[str] | None = None) -> float:
     """The part of layer_bytes_per_token that tensor parallelism without sequence parallelism leaves whole on
     every TP rank (Korthikanti et al. 2022, Sec. 4.2.2: the 10sbh of norms and dropout stay, the 24sbh/t of the
     attention and MLP insides split): the norms' inputs and outputs (the column-parallel linears' input) and
@@ -138,17 +141,18 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
         total += 2 * d
     if frozen and fp32_adapters:
         total -= model.norms_per_layer * a * d
-        total += sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims() if din == d)
+        total += sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims(lora_targets) if din == d)
     return float(total)
 
 
-def _lora_delta(model: ModelSpec, kernels: str, a: int) -> int:
-    """Change in saved bytes when the base linears are frozen and every linear has an adapter."""
+def _lora_delta(model: ModelSpec, kernels: str, a: int, targets: Collection[str] | None = None) -> int:
+    """Change in saved bytes when the base linears are frozen and the linears named in `targets` (None: every one)
+    have an adapter, each with its own fp32 copy of its input."""
     d, f = model.hidden_size, model.ffn_hidden_size
     removed = model.norms_per_layer * a * d  # norm outputs: only frozen linears read them
     removed += a * attention_out_dim(model) if kernels == "eager" else 0  # the extra copy before o_proj
     removed += a * f  # the input of the down projection (SwiGLU product / GELU output)
-    added = sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims())
+    added = sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims(targets))
     return added - removed
 
 
@@ -213,20 +217,27 @@ LSE_BYTES = 4  # FlashAttention's log-sum-exp: fp32, one per head and token
 
 
 def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16,
-                   ffn: int | None = None) -> list[tuple[int, int, bool, bool]]:
+                   ffn: int | None = None,
+                   lora_targets: Collection[str] | None = None) -> list[tuple[int, int, bool, bool]]:
     """One block's forward matmuls in order: (in, out, saved by the op policy, is an adapter).
     `ffn`: the width of this block's MLP (a MoE model's dense layers: ffn_hidden_size; its MoE
-    layers: the shared experts', 0 for none); None: the dense MLP, or a MoE model's shared experts."""
-    dims = model.linear_layer_dims()
+    layers: the shared experts', 0 for none); None: the dense MLP, or a MoE model's shared experts.
+    `lora_targets`: the linears that carry adapters (None: every one; a fused q/k/v linear carries one where any
+    of q, k, v is named, as PEFT adapts the whole module)."""
+    layers = model.linear_layers()
+    names, dims = [n for n, _, _ in layers], [(i, o) for _, i, o in layers]
     n_attn = len(dims) - (model.mlp_matrices if (model.moe is None or model.moe.shared_width) else 0)
     if ffn is not None:
         d = model.hidden_size
-        dims = dims[:n_attn] + ([] if not ffn else [(d, ffn), (d, ffn), (ffn, d)] if model.gated_mlp
-                                else [(d, ffn), (ffn, d)])
+        mlp = ([] if not ffn else [("gate", d, ffn), ("up", d, ffn), ("down", ffn, d)] if model.gated_mlp
+               else [("up", d, ffn), ("down", ffn, d)])
+        names, dims = names[:n_attn] + [n for n, _, _ in mlp], dims[:n_attn] + [(i, o) for _, i, o in mlp]
+    adapted = [method in ("lora", "qlora") and (lora_targets is None or n in lora_targets) for n in names]
     if model.mla is None:
         bias = [model.qkv_bias] * 3 + [model.out_bias]
         if model.family in FUSED_QKV_FAMILIES:
             dims = [(model.hidden_size, model.q_dim + 2 * model.kv_dim)] + dims[3:]
+            adapted = [any(adapted[:3])] + adapted[3:]
             bias = [model.qkv_bias, model.out_bias]
             n_attn -= 2
     else:
@@ -241,21 +252,22 @@ def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16,
             count += 1
         out.append((din, dout, not biased and count % 2 == 1, adapter))
 
-    for (din, dout), biased in zip(dims, bias, strict=True):
+    for (din, dout), biased, adapter in zip(dims, bias, adapted, strict=True):
         mm(din, dout, biased, False)
-        if method in ("lora", "qlora"):
+        if adapter:
             mm(din, lora_rank, False, True)
             mm(lora_rank, dout, False, True)
     return out
 
 
 def op_sac_bytes_per_token(model: ModelSpec, *, residual_bytes: int, act_bytes: int, method: str = "full",
-                           lora_rank: int = 16, ffn: int | None = None, fp32_adapters: bool = True) -> float:
+                           lora_rank: int = 16, ffn: int | None = None, fp32_adapters: bool = True,
+                           lora_targets: Collection[str] | None = None) -> float:
     """Bytes one block keeps per token between forward and backward under the op policy: its
     input (what torch.utils.checkpoint keeps), the saved matmul outputs and the attention output
     with its log-sum-exp (`ffn`: as op_sac_matmuls)."""
     adapter_bytes = ADAPTER_BYTES if fp32_adapters else act_bytes
     saved = sum(dout * (adapter_bytes if adapter else act_bytes)
-                for _, dout, keep, adapter in op_sac_matmuls(model, method, lora_rank, ffn) if keep)
+                for _, dout, keep, adapter in op_sac_matmuls(model, method, lora_rank, ffn, lora_targets) if keep)
     return float(residual_bytes * model.hidden_size + saved + act_bytes * attention_out_dim(model)
                  + LSE_BYTES * model.num_heads)

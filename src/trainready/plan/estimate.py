@@ -106,6 +106,10 @@ class SetupInfo(BaseModel):
     offload: str
     method: str
     lora_rank: int | None
+    lora_targets: list[str] | None = Field(None, description="LoRA/QLoRA where the job named them (--lora-targets): "
+                                           "the linear layers of a block that carry adapters, by the planner's names "
+                                           "(q, k, v, o, gate, up, down; latent attention q_a, q_b, kv_a, kv_b: "
+                                           "plan/lora_targets.py); None: every linear layer, or full training")
     kernels: str
     attention_kernel: str
     stack: str = Field(description="training stack preset whose defaults apply (plan/stacks.py; hf-trainer unless named)")
@@ -437,7 +441,9 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         recompute_modules=list(s.recomputes) or None,
                         ep_dispatcher=s.ep_dispatcher if s.ep > 1 else None, ep_overlap=s.ep > 1 and s.ep_overlap,
                         fp8_dispatch=s.ep > 1 and s.fp8_dispatch,
-                        lora_rank=s.lora_rank if s.method != "full" else None, kernels=s.kernels, stack=s.stack,
+                        lora_rank=s.lora_rank if s.method != "full" else None,
+                        lora_targets=list(s.adapted) if s.adapted and s.method != "full" else None,
+                        kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,
                         spot=s.spot),

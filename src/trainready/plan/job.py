@@ -45,6 +45,12 @@ class JobSpec(BaseModel):
     model_spec: ModelSpec | None = Field(None, description="resolved shape (written by --save)")
     method: Method = "full"
     lora_rank: int = Field(16, gt=0, le=65536)
+    lora_targets: list[str] | None = Field(None, max_length=64, description="LoRA/QLoRA: the linear layers adapted, "
+                                           "by the planner's names (q, k, v, o, gate, up, down; latent attention "
+                                           "q_a, q_b, kv_a, kv_b), Hugging Face PEFT's (q_proj, ...), Megatron's "
+                                           "(linear_qkv, linear_proj, linear_fc1, linear_fc2) or a group "
+                                           "(attention, mlp, all-linear) (plan/lora_targets.py); None: every "
+                                           "linear layer")
     instance: str | None = None
     gpu: str | None = None
     gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="total GPUs")

@@ -55,7 +55,8 @@ class ParamCounts:
 
 def param_counts(s: Setup) -> ParamCounts:
     """The parameter counts of `s`'s worst stage (memoised: the same for every micro-batch and strategy)."""
-    return moe._memo(s.model, ("param_counts", s.tp, s.pp, s.pp_virtual, s.ep, s.expert_tp, s.method, s.lora_rank),
+    return moe._memo(s.model, ("param_counts", s.tp, s.pp, s.pp_virtual, s.ep, s.expert_tp, s.method, s.lora_rank,
+                                 s.lora_targets),
                      lambda: _param_counts(s))
 
 
@@ -75,7 +76,7 @@ def _param_counts(s: Setup) -> ParamCounts:
         local = blocks + embed
     if s.method == "full":
         return ParamCounts(local, block, embed, largest, local, 0.0, expert)
-    adapters = layers * m.lora_params_per_layer(s.lora_rank) / s.tp
+    adapters = layers * m.lora_params_per_layer(s.lora_rank, s.adapted) / s.tp
     linear = layers * (m.attention_params() + m.mlp_params()) / s.tp
     if m.is_moe:  # bitsandbytes 4-bit replaces nn.Linear modules only: attention, dense and shared-expert MLPs
         # (transformers 5.23 integrations/bitsandbytes.py replace_with_bnb_linear); the routed experts are fused 3D
@@ -227,19 +228,21 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
         return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters,
-                                 attention_copy, flash),
+                                 attention_copy, flash, s.lora_targets),
                         lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                                       method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
-                                                      fp32_adapters=fp32_adapters,
+                                                      fp32_adapters=fp32_adapters, lora_targets=s.adapted,
                                                       attention_copy=attention_copy, flash=flash))
 
     # TP splits the attention and MLP insides; with sequence parallelism the rest too, else each TP rank keeps
     # the norms' tensors and the layer input whole (Stack.sequence_parallel)
     sp = stack.sequence_parallel or s.tp == 1
-    replicated = 0.0 if sp else moe._memo(m, ("tp_replicated", s.kernels, r, a, s.method, fp8_saved, fp32_adapters),
+    replicated = 0.0 if sp else moe._memo(m, ("tp_replicated", s.kernels, r, a, s.method, fp8_saved, fp32_adapters,
+                                              s.lora_targets),
                                           lambda: tp_replicated_bytes_per_token(
                                               m, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method,
-                                              fp8_saved=fp8_saved, fp32_adapters=fp32_adapters))
+                                              fp8_saved=fp8_saved, fp32_adapters=fp32_adapters,
+                                              lora_targets=s.adapted))
 
     def on_rank(per_tok: float, whole: float = replicated) -> float:  # bytes per token on one TP rank
         return per_tok / s.tp if sp else whole + (per_tok - whole) / s.tp
@@ -265,7 +268,8 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
         kept, kept_stage = tokens * max(kd, km), tokens * moe.worst_stage(m, s.pp, kd, km, s.pp_virtual)
     elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
         kept = tokens * on_rank(op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
-                                                       lora_rank=s.lora_rank, fp32_adapters=fp32_adapters),
+                                                       lora_rank=s.lora_rank, fp32_adapters=fp32_adapters,
+                                                       lora_targets=s.adapted),
                                 block_input)
     elif s.recomputes not in ((), DEFAULT_MODULES):  # Megatron's modules: each layer less what they free
         kd, km = _modules_kept_per_token(s, per_token(m), moe_per_token, a, full_fp8)
@@ -315,7 +319,7 @@ def checkpoint_bytes(s: Setup) -> float:
     if s.method == "full":
         per = 8 if s.optimizer_dtype == "bf16" else 12
         return per * m.param_count()
-    adapters = m.num_layers * m.lora_params_per_layer(s.lora_rank)
+    adapters = m.num_layers * m.lora_params_per_layer(s.lora_rank, s.adapted)
     return 12 * adapters
 
 

@@ -3,7 +3,7 @@ attention) and their exact parameter counts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import cached_property
 from typing import Any, Literal
 
@@ -428,23 +428,31 @@ class ModelSpec(BaseModel):
             blocks += self.num_moe_layers * (attn + self._active_moe_mlp_params())
         return blocks + self.vocab_size * (self.embedding_dim or self.hidden_size)
 
-    def linear_layer_dims(self) -> list[tuple[int, int]]:
-        """(in, out) of every linear layer LoRA adapts in one block: attention, and the dense MLP
-        (dense models) or the shared experts (MoE models; none without shared experts). LoRA on
-        routed experts, and on the MLPs of a MoE model's dense layers, is not modelled."""
+    def linear_layers(self) -> list[tuple[str, int, int]]:
+        """(name, in, out) of every linear layer LoRA can adapt in one block: attention (q, k, v, o; latent
+        attention: q or q_a and q_b, kv_a, kv_b, o), and the dense MLP (dense models) or the shared experts (MoE
+        models; none without shared experts): gate, up, down (up, down when not gated). LoRA on routed experts,
+        and on the MLPs of a MoE model's dense layers, is not modelled. Names: plan/lora_targets.py."""
         d = self.hidden_size
         if self.mla is not None:
             a, h = self.mla, self.num_heads
-            q = [(d, a.q_lora_rank), (a.q_lora_rank, h * a.qk_head_dim)] if a.q_lora_rank else [(d, h * a.qk_head_dim)]
-            dims = q + [(d, a.kv_lora_rank + a.qk_rope_head_dim),
-                        (a.kv_lora_rank, h * (a.qk_nope_head_dim + a.v_head_dim)), (h * a.v_head_dim, d)]
+            q = ([("q_a", d, a.q_lora_rank), ("q_b", a.q_lora_rank, h * a.qk_head_dim)] if a.q_lora_rank
+                 else [("q", d, h * a.qk_head_dim)])
+            layers = q + [("kv_a", d, a.kv_lora_rank + a.qk_rope_head_dim),
+                          ("kv_b", a.kv_lora_rank, h * (a.qk_nope_head_dim + a.v_head_dim)), ("o", h * a.v_head_dim, d)]
         else:
-            dims = [(d, self.q_dim), (d, self.kv_dim), (d, self.kv_dim), (self.q_dim, d)]
+            layers = [("q", d, self.q_dim), ("k", d, self.kv_dim), ("v", d, self.kv_dim), ("o", self.q_dim, d)]
         f = self.moe.shared_width if self.moe else self.ffn_hidden_size
         if f:
-            dims += [(d, f), (d, f), (f, d)] if self.gated_mlp else [(d, f), (f, d)]
-        return dims
+            layers += ([("gate", d, f), ("up", d, f), ("down", f, d)] if self.gated_mlp
+                       else [("up", d, f), ("down", f, d)])
+        return layers
 
-    def lora_params_per_layer(self, rank: int) -> int:
-        """Adapter parameters of one block with rank-`rank` LoRA on every linear layer."""
-        return sum(rank * (i + o) for i, o in self.linear_layer_dims())
+    def linear_layer_dims(self, targets: Collection[str] | None = None) -> list[tuple[int, int]]:
+        """(in, out) of linear_layers(), only those named in `targets` where given."""
+        return [(i, o) for n, i, o in self.linear_layers() if targets is None or n in targets]
+
+    def lora_params_per_layer(self, rank: int, targets: Collection[str] | None = None) -> int:
+        """Adapter parameters of one block with rank-`rank` LoRA on the linear layers named in `targets` (None:
+        every one)."""
+        return sum(rank * (i + o) for i, o in self.linear_layer_dims(targets))

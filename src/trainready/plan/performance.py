@@ -19,6 +19,7 @@ pipeline bubble.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from . import efficiency as eff
@@ -126,19 +127,21 @@ def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> fl
 
 
 def model_flops_per_token(s: Setup) -> float:
-    return flops_per_token(s.model, s.attention_len, s.method, s.lora_rank)
+    return flops_per_token(s.model, s.attention_len, s.method, s.lora_rank, s.adapted)
 
 
-def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank: int = 16) -> float:
+def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank: int = 16,
+                    lora_targets: Collection[str] | None = None) -> float:
     """6N + 12*L*q_dim*s (PaLM/MosaicML), N = weights used in matmuls (blocks + head), s the length attention spans
     (a packed document's where documents are masked apart: Setup.attention_len).
-    For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters.
+    For LoRA/QLoRA the frozen base needs no weight gradients: 4N + 6 x adapters (on `lora_targets`; None: every
+    linear layer).
     The MFU numerator: what `trainready run` divides by the GPUs' peak."""
     attn = 12 * m.num_layers * moe.attention_dim(m) * layer_attention(m, seq_len).span
     n = m.matmul_params()  # MoE: active experts only
     if method == "full":
         return 6 * n + attn
-    adapters = m.num_layers * m.lora_params_per_layer(lora_rank)
+    adapters = m.num_layers * m.lora_params_per_layer(lora_rank, lora_targets)
     return 4 * n + 6 * adapters + attn
 
 
@@ -154,8 +157,8 @@ def recompute_flops_per_token(s: Setup) -> float:
         return (attn_fwd if "core_attn" in s.recomputes else 0.0) + _modules_flops_per_token(s)
     if s.checkpointing == "selective-op":  # the matmuls the op policy does not keep (MoE: MLPs per layer kind)
         ffn = 0 if m.is_moe else None
-        attn_mlp = 2 * m.num_layers * sum(i * o for i, o, keep, adapter in op_sac_matmuls(m, s.method, s.lora_rank, ffn)
-                                          if not (keep or adapter))
+        matmuls = op_sac_matmuls(m, s.method, s.lora_rank, ffn, s.adapted)
+        attn_mlp = 2 * m.num_layers * sum(i * o for i, o, keep, adapter in matmuls if not (keep or adapter))
         return attn_mlp + (moe.op_sac_recompute_flops_per_token(s) if m.is_moe else 0.0)
     return 0.0
 
@@ -196,7 +199,7 @@ def _op_sac_recompute(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency)
     """(seconds, FLOPs) of one block's matmuls that the op policy recomputes, per micro-batch."""
     t = f = 0.0
     ffn = 0 if s.model.is_moe else None  # MoE models: the MLPs' recompute is per layer kind (moe.stage_time)
-    for i, o, keep, adapter in op_sac_matmuls(s.model, s.method, s.lora_rank, ffn):
+    for i, o, keep, adapter in op_sac_matmuls(s.model, s.method, s.lora_rank, ffn, s.adapted):
         if not (keep or adapter):  # adapters' rank-r matmuls: negligible
             flops = 2 * tokens * i * o / s.tp
             t += _gemm_time(flops, i, peak, e)
@@ -242,7 +245,7 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     Adapters in the model's dtype (stacks.Stack.lora_fp32_adapters False: Megatron-Bridge, NeMo AutoModel,
     torchtune): bf16 matmuls, scale-and-add only, 10*out + 15*out bytes.
     """
-    dims = s.model.linear_layer_dims()
+    dims = s.model.linear_layer_dims(s.adapted)
     sum_in = sum(i for i, _ in dims) / s.tp
     sum_out = sum(o for _, o in dims) / s.tp
     flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)

@@ -18,6 +18,7 @@ from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
 from .presets import generic_model, preset
+from .lora_targets import check_targets
 from .recompute import DEFAULT_MODULES, check_modules
 from .stacks import (
     DEFAULT_STACK,
@@ -89,6 +90,7 @@ class Setup:
     cuda_graphs: bool = False  # the layers captured in CUDA graphs (Stack.cuda_graphs): no host launch floor there
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
     recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
+    lora_targets: tuple[str, ...] = ()  # LoRA/QLoRA: the linear layers adapted (lora_targets.py); (): every one
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     doc_len: int | None = None  # packed documents' mean length, attention masked to each (JobSpec.doc_len)
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
@@ -119,6 +121,11 @@ class Setup:
         if self.checkpointing != "selective-attn":
             return ()
         return self.recompute_modules or DEFAULT_MODULES
+
+    @property
+    def adapted(self) -> tuple[str, ...] | None:
+        """LoRA/QLoRA: the linear layers of a block that carry adapters (lora_targets.py); None: every one."""
+        return self.lora_targets or None
 
     @property
     def n_gpus(self) -> int:
@@ -770,4 +777,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  pp_virtual=v, pp_local_batch=job.pp_local_batch, cp=cp, doc_len=job.doc_len, tp_overlap=overlap,
                  fp8_recipe=recipe,
                  fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled, cuda_graphs=graphs,
-                 recompute_modules=modules, power_limit_w=job.power_limit_w, **comm)
+                 recompute_modules=modules, power_limit_w=job.power_limit_w,
+                 lora_targets=check_targets(job.lora_targets, model, job.method), **comm)

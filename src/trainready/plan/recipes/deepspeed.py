@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from ..lora_targets import peft_target_modules
 from ..setup import Setup
 from .common import (
     Recipe,
@@ -187,7 +188,8 @@ def recipe(s: Setup) -> Recipe:
     if checkpointing(s) == "full" and not hf_trainer(s):
         notes.append("activation checkpointing: model.gradient_checkpointing_enable() (HF) before initialize")
     if s.method in ("lora", "qlora"):
-        notes.append(f"{s.method}: PEFT get_peft_model(model, LoraConfig(r={s.lora_rank}, ...)) before initialize"
+        notes.append(f"{s.method}: PEFT get_peft_model(model, LoraConfig(r={s.lora_rank}, target_modules="
+                     f"{peft_target_modules(s.lora_targets, s.model)}, ...)) before initialize"
                      + ("; QLoRA loads the base with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="
                         "'nf4', bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16, "
                         "bnb_4bit_quant_storage=torch.bfloat16): double quantization is the ~0.52 bytes per weight "
