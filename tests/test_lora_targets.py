@@ -9,7 +9,7 @@ from cloud_stubs import cli_run
 from trainready.errors import UsageError
 from trainready.plan.activations import ADAPTER_BYTES, layer_bytes_per_token, op_sac_matmuls
 from trainready.plan.job import JobSpec
-from trainready.plan.lora_targets import check_targets
+from trainready.plan.lora_targets import check_targets, peft_target_modules
 from trainready.plan.memory import estimate_memory, param_counts
 from trainready.plan.performance import estimate_step, model_flops_per_token
 from trainready.plan.presets import preset
@@ -34,7 +34,8 @@ def lora(catalog, **kw):
     (["V_PROJ"], ("v",)),
     (["attention"], ("q", "k", "v", "o")),
     (["linear_fc1", "linear_fc2"], ("gate", "up", "down")),
-    (["all-linear"], ALL),
+    (["all-linear"], ()),  # every linear layer: the default, said as such
+    (["attention", "mlp"], ()),
     (["o", "output_proj", "linear_proj"], ("o",)),  # the same layer named three ways
 ])
 def test_names_of_every_convention_map_onto_the_models_linears(names, expected):
@@ -42,9 +43,14 @@ def test_names_of_every_convention_map_onto_the_models_linears(names, expected):
 
 
 def test_names_follow_the_model():
-    assert check_targets(["linear_fc1"], preset("gpt3-175b"), "lora") == ("up",)  # not gated: fc1 is up alone
+    gpt = preset("gpt3-175b")  # q, k and v in one module (c_attn), and an MLP that is not gated
+    assert [n for n, _, _ in gpt.linear_layers()] == ["qkv", "o", "up", "down"]
+    assert check_targets(["linear_fc1"], gpt, "lora") == ("up",)
+    assert check_targets(["q_proj"], gpt, "lora") == check_targets(["linear_qkv"], gpt, "lora") == ("qkv",)
+    assert check_targets(["c_attn", "out_proj"], gpt, "lora") == ("qkv", "o")
     assert check_targets(["linear_q_down_proj", "kv_b_proj"], preset("deepseek-v3"), "qlora") == ("q_a", "kv_b")
     assert check_targets(None, LLAMA, "lora") == ()  # every linear layer (Setup.adapted None)
+    assert check_targets(["ALL-LINEAR"], LLAMA, "lora") == ()
     assert check_targets(None, LLAMA, "full") == ()
 
 
@@ -54,12 +60,13 @@ def test_names_follow_the_model():
     ("deepseek-v3", ["linear_qkv"], "latent attention"),
     ("llama-3-8b", ["qproj"], "q_proj"),  # the nearest name
     ("llama-3-8b", [], "names no module"),
+    ("llama-3-8b", ["", "  "], "names no module"),
 ])
 def test_a_name_the_model_lacks_is_a_usage_error_that_names_the_valid_ones(model, names, said):
     with pytest.raises(UsageError) as err:
         check_targets(names, preset(model), "lora")
     assert said in str(err.value)
-    if names:
+    if said != "names no module":
         assert "linear layers:" in str(err.value)
 
 
@@ -98,9 +105,21 @@ def test_peft_saves_an_fp32_input_copy_only_for_the_adapted_linears():
 def test_the_op_policy_sees_adapters_only_after_adapted_linears():
     adapters = [a for *_, a in op_sac_matmuls(LLAMA, "lora", 16, lora_targets=("q",))]
     assert adapters == [False, True, True] + [False] * 6  # q, its A and B, then k v o gate up down
-    gpt = preset("gpt3-175b")  # fused q/k/v (one module in its Hugging Face code): adapted where any part is
-    fused = op_sac_matmuls(gpt, "lora", 16, lora_targets=("v",))
+    gpt = preset("gpt3-175b")  # fused q/k/v (one module in its Hugging Face code): one adapter, whatever names it
+    fused = op_sac_matmuls(gpt, "lora", 16, lora_targets=check_targets(["v_proj"], gpt, "lora"))
     assert [a for *_, a in fused] == [False, True, True, False, False, False]
+
+
+def test_a_fused_qkv_module_carries_one_adapter_however_it_is_named(catalog):
+    def mpt(targets):
+        return resolve(JobSpec(model="mpt-7b", gpu="h100-80gb", gpus=8, method="lora", lora_targets=targets,
+                               micro_batch=1, global_batch=32, seq_len=2048), catalog)
+    one, three = mpt(["q_proj"]), mpt(["linear_qkv"])
+    assert one.adapted == three.adapted == ("qkv",)
+    assert estimate_step(one).step_s == estimate_step(three).step_s
+    assert estimate_memory(one).peak == estimate_memory(three).peak
+    m = one.model  # PEFT's LoRA on Wqkv: A of d x r, B of r x 3d
+    assert m.lora_params_per_layer(16, one.adapted) == 16 * (m.hidden_size + 3 * m.hidden_size)
 
 
 def test_peft_recipe_names_the_modules(catalog):
@@ -108,9 +127,21 @@ def test_peft_recipe_names_the_modules(catalog):
     assert "target_modules=['q_proj', 'v_proj']" in " ".join(recipe_for(s, "deepspeed").notes)
     assert "target_modules='all-linear'" in " ".join(recipe_for(lora(catalog, stack=None, strategy="zero3"),
                                                                 "deepspeed").notes)
+    assert "target_modules='all-linear'" in " ".join(recipe_for(lora(catalog, stack=None, strategy="zero3",
+                                                                     lora_targets=["all-linear"]), "deepspeed").notes)
     gpt = resolve(JobSpec(model="gpt3-1.3b", gpu="h100-80gb", gpus=8, method="lora", lora_targets=["attention"],
                           strategy="zero3", global_batch=32, seq_len=2048), catalog)
     assert "target_modules=['c_attn', 'attn.c_proj']" in " ".join(recipe_for(gpt, "deepspeed").notes)
+
+
+def test_peft_names_of_other_families():
+    opt = preset("llama-3-8b").model_copy(update={"family": "opt", "mlp": "gelu", "activation": "relu"})
+    assert peft_target_modules(check_targets(["attention", "mlp"][:1] + ["fc1"], opt, "lora"), opt) \
+        == "['q_proj', 'k_proj', 'v_proj', 'out_proj', 'fc1']"
+    # a MoE model's shared experts by their parent's name: a bare gate_proj would match the routed experts too
+    dsv3 = preset("deepseek-v3")
+    assert peft_target_modules(check_targets(["mlp"], dsv3, "lora"), dsv3) == \
+        "['shared_experts.gate_proj', 'shared_experts.up_proj', 'shared_experts.down_proj']"
 
 
 ARGS = ("estimate", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--method", "lora",

@@ -300,6 +300,7 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
         msgs = []
         for e in exc.errors():
             field = ".".join(str(p) for p in e["loc"])
-            value = e.get("input")
-            msgs.append(f"--{field.replace('_', '-')} {value!r}: {e['msg']}")
+            value = repr(e.get("input"))
+            value = value if len(value) <= 80 else value[:77] + "..."  # a 2,000-name list is not repeated back
+            msgs.append(f"--{field.replace('_', '-')} {value}: {e['msg']}")
         raise UsageError("; ".join(msgs)) from None

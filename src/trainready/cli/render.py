@@ -101,9 +101,7 @@ def _setup_line(e: EstimateResult) -> str:
         par += " (TP communication overlapped)" if s.tp_overlap else ""
     if s.ep > 1 or s.etp != s.tp:
         par += f", ep {s.ep} x etp {s.etp}" + s.dispatch_text()
-    method = s.method + (f" r={s.lora_rank}" if s.lora_rank else "") + (f" on {', '.join(s.lora_targets)}"
-                                                                         if s.lora_targets else "")
-    return (f"{where} ({s.gpus} GPUs) | {method} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
+    return (f"{where} ({s.gpus} GPUs) | {s.method_text()} | {par} | micro-batch {s.micro_batch} x {s.grad_accum} accum "
             f"x dp {s.dp} = {s.global_batch} seqs of {s.seq_len}"
             + (f" (documents of {s.doc_len}, masked apart)" if s.doc_len else "") + f" | {s.precision}"
             + (f" ({s.fp8_recipe} scaling{', weights gathered in FP8' if s.fp8_param_gather and s.dp > 1 else ''})"
@@ -217,7 +215,8 @@ def _alternative_text(a) -> str:
 
 def render_plan(con: Console, r: PlanResult) -> None:
     tokens = f"{count_text(r.tokens)} tokens" if r.tokens else "per 1B tokens"
-    con.print(line((r.model, "bold"), f" ({r.params / 1e9:,.2f}B), {r.method}, {tokens}, ranked by {r.ranked_by}; "
+    method = r.rows[0].estimate.setup.method_text() if r.rows else r.method  # with the rank and LoRA targets
+    con.print(line((r.model, "bold"), f" ({r.params / 1e9:,.2f}B), {method}, {tokens}, ranked by {r.ranked_by}; "
                    f"{r.searched:,} configurations searched"))
     for n in r.notes:
         con.print(styled(n, "dim"))

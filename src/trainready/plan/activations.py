@@ -206,13 +206,12 @@ def korthikanti_layer_bytes(model: ModelSpec, seq_len: int) -> float:
 # (output + fp32 log-sum-exp per head); everything else (norms, RoPE, activations, residual
 # adds, the unsaved matmuls) is recomputed in backward. A linear with a bias runs as
 # aten.addmm: neither saved nor counted. Hugging Face GPT-2 (c_attn), MPT (Wqkv), GPT-NeoX,
-# Bloom and Falcon (query_key_value) project q, k and v with one fused linear. LoRA adds two
+# Bloom and Falcon (query_key_value) project q, k and v with one fused linear (ModelSpec.linear_layers). LoRA adds two
 # unbiased matmuls after each adapted linear (PEFT: base, lora_A, lora_B). A MoE layer's
 # matmuls here are its attention and shared experts (`ffn`: their width); its router is
 # recomputed and not counted (SelectiveAC force_recompute_mm_shapes_by_fqns "moe.router.gate"),
 # its routed experts' grouped GEMMs (aten._grouped_mm, not a saved op) recomputed, and what it
 # does save (top-k, the all-to-alls' outputs) is in plan/moe.py.
-FUSED_QKV_FAMILIES = ("gpt", "mpt", "gpt_neox", "bloom", "falcon")
 LSE_BYTES = 4  # FlashAttention's log-sum-exp: fp32, one per head and token
 
 
@@ -222,8 +221,7 @@ def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16,
     """One block's forward matmuls in order: (in, out, saved by the op policy, is an adapter).
     `ffn`: the width of this block's MLP (a MoE model's dense layers: ffn_hidden_size; its MoE
     layers: the shared experts', 0 for none); None: the dense MLP, or a MoE model's shared experts.
-    `lora_targets`: the linears that carry adapters (None: every one; a fused q/k/v linear carries one where any
-    of q, k, v is named, as PEFT adapts the whole module)."""
+    `lora_targets`: the linears that carry adapters (None: every one; ModelSpec.linear_layers names them)."""
     layers = model.linear_layers()
     names, dims = [n for n, _, _ in layers], [(i, o) for _, i, o in layers]
     n_attn = len(dims) - (model.mlp_matrices if (model.moe is None or model.moe.shared_width) else 0)
@@ -233,15 +231,8 @@ def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16,
                else [("up", d, ffn), ("down", ffn, d)])
         names, dims = names[:n_attn] + [n for n, _, _ in mlp], dims[:n_attn] + [(i, o) for _, i, o in mlp]
     adapted = [method in ("lora", "qlora") and (lora_targets is None or n in lora_targets) for n in names]
-    if model.mla is None:
-        bias = [model.qkv_bias] * 3 + [model.out_bias]
-        if model.family in FUSED_QKV_FAMILIES:
-            dims = [(model.hidden_size, model.q_dim + 2 * model.kv_dim)] + dims[3:]
-            adapted = [any(adapted[:3])] + adapted[3:]
-            bias = [model.qkv_bias, model.out_bias]
-            n_attn -= 2
-    else:
-        bias = [False] * (n_attn - 1) + [model.out_bias]
+    # q, k and v (one fused linear, or three) carry the QKV bias; latent attention's projections none
+    bias = [model.mla is None and model.qkv_bias] * (n_attn - 1) + [model.out_bias]
     bias += [model.mlp_bias] * (len(dims) - n_attn)
     out: list[tuple[int, int, bool, bool]] = []
     count = 0

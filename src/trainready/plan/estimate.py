@@ -123,6 +123,11 @@ class SetupInfo(BaseModel):
         """The checkpointing as outputs name it: Megatron's module list where it is not the attention core alone."""
         return modules_text(tuple(self.recompute_modules)) if self.recompute_modules else self.activation_checkpointing
 
+    def method_text(self) -> str:
+        """The method as outputs name it: "lora r=8 on q, k, v" (the rank for LoRA/QLoRA, the targets where named)."""
+        return (self.method + (f" r={self.lora_rank}" if self.lora_rank else "")
+                + (f" on {', '.join(self.lora_targets)}" if self.lora_targets else ""))
+
     def dispatch_text(self) -> str:
         """", DeepEP + a2a overlap" where a MoE row uses either (the collective all-to-all says nothing)."""
         parts = (["DeepEP"] if self.ep_dispatcher == "deepep" else []) + (["a2a overlap"] if self.ep_overlap else [])

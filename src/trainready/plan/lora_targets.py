@@ -1,6 +1,7 @@
 """Which linear layers LoRA adapts (`--lora-targets`), as the frameworks name them.
 
-The planner names one block's linear layers q, k, v, o (attention; multi-head latent attention: q or q_a and q_b,
+The planner names one block's linear layers q, k, v, o (attention; qkv where the model's Hugging Face code fuses
+them, GPT-2, MPT, BLOOM, Falcon, GPT-NeoX: one module, one adapter; multi-head latent attention: q or q_a and q_b,
 kv_a, kv_b, o) and gate, up, down (the dense MLP, or a MoE model's shared experts: LoRA on routed experts is not
 modelled). Users write the names of their framework; each maps onto those:
 
@@ -10,7 +11,8 @@ modelled). Users write the names of their framework; each maps onto those:
   (the fused q, k and v projection), linear_proj, linear_fc1 (gate and up, fused), linear_fc2; latent attention's
   linear_q_proj, linear_q_down_proj, linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj. Their default is
   all four of the dense names; the DGX Cloud and Megatron-Bridge performance recipes set ["linear_qkv"].
-* torchtune's output_proj (its name for o).
+* the fused families' and OPT's own names (c_attn, Wqkv, query_key_value, out_proj, fc1, fc2, ...), and torchtune's
+  output_proj.
 * groups: attention, mlp, all-linear (the default: every linear layer, as before this option existed).
 
 A fused module's adapter (Megatron's linear_qkv: one A of hidden x r, one B of r x (q + 2 kv)) is counted as
@@ -24,17 +26,23 @@ from trainready.errors import UsageError, closest, printable
 from .model_spec import ModelSpec
 
 ALL_LINEAR = "all-linear"
-ATTENTION = ("q", "k", "v", "q_a", "q_b", "kv_a", "kv_b", "o")
+QKV = ("q", "k", "v", "qkv")  # a name for any of q, k, v adapts the fused module where the model has one
+ATTENTION = ("q", "k", "v", "qkv", "q_a", "q_b", "kv_a", "kv_b", "o")
 MLP = ("gate", "up", "down")
+FC1 = ("gate", "up")  # Megatron's linear_fc1 and its kin: gate and up fused, or up alone where not gated
 
 ALIASES: dict[str, tuple[str, ...]] = {
-    **{n: (n,) for n in ATTENTION + MLP},
-    # Hugging Face PEFT
-    "q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",),
+    **{n: (n,) for n in ATTENTION + MLP}, "q": ("q", "qkv"), "k": ("k", "qkv"), "v": ("v", "qkv"), "qkv": QKV,
+    # Hugging Face PEFT (Llama-style and DeepSeek code)
+    "q_proj": ("q", "qkv"), "k_proj": ("k", "qkv"), "v_proj": ("v", "qkv"), "o_proj": ("o",),
     "gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
     "q_a_proj": ("q_a",), "q_b_proj": ("q_b",), "kv_a_proj_with_mqa": ("kv_a",), "kv_b_proj": ("kv_b",),
+    # Hugging Face's fused families and OPT
+    "c_attn": QKV, "wqkv": QKV, "query_key_value": QKV, "out_proj": ("o",), "dense": ("o",), "attn.c_proj": ("o",),
+    "c_fc": FC1, "fc1": FC1, "dense_h_to_4h": FC1, "mlp.c_proj": ("down",), "fc2": ("down",),
+    "dense_4h_to_h": ("down",),
     # Megatron-Core (Megatron-Bridge, NeMo 2)
-    "linear_qkv": ("q", "k", "v"), "linear_proj": ("o",), "linear_fc1": ("gate", "up"), "linear_fc2": ("down",),
+    "linear_qkv": QKV, "linear_proj": ("o",), "linear_fc1": FC1, "linear_fc2": ("down",),
     "linear_q_proj": ("q",), "linear_q_down_proj": ("q_a",), "linear_q_up_proj": ("q_b",),
     "linear_kv_down_proj": ("kv_a",), "linear_kv_up_proj": ("kv_b",),
     # torchtune
@@ -45,21 +53,21 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 
 def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec, method: str) -> tuple[str, ...]:
-    """The linear layers of one block that LoRA adapts, in the model's order; () where `names` is None (every one,
-    Setup.adapted) and for full training. A usage error names the bad value and the valid ones."""
+    """The linear layers of one block that LoRA adapts, in the model's order; () where `names` is None or names every
+    one (Setup.adapted: None) and for full training. A usage error names the bad value and the valid ones."""
     here = [n for n, _, _ in model.linear_layers()]
     if method == "full":
         if names is not None:
-            raise UsageError("--lora-targets applies to --method lora or qlora; this job trains every weight "
-                             "(--method full): drop --lora-targets, or add --method lora")
+            raise UsageError("LoRA targets (--lora-targets, or lora_targets in a job file) apply to --method lora or "
+                             "qlora; this job trains every weight (method full): drop them, or --method lora")
         return ()
     if names is None:
         return ()
-    if not names:
+    keys = [n.strip().lower() for n in names if n.strip()]
+    if not keys:
         raise UsageError(f"--lora-targets names no module: give one or more of {', '.join(here)}, or {ALL_LINEAR}")
     chosen: set[str] = set()
-    for name in names:
-        key = name.strip().lower()
+    for key in keys:
         if key not in ALIASES:
             near = closest(key, ALIASES)
             raise UsageError(f"--lora-targets: unknown module {printable(key[:80])}"
@@ -71,12 +79,14 @@ def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec, m
             raise UsageError(f"--lora-targets {printable(key)}: {printable(model.name)} has no such linear layer"
                              f"{_why_absent(key, model)}; its linear layers: {', '.join(here)}")
         chosen.update(found)
+    if chosen == set(here):
+        return ()  # every linear layer: the default, said as such (JSON null, PEFT's "all-linear")
     return tuple(n for n in here if n in chosen)
 
 
 def _why_absent(name: str, model: ModelSpec) -> str:
-    if model.mla is not None and set(ALIASES[name]) & {"q", "k", "v"} and name not in ("q", "q_proj", "linear_q_proj"):
-        return " (multi-head latent attention: q_a, q_b, kv_a, kv_b and o, or q for a full-rank query)"
+    if model.mla is not None and set(ALIASES[name]) & set(QKV):
+        return " (multi-head latent attention)"
     if set(ALIASES[name]) <= set(MLP) and model.moe is not None:
         return " (its MLPs are routed experts, and LoRA on routed experts is not modelled)"
     if ALIASES[name] == ("gate",):
@@ -84,17 +94,19 @@ def _why_absent(name: str, model: ModelSpec) -> str:
     return ""
 
 
-# Hugging Face module names of the planner's: Llama-style and DeepSeek code, and the families whose code fuses q, k
-# and v in one module (activations.FUSED_QKV_FAMILIES; PEFT matches a name as the suffix of a module's path)
+# Hugging Face module names of the planner's, per family (default: Llama-style and DeepSeek code). PEFT matches a name
+# as the suffix of a module's path: a MoE model's shared-expert MLP is named with its parent, which keeps the routed
+# experts (transformers 5 fuses them into 3D parameters that a bare gate_proj would match) and the dense layers' MLPs
+# out, as the estimate leaves them out
 HF_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
             "down": "down_proj", "q_a": "q_a_proj", "q_b": "q_b_proj", "kv_a": "kv_a_proj_with_mqa",
             "kv_b": "kv_b_proj"}
-_QKV_DENSE = {"q": "query_key_value", "k": "query_key_value", "v": "query_key_value", "o": "dense",
-              "up": "dense_h_to_4h", "down": "dense_4h_to_h"}
-FAMILY_NAMES = {"gpt": {"q": "c_attn", "k": "c_attn", "v": "c_attn", "o": "attn.c_proj", "up": "c_fc",
-                        "down": "mlp.c_proj"},
-                "mpt": {"q": "Wqkv", "k": "Wqkv", "v": "Wqkv", "o": "out_proj", "up": "up_proj", "down": "down_proj"},
-                "bloom": _QKV_DENSE, "falcon": _QKV_DENSE, "gpt_neox": _QKV_DENSE}
+_QKV_DENSE = {"qkv": "query_key_value", "o": "dense", "up": "dense_h_to_4h", "down": "dense_4h_to_h"}
+FAMILY_NAMES = {"gpt": {"qkv": "c_attn", "o": "attn.c_proj", "up": "c_fc", "down": "mlp.c_proj"},
+                "mpt": {"qkv": "Wqkv", "o": "out_proj", "up": "up_proj", "down": "down_proj"},
+                "bloom": _QKV_DENSE, "falcon": _QKV_DENSE, "gpt_neox": _QKV_DENSE,
+                "opt": {**HF_NAMES, "o": "out_proj", "up": "fc1", "down": "fc2"}}
+SHARED_EXPERT = {"qwen2_moe": "shared_expert."}  # others (DeepSeek V2/V3, Kimi K2): shared_experts.
 
 
 def peft_target_modules(targets: tuple[str, ...], model: ModelSpec) -> str:
@@ -102,4 +114,5 @@ def peft_target_modules(targets: tuple[str, ...], model: ModelSpec) -> str:
     if not targets:
         return repr(ALL_LINEAR)
     names = FAMILY_NAMES.get(model.family, HF_NAMES)
-    return repr(list(dict.fromkeys(names[n] for n in targets)))
+    shared = SHARED_EXPERT.get(model.family, "shared_experts.") if model.moe is not None else ""
+    return repr([(shared if n in MLP else "") + names[n] for n in targets])

@@ -14,6 +14,9 @@ from trainready.catalog.schema import Name
 MAX_PARAMS = 1e14  # 100x the largest dense model trained so far; a bigger count is a typo
 
 
+# families whose Hugging Face code projects q, k and v with one module (GPT-2's c_attn, MPT's Wqkv, query_key_value)
+FUSED_QKV_FAMILIES = ("gpt", "mpt", "gpt_neox", "bloom", "falcon")
+
 class MoESpec(BaseModel):
     """Mixture-of-experts MLPs: routed experts with top-k routing, optional shared experts.
 
@@ -429,10 +432,11 @@ class ModelSpec(BaseModel):
         return blocks + self.vocab_size * (self.embedding_dim or self.hidden_size)
 
     def linear_layers(self) -> list[tuple[str, int, int]]:
-        """(name, in, out) of every linear layer LoRA can adapt in one block: attention (q, k, v, o; latent
-        attention: q or q_a and q_b, kv_a, kv_b, o), and the dense MLP (dense models) or the shared experts (MoE
-        models; none without shared experts): gate, up, down (up, down when not gated). LoRA on routed experts,
-        and on the MLPs of a MoE model's dense layers, is not modelled. Names: plan/lora_targets.py."""
+        """(name, in, out) of every linear layer LoRA can adapt in one block: attention (q, k, v, o; one qkv for
+        the families whose code fuses them; latent attention: q or q_a and q_b, kv_a, kv_b, o), and the dense MLP
+        (dense models) or the shared experts (MoE models; none without shared experts): gate, up, down (up, down
+        when not gated). LoRA on routed experts, and on the MLPs of a MoE model's dense layers, is not modelled.
+        Names: plan/lora_targets.py."""
         d = self.hidden_size
         if self.mla is not None:
             a, h = self.mla, self.num_heads
@@ -440,6 +444,8 @@ class ModelSpec(BaseModel):
                  else [("q", d, h * a.qk_head_dim)])
             layers = q + [("kv_a", d, a.kv_lora_rank + a.qk_rope_head_dim),
                           ("kv_b", a.kv_lora_rank, h * (a.qk_nope_head_dim + a.v_head_dim)), ("o", h * a.v_head_dim, d)]
+        elif self.family in FUSED_QKV_FAMILIES:  # one module, and one adapter under PEFT (c_attn, Wqkv, ...)
+            layers = [("qkv", d, self.q_dim + 2 * self.kv_dim), ("o", self.q_dim, d)]
         else:
             layers = [("q", d, self.q_dim), ("k", d, self.kv_dim), ("v", d, self.kv_dim), ("o", self.q_dim, d)]
         f = self.moe.shared_width if self.moe else self.ffn_hidden_size
