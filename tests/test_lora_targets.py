@@ -34,8 +34,8 @@ def lora(catalog, **kw):
     (["V_PROJ"], ("v",)),
     (["attention"], ("q", "k", "v", "o")),
     (["linear_fc1", "linear_fc2"], ("gate", "up", "down")),
-    (["all-linear"], ()),  # every linear layer: the default, said as such
-    (["attention", "mlp"], ()),
+    (["all-linear"], None),  # every linear layer: the default, said as such
+    (["attention", "mlp"], None),
     (["o", "output_proj", "linear_proj"], ("o",)),  # the same layer named three ways
 ])
 def test_names_of_every_convention_map_onto_the_models_linears(names, expected):
@@ -49,9 +49,9 @@ def test_names_follow_the_model():
     assert check_targets(["q_proj"], gpt, "lora") == check_targets(["linear_qkv"], gpt, "lora") == ("qkv",)
     assert check_targets(["c_attn", "out_proj"], gpt, "lora") == ("qkv", "o")
     assert check_targets(["linear_q_down_proj", "kv_b_proj"], preset("deepseek-v3"), "qlora") == ("q_a", "kv_b")
-    assert check_targets(None, LLAMA, "lora") == ()  # every linear layer (Setup.adapted None)
-    assert check_targets(["ALL-LINEAR"], LLAMA, "lora") == ()
-    assert check_targets(None, LLAMA, "full") == ()
+    assert check_targets(None, LLAMA, "lora") is None  # every linear layer (Setup.lora_targets None)
+    assert check_targets(["ALL-LINEAR"], LLAMA, "lora") is None
+    assert check_targets(None, LLAMA, "full") is None
 
 
 @pytest.mark.parametrize("model, names, said", [
@@ -79,7 +79,7 @@ def test_fewer_targets_fewer_adapters_and_flops(catalog):
     every, qkv = lora(catalog), lora(catalog, lora_targets=["linear_qkv"])
     d, kv, layers = LLAMA.hidden_size, LLAMA.kv_dim, LLAMA.num_layers
     per_layer = 8 * (3 * d + d + 2 * kv)  # rank 8: A (d x r) and B (r x out) on q, k and v
-    assert LLAMA.lora_params_per_layer(8, qkv.adapted) == per_layer
+    assert LLAMA.lora_params_per_layer(8, qkv.lora_targets) == per_layer
     assert param_counts(qkv).trainable == layers * per_layer
     assert param_counts(every).trainable == layers * LLAMA.lora_params_per_layer(8) > param_counts(qkv).trainable
     # the MFU numerator: 4N for the frozen base, 6 per adapter parameter
@@ -115,11 +115,11 @@ def test_a_fused_qkv_module_carries_one_adapter_however_it_is_named(catalog):
         return resolve(JobSpec(model="mpt-7b", gpu="h100-80gb", gpus=8, method="lora", lora_targets=targets,
                                micro_batch=1, global_batch=32, seq_len=2048), catalog)
     one, three = mpt(["q_proj"]), mpt(["linear_qkv"])
-    assert one.adapted == three.adapted == ("qkv",)
+    assert one.lora_targets == three.lora_targets == ("qkv",)
     assert estimate_step(one).step_s == estimate_step(three).step_s
     assert estimate_memory(one).peak == estimate_memory(three).peak
     m = one.model  # PEFT's LoRA on Wqkv: A of d x r, B of r x 3d
-    assert m.lora_params_per_layer(16, one.adapted) == 16 * (m.hidden_size + 3 * m.hidden_size)
+    assert m.lora_params_per_layer(16, one.lora_targets) == 16 * (m.hidden_size + 3 * m.hidden_size)
 
 
 def test_peft_recipe_names_the_modules(catalog):

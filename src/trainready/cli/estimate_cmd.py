@@ -93,8 +93,8 @@ def estimate(
     json_out: o.Json = False,
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
-                      lora_rank=lora_rank,
-                      lora_targets=o.module_list(lora_targets), tokens=tokens, instance=instance, gpu=gpu, gpus=gpus,
+                      lora_rank=lora_rank, lora_targets=o.module_list(lora_targets),
+                      tokens=tokens, instance=instance, gpu=gpu, gpus=gpus,
                       gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps, strategy=strategy, tp=tp,
                       pp=pp, pp_virtual=pp_virtual, pp_local_batch=pp_local_batch, cp=cp, ep=ep, etp=etp, expert_load_imbalance=expert_load_imbalance,
                       ep_dispatcher=ep_dispatcher, ep_overlap=ep_overlap, fp8_dispatch=fp8_dispatch,

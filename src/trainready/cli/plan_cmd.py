@@ -98,8 +98,8 @@ def plan(
     live_deadline: Annotated[Optional[float], typer.Option("--live-deadline", metavar="SECONDS", parser=o.number("60", hi=24 * 3600), help="With --live: all AWS calls together end within this; what has no answer by then is unknown. [default: 60, or TRAINREADY_LIVE_DEADLINE_S]", rich_help_panel="Live")] = None,
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
-                      lora_rank=lora_rank,
-                      lora_targets=o.module_list(lora_targets), tokens=tokens, seq_len=seq_len, doc_len=doc_len, global_batch=global_batch,
+                      lora_rank=lora_rank, lora_targets=o.module_list(lora_targets),
+                      tokens=tokens, seq_len=seq_len, doc_len=doc_len, global_batch=global_batch,
                       precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
                       ep_dispatcher=ep_dispatcher, ep_overlap=ep_overlap, fp8_dispatch=fp8_dispatch,

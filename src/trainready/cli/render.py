@@ -215,9 +215,8 @@ def _alternative_text(a) -> str:
 
 def render_plan(con: Console, r: PlanResult) -> None:
     tokens = f"{count_text(r.tokens)} tokens" if r.tokens else "per 1B tokens"
-    method = r.rows[0].estimate.setup.method_text() if r.rows else r.method  # with the rank and LoRA targets
-    con.print(line((r.model, "bold"), f" ({r.params / 1e9:,.2f}B), {method}, {tokens}, ranked by {r.ranked_by}; "
-                   f"{r.searched:,} configurations searched"))
+    con.print(line((r.model, "bold"), f" ({r.params / 1e9:,.2f}B), {r.method_text()}, {tokens}, "
+                   f"ranked by {r.ranked_by}; {r.searched:,} configurations searched"))
     for n in r.notes:
         con.print(styled(n, "dim"))
     if not r.rows:

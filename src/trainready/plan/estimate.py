@@ -447,7 +447,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         ep_dispatcher=s.ep_dispatcher if s.ep > 1 else None, ep_overlap=s.ep > 1 and s.ep_overlap,
                         fp8_dispatch=s.ep > 1 and s.fp8_dispatch,
                         lora_rank=s.lora_rank if s.method != "full" else None,
-                        lora_targets=list(s.adapted) if s.adapted and s.method != "full" else None,
+                        lora_targets=list(s.lora_targets) if s.lora_targets else None,
                         kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,

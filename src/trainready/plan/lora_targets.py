@@ -52,17 +52,18 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec, method: str) -> tuple[str, ...]:
-    """The linear layers of one block that LoRA adapts, in the model's order; () where `names` is None or names every
-    one (Setup.adapted: None) and for full training. A usage error names the bad value and the valid ones."""
-    here = [n for n, _, _ in model.linear_layers()]
+def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec,
+                  method: str) -> tuple[str, ...] | None:
+    """The linear layers of one block that LoRA adapts, in the model's order; None where `names` is None or names
+    every one (Setup.lora_targets), and for full training. A usage error names the bad value and the valid ones."""
     if method == "full":
         if names is not None:
             raise UsageError("LoRA targets (--lora-targets, or lora_targets in a job file) apply to --method lora or "
                              "qlora; this job trains every weight (method full): drop them, or --method lora")
-        return ()
+        return None
     if names is None:
-        return ()
+        return None
+    here = [n for n, _, _ in model.linear_layers()]
     keys = [n.strip().lower() for n in names if n.strip()]
     if not keys:
         raise UsageError(f"--lora-targets names no module: give one or more of {', '.join(here)}, or {ALL_LINEAR}")
@@ -80,7 +81,7 @@ def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec, m
                              f"{_why_absent(key, model)}; its linear layers: {', '.join(here)}")
         chosen.update(found)
     if chosen == set(here):
-        return ()  # every linear layer: the default, said as such (JSON null, PEFT's "all-linear")
+        return None  # every linear layer: the default, said as such (JSON null, PEFT's "all-linear")
     return tuple(n for n in here if n in chosen)
 
 
@@ -109,7 +110,7 @@ FAMILY_NAMES = {"gpt": {"qkv": "c_attn", "o": "attn.c_proj", "up": "c_fc", "down
 SHARED_EXPERT = {"qwen2_moe": "shared_expert."}  # others (DeepSeek V2/V3, Kimi K2): shared_experts.
 
 
-def peft_target_modules(targets: tuple[str, ...], model: ModelSpec) -> str:
+def peft_target_modules(targets: tuple[str, ...] | None, model: ModelSpec) -> str:
     """`LoraConfig(target_modules=...)` for the adapted layers, as a Python literal ("all-linear": every one)."""
     if not targets:
         return repr(ALL_LINEAR)

@@ -76,7 +76,7 @@ def _param_counts(s: Setup) -> ParamCounts:
         local = blocks + embed
     if s.method == "full":
         return ParamCounts(local, block, embed, largest, local, 0.0, expert)
-    adapters = layers * m.lora_params_per_layer(s.lora_rank, s.adapted) / s.tp
+    adapters = layers * m.lora_params_per_layer(s.lora_rank, s.lora_targets) / s.tp
     linear = layers * (m.attention_params() + m.mlp_params()) / s.tp
     if m.is_moe:  # bitsandbytes 4-bit replaces nn.Linear modules only: attention, dense and shared-expert MLPs
         # (transformers 5.23 integrations/bitsandbytes.py replace_with_bnb_linear); the routed experts are fused 3D
@@ -231,7 +231,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
                                  attention_copy, flash, s.lora_targets),
                         lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                                       method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
-                                                      fp32_adapters=fp32_adapters, lora_targets=s.adapted,
+                                                      fp32_adapters=fp32_adapters, lora_targets=s.lora_targets,
                                                       attention_copy=attention_copy, flash=flash))
 
     # TP splits the attention and MLP insides; with sequence parallelism the rest too, else each TP rank keeps
@@ -242,7 +242,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
                                           lambda: tp_replicated_bytes_per_token(
                                               m, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method,
                                               fp8_saved=fp8_saved, fp32_adapters=fp32_adapters,
-                                              lora_targets=s.adapted))
+                                              lora_targets=s.lora_targets))
 
     def on_rank(per_tok: float, whole: float = replicated) -> float:  # bytes per token on one TP rank
         return per_tok / s.tp if sp else whole + (per_tok - whole) / s.tp
@@ -269,7 +269,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
         kept = tokens * on_rank(op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
                                                        lora_rank=s.lora_rank, fp32_adapters=fp32_adapters,
-                                                       lora_targets=s.adapted),
+                                                       lora_targets=s.lora_targets),
                                 block_input)
     elif s.recomputes not in ((), DEFAULT_MODULES):  # Megatron's modules: each layer less what they free
         kd, km = _modules_kept_per_token(s, per_token(m), moe_per_token, a, full_fp8)
@@ -319,7 +319,7 @@ def checkpoint_bytes(s: Setup) -> float:
     if s.method == "full":
         per = 8 if s.optimizer_dtype == "bf16" else 12
         return per * m.param_count()
-    adapters = m.num_layers * m.lora_params_per_layer(s.lora_rank, s.adapted)
+    adapters = m.num_layers * m.lora_params_per_layer(s.lora_rank, s.lora_targets)
     return 12 * adapters
 
 

@@ -12,10 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trainready.catalog.schema import Name
 
 MAX_PARAMS = 1e14  # 100x the largest dense model trained so far; a bigger count is a typo
-
-
 # families whose Hugging Face code projects q, k and v with one module (GPT-2's c_attn, MPT's Wqkv, query_key_value)
 FUSED_QKV_FAMILIES = ("gpt", "mpt", "gpt_neox", "bloom", "falcon")
+
 
 class MoESpec(BaseModel):
     """Mixture-of-experts MLPs: routed experts with top-k routing, optional shared experts.

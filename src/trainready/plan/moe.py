@@ -384,9 +384,9 @@ def _op_sac_mlp_unsaved(s: Setup, ffn: int) -> list[tuple[int, int]]:
     """(in, out) of the MLP matmuls (dense or shared experts, `ffn` wide) that torchtitan's op policy
     recomputes in one block (activations.op_sac_matmuls: every other mm, counted from attention's)."""
     m = s.model
-    n_attn = len(op_sac_matmuls(m, s.method, s.lora_rank, ffn=0, lora_targets=s.adapted))
+    n_attn = len(op_sac_matmuls(m, s.method, s.lora_rank, ffn=0, lora_targets=s.lora_targets))
     return [(i, o) for i, o, keep, adapter in op_sac_matmuls(m, s.method, s.lora_rank, ffn=ffn,
-                                                             lora_targets=s.adapted)[n_attn:]
+                                                             lora_targets=s.lora_targets)[n_attn:]
             if not (keep or adapter)]
 
 
@@ -408,7 +408,7 @@ def op_sac_kept_per_token(s: Setup, residual_bytes: int, act_bytes: int) -> tupl
     dispatch and combine), rows of hidden size on the busiest rank."""
     m, moe = s.model, s.model.moe
     kw = dict(residual_bytes=residual_bytes, act_bytes=act_bytes, method=s.method, lora_rank=s.lora_rank,
-              lora_targets=s.adapted,
+              lora_targets=s.lora_targets,
               fp32_adapters=get_stack(s.stack).lora_fp32_adapters)
     dense = op_sac_bytes_per_token(m, ffn=m.ffn_hidden_size, **kw)
     sparse = op_sac_bytes_per_token(m, ffn=moe.shared_width, **kw) + moe.experts_per_token * (4 + 8)

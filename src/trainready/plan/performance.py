@@ -127,7 +127,7 @@ def _gemm_time(flops: float, k: float, peak: float, e: eff.ArchEfficiency) -> fl
 
 
 def model_flops_per_token(s: Setup) -> float:
-    return flops_per_token(s.model, s.attention_len, s.method, s.lora_rank, s.adapted)
+    return flops_per_token(s.model, s.attention_len, s.method, s.lora_rank, s.lora_targets)
 
 
 def flops_per_token(m: ModelSpec, seq_len: int, method: str = "full", lora_rank: int = 16,
@@ -157,7 +157,7 @@ def recompute_flops_per_token(s: Setup) -> float:
         return (attn_fwd if "core_attn" in s.recomputes else 0.0) + _modules_flops_per_token(s)
     if s.checkpointing == "selective-op":  # the matmuls the op policy does not keep (MoE: MLPs per layer kind)
         ffn = 0 if m.is_moe else None
-        matmuls = op_sac_matmuls(m, s.method, s.lora_rank, ffn, s.adapted)
+        matmuls = op_sac_matmuls(m, s.method, s.lora_rank, ffn, s.lora_targets)
         attn_mlp = 2 * m.num_layers * sum(i * o for i, o, keep, adapter in matmuls if not (keep or adapter))
         return attn_mlp + (moe.op_sac_recompute_flops_per_token(s) if m.is_moe else 0.0)
     return 0.0
@@ -199,7 +199,7 @@ def _op_sac_recompute(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency)
     """(seconds, FLOPs) of one block's matmuls that the op policy recomputes, per micro-batch."""
     t = f = 0.0
     ffn = 0 if s.model.is_moe else None  # MoE models: the MLPs' recompute is per layer kind (moe.stage_time)
-    for i, o, keep, adapter in op_sac_matmuls(s.model, s.method, s.lora_rank, ffn, s.adapted):
+    for i, o, keep, adapter in op_sac_matmuls(s.model, s.method, s.lora_rank, ffn, s.lora_targets):
         if not (keep or adapter):  # adapters' rank-r matmuls: negligible
             flops = 2 * tokens * i * o / s.tp
             t += _gemm_time(flops, i, peak, e)
@@ -245,7 +245,7 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     Adapters in the model's dtype (stacks.Stack.lora_fp32_adapters False: Megatron-Bridge, NeMo AutoModel,
     torchtune): bf16 matmuls, scale-and-add only, 10*out + 15*out bytes.
     """
-    dims = s.model.linear_layer_dims(s.adapted)
+    dims = s.model.linear_layer_dims(s.lora_targets)
     sum_in = sum(i for i, _ in dims) / s.tp
     sum_out = sum(o for _, o in dims) / s.tp
     flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)

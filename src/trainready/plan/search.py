@@ -181,6 +181,10 @@ class PlanResult(BaseModel):
     candidates: list[Candidate] = Field(default_factory=list, description="the best configuration per instance and "
                                         "node count that fits within the limits, shown or not (plan --html)")
 
+    def method_text(self) -> str:
+        """The method as the header names it: the best row's, with its LoRA rank and targets (SetupInfo.method_text)."""
+        return self.rows[0].estimate.setup.method_text() if self.rows else self.method
+
 
 @dataclass
 class _Best:

@@ -17,8 +17,8 @@ from .efficiency import FP8_RECIPES, ArchEfficiency, power_scale
 from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
-from .presets import generic_model, preset
 from .lora_targets import check_targets
+from .presets import generic_model, preset
 from .recompute import DEFAULT_MODULES, check_modules
 from .stacks import (
     DEFAULT_STACK,
@@ -90,7 +90,7 @@ class Setup:
     cuda_graphs: bool = False  # the layers captured in CUDA graphs (Stack.cuda_graphs): no host launch floor there
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
     recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
-    lora_targets: tuple[str, ...] = ()  # LoRA/QLoRA: the linear layers adapted (lora_targets.py); (): every one
+    lora_targets: tuple[str, ...] | None = None  # LoRA/QLoRA: the linear layers adapted (lora_targets.py); None: all
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     doc_len: int | None = None  # packed documents' mean length, attention masked to each (JobSpec.doc_len)
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
@@ -121,11 +121,6 @@ class Setup:
         if self.checkpointing != "selective-attn":
             return ()
         return self.recompute_modules or DEFAULT_MODULES
-
-    @property
-    def adapted(self) -> tuple[str, ...] | None:
-        """LoRA/QLoRA: the linear layers of a block that carry adapters (lora_targets.py); None: every one."""
-        return self.lora_targets or None
 
     @property
     def n_gpus(self) -> int:

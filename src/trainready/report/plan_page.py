@@ -132,8 +132,7 @@ def _row_cells(row: Any, per_billion: bool) -> list[object]:
 def plan_page(result: Any) -> str:
     require_matplotlib()
     tokens = f"{count_text(result.tokens)} tokens" if result.tokens else "no --tokens (costs per 1B tokens)"
-    method = result.rows[0].estimate.setup.method_text() if result.rows else result.method
-    page = Page(title=f"trainready plan: {result.model}, {method}",
+    page = Page(title=f"trainready plan: {result.model}, {result.method_text()}",
                 subtitle=[f"{tokens}; ranked by {result.ranked_by}; global batch {result.global_batch} x "
                           f"{result.seq_len} tokens"])
     svg, (notes, front) = cost_time_chart(result)
