@@ -40,9 +40,10 @@ What a source states in prose that the estimate takes as an input is a column of
 then the bench read it from the notes with patterns, and a review found a phrase the pattern missed): `torch`,
 `power_limit_w`, `host_offload`, `load_imbalance`, `expert_routing`, `ep_dispatcher`, `fp8_param_gather`, and a
 `gpu` of `h100-96gb-hbm2e` for Meta's parts; and, with `--lora-targets` (2026-12-07), `lora_rank` and
-`lora_targets`: the recipe's LoRA dim and target modules, estimated with `--lora-rank` and `--lora-targets`. The
-notes keep the words the value was read from, and tests/test_plan_reference.py fails where a note says one thing and
-the column another.
+`lora_targets`: the recipe's LoRA dim and target modules, estimated with `--lora-rank` and `--lora-targets`; with
+`--lora-dropout` (2026-12-07), `lora_dropout`: the recipe's LoRA dropout where it states one (blank: the
+framework's default, 0 in PEFT, Megatron-Bridge and AutoModel). The notes keep the words the value was read
+from, and tests/test_plan_reference.py fails where a note says one thing and the column another.
 
 torch.compile (the `compile` column, from the row's framework release): "model+loss" rows (torchtitan from PR
 #1033, 2025-04, which compiles the loss with the model) are estimated with `--compile`; "model" rows (earlier
@@ -204,6 +205,8 @@ def job_of(r: dict[str, str]) -> JobSpec:
         kw["lora_rank"] = int(r["lora_rank"])
     if r["lora_targets"]:  # the recipe's target modules (Megatron's linear_qkv, PEFT's q_proj, ..., all-linear)
         kw["lora_targets"] = r["lora_targets"].split(",")
+    if r["lora_dropout"]:  # the recipe's LoRA dropout, where the stack puts it (AutoModel: on the adapter output)
+        kw["lora_dropout"] = float(r["lora_dropout"])
     stack = r["stack"] if r["stack"] in ("megatron", "torchtitan", "deepspeed", "automodel") else None
     if stack:
         kw["stack"] = stack

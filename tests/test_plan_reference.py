@@ -110,6 +110,7 @@ def _said_columns(r: dict[str, str]) -> dict[str, str]:
     build = re.search(r"torch ([0-9a-f]{7,})", f"{r['source']} {r['notes']}")
     peft = r.get("method") in ("lora", "qlora")
     rank = re.search(r"LoRA dim (?:\(rank\) )?(\d+)|dim \(rank\) (\d+)|--lora_r (\d+)", r["notes"]) if peft else None
+    dropout = re.search(r"LoRA dropout (\d+(?:\.\d+)?)", r["notes"]) if peft else None
     named = re.search(r"target_modules(?: = | )\['linear_qkv'\]|--lora_target_modules ([a-z_,]*[a-z])"
                       r"|all linear layers", r["notes"]) if peft else None
     gather = ("yes" if fp8 and any(k in told for k in ("with float8 all-gather", "fsdp float8 all-gather",
@@ -125,6 +126,7 @@ def _said_columns(r: dict[str, str]) -> dict[str, str]:
         "lora_rank": next(g for g in rank.groups() if g) if rank else "",
         "lora_targets": ("" if not named else named.group(1) or ("all-linear" if "all linear" in named.group(0)
                                                                  else "linear_qkv")),
+        "lora_dropout": dropout.group(1) if dropout else "",
         "torch": release.group(1) if release else _TORCH_BUILDS.get(build.group(1), "") if build else "",
         "gpu": "h100-96gb-hbm2e" if "96GB HBM2e" in r["notes"] else r["gpu"],
     }

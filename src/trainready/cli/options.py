@@ -195,6 +195,7 @@ Params = Annotated[Optional[float], typer.Option("--params", parser=number_for(J
 MethodOpt = Annotated[Optional[Method], typer.Option("--method", help="Full fine-tuning/pre-training, LoRA or QLoRA.", rich_help_panel=MODEL)]
 LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", parser=number_for(JobSpec, "lora_rank", "16"), help="LoRA rank. [default: 16]", rich_help_panel=MODEL)]
 LoraTargets = Annotated[Optional[str], typer.Option("--lora-targets", metavar="NAMES", help="The linear layers LoRA adapts, comma-separated: q, k, v, o, gate, up, down (latent attention: q_a, q_b, kv_a, kv_b), Hugging Face PEFT names (q_proj, v_proj, ...), Megatron names (linear_qkv, linear_proj, linear_fc1, linear_fc2) or attention, mlp, all-linear. [default: all-linear]", rich_help_panel=MODEL)]
+LoraDropout = Annotated[Optional[float], typer.Option("--lora-dropout", metavar="P", parser=number_for(JobSpec, "lora_dropout", "0.05"), help="LoRA dropout probability (PEFT's lora_dropout), on each adapter's input (PEFT, Megatron-Bridge) or output (automodel stack). [default: 0]", rich_help_panel=MODEL)]
 Tokens = Annotated[Optional[float], typer.Option("--tokens", parser=number_for(JobSpec, "tokens", "2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
 SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number_for(JobSpec, "seq_len", "4096"), help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
 DocLen = Annotated[Optional[int], typer.Option("--doc-len", metavar="TOKENS", parser=number_for(JobSpec, "doc_len", "1024"), help="Packed sequences whose attention is masked to each document (FlashAttention varlen, FlexAttention block-causal, TE THD): the documents' mean length. Attention's FLOPs and kernel follow it; all else the sequence. [default: attention spans the whole sequence]", rich_help_panel=PAR)]
@@ -288,9 +289,10 @@ def build_job(job_path: Path | None, **opts: Any) -> JobSpec:
     # the file's local batch belonged to its pipeline and stack: a different --pp or --stack here drops it
     if any(k in given and given[k] != base.get(k) for k in ("pp", "stack")) and "pp_local_batch" not in given:
         base.pop("pp_local_batch", None)
-    # the file's LoRA targets mean nothing for full training: --method full here drops them
+    # the file's LoRA targets and dropout mean nothing for full training: --method full here drops them
     if given.get("method") == "full":
         base.pop("lora_targets", None)
+        base.pop("lora_dropout", None)
     # the file's module list belonged to the file's stack and checkpointing: kept where those are restated unchanged
     if any(k in given and given[k] != base.get(k) for k in ("stack", "activation_checkpointing")):
         base.pop("recompute_modules", None)

@@ -20,6 +20,12 @@ with dropout and without FlashAttention), adapted to what today's stacks run:
   stacks with adapters in the model's dtype (Megatron-Bridge, NeMo AutoModel) feed the adapter
   the base linear's own input, saved once as in full fine-tuning (`fp32_adapters` False; the
   rank-r intermediates, r x 2 bytes per linear, are left out).
+* LoRA dropout (`lora_dropout` "pre" or "post", Stack.lora_dropout_position): dropout saves a 1-byte mask per
+  element it drops from. "pre" (PEFT, Megatron-Bridge, torchtune: lora_A(dropout(x))) drops each adapter's
+  input: under PEFT the dropped fp32 copy replaces the copy lora_A saved anyway (+1 byte), in the model's dtype
+  it is a copy of its own the base input cannot stand for (+act_bytes + 1), once per fused module under
+  Megatron-Core (linear_qkv, linear_fc1); "post" (AutoModel) drops the adapter's output, whose mask is all it
+  keeps (+1 byte per output element).
 * fused SwiGLU (Megatron-Core's bias_swiglu, a compiled graph) saves only its input (gate and up,
   2 x ffn) and the down projection its own input (1 x ffn): 3 x ffn, where eager modules keep 4.
 * FP8 under Transformer Engine (`fp8_saved`): each linear saves its input as the FP8 tensor it cast
@@ -75,9 +81,12 @@ def _attention_saved(model: ModelSpec) -> int:
 def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                           method: str = "full", dropout: bool = False, flash: bool = True,
                           seq_len: int = 0, fp8_saved: bool = False, fp32_adapters: bool = True,
-                          attention_copy: bool = True, lora_targets: Collection[str] | None = None) -> float:
+                          attention_copy: bool = True, lora_targets: Collection[str] | None = None,
+                          lora_dropout: str | None = None, lora_fused_modules: bool = False) -> float:
     """Bytes of activations one transformer block saves per token (no recomputation). `lora_targets`: the linear
-    layers LoRA adapts (None: every one; ModelSpec.linear_layers names them). `attention_copy`: eager
+    layers LoRA adapts (None: every one; ModelSpec.linear_layers names them); `lora_dropout`: where their dropout
+    sits, "pre" or "post" (None: none; lora_dropout_bytes), on fused modules where `lora_fused_modules`.
+    `attention_copy`: eager
     modules copy the attention output (SDPA's batch x heads x seq layout, transposed and made contiguous) for the
     output projection; False where the kernel returns batch x seq x heads (flash-attn's flash_attn_func, as
     Hugging Face's flash_attention_2 calls it), which the projection reads as a view."""
@@ -100,7 +109,38 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
         total += 2 * d  # masks after attention and after the MLP (1 byte each)
     if method in ("lora", "qlora") and fp32_adapters:
         total += _lora_delta(model, kernels, a, lora_targets)
+    if method in ("lora", "qlora") and lora_dropout:
+        total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules)
     return float(total)
+
+
+def _reads_whole_hidden(model: ModelSpec, name: str, din: int) -> bool:
+    """A column-parallel linear reading the hidden size, whose input TP without sequence parallelism leaves whole on
+    every rank; the row-parallel o and down read their TP rank's split, whatever their width."""
+    return din == model.hidden_size and name not in ("o", "down")
+
+
+def lora_dropout_elements(model: ModelSpec, targets: Collection[str] | None, at: str, fused_modules: bool = False,
+                          hidden_inputs_only: bool = False) -> int:
+    """Elements per token and layer that dropout on the adapters of `targets` drops: at "pre" each adapter's
+    input, at "post" its output. `fused_modules` (Stack.lora_fused_modules): one adapter per fused module, so q, k
+    and v (linear_qkv), and gate and up (linear_fc1), drop one shared input. `hidden_inputs_only`: the adapters on
+    column-parallel linears that read the hidden size (what TP without sequence parallelism leaves whole)."""
+    layers = [(n, i, o) for n, i, o in model.linear_layers()
+              if (targets is None or n in targets) and (not hidden_inputs_only or _reads_whole_hidden(model, n, i))]
+    if at == "post":
+        return 0 if hidden_inputs_only else sum(o for _, _, o in layers)
+    groups = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "fc1", "up": "fc1"} if fused_modules else {}
+    return sum({groups.get(n, n): i for n, i, _ in layers}.values())
+
+
+def lora_dropout_bytes(model: ModelSpec, targets: Collection[str] | None, at: str, fp32_adapters: bool,
+                       act_bytes: int, fused_modules: bool = False, hidden_inputs_only: bool = False) -> int:
+    """Bytes per token and layer that dropout on the adapters of `targets` adds to what a block saves (module
+    docstring): a mask byte per element dropped (lora_dropout_elements), and at "pre" the dropped copy where the
+    adapters do not keep an fp32 copy of their input anyway."""
+    per_element = 1 if at == "post" or fp32_adapters else act_bytes + 1
+    return per_element * lora_dropout_elements(model, targets, at, fused_modules, hidden_inputs_only)
 
 
 def mlp_bytes_per_token(model: ModelSpec, ffn: int, *, kernels: str, act_bytes: int, fp8_saved: bool = False) -> int:
@@ -127,12 +167,14 @@ def norm_output_bytes(act_bytes: int, fp8_saved: bool) -> int:
 
 def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                                   method: str = "full", dropout: bool = False, fp8_saved: bool = False,
-                                  fp32_adapters: bool = True, lora_targets: Collection[str] | None = None) -> float:
+                                  fp32_adapters: bool = True, lora_targets: Collection[str] | None = None,
+                                  lora_dropout: str | None = None, lora_fused_modules: bool = False) -> float:
     """The part of layer_bytes_per_token that tensor parallelism without sequence parallelism leaves whole on
     every TP rank (Korthikanti et al. 2022, Sec. 4.2.2: the 10sbh of norms and dropout stay, the 24sbh/t of the
     attention and MLP insides split): the norms' inputs and outputs (the column-parallel linears' input) and
     the dropout masks; under PEFT, the fp32 input copies of the adapters on column-parallel linears (those that
-    read the hidden size) replace the normalized outputs only the frozen linears read."""
+    read the hidden size) replace the normalized outputs only the frozen linears read; LoRA dropout's masks (and
+    copies) on those adapters' inputs stay whole too."""
     d, a = model.hidden_size, act_bytes
     fp8_saved = fp8_saved and method == "full"
     frozen = method in ("lora", "qlora")
@@ -141,7 +183,11 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
         total += 2 * d
     if frozen and fp32_adapters:
         total -= model.norms_per_layer * a * d
-        total += sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims(lora_targets) if din == d)
+        total += sum(ADAPTER_BYTES * i for n, i, _ in model.linear_layers()
+                     if (lora_targets is None or n in lora_targets) and _reads_whole_hidden(model, n, i))
+    if frozen and lora_dropout:
+        total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules,
+                                    hidden_inputs_only=True)
     return float(total)
 
 

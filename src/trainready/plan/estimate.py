@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -110,6 +111,11 @@ class SetupInfo(BaseModel):
                                            "the linear layers of a block that carry adapters, by the planner's names "
                                            "(q, k, v, o, gate, up, down; latent attention q_a, q_b, kv_a, kv_b: "
                                            "plan/lora_targets.py); None: every linear layer, or full training")
+    lora_dropout: float | None = Field(None, description="LoRA/QLoRA with dropout on the adapters (--lora-dropout): "
+                                       "its probability; None: none, or full training")
+    lora_dropout_position: Literal["pre", "post"] | None = Field(
+        None, description="where that dropout sits: 'pre' on each adapter's input (PEFT, Megatron-Bridge), 'post' on "
+                          "its output (NeMo AutoModel); None without dropout")
     kernels: str
     attention_kernel: str
     stack: str = Field(description="training stack preset whose defaults apply (plan/stacks.py; hf-trainer unless named)")
@@ -124,9 +130,11 @@ class SetupInfo(BaseModel):
         return modules_text(tuple(self.recompute_modules)) if self.recompute_modules else self.activation_checkpointing
 
     def method_text(self) -> str:
-        """The method as outputs name it: "lora r=8 on q, k, v" (the rank for LoRA/QLoRA, the targets where named)."""
+        """The method as outputs name it: "lora r=8 on q, k, v, dropout 0.05" (the rank for LoRA/QLoRA, the targets
+        where named, the dropout where there is one)."""
         return (self.method + (f" r={self.lora_rank}" if self.lora_rank else "")
-                + (f" on {', '.join(self.lora_targets)}" if self.lora_targets else ""))
+                + (f" on {', '.join(self.lora_targets)}" if self.lora_targets else "")
+                + (f", dropout {self.lora_dropout:g}" if self.lora_dropout else ""))
 
     def dispatch_text(self) -> str:
         """", DeepEP + a2a overlap" where a MoE row uses either (the collective all-to-all says nothing)."""
@@ -448,6 +456,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         fp8_dispatch=s.ep > 1 and s.fp8_dispatch,
                         lora_rank=s.lora_rank if s.method != "full" else None,
                         lora_targets=list(s.lora_targets) if s.lora_targets else None,
+                        lora_dropout=s.lora_dropout if s.lora_dropout_at else None,
+                        lora_dropout_position=s.lora_dropout_at,
                         kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,

@@ -51,6 +51,9 @@ class JobSpec(BaseModel):
                                            "(linear_qkv, linear_proj, linear_fc1, linear_fc2) or a group "
                                            "(attention, mlp, all-linear) (plan/lora_targets.py); None: every "
                                            "linear layer")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA/QLoRA: the adapters' dropout probability "
+                                "(PEFT's lora_dropout, Megatron-Bridge's and AutoModel's dropout), on each adapter's "
+                                "input or output as the stack puts it (Stack.lora_dropout_position); 0: none")
     instance: str | None = None
     gpu: str | None = None
     gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="total GPUs")

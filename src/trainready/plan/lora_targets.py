@@ -17,7 +17,10 @@ modelled). Users write the names of their framework; each maps onto those:
 
 A fused module's adapter (Megatron's linear_qkv: one A of hidden x r, one B of r x (q + 2 kv)) is counted as
 adapters on its parts (three A matrices): the difference is r x hidden x 2 parameters per block, and the time and
-activation bytes of the adapters follow their outputs, which are the same."""
+activation bytes of the adapters follow their outputs, which are the same.
+
+`check_dropout` holds `--lora-dropout` to LoRA and QLoRA; where the dropout sits is the stack's
+(Stack.lora_dropout_position), what it costs activations.lora_dropout_bytes and performance._adapter_time."""
 
 from __future__ import annotations
 
@@ -50,6 +53,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # groups
     "attention": ATTENTION, "mlp": MLP, ALL_LINEAR: ATTENTION + MLP,
 }
+
+
+def check_dropout(p: float, method: str) -> float:
+    """The adapters' dropout probability (Setup.lora_dropout); any above 0 with full training is a usage error."""
+    if p and method == "full":
+        raise UsageError(f"LoRA dropout (--lora-dropout, or lora_dropout in a job file) {p:g} applies to --method "
+                         "lora or qlora; this job trains every weight (method full): drop it, or --method lora")
+    return p
 
 
 def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec,

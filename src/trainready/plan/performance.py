@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from . import efficiency as eff
 from . import moe
-from .activations import op_sac_matmuls
+from .activations import lora_dropout_elements, op_sac_matmuls
 from .attention import attention_path, layer_attention
 from .memory import NF4_BYTES, param_counts
 from .model_spec import ModelSpec
@@ -244,6 +244,10 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     (counted from PEFT's LoraLayer.forward and autograd), matmuls at the fp32 peak.
     Adapters in the model's dtype (stacks.Stack.lora_fp32_adapters False: Megatron-Bridge, NeMo AutoModel,
     torchtune): bf16 matmuls, scale-and-add only, 10*out + 15*out bytes.
+    Dropout (Setup.lora_dropout_at) reads and writes what it drops and writes a 1-byte mask, and its backward reads
+    the gradient and the mask and writes the gradient: (2c + 1) bytes per element each way, on the adapters' inputs
+    ("pre": c = 4 under PEFT, which drops its fp32 copy, else the activation bytes; once per fused module under
+    Megatron-Core) or outputs ("post"): activations.lora_dropout_elements.
     """
     dims = s.model.linear_layer_dims(s.lora_targets)
     sum_in = sum(i for i, _ in dims) / s.tp
@@ -256,6 +260,12 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     else:
         rate = peak * e.gemm * 0.5  # skinny (rank-r) matmuls
         fwd_bytes, bwd_bytes = 10 * sum_out, 15 * sum_out
+    if s.lora_dropout_at:
+        stack = get_stack(s.stack)
+        c = 4 if s.lora_dropout_at == "pre" and stack.lora_fp32_adapters or s.precision == "fp32" else 2
+        dropped = (2 * c + 1) * lora_dropout_elements(s.model, s.lora_targets, s.lora_dropout_at,
+                                                     stack.lora_fused_modules) / s.tp
+        fwd_bytes, bwd_bytes = fwd_bytes + dropped, bwd_bytes + dropped
     fwd = flops_fwd / rate + tokens * fwd_bytes / hbm
     bwd = 2 * flops_fwd / rate + tokens * bwd_bytes / hbm
     return fwd, bwd, 3 * flops_fwd

@@ -17,7 +17,7 @@ from .efficiency import FP8_RECIPES, ArchEfficiency, power_scale
 from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
-from .lora_targets import check_targets
+from .lora_targets import check_dropout, check_targets
 from .presets import generic_model, preset
 from .recompute import DEFAULT_MODULES, check_modules
 from .stacks import (
@@ -91,6 +91,7 @@ class Setup:
     torch_compile: bool = False  # the model and its loss compiled (stacks.Stack.torch_compile): the loss fused
     recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
     lora_targets: tuple[str, ...] | None = None  # LoRA/QLoRA: the linear layers adapted (lora_targets.py); None: all
+    lora_dropout: float = 0.0  # LoRA/QLoRA: the adapters' dropout probability (JobSpec.lora_dropout); 0: none
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     doc_len: int | None = None  # packed documents' mean length, attention masked to each (JobSpec.doc_len)
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
@@ -107,6 +108,14 @@ class Setup:
         if self.power_limit_w is None:
             return 1.0
         return power_scale(self.gpu.arch, self.power_limit_w, self.gpu.power_w)
+
+    @property
+    def lora_dropout_at(self) -> str | None:
+        """Where the adapters' dropout sits ("pre": their inputs, "post": their outputs; Stack.lora_dropout_position);
+        None without one (no dropout, or full training)."""
+        if self.method == "full" or not self.lora_dropout:
+            return None
+        return get_stack(self.stack).lora_dropout_position
 
     @property
     def compiled(self) -> bool:
@@ -773,4 +782,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  fp8_recipe=recipe,
                  fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled, cuda_graphs=graphs,
                  recompute_modules=modules, power_limit_w=job.power_limit_w,
-                 lora_targets=check_targets(job.lora_targets, model, job.method), **comm)
+                 lora_targets=check_targets(job.lora_targets, model, job.method),
+                 lora_dropout=check_dropout(job.lora_dropout, job.method), **comm)

@@ -117,6 +117,14 @@ class Stack:
     for backward) and running fp32 matmuls (plan/activations.py, performance._adapter_time); False: adapters in
     the model's dtype reading the very tensor the frozen linear reads (saved once, nothing copied)."""
     lora_source: str = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
+    lora_fused_modules: bool = False
+    """LoRA adapts the framework's fused modules: Megatron-Core's linear_qkv (q, k and v) and linear_fc1 (gate and
+    up) hold one adapter each, reading one input (what their dropout drops once); False: one per projection, as
+    Hugging Face models have them."""
+    lora_dropout_position: Literal["pre", "post"] = "pre"
+    """Where LoRA dropout (--lora-dropout) sits: "pre" on each adapter's input, as PEFT (lora_B(lora_A(dropout(x))),
+    one dropout per adapted module), Megatron-Bridge and NeMo 2 (LoRA.dropout_position 'pre') and torchtune do it;
+    "post" on the adapter's output, NeMo AutoModel's default (PeftConfig.dropout_position 'post')."""
     param_dtype: Literal["fp32", "bf16"] = "fp32"
     """The dtype the framework builds parameters in for a bf16 job that gives no --optimizer-dtype: fp32 master
     weights under autocast or FSDP mixed precision, or bf16 parameters with bf16 Adam states (pure bf16)."""
@@ -304,6 +312,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "the flex (DeepEP) dispatcher sends the activations as they are, bf16 under TE FP8, and "
                     "HybridEP 'does not support fp8 dispatch now'",
           expert_tp="tp", fp8_saves_inputs=True, expert_output_saved=False, torch_sdpa=False, lora_fp32_adapters=False,
+          lora_fused_modules=True,
           sequence_parallel=True,  # trainready's megatron recipe passes --sequence-parallel with tp > 1
           tp_overlap="--tp-comm-overlap (Transformer Engine userbuffers)",
           fp8_recipe="delayed",  # Megatron-Core TransformerConfig.fp8_recipe default
@@ -353,7 +362,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "that docker/Dockerfile installs with uv sync --all-groups); its own models take rms_norm/linear "
                  "'te'; activation checkpointing wraps whole layers",
           ep_source=_EP_ALLTOALL_ASSUMED + _AUTOMODEL_DISPATCH_SOURCE, alltoall_caveat=_AUTOMODEL_DISPATCH,
-          expert_tp="whole-under-ep", lora_fp32_adapters=False,
+          expert_tp="whole-under-ep", lora_fp32_adapters=False, lora_dropout_position="post",
           fp8_param_gather=("tensorwise",), fp8_param_gather_strategy="zero3",
           fp8_param_gather_source="NeMo AutoModel docs/guides/fp8-training.mdx: FP8Config "
                                   "enable_fsdp_float8_all_gather (torchao's FSDP2 float8 all-gather), False by default",
