@@ -55,6 +55,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+_SAID = "--lora-targets (or lora_targets in a job file)"  # where a bad name came from: either
+
+
 def check_dropout(p: float, method: str) -> float:
     """The adapters' dropout probability (Setup.lora_dropout); any above 0 with full training is a usage error."""
     if p and method == "full":
@@ -77,18 +80,18 @@ def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec,
     here = [n for n, _, _ in model.linear_layers()]
     keys = [n.strip().lower() for n in names if n.strip()]
     if not keys:
-        raise UsageError(f"--lora-targets names no module: give one or more of {', '.join(here)}, or {ALL_LINEAR}")
+        raise UsageError(f"{_SAID} names no module: give one or more of {', '.join(here)}, or {ALL_LINEAR}")
     chosen: set[str] = set()
     for key in keys:
         if key not in ALIASES:
             near = closest(key, ALIASES)
-            raise UsageError(f"--lora-targets: unknown module {printable(key[:80])}"
+            raise UsageError(f"{_SAID}: unknown module {printable(key[:80])}"
                              + (f" (did you mean {', '.join(near)}?)" if near else "")
                              + f"; {printable(model.name)}'s linear layers: {', '.join(here)} (or Hugging Face "
                              f"names such as q_proj, Megatron names such as linear_qkv, or {ALL_LINEAR})")
         found = [n for n in ALIASES[key] if n in here]
         if not found:
-            raise UsageError(f"--lora-targets {printable(key)}: {printable(model.name)} has no such linear layer"
+            raise UsageError(f"{_SAID} {printable(key[:80])}: {printable(model.name)} has no such linear layer"
                              f"{_why_absent(key, model)}; its linear layers: {', '.join(here)}")
         chosen.update(found)
     if chosen == set(here):
