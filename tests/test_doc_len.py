@@ -123,6 +123,15 @@ def test_plan_keeps_context_parallelism_out_and_saves_the_length(tmp_path):
     assert again["throughput"]["tokens_per_s"] == pytest.approx(rows[0]["estimate"]["throughput"]["tokens_per_s"])
 
 
+def test_the_plan_page_says_the_documents(tmp_path):
+    pytest.importorskip("matplotlib")
+    page = tmp_path / "plan.html"
+    r = cli_run("plan", "-m", "llama-3.1-8b", "--tokens", "1e9", "--seq-len", "8192", "--doc-len", "1024",
+                "--instances", "p5.48xlarge", "--attention-kernel", "flash2", "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    assert "global batch 128 x 8192 tokens (documents of 1,024, attention masked apart)" in page.read_text()
+
+
 @pytest.mark.parametrize("framework, mechanism", [
     ("torchtitan", '"block_causal"'), ("megatron", "--dataloader-inter-document-masking"),
     ("deepspeed", "DataCollatorWithFlattening"), ("hf-tp", "flash_attention_2")])

@@ -132,9 +132,11 @@ def _row_cells(row: Any, per_billion: bool) -> list[object]:
 def plan_page(result: Any) -> str:
     require_matplotlib()
     tokens = f"{count_text(result.tokens)} tokens" if result.tokens else "no --tokens (costs per 1B tokens)"
+    doc_len = result.rows[0].estimate.setup.doc_len if result.rows else None
     page = Page(title=f"trainready plan: {result.model}, {result.method_text()}",
                 subtitle=[f"{tokens}; ranked by {result.ranked_by}; global batch {result.global_batch} x "
-                          f"{result.seq_len} tokens"])
+                          f"{result.seq_len} tokens"
+                          + (f" (documents of {doc_len:,}, attention masked apart)" if doc_len else "")])
     svg, (notes, front) = cost_time_chart(result)
     if svg is None:
         page.unavailable("cost-time", "Every candidate: cost vs time", notes)
