@@ -42,14 +42,20 @@ def test_elements_follow_the_position_the_targets_and_fused_modules():
     assert lora_dropout_elements(LLAMA, ("q", "v"), "pre") == 2 * D
     assert lora_dropout_elements(LLAMA, ("q", "v"), "pre", fused_modules=True) == D
     assert lora_dropout_elements(LLAMA, ("q", "v"), "post") == Q + KV
-    assert lora_dropout_elements(LLAMA, None, "pre", hidden_inputs_only=True) == 5 * D  # o and down read wider
-    assert lora_dropout_elements(LLAMA, None, "post", hidden_inputs_only=True) == 0
+    # whole on every TP rank without sequence parallelism: the column-parallel adapters' inputs (q, k, v, gate, up),
+    # the row-parallel ones' outputs (o, down)
+    assert lora_dropout_elements(LLAMA, None, "pre", whole_only=True) == 5 * D
+    assert lora_dropout_elements(LLAMA, None, "post", whole_only=True) == 2 * D
+    dsv3 = preset("deepseek-v3")  # latent attention: q_b and kv_b read the latents, whole on every rank too
+    a = dsv3.mla
+    assert lora_dropout_elements(dsv3, ("q_b", "kv_b", "o"), "pre", whole_only=True) == a.q_lora_rank + a.kv_lora_rank
 
 
 @pytest.mark.parametrize("at, fp32_adapters, fused, per_token", [
     ("pre", True, False, 1 * INPUTS),  # PEFT: the dropped fp32 copy replaces the one lora_A saved; + its mask
     ("pre", False, False, 3 * INPUTS),  # adapters in bf16: a dropped copy of their own (2 bytes) and the mask
-    ("pre", False, True, 3 * (D + Q + D + F)),  # Megatron: once per fused module
+    ("pre", False, True, 3 * (D + Q + D) + F),  # Megatron: once per fused module; linear_fc2's copy replaces the
+    # activation output only its adapter kept (TE saves no input for a frozen weight): its mask alone
     ("post", False, False, 1 * OUTPUTS),  # AutoModel: the mask on the adapter's output
 ])
 def test_saved_bytes_per_token(at, fp32_adapters, fused, per_token):
@@ -64,7 +70,8 @@ def test_tp_without_sequence_parallelism_keeps_the_hidden_inputs_masks_whole():
     kw = dict(kernels="eager", residual_bytes=2, act_bytes=2, method="lora", fp32_adapters=True)
     pre = tp_replicated_bytes_per_token(LLAMA, **kw, lora_dropout="pre") - tp_replicated_bytes_per_token(LLAMA, **kw)
     assert pre == 5 * D  # q, k, v, gate, up read the hidden size: their masks on every TP rank
-    assert tp_replicated_bytes_per_token(LLAMA, **kw, lora_dropout="post") == tp_replicated_bytes_per_token(LLAMA, **kw)
+    post = tp_replicated_bytes_per_token(LLAMA, **kw, lora_dropout="post") - tp_replicated_bytes_per_token(LLAMA, **kw)
+    assert post == 2 * D  # o and down: row-parallel, their adapters' outputs whole rows
 
 
 @pytest.mark.parametrize("stack, at", [(None, "pre"), ("megatron", "pre"), ("automodel", "post")])
@@ -78,7 +85,7 @@ def test_each_stack_puts_dropout_where_its_framework_does(catalog, stack, at):
 
 
 def test_the_memory_delta_is_the_masks_and_copies_of_the_micro_batch(catalog):
-    for stack, per_token in ((None, INPUTS), ("automodel", OUTPUTS), ("megatron", 3 * (D + Q + D + F))):
+    for stack, per_token in ((None, INPUTS), ("automodel", OUTPUTS), ("megatron", 3 * (D + Q + D) + F)):
         with_, without = lora(catalog, stack=stack, lora_dropout=0.1), lora(catalog, stack=stack)
         delta = estimate_memory(with_).activations - estimate_memory(without).activations
         assert delta == pytest.approx(per_token * LLAMA.num_layers * 4096, rel=1e-9), stack
@@ -96,6 +103,16 @@ def test_the_time_is_the_dropped_bytes_both_ways(catalog):
     assert flops == flops0  # dropout is no FLOP the MFU counts
 
 
+def test_without_sequence_parallelism_the_time_follows_the_whole_inputs(catalog):
+    s, none = lora(catalog, tp=4, lora_dropout=0.05), lora(catalog, tp=4)  # PEFT under TP: no sequence parallelism
+    e = eff.arch_efficiency(s.gpu.arch)
+    peak = s.gpu.peak_tflops("bf16") * 1e12
+    tokens = s.micro_batch * s.seq_len
+    per_rank = 5 * D + (INPUTS - 5 * D) / 4  # q, k, v, gate, up whole; o and down split
+    moved = tokens * 9 * per_rank / (s.gpu.hbm_gbps * 1e9 * e.memory)
+    assert _adapter_time(s, tokens, peak, e)[0] - _adapter_time(none, tokens, peak, e)[0] == pytest.approx(moved)
+
+
 def test_dropout_with_full_training_is_refused_and_zero_is_none():
     with pytest.raises(UsageError, match="--method lora"):
         check_dropout(0.1, "full")
@@ -107,6 +124,8 @@ def test_peft_recipe_says_the_dropout(catalog):
     s = lora(catalog, strategy="zero3", lora_dropout=0.05, lora_targets=["q_proj", "v_proj"])
     assert "target_modules=['q_proj', 'v_proj'], lora_dropout=0.05, ...)" in " ".join(recipe_for(s, "deepspeed").notes)
     assert "lora_dropout" not in " ".join(recipe_for(lora(catalog, strategy="zero3"), "deepspeed").notes)
+    close = lora(catalog, strategy="zero3", lora_dropout=0.9999999)  # said as given, never rounded to 1
+    assert "lora_dropout=0.9999999," in " ".join(recipe_for(close, "deepspeed").notes)
 
 
 ARGS = ("estimate", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--method", "lora",

@@ -24,8 +24,11 @@ with dropout and without FlashAttention), adapted to what today's stacks run:
   element it drops from. "pre" (PEFT, Megatron-Bridge, torchtune: lora_A(dropout(x))) drops each adapter's
   input: under PEFT the dropped fp32 copy replaces the copy lora_A saved anyway (+1 byte), in the model's dtype
   it is a copy of its own the base input cannot stand for (+act_bytes + 1), once per fused module under
-  Megatron-Core (linear_qkv, linear_fc1); "post" (AutoModel) drops the adapter's output, whose mask is all it
-  keeps (+1 byte per output element).
+  Megatron-Core (linear_qkv, linear_fc1; on linear_fc2 the copy replaces the activation output only its adapter
+  kept, Transformer Engine saving no input for a frozen weight: +1); "post" (AutoModel) drops the adapter's
+  output, whose mask is all it keeps (+1 byte per output element). Not counted: under Megatron with TP > 1 the
+  linear_qkv and linear_fc1 adapters read the sequence-parallel input gathered whole
+  (return_layernorm_output_gathered), as the adapters' own gathers are not counted without dropout either.
 * fused SwiGLU (Megatron-Core's bias_swiglu, a compiled graph) saves only its input (gate and up,
   2 x ffn) and the down projection its own input (1 x ffn): 3 x ffn, where eager modules keep 4.
 * FP8 under Transformer Engine (`fp8_saved`): each linear saves its input as the FP8 tensor it cast
@@ -114,33 +117,42 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
     return float(total)
 
 
-def _reads_whole_hidden(model: ModelSpec, name: str, din: int) -> bool:
-    """A column-parallel linear reading the hidden size, whose input TP without sequence parallelism leaves whole on
-    every rank; the row-parallel o and down read their TP rank's split, whatever their width."""
-    return din == model.hidden_size and name not in ("o", "down")
+def _whole_on_tp_ranks(model: ModelSpec, name: str, din: int) -> bool:
+    """A column-parallel linear whose input TP without sequence parallelism leaves whole on every rank: it reads the
+    hidden size, or (latent attention) the latents; the row-parallel o and down read their TP rank's split."""
+    return name not in ("o", "down") and (din == model.hidden_size or name in ("q_b", "kv_b"))
+
+
+def _dropped(model: ModelSpec, targets: Collection[str] | None, at: str, fused_modules: bool,
+             whole_only: bool) -> dict[str, int]:
+    """Elements per token and layer each adapter's dropout drops, by module (lora_dropout_elements)."""
+    layers = [(n, i, o) for n, i, o in model.linear_layers() if targets is None or n in targets]
+    if at == "post":  # the adapter's output: the row-parallel o and down give whole rows on every TP rank
+        return {n: o for n, _, o in layers if not whole_only or n in ("o", "down")}
+    groups = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "fc1", "up": "fc1"} if fused_modules else {}
+    return {groups.get(n, n): i for n, i, _ in layers if not whole_only or _whole_on_tp_ranks(model, n, i)}
 
 
 def lora_dropout_elements(model: ModelSpec, targets: Collection[str] | None, at: str, fused_modules: bool = False,
-                          hidden_inputs_only: bool = False) -> int:
+                          whole_only: bool = False) -> int:
     """Elements per token and layer that dropout on the adapters of `targets` drops: at "pre" each adapter's
     input, at "post" its output. `fused_modules` (Stack.lora_fused_modules): one adapter per fused module, so q, k
-    and v (linear_qkv), and gate and up (linear_fc1), drop one shared input. `hidden_inputs_only`: the adapters on
-    column-parallel linears that read the hidden size (what TP without sequence parallelism leaves whole)."""
-    layers = [(n, i, o) for n, i, o in model.linear_layers()
-              if (targets is None or n in targets) and (not hidden_inputs_only or _reads_whole_hidden(model, n, i))]
-    if at == "post":
-        return 0 if hidden_inputs_only else sum(o for _, _, o in layers)
-    groups = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "fc1", "up": "fc1"} if fused_modules else {}
-    return sum({groups.get(n, n): i for n, i, _ in layers}.values())
+    and v (linear_qkv), and gate and up (linear_fc1), drop one shared input. `whole_only`: those that TP without
+    sequence parallelism leaves whole on every rank (the column-parallel adapters' inputs, the row-parallel ones'
+    outputs)."""
+    return sum(_dropped(model, targets, at, fused_modules, whole_only).values())
 
 
 def lora_dropout_bytes(model: ModelSpec, targets: Collection[str] | None, at: str, fp32_adapters: bool,
-                       act_bytes: int, fused_modules: bool = False, hidden_inputs_only: bool = False) -> int:
+                       act_bytes: int, fused_modules: bool = False, whole_only: bool = False) -> int:
     """Bytes per token and layer that dropout on the adapters of `targets` adds to what a block saves (module
     docstring): a mask byte per element dropped (lora_dropout_elements), and at "pre" the dropped copy where the
-    adapters do not keep an fp32 copy of their input anyway."""
-    per_element = 1 if at == "post" or fp32_adapters else act_bytes + 1
-    return per_element * lora_dropout_elements(model, targets, at, fused_modules, hidden_inputs_only)
+    adapters do not keep an fp32 copy of their input anyway, except on Megatron-Core's linear_fc2: Transformer
+    Engine saves no input for a frozen weight, so the activation output only its adapter kept is replaced by the
+    dropped copy."""
+    copy = 0 if at == "post" or fp32_adapters else act_bytes
+    return sum((1 + (0 if fused_modules and n == "down" else copy)) * k
+               for n, k in _dropped(model, targets, at, fused_modules, whole_only).items())
 
 
 def mlp_bytes_per_token(model: ModelSpec, ffn: int, *, kernels: str, act_bytes: int, fp8_saved: bool = False) -> int:
@@ -173,8 +185,9 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
     every TP rank (Korthikanti et al. 2022, Sec. 4.2.2: the 10sbh of norms and dropout stay, the 24sbh/t of the
     attention and MLP insides split): the norms' inputs and outputs (the column-parallel linears' input) and
     the dropout masks; under PEFT, the fp32 input copies of the adapters on column-parallel linears (those that
-    read the hidden size) replace the normalized outputs only the frozen linears read; LoRA dropout's masks (and
-    copies) on those adapters' inputs stay whole too."""
+    read the hidden size, or latent attention's latents) replace the normalized outputs only the frozen linears
+    read; LoRA dropout's masks (and copies) on those adapters' inputs, and on the row-parallel adapters' outputs,
+    stay whole too."""
     d, a = model.hidden_size, act_bytes
     fp8_saved = fp8_saved and method == "full"
     frozen = method in ("lora", "qlora")
@@ -184,10 +197,10 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
     if frozen and fp32_adapters:
         total -= model.norms_per_layer * a * d
         total += sum(ADAPTER_BYTES * i for n, i, _ in model.linear_layers()
-                     if (lora_targets is None or n in lora_targets) and _reads_whole_hidden(model, n, i))
+                     if (lora_targets is None or n in lora_targets) and _whole_on_tp_ranks(model, n, i))
     if frozen and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules,
-                                    hidden_inputs_only=True)
+                                    whole_only=True)
     return float(total)
 
 

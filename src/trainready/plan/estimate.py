@@ -134,7 +134,7 @@ class SetupInfo(BaseModel):
         where named, the dropout where there is one)."""
         return (self.method + (f" r={self.lora_rank}" if self.lora_rank else "")
                 + (f" on {', '.join(self.lora_targets)}" if self.lora_targets else "")
-                + (f", dropout {self.lora_dropout:g}" if self.lora_dropout else ""))
+                + (f", dropout {self.lora_dropout!r}" if self.lora_dropout else ""))
 
     def dispatch_text(self) -> str:
         """", DeepEP + a2a overlap" where a MoE row uses either (the collective all-to-all says nothing)."""

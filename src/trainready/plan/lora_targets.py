@@ -61,7 +61,7 @@ _SAID = "--lora-targets (or lora_targets in a job file)"  # where a bad name cam
 def check_dropout(p: float, method: str) -> float:
     """The adapters' dropout probability (Setup.lora_dropout); any above 0 with full training is a usage error."""
     if p and method == "full":
-        raise UsageError(f"LoRA dropout (--lora-dropout, or lora_dropout in a job file) {p:g} applies to --method "
+        raise UsageError(f"LoRA dropout (--lora-dropout, or lora_dropout in a job file) {p!r} applies to --method "
                          "lora or qlora; this job trains every weight (method full): drop it, or --method lora")
     return p
 

@@ -228,7 +228,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
         return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters,
-                                 attention_copy, flash, s.lora_targets, s.lora_dropout_at),
+                                 attention_copy, flash, s.lora_targets, s.lora_dropout_at, stack.lora_fused_modules),
                         lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                                       method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
                                                       fp32_adapters=fp32_adapters, lora_targets=s.lora_targets,
@@ -240,7 +240,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     # the norms' tensors and the layer input whole (Stack.sequence_parallel)
     sp = stack.sequence_parallel or s.tp == 1
     replicated = 0.0 if sp else moe._memo(m, ("tp_replicated", s.kernels, r, a, s.method, fp8_saved, fp32_adapters,
-                                              s.lora_targets, s.lora_dropout_at),
+                                              s.lora_targets, s.lora_dropout_at, stack.lora_fused_modules),
                                           lambda: tp_replicated_bytes_per_token(
                                               m, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method,
                                               fp8_saved=fp8_saved, fp32_adapters=fp32_adapters,

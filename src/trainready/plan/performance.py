@@ -262,9 +262,11 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
         fwd_bytes, bwd_bytes = 10 * sum_out, 15 * sum_out
     if s.lora_dropout_at:
         stack = get_stack(s.stack)
-        c = 4 if s.lora_dropout_at == "pre" and stack.lora_fp32_adapters or s.precision == "fp32" else 2
-        dropped = (2 * c + 1) * lora_dropout_elements(s.model, s.lora_targets, s.lora_dropout_at,
-                                                     stack.lora_fused_modules) / s.tp
+        c = 4 if (s.lora_dropout_at == "pre" and stack.lora_fp32_adapters) or s.precision == "fp32" else 2
+        n, whole = (lora_dropout_elements(s.model, s.lora_targets, s.lora_dropout_at, stack.lora_fused_modules, w)
+                    for w in (False, True))
+        whole = 0 if stack.sequence_parallel or s.tp == 1 else whole  # without SP, as activation memory has it
+        dropped = (2 * c + 1) * (whole + (n - whole) / s.tp)
         fwd_bytes, bwd_bytes = fwd_bytes + dropped, bwd_bytes + dropped
     fwd = flops_fwd / rate + tokens * fwd_bytes / hbm
     bwd = 2 * flops_fwd / rate + tokens * bwd_bytes / hbm

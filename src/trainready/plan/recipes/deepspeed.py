@@ -190,7 +190,7 @@ def recipe(s: Setup) -> Recipe:
     if s.method in ("lora", "qlora"):
         notes.append(f"{s.method}: PEFT get_peft_model(model, LoraConfig(r={s.lora_rank}, target_modules="
                      f"{peft_target_modules(s.lora_targets, s.model)}"
-                     + (f", lora_dropout={s.lora_dropout:g}" if s.lora_dropout else "") + ", ...)) before initialize"
+                     + (f", lora_dropout={s.lora_dropout!r}" if s.lora_dropout else "") + ", ...)) before initialize"
                      + ("; QLoRA loads the base with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="
                         "'nf4', bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16, "
                         "bnb_4bit_quant_storage=torch.bfloat16): double quantization is the ~0.52 bytes per weight "
