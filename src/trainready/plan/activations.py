@@ -123,14 +123,24 @@ def _whole_on_tp_ranks(model: ModelSpec, name: str, din: int) -> bool:
     return name not in ("o", "down") and (din == model.hidden_size or name in ("q_b", "kv_b"))
 
 
+def _adapter_inputs(model: ModelSpec, targets: Collection[str] | None, fused_modules: bool = False,
+                    whole_only: bool = False) -> dict[str, int]:
+    """Elements per token and layer of each adapter's input, by module: one per fused module where
+    `fused_modules` (q, k, v share linear_qkv's; gate, up linear_fc1's); `whole_only`: the inputs TP without
+    sequence parallelism leaves whole on every rank."""
+    groups = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "fc1", "up": "fc1"} if fused_modules else {}
+    return {groups.get(n, n): i for n, i, _ in model.linear_layers()
+            if (targets is None or n in targets) and (not whole_only or _whole_on_tp_ranks(model, n, i))}
+
+
 def _dropped(model: ModelSpec, targets: Collection[str] | None, at: str, fused_modules: bool,
              whole_only: bool) -> dict[str, int]:
     """Elements per token and layer each adapter's dropout drops, by module (lora_dropout_elements)."""
-    layers = [(n, i, o) for n, i, o in model.linear_layers() if targets is None or n in targets]
-    if at == "post":  # the adapter's output: the row-parallel o and down give whole rows on every TP rank
-        return {n: o for n, _, o in layers if not whole_only or n in ("o", "down")}
-    groups = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "fc1", "up": "fc1"} if fused_modules else {}
-    return {groups.get(n, n): i for n, i, _ in layers if not whole_only or _whole_on_tp_ranks(model, n, i)}
+    if at == "pre":
+        return _adapter_inputs(model, targets, fused_modules, whole_only)
+    # the adapter's output: the row-parallel o and down give whole rows on every TP rank
+    return {n: o for n, _, o in model.linear_layers()
+            if (targets is None or n in targets) and (not whole_only or n in ("o", "down"))}
 
 
 def lora_dropout_elements(model: ModelSpec, targets: Collection[str] | None, at: str, fused_modules: bool = False,
@@ -196,8 +206,7 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
         total += 2 * d
     if frozen and fp32_adapters:
         total -= model.norms_per_layer * a * d
-        total += sum(ADAPTER_BYTES * i for n, i, _ in model.linear_layers()
-                     if (lora_targets is None or n in lora_targets) and _whole_on_tp_ranks(model, n, i))
+        total += ADAPTER_BYTES * sum(_adapter_inputs(model, lora_targets, whole_only=True).values())
     if frozen and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules,
                                     whole_only=True)

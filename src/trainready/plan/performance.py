@@ -265,7 +265,7 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
         c = 4 if (s.lora_dropout_at == "pre" and stack.lora_fp32_adapters) or s.precision == "fp32" else 2
         n, whole = (lora_dropout_elements(s.model, s.lora_targets, s.lora_dropout_at, stack.lora_fused_modules, w)
                     for w in (False, True))
-        whole = 0 if stack.sequence_parallel or s.tp == 1 else whole  # without SP, as activation memory has it
+        whole = 0 if stack.sequence_parallel else whole  # without SP, as activation memory has it
         dropped = (2 * c + 1) * (whole + (n - whole) / s.tp)
         fwd_bytes, bwd_bytes = fwd_bytes + dropped, bwd_bytes + dropped
     fwd = flops_fwd / rate + tokens * fwd_bytes / hbm
