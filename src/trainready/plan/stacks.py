@@ -261,6 +261,13 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
           ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", **_TRANSFORMERS_ATTENTION,
           deepspeed_zero_memory=True,
+          # with bf16 (fp16) enabled the engine casts every floating-point parameter to it, PEFT's fp32 adapters too,
+          # and accelerate runs no autocast under DeepSpeed: the adapters read the bf16 input the frozen linear reads
+          lora_fp32_adapters=False,
+          lora_source="deepspeed/runtime/engine.py _configure_distributed_model (0.19.6): with bf16 or fp16 enabled, "
+                      "_cast_module_mixed_precision casts every floating-point parameter to it (module.bfloat16() "
+                      "before 0.19.2), PEFT's adapters too, so peft's _cast_input_dtype finds the input already in "
+                      "the adapters' dtype; accelerate's Accelerator sets native_amp (autocast) only outside DeepSpeed",
           etp_source="deepspeed 0.19 module_inject/auto_ep_config.py: expert_parallel.expert_tensor_parallel_size "
                      "defaults to 1 (AutoEP); AutoTP splits every linear layer without EP"),
     Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
