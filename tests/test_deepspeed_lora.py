@@ -32,9 +32,8 @@ def test_the_stack_says_why_its_adapters_are_bf16():
     assert get_stack("hf-trainer").lora_fp32_adapters  # PEFT's own fp32 adapters, where nothing recasts them
 
 
-@pytest.mark.parametrize("method", ["lora", "qlora"])
-def test_deepspeed_saves_no_fp32_copy_of_the_adapters_inputs(catalog, method):
-    peft, ds = lora(catalog, "hf-trainer", method=method), lora(catalog, "deepspeed", method=method)
+def test_deepspeed_saves_no_fp32_copy_of_the_adapters_inputs(catalog):
+    peft, ds = lora(catalog, "hf-trainer"), lora(catalog, "deepspeed")
     delta = estimate_memory(peft).activations - estimate_memory(ds).activations
     # PEFT's fp32 copies, less what its frozen linears do not save (the two norm outputs, the eager copy before
     # o_proj, down's input): the adapters in the model's dtype read those very tensors, kept as full training keeps them
@@ -58,3 +57,17 @@ def test_deepspeed_adapters_run_bf16_matmuls_and_move_only_their_outputs(catalog
     matmul = flops / 3 / (peak * e.gemm * 0.5)  # the forward's rank-r matmuls
     assert fwd == pytest.approx(matmul + TOKENS * 10 * outputs / (ds.gpu.hbm_gbps * 1e9 * e.memory))
     assert estimate_step(ds).step_s < estimate_step(peft).step_s
+
+
+def test_qlora_under_the_trainers_autocast_copies_nothing(catalog):
+    """PEFT's 4-bit layers cast the adapters' input only outside autocast (bnb.py Linear4bit.forward), and the
+    Trainer's bf16=True runs autocast: QLoRA keeps what DeepSpeed's bf16 adapters keep, plain LoRA its fp32 copies."""
+    assert get_stack("hf-trainer").autocast and not get_stack("deepspeed").autocast
+    hf_q, ds_q = lora(catalog, "hf-trainer", method="qlora"), lora(catalog, "deepspeed", method="qlora")
+    assert not hf_q.lora_fp32_copies and lora(catalog, "hf-trainer").lora_fp32_copies
+    assert estimate_memory(hf_q).activations == pytest.approx(estimate_memory(ds_q).activations, rel=1e-12)
+    e = eff.arch_efficiency(hf_q.gpu.arch)
+    peak = hf_q.gpu.peak_tflops("bf16") * 1e12
+    assert _adapter_time(hf_q, TOKENS, peak, e) == pytest.approx(_adapter_time(ds_q, TOKENS, peak, e))
+    hf_l = lora(catalog, "hf-trainer")
+    assert estimate_memory(hf_l).activations > estimate_memory(hf_q).activations

@@ -219,7 +219,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     tokens = s.local_tokens  # context parallelism: each GPU holds its 1/cp of every sequence
     stack = get_stack(s.stack)
     fp8_saved = s.precision == "fp8" and stack.fp8_saves_inputs
-    fp32_adapters = stack.lora_fp32_adapters
+    fp32_adapters = s.lora_fp32_copies
     # the stack's layout (flash_attention_2's batch x seq x heads) only with the stack's own kernel; another
     # kernel goes through SDPA, whose output is transposed and copied
     attention_copy = stack.attention_copy or s.attention_kernel != stack.attention_kernel

@@ -254,7 +254,7 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     sum_out = sum(o for _, o in dims) / s.tp
     flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)
     hbm = s.gpu.hbm_gbps * 1e9 * e.memory  # large contiguous elementwise kernels
-    if get_stack(s.stack).lora_fp32_adapters:
+    if s.lora_fp32_copies:
         rate = (s.gpu.peak_tflops("fp32") or peak / 1e12 / 16) * 1e12 * 0.9
         fwd_bytes, bwd_bytes = 6 * sum_in + 28 * sum_out, 20 * sum_in + 24 * sum_out
     else:
@@ -262,7 +262,7 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
         fwd_bytes, bwd_bytes = 10 * sum_out, 15 * sum_out
     if s.lora_dropout_at:
         stack = get_stack(s.stack)
-        c = 4 if (s.lora_dropout_at == "pre" and stack.lora_fp32_adapters) or s.precision == "fp32" else 2
+        c = 4 if (s.lora_dropout_at == "pre" and s.lora_fp32_copies) or s.precision == "fp32" else 2
         n, whole = (lora_dropout_elements(s.model, s.lora_targets, s.lora_dropout_at, stack.lora_fused_modules, w)
                     for w in (False, True))
         whole = 0 if stack.sequence_parallel else whole  # without SP, as activation memory has it

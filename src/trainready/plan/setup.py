@@ -118,6 +118,14 @@ class Setup:
         return get_stack(self.stack).lora_dropout_position
 
     @property
+    def lora_fp32_copies(self) -> bool:
+        """Each adapter casts its input to fp32, a copy autograd saves, and runs fp32 matmuls (PEFT's fp32 adapters:
+        Stack.lora_fp32_adapters), except QLoRA's 4-bit layers under autocast (Stack.autocast), which hand the
+        adapters the bf16 input; False: the adapters read the very tensor the frozen linear reads."""
+        stack = get_stack(self.stack)
+        return stack.lora_fp32_adapters and not (self.method == "qlora" and stack.autocast)
+
+    @property
     def compiled(self) -> bool:
         """The model and its loss run compiled: asked (--compile), or implied by a TP overlap that runs only compiled
         (Stack.tp_overlap_compiles: torchtitan's async TP)."""

@@ -117,6 +117,11 @@ class Stack:
     for backward) and running fp32 matmuls (plan/activations.py, performance._adapter_time); False: adapters in
     the model's dtype reading the very tensor the frozen linear reads (saved once, nothing copied)."""
     lora_source: str = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
+    autocast: bool = False
+    """The framework runs the forward under torch.autocast (the Trainer's bf16=True: accelerate sets native_amp outside
+    DeepSpeed). PEFT's 4-bit QLoRA layers then hand their fp32 adapters the bf16 input uncast, where its plain LoRA
+    layers cast it (peft tuners/lora/bnb.py Linear4bit.forward: requires_conversion = not
+    torch.is_autocast_enabled()): under QLoRA the adapters copy nothing and their matmuls run in bf16."""
     lora_fused_modules: bool = False
     """LoRA adapts the framework's fused modules: Megatron-Core's linear_qkv (q, k and v) and linear_fc1 (gate and
     up) hold one adapter each, reading one input (what their dropout drops once); False: one per projection, as
@@ -242,7 +247,7 @@ _TRANSFORMERS_ATTENTION = {"window_attention": "masks", "sink_attention": "eager
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("hf-trainer", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
-          torch_compile=_TRAINER_COMPILE,
+          torch_compile=_TRAINER_COMPILE, autocast=True,
           description="Hugging Face Transformers Trainer: eager PyTorch modules, SDPA attention, DDP (or FSDP) "
                       "over fp32 parameters under autocast",
           source="transformers: attn_implementation defaults to 'sdpa' (modeling_utils); Trainer bf16=True runs "
