@@ -110,8 +110,9 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
                                                                           fp8_saved=fp8_saved)
     if dropout:
         total += 2 * d  # masks after attention and after the MLP (1 byte each)
-    if method in ("lora", "qlora") and fp32_adapters:
-        total += _lora_delta(model, kernels, a, lora_targets)
+    if method in ("lora", "qlora"):
+        total += _lora_delta(model, kernels, a, lora_targets) if fp32_adapters else -_unread_by_adapters(
+            model, kernels, a, lora_targets)
     if method in ("lora", "qlora") and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules)
     return float(total)
@@ -207,6 +208,8 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
     if frozen and fp32_adapters:
         total -= model.norms_per_layer * a * d
         total += ADAPTER_BYTES * sum(_adapter_inputs(model, lora_targets, whole_only=True).values())
+    elif frozen:
+        total -= _unread_norms(model, lora_targets) * a * d
     if frozen and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules,
                                     whole_only=True)
@@ -222,6 +225,30 @@ def _lora_delta(model: ModelSpec, kernels: str, a: int, targets: Collection[str]
     removed += a * f  # the input of the down projection (SwiGLU product / GELU output)
     added = sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims(targets))
     return added - removed
+
+
+def _unread_norms(model: ModelSpec, targets: Collection[str] | None) -> int:
+    """How many of a block's norm outputs no adapter reads (`targets`: the adapted linears, None: every one): the
+    attention norm's where none of the attention linears reading the hidden size (q, k, v, qkv, q_a, kv_a) has an
+    adapter, the MLP norm's where neither gate nor up has one; a block whose norms are not that pair keeps them all
+    while any adapter reads the hidden size."""
+    d = model.hidden_size
+    adapted = {n for n, i, _ in model.linear_layers() if i == d and (targets is None or n in targets)}
+    readers = int(bool(adapted - {"gate", "up"})) + int(bool(adapted & {"gate", "up"}))
+    if model.norms_per_layer != 2:
+        return 0 if readers else model.norms_per_layer
+    return 2 - readers
+
+
+def _unread_by_adapters(model: ModelSpec, kernels: str, a: int, targets: Collection[str] | None = None) -> int:
+    """Adapters in the model's dtype read the very tensors the frozen linears read, so those stay saved as in full
+    training where an adapter reads them; what _lora_delta takes off for frozen linears is saved by nothing where no
+    adapter does: the norm outputs no adapter reads (_unread_norms), the eager copy before o_proj without an adapter
+    on o, down's input without one on down."""
+    names = {n for n, _, _ in model.linear_layers() if targets is None or n in targets}
+    unread = _unread_norms(model, targets) * a * model.hidden_size
+    unread += a * attention_out_dim(model) if kernels == "eager" and "o" not in names else 0
+    return unread + (a * model.ffn_hidden_size if "down" not in names else 0)
 
 
 def layer_input_bytes(model: ModelSpec, residual_bytes: int) -> int:

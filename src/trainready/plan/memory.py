@@ -126,7 +126,7 @@ def _per_gpu(s: Setup, pc: ParamCounts, nbytes: float, shard: int) -> float:
 def deepspeed_states(s: Setup) -> bool:
     """The row's model states are DeepSpeed's ZeRO (Stack.deepspeed_zero_memory): the deepspeed stack's rows, and a
     row of the default stack, which leaves the framework to the recipe, when DeepSpeed runs it (Setup.runs_on)."""
-    return get_stack(s.stack).deepspeed_zero_memory or s.runs_on == "deepspeed"
+    return s.on_deepspeed
 
 
 def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:

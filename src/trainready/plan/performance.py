@@ -242,8 +242,9 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     fp32 matmuls (x A, then B) and adds the fp32 result to the bf16 base output before
     casting back: forward 6*in + 28*out bytes, backward 20*in + 24*out bytes per token
     (counted from PEFT's LoraLayer.forward and autograd), matmuls at the fp32 peak.
-    Adapters in the model's dtype (stacks.Stack.lora_fp32_adapters False: Megatron-Bridge, NeMo AutoModel, DeepSpeed,
-    torchtune): bf16 matmuls, scale-and-add only, 10*out + 15*out bytes.
+    Adapters that read the model's own input (Setup.lora_fp32_copies False: adapters in the model's dtype as
+    Megatron-Bridge, NeMo AutoModel and DeepSpeed's cast have them, QLoRA's 4-bit layers under autocast): bf16
+    matmuls, scale-and-add only, 10*out + 15*out bytes.
     Dropout (Setup.lora_dropout_at) reads and writes what it drops and writes a 1-byte mask, and its backward reads
     the gradient and the mask and writes the gradient: (2c + 1) bytes per element each way, on the adapters' inputs
     ("pre": c = 4 under PEFT, which drops its fp32 copy, else the activation bytes; once per fused module under

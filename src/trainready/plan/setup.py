@@ -118,12 +118,26 @@ class Setup:
         return get_stack(self.stack).lora_dropout_position
 
     @property
+    def on_deepspeed(self) -> bool:
+        """DeepSpeed runs the row: the deepspeed stack's rows (Stack.deepspeed_zero_memory), and a row of the default
+        stack, which leaves the framework to the recipe, when DeepSpeed is the one chosen (runs_on)."""
+        return get_stack(self.stack).deepspeed_zero_memory or self.runs_on == "deepspeed"
+
+    @property
     def lora_fp32_copies(self) -> bool:
-        """Each adapter casts its input to fp32, a copy autograd saves, and runs fp32 matmuls (PEFT's fp32 adapters:
-        Stack.lora_fp32_adapters), except QLoRA's 4-bit layers under autocast (Stack.autocast), which hand the
-        adapters the bf16 input; False: the adapters read the very tensor the frozen linear reads."""
+        """Each adapter casts its input to fp32, a copy autograd saves, and runs fp32 matmuls: PEFT's fp32 adapters
+        (Stack.lora_fp32_adapters) on a bf16 or fp16 model. False: the adapters read the very tensor the frozen
+        linear reads -- adapters in the model's dtype, an fp32 model, QLoRA's 4-bit layers under autocast
+        (Stack.autocast), which hand the adapters the bf16 input, and DeepSpeed, whose engine casts every
+        floating-point parameter to bf16 (fp16), the adapters too, and runs no autocast (stacks.DEEPSPEED_CASTS),
+        except a model transformers builds under ZeRO-Init (ZeRO-3; 4-bit models are not): the engine leaves it
+        uncast and PEFT adds its adapters afterwards, in fp32."""
         stack = get_stack(self.stack)
-        return stack.lora_fp32_adapters and not (self.method == "qlora" and stack.autocast)
+        if self.method == "full" or not stack.lora_fp32_adapters or self.precision == "fp32":
+            return False
+        if self.on_deepspeed:
+            return self.strategy == "zero3" and self.method == "lora"
+        return not (self.method == "qlora" and stack.autocast)
 
     @property
     def compiled(self) -> bool:

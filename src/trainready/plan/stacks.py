@@ -50,6 +50,9 @@ SETUP_CHECKPOINTING = ("none", "selective-op", "selective-attn", "full")
 """What a resolved setup holds."""
 
 
+_PEFT_LORA = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
+
+
 @dataclass(frozen=True, slots=True)
 class Stack:
     name: str
@@ -116,7 +119,8 @@ class Stack:
     """LoRA adapters as PEFT keeps them: fp32 weights, each adapted linear casting its input to fp32 (a copy saved
     for backward) and running fp32 matmuls (plan/activations.py, performance._adapter_time); False: adapters in
     the model's dtype reading the very tensor the frozen linear reads (saved once, nothing copied)."""
-    lora_source: str = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
+    lora_source: str = _PEFT_LORA
+    """Where the adapters' dtype comes from (Setup.lora_fp32_copies says when PEFT's fp32 adapters copy their input)."""
     autocast: bool = False
     """The framework runs the forward under torch.autocast (the Trainer's bf16=True: accelerate sets native_amp outside
     DeepSpeed). PEFT's 4-bit QLoRA layers then hand their fp32 adapters the bf16 input uncast, where its plain LoRA
@@ -223,6 +227,12 @@ class Stack:
     (torchao float8, whose measured peak memory equals bf16's: torchao float8 README)."""
 
 
+DEEPSPEED_CASTS = ("deepspeed/runtime/engine.py _configure_distributed_model (0.19.6): with bf16 or fp16 enabled, "
+                   "_cast_module_mixed_precision casts every floating-point parameter to it (module.bfloat16() before "
+                   "0.19.2), PEFT's adapters too, so peft's _cast_input_dtype copies nothing, unless the model was built "
+                   "under ZeRO-Init (is_zero_init_model: transformers builds a ZeRO-3 model partitioned, not a 4-bit "
+                   "one), whose adapters PEFT adds afterwards stay fp32; accelerate's Accelerator sets native_amp "
+                   "(autocast) only outside DeepSpeed")
 _TRAINER_COMPILE = ("the Trainer's --torch_compile: the model's forward, which computes the loss from the labels "
                     "(transformers loss_utils.ForCausalLMLoss upcasts the logits inside it)")
 _EP_ALLTOALL_ASSUMED = ("no EP-specific kernels in this stack: tokens assumed to travel by a collective all-to-all "
@@ -266,13 +276,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                  "communication_data_type is unset; model code as hf-trainer (eager modules, SDPA)",
           ep_source=_EP_ALLTOALL_ASSUMED, expert_tp="whole-under-ep", **_TRANSFORMERS_ATTENTION,
           deepspeed_zero_memory=True,
-          # with bf16 (fp16) enabled the engine casts every floating-point parameter to it, PEFT's fp32 adapters too,
-          # and accelerate runs no autocast under DeepSpeed: the adapters read the bf16 input the frozen linear reads
-          lora_fp32_adapters=False,
-          lora_source="deepspeed/runtime/engine.py _configure_distributed_model (0.19.6): with bf16 or fp16 enabled, "
-                      "_cast_module_mixed_precision casts every floating-point parameter to it (module.bfloat16() "
-                      "before 0.19.2), PEFT's adapters too, so peft's _cast_input_dtype finds the input already in "
-                      "the adapters' dtype; accelerate's Accelerator sets native_amp (autocast) only outside DeepSpeed",
+          lora_source=_PEFT_LORA + "; " + DEEPSPEED_CASTS,
           etp_source="deepspeed 0.19 module_inject/auto_ep_config.py: expert_parallel.expert_tensor_parallel_size "
                      "defaults to 1 (AutoEP); AutoTP splits every linear layer without EP"),
     Stack("torchtitan", kernels="eager", attention_kernel="sdpa", reduce_dtype="fp32", selective="op",
