@@ -944,7 +944,7 @@ def test_torchtitan_notes_say_what_the_recipe_needs_beyond_its_lines(catalog):
 
 def test_deepspeed_stage0_note_counts_what_its_bf16_wrapper_holds(catalog):
     """DeepSpeed's stage 0 with bf16 holds bf16 gradients and their fp32 copies at the step (fp16/unfused_optimizer.py):
-    20 bytes per parameter, which the row counts (memory.deepspeed_states); the note said 16."""
+    20 bytes per parameter, which the row counts (Setup.on_deepspeed); the note said 16."""
     s = resolve(JobSpec(model_spec=TINY, gpu="h100", gpus=2, seq_len=32, global_batch=8, micro_batch=2,
                         strategy="ddp"), catalog)
     note = next(n for n in recipe_for(s, "deepspeed").notes if n.startswith("ZeRO stage 0"))

@@ -111,8 +111,7 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
     if dropout:
         total += 2 * d  # masks after attention and after the MLP (1 byte each)
     if method in ("lora", "qlora"):
-        total += _lora_delta(model, kernels, a, lora_targets) if fp32_adapters else -_unread_by_adapters(
-            model, kernels, a, lora_targets)
+        total += _lora_delta(model, kernels, a, lora_targets, fp32_adapters)
     if method in ("lora", "qlora") and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules)
     return float(total)
@@ -205,50 +204,47 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
     total = model.norms_per_layer * _norm_bytes(model, kernels, residual_bytes, a, fp8_saved, frozen=frozen) * d
     if dropout:
         total += 2 * d
+    if frozen:  # the norm outputs no adapter reads (PEFT's fp32 adapters read copies of their own)
+        total -= _unread_norms(model, () if fp32_adapters else _adapter_inputs(model, lora_targets)) * a * d
     if frozen and fp32_adapters:
-        total -= model.norms_per_layer * a * d
         total += ADAPTER_BYTES * sum(_adapter_inputs(model, lora_targets, whole_only=True).values())
-    elif frozen:
-        total -= _unread_norms(model, lora_targets) * a * d
     if frozen and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules,
                                     whole_only=True)
     return float(total)
 
 
-def _lora_delta(model: ModelSpec, kernels: str, a: int, targets: Collection[str] | None = None) -> int:
+def _lora_delta(model: ModelSpec, kernels: str, a: int, targets: Collection[str] | None = None,
+                fp32_adapters: bool = True) -> int:
     """Change in saved bytes when the base linears are frozen and the linears named in `targets` (None: every one)
-    have an adapter, each with its own fp32 copy of its input."""
-    d, f = model.hidden_size, model.ffn_hidden_size
-    removed = model.norms_per_layer * a * d  # norm outputs: only frozen linears read them
-    removed += a * attention_out_dim(model) if kernels == "eager" else 0  # the extra copy before o_proj
-    removed += a * f  # the input of the down projection (SwiGLU product / GELU output)
+    have an adapter. Frozen linears save nothing for their weights, so what only they read goes (_frozen_only_bytes);
+    PEFT's fp32 adapters (`fp32_adapters`) each save an fp32 copy of their input, where adapters in the model's dtype
+    read the very tensors the frozen linears read, which stay saved as in full training."""
+    if not fp32_adapters:
+        return -_frozen_only_bytes(model, kernels, a, _adapter_inputs(model, targets))
     added = sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims(targets))
-    return added - removed
+    return added - _frozen_only_bytes(model, kernels, a, ())
 
 
-def _unread_norms(model: ModelSpec, targets: Collection[str] | None) -> int:
-    """How many of a block's norm outputs no adapter reads (`targets`: the adapted linears, None: every one): the
-    attention norm's where none of the attention linears reading the hidden size (q, k, v, qkv, q_a, kv_a) has an
-    adapter, the MLP norm's where neither gate nor up has one; a block whose norms are not that pair keeps them all
-    while any adapter reads the hidden size."""
+def _unread_norms(model: ModelSpec, adapted: Collection[str]) -> int:
+    """How many of a block's norm outputs no adapter in `adapted` reads: the attention norm's where none of the
+    attention linears reading the hidden size (q, k, v, qkv, q_a, kv_a) is adapted, the MLP norm's where neither gate
+    nor up is; a block whose norms are not that pair keeps them all while any adapter reads the hidden size."""
     d = model.hidden_size
-    adapted = {n for n, i, _ in model.linear_layers() if i == d and (targets is None or n in targets)}
-    readers = int(bool(adapted - {"gate", "up"})) + int(bool(adapted & {"gate", "up"}))
+    readers = {n for n, i, _ in model.linear_layers() if i == d and n in adapted}
+    count = int(bool(readers - {"gate", "up"})) + int(bool(readers & {"gate", "up"}))
     if model.norms_per_layer != 2:
-        return 0 if readers else model.norms_per_layer
-    return 2 - readers
+        return 0 if count else model.norms_per_layer
+    return 2 - count
 
 
-def _unread_by_adapters(model: ModelSpec, kernels: str, a: int, targets: Collection[str] | None = None) -> int:
-    """Adapters in the model's dtype read the very tensors the frozen linears read, so those stay saved as in full
-    training where an adapter reads them; what _lora_delta takes off for frozen linears is saved by nothing where no
-    adapter does: the norm outputs no adapter reads (_unread_norms), the eager copy before o_proj without an adapter
-    on o, down's input without one on down."""
-    names = {n for n, _, _ in model.linear_layers() if targets is None or n in targets}
-    unread = _unread_norms(model, targets) * a * model.hidden_size
-    unread += a * attention_out_dim(model) if kernels == "eager" and "o" not in names else 0
-    return unread + (a * model.ffn_hidden_size if "down" not in names else 0)
+def _frozen_only_bytes(model: ModelSpec, kernels: str, a: int, adapted: Collection[str]) -> int:
+    """Bytes per token and layer of the tensors only frozen linears read, less those an adapter in `adapted` reads in
+    the model's dtype: the norm outputs (_unread_norms), the eager copy before o_proj, down's input (the SwiGLU product
+    or GELU output)."""
+    unread = _unread_norms(model, adapted) * a * model.hidden_size
+    unread += a * attention_out_dim(model) if kernels == "eager" and "o" not in adapted else 0
+    return unread + (a * model.ffn_hidden_size if "down" not in adapted else 0)
 
 
 def layer_input_bytes(model: ModelSpec, residual_bytes: int) -> int:

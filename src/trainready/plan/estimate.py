@@ -18,7 +18,7 @@ from .batch_advice import batch_advice
 from .confidence import ConfidenceInfo, confidence_info, summary
 from .dispatch import deepep_assumption, deepep_warning
 from .fit import GPU_MARGIN, fit_of
-from .memory import GiB, MemoryResult, deepspeed_states, estimate_memory, qlora_moe_note
+from .memory import GiB, MemoryResult, estimate_memory, qlora_moe_note
 from .performance import StepResult, estimate_step, host_copy_bps, host_copy_note, host_cpu_cores
 from .recipes import framework_for
 from .recompute import DEFAULT_MODULES, modules_text
@@ -322,7 +322,7 @@ def run_cost(s: Setup, checkpoint_bytes: float, tokens_per_s: float, tokens: flo
 
 def on_its_framework(s: Setup) -> Setup:
     """`s` with the framework that runs it (Setup.runs_on), chosen as `plan` chooses: the job's framework, or the
-    first that runs it; its memory is then that framework's (memory.deepspeed_states)."""
+    first that runs it; its memory is then that framework's (Setup.on_deepspeed)."""
     return s if s.runs_on is not None else s.with_(runs_on=framework_for(s, s.framework)[0])
 
 
@@ -368,7 +368,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         *filter(None, [attention_note(s.model, resolved, s.gpu.arch), qlora_moe_note(s.model, s.method),
                        compile_assumption(resolved, s.compiled)]),
         (f"memory as {s.runs_on} holds it" + (" (DeepSpeed's ZeRO: 16-bit gradients beside the fp32 ones, ZeRO-3's "
-                                              "16-bit shard)" if deepspeed_states(s) else "")
+                                              "16-bit shard)" if s.on_deepspeed else "")
          + ("" if s.framework != "auto" else ": the first framework that runs this setup (--framework to name one)")
          if s.runs_on else "memory as no framework holds it: " + str(framework_for(s, s.framework)[1])),
         f"efficiency factors: {s.efficiency.source}" if s.efficiency is not None else

@@ -123,12 +123,6 @@ def _per_gpu(s: Setup, pc: ParamCounts, nbytes: float, shard: int) -> float:
     return nbytes * n / shard
 
 
-def deepspeed_states(s: Setup) -> bool:
-    """The row's model states are DeepSpeed's ZeRO (Stack.deepspeed_zero_memory): the deepspeed stack's rows, and a
-    row of the default stack, which leaves the framework to the recipe, when DeepSpeed runs it (Setup.runs_on)."""
-    return s.on_deepspeed
-
-
 def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, host-offloaded) bytes per GPU for the model states."""
     dp = s.shard_dp  # ZeRO/FSDP shard over the data- and context-parallel ranks
@@ -164,7 +158,7 @@ def _states(s: Setup, pc: ParamCounts) -> tuple[float, float, float, float]:
     shard_grad = dp if s.strategy in ("zero2", "zero3") else 1
     shard_w = dp if s.strategy != "ddp" and not pure else (dp if z3 else 1)
     weights = _per_gpu(s, pc, w_b, shard_w) + working + units
-    ds = deepspeed_states(s)
+    ds = s.on_deepspeed  # DeepSpeed's ZeRO model states
     if z3 and ds and not pure and s.offload == "none":
         weights += _per_gpu(s, pc, 2.0, dp)  # the partitioned 16-bit parameters (Stack.deepspeed_zero_memory)
     grads = _per_gpu(s, pc, g_b, shard_grad)

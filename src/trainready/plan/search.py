@@ -597,7 +597,7 @@ def _evaluate_instance(req: PlanRequest, catalog: Catalog, inst: Instance, model
                     if why_not:  # not recommended: the framework would not run what the row says
                         log.framework = log.framework or why_not
                         continue
-                    s = s.with_(runs_on=runs_on)  # its memory is that framework's (memory.deepspeed_states)
+                    s = s.with_(runs_on=runs_on)  # its memory is that framework's (Setup.on_deepspeed)
                     if s.ep > 1 and s.ep_dispatcher == "deepep" and (no_deepep := deepep_reason(s)):
                         log.dispatch = log.dispatch or f"--ep-dispatcher deepep with --ep {s.ep}: {no_deepep}"
                         continue  # the job asked for DeepEP: a row that cannot run it is not offered

@@ -98,7 +98,7 @@ class Setup:
     efficiency: ArchEfficiency | None = None  # calibrated factors (plan/calibration.py); None: efficiency.ARCH's
     power_limit_w: float | None = None  # the GPUs' power limit below their rated power (efficiency.power_scale)
     # the framework that runs the row (plan/recipes framework_for); the default stack leaves it to the recipe, and a
-    # row DeepSpeed runs holds DeepSpeed's model states (memory.deepspeed_states). None: not chosen yet
+    # row DeepSpeed runs holds DeepSpeed's model states (Setup.on_deepspeed). None: not chosen yet
     runs_on: str | None = None
     framework: str = "auto"  # the one asked for (JobSpec.framework, plan's --framework) that runs_on is chosen by
 
@@ -119,8 +119,9 @@ class Setup:
 
     @property
     def on_deepspeed(self) -> bool:
-        """DeepSpeed runs the row: the deepspeed stack's rows (Stack.deepspeed_zero_memory), and a row of the default
-        stack, which leaves the framework to the recipe, when DeepSpeed is the one chosen (runs_on)."""
+        """DeepSpeed runs the row, and its model states are DeepSpeed's ZeRO: the deepspeed stack's rows
+        (Stack.deepspeed_zero_memory), and a row of the default stack, which leaves the framework to the recipe, when
+        DeepSpeed is the one chosen (runs_on)."""
         return get_stack(self.stack).deepspeed_zero_memory or self.runs_on == "deepspeed"
 
     @property
