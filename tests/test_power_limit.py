@@ -51,6 +51,31 @@ def test_a_cap_slows_compute_only(catalog):
     assert estimate_memory(full).peak == estimate_memory(capped).peak
 
 
+@pytest.mark.parametrize("arch", ["hopper", "blackwell", "ampere"])
+def test_a_cap_slows_attention_given_as_a_rate(arch):
+    """FlashAttention-2 (or -1) on Hopper and Blackwell is an A100 rate scaled by SM count x clock, not a fraction
+    of the GPU's peak: the cap's lower clock must reach it as it reaches the architecture's own kernels."""
+    e = eff.arch_efficiency(arch)
+    capped = eff.power_capped(e, 0.9)
+    for kernel in ("sdpa", "flash2", "flash1"):
+        full, slow = (eff.attention_factors(x, arch, kernel, 989.0) for x in (e, capped))
+        assert slow[0] == pytest.approx(0.9 * full[0]) and slow[1] == full[1], kernel
+
+
+def test_a_cap_slows_fp32_adapter_matmuls(catalog):
+    """PEFT's fp32 adapters run at the fp32 peak, a rate of its own: a cap slows those matmuls, not their bytes."""
+    from trainready.plan.performance import _adapter_time
+    s = resolve(JobSpec(**H100, method="lora"), catalog)
+    assert s.lora_fp32_copies
+    e = eff.arch_efficiency("hopper")
+    peak = s.gpu.peak_tflops("bf16") * 1e12
+    full, slow = (_adapter_time(s, 4096, peak, x) for x in (e, eff.power_capped(e, 0.9)))
+    rate = s.gpu.peak_tflops("fp32") * 1e12 * 0.9
+    flops_fwd = full[2] / 3
+    assert slow[0] - full[0] == pytest.approx(flops_fwd / rate * (1 / 0.9 - 1))
+    assert slow[1] - full[1] == pytest.approx(2 * flops_fwd / rate * (1 / 0.9 - 1))
+
+
 def test_resolve_names_the_range(catalog):
     with pytest.raises(UsageError, match=r"--power-limit 300 on h100-80gb: 300 W is outside 400-700 W"):
         resolve(JobSpec(**H100, power_limit_w=300), catalog)

@@ -50,6 +50,10 @@ class ArchEfficiency:
     """Allocator reserve over allocated, DDP/ZeRO-1/2 (None: FRAGMENTATION['default'])."""
     fragmentation_zero3: float | None = None
     """Likewise for ZeRO-3/FSDP (None: FRAGMENTATION['zero3'])."""
+    compute_scale: float = 1.0
+    """Fraction of its rated compute the GPU keeps (power_capped): what scales the rates of kernels given in
+    TFLOP/s rather than as fractions of this GPU's peak (attention_factors' Ampere-generation kernels, PEFT's
+    fp32 adapter matmuls)."""
 
     @property
     def measured(self) -> bool:
@@ -156,10 +160,11 @@ A100_PEAK_TFLOPS = 312.0
 
 def attention_factors(e: ArchEfficiency, arch: str, kernel: str, peak_tflops: float) -> tuple[float, float]:
     """(fraction of `peak_tflops`, sequence ramp s0) that causal attention with `kernel` reaches on `arch`: the
-    architecture's own factors for "sdpa", an Ampere-generation kernel's A100 rate scaled by SM count x clock."""
+    architecture's own factors for "sdpa", an Ampere-generation kernel's A100 rate scaled by SM count x clock and
+    by the compute a power cap leaves (`e.compute_scale`: the cap lowers the clock this kernel runs at too)."""
     if kernel == "sdpa" or arch not in ("ampere", *AMPERE_KERNEL_SPEEDUP):
         return e.attention, e.attention_s0
-    tflops = ATTENTION_KERNELS[kernel] * A100_PEAK_TFLOPS * AMPERE_KERNEL_SPEEDUP.get(arch, 1.0)
+    tflops = ATTENTION_KERNELS[kernel] * A100_PEAK_TFLOPS * AMPERE_KERNEL_SPEEDUP.get(arch, 1.0) * e.compute_scale
     return tflops / peak_tflops, ARCH["ampere"].attention_s0
 
 # Eager PyTorch runs each norm, activation, cast and residual add as its own small kernel,
@@ -423,5 +428,5 @@ def power_capped(e: ArchEfficiency, scale: float) -> ArchEfficiency:
     if scale >= 1.0:
         return e
     rng = (lambda r: None if r is None else (r[0] * scale, r[1] * scale))
-    return replace(e, gemm=e.gemm * scale, attention=e.attention * scale,
+    return replace(e, gemm=e.gemm * scale, attention=e.attention * scale, compute_scale=e.compute_scale * scale,
                    gemm_range=rng(e.gemm_range), attention_range=rng(e.attention_range))

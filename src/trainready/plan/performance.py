@@ -256,7 +256,7 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)
     hbm = s.gpu.hbm_gbps * 1e9 * e.memory  # large contiguous elementwise kernels
     if s.lora_fp32_copies:
-        rate = (s.gpu.peak_tflops("fp32") or peak / 1e12 / 16) * 1e12 * 0.9
+        rate = (s.gpu.peak_tflops("fp32") or peak / 1e12 / 16) * 1e12 * 0.9 * e.compute_scale
         fwd_bytes, bwd_bytes = 6 * sum_in + 28 * sum_out, 20 * sum_in + 24 * sum_out
     else:
         rate = peak * e.gemm * 0.5  # skinny (rank-r) matmuls
