@@ -260,6 +260,9 @@ def _device_file(path: Path, label: str) -> list[Row]:
                       micro_batch=r["micro_batch"], global_batch=r["micro_batch"], seq_len=r["seq"],
                       precision="bf16", optimizer_dtype="bf16" if mode == "pure_bf16" else "fp32",
                       method="lora" if mode == "lora" else "full", lora_rank=r.get("lora_rank", 16),
+                      # the LoRA rows ran a bf16 model without autocast (bench/gpu_ground_truth.py: use_autocast only
+                      # for "amp"): PEFT's fp32 adapters saved fp32 copies and ran fp32 matmuls
+                      autocast=False if mode == "lora" else None,
                       activation_checkpointing=r.get("checkpointing", "none"),
                       # Hugging Face LlamaForCausalLM (sdpa) in a plain PyTorch loop: the hf-trainer stack
                       **with_stack("hf-trainer", kernels="eager", attention_kernel="sdpa"))

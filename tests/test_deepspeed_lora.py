@@ -48,11 +48,12 @@ def test_who_copies(catalog):
 
 
 def test_deepspeed_saves_no_fp32_copy_of_the_adapters_inputs(catalog):
-    delta = acts(lora(catalog, "hf-trainer")) - acts(lora(catalog, "deepspeed"))
+    delta = acts(lora(catalog, "hf-trainer", autocast=False)) - acts(lora(catalog, "deepspeed"))
     # PEFT's fp32 copies, less what its frozen linears do not save (the two norm outputs, the eager copy before
     # o_proj, down's input): the adapters in the model's dtype read those very tensors, kept as full training keeps them
     assert delta == pytest.approx((4 * INPUTS - 2 * (2 * D + Q + F)) * LLAMA.num_layers * TOKENS, rel=1e-9)
-    assert acts(lora(catalog, "deepspeed", strategy="zero3")) == pytest.approx(acts(lora(catalog, "hf-trainer")))
+    assert acts(lora(catalog, "deepspeed", strategy="zero3")) == pytest.approx(acts(lora(catalog, "hf-trainer",
+                                                                                         autocast=False)))
 
 
 def test_bf16_adapters_on_some_linears_keep_only_what_they_read(catalog):
@@ -75,17 +76,20 @@ def test_qlora_never_holds_more_than_lora(catalog, model, targets, checkpointing
 
 
 def test_moe_op_policy_memory_follows_the_copies(catalog):
-    """The op policy keeps every other adapter matmul's output, in fp32 where the adapters copy their input to fp32
-    (moe.op_sac_kept_per_token reads Setup.lora_fp32_copies): QLoRA under autocast keeps them in bf16."""
+    """The op policy keeps every other adapter matmul's output, in fp32 where the adapters run on an fp32 copy of
+    their input (moe.op_sac_kept_per_token reads Setup.lora_copy_bytes): under autocast, LoRA's (bf16 casts) and
+    QLoRA's (no copy) keep them in bf16."""
     kw = dict(model="qwen3-30b-a3b", activation_checkpointing="selective-op")
-    fp32, bf16 = (op_sac_kept_per_token(lora(catalog, "hf-trainer", method=m, **kw), 2, 2) for m in ("lora", "qlora"))
+    fp32, bf16 = (op_sac_kept_per_token(lora(catalog, "hf-trainer", method=m, autocast=m == "qlora", **kw), 2, 2)
+                  for m in ("lora", "qlora"))
     assert fp32[0] > bf16[0] and fp32[1] > bf16[1]
+    assert op_sac_kept_per_token(lora(catalog, "hf-trainer", method="lora", **kw), 2, 2) == pytest.approx(bf16)
     ds = op_sac_kept_per_token(lora(catalog, "deepspeed", method="lora", **kw), 2, 2)
     assert ds == pytest.approx(bf16)
 
 
 def test_deepspeed_adapters_run_bf16_matmuls_and_move_only_their_outputs(catalog):
-    peft, ds = lora(catalog, "hf-trainer"), lora(catalog, "deepspeed")
+    peft, ds = lora(catalog, "hf-trainer", autocast=False), lora(catalog, "deepspeed")
     e = eff.arch_efficiency(ds.gpu.arch)
     peak = ds.gpu.peak_tflops("bf16") * 1e12
     fwd, bwd, flops = _adapter_time(ds, TOKENS, peak, e)

@@ -42,6 +42,7 @@ def estimate(
     lora_rank: o.LoraRank = None,
     lora_targets: o.LoraTargets = None,
     lora_dropout: o.LoraDropout = None,
+    autocast: o.AutocastOpt = None,
     tokens: o.Tokens = None,
     instance: Annotated[Optional[str], typer.Option("--instance", "-i", help="Instance type, e.g. p4d.24xlarge.", rich_help_panel=HW)] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU when no instance is given: a100-40gb, a100-80gb, h100-80gb, h200, b200, gb200, v100-16gb, v100-32gb, a10g, l4, l40s.", rich_help_panel=HW)] = None,
@@ -95,7 +96,8 @@ def estimate(
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
                       lora_rank=lora_rank, lora_targets=o.module_list(lora_targets),
-                      lora_dropout=lora_dropout, tokens=tokens, instance=instance, gpu=gpu, gpus=gpus,
+                      lora_dropout=lora_dropout, autocast=autocast, tokens=tokens, instance=instance, gpu=gpu,
+                      gpus=gpus,
                       gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps, strategy=strategy, tp=tp,
                       pp=pp, pp_virtual=pp_virtual, pp_local_batch=pp_local_batch, cp=cp, ep=ep, etp=etp, expert_load_imbalance=expert_load_imbalance,
                       ep_dispatcher=ep_dispatcher, ep_overlap=ep_overlap, fp8_dispatch=fp8_dispatch,

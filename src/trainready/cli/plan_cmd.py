@@ -49,6 +49,7 @@ def plan(
     lora_rank: o.LoraRank = None,
     lora_targets: o.LoraTargets = None,
     lora_dropout: o.LoraDropout = None,
+    autocast: o.AutocastOpt = None,
     tokens: o.Tokens = None,
     seq_len: o.SeqLen = None,
     doc_len: o.DocLen = None,
@@ -100,7 +101,7 @@ def plan(
 ) -> None:
     job = o.build_job(job_path, model=model, model_config_path=model_config, params=params, method=method,
                       lora_rank=lora_rank, lora_targets=o.module_list(lora_targets),
-                      lora_dropout=lora_dropout, tokens=tokens, seq_len=seq_len, doc_len=doc_len,
+                      lora_dropout=lora_dropout, autocast=autocast, tokens=tokens, seq_len=seq_len, doc_len=doc_len,
                       global_batch=global_batch, precision=precision, optimizer_dtype=optimizer_dtype, kernels=kernels,
                       attention_kernel=attention_kernel, stack=stack, expert_load_imbalance=expert_load_imbalance,
                       ep_dispatcher=ep_dispatcher, ep_overlap=ep_overlap, fp8_dispatch=fp8_dispatch,

@@ -16,7 +16,8 @@ with dropout and without FlashAttention), adapted to what today's stacks run:
   contiguous) before the output projection; "fused" kernels (Megatron, llm-foundry, TE)
   save only the norm input and output.
 * LoRA: frozen base linears save nothing for their weight gradient; under PEFT each adapted
-  linear saves its own copy of its input in the adapter dtype (PEFT keeps adapters in fp32);
+  linear saves its own copy of its input in the adapter dtype (PEFT keeps adapters in fp32), or
+  under autocast the bf16 cast autocast makes of that copy for the matmul (`adapter_copy_bytes` 2);
   stacks with adapters in the model's dtype (Megatron-Bridge, NeMo AutoModel) feed the adapter
   the base linear's own input, saved once as in full fine-tuning (`fp32_adapters` False; the
   rank-r intermediates, r x 2 bytes per linear, are left out).
@@ -85,10 +86,12 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
                           method: str = "full", dropout: bool = False, flash: bool = True,
                           seq_len: int = 0, fp8_saved: bool = False, fp32_adapters: bool = True,
                           attention_copy: bool = True, lora_targets: Collection[str] | None = None,
-                          lora_dropout: str | None = None, lora_fused_modules: bool = False) -> float:
+                          lora_dropout: str | None = None, lora_fused_modules: bool = False,
+                          adapter_copy_bytes: int = ADAPTER_BYTES) -> float:
     """Bytes of activations one transformer block saves per token (no recomputation). `lora_targets`: the linear
     layers LoRA adapts (None: every one; ModelSpec.linear_layers names them); `lora_dropout`: where their dropout
-    sits, "pre" or "post" (None: none; lora_dropout_bytes), on fused modules where `lora_fused_modules`.
+    sits, "pre" or "post" (None: none; lora_dropout_bytes), on fused modules where `lora_fused_modules`;
+    `adapter_copy_bytes`: bytes per element of the input copy PEFT's fp32 adapters save (4; under autocast 2).
     `attention_copy`: eager
     modules copy the attention output (SDPA's batch x heads x seq layout, transposed and made contiguous) for the
     output projection; False where the kernel returns batch x seq x heads (flash-attn's flash_attn_func, as
@@ -111,7 +114,7 @@ def layer_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int
     if dropout:
         total += 2 * d  # masks after attention and after the MLP (1 byte each)
     if method in ("lora", "qlora"):
-        total += _lora_delta(model, kernels, a, lora_targets, fp32_adapters)
+        total += _lora_delta(model, kernels, a, lora_targets, fp32_adapters, adapter_copy_bytes)
     if method in ("lora", "qlora") and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules)
     return float(total)
@@ -190,7 +193,8 @@ def norm_output_bytes(act_bytes: int, fp8_saved: bool) -> int:
 def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_bytes: int, act_bytes: int,
                                   method: str = "full", dropout: bool = False, fp8_saved: bool = False,
                                   fp32_adapters: bool = True, lora_targets: Collection[str] | None = None,
-                                  lora_dropout: str | None = None, lora_fused_modules: bool = False) -> float:
+                                  lora_dropout: str | None = None, lora_fused_modules: bool = False,
+                                  adapter_copy_bytes: int = ADAPTER_BYTES) -> float:
     """The part of layer_bytes_per_token that tensor parallelism without sequence parallelism leaves whole on
     every TP rank (Korthikanti et al. 2022, Sec. 4.2.2: the 10sbh of norms and dropout stay, the 24sbh/t of the
     attention and MLP insides split): the norms' inputs and outputs (the column-parallel linears' input) and
@@ -207,7 +211,7 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
     if frozen:  # the norm outputs no adapter reads (PEFT's fp32 adapters read copies of their own)
         total -= _unread_norms(model, () if fp32_adapters else _adapter_inputs(model, lora_targets)) * a * d
     if frozen and fp32_adapters:
-        total += ADAPTER_BYTES * sum(_adapter_inputs(model, lora_targets, whole_only=True).values())
+        total += adapter_copy_bytes * sum(_adapter_inputs(model, lora_targets, whole_only=True).values())
     if frozen and lora_dropout:
         total += lora_dropout_bytes(model, lora_targets, lora_dropout, fp32_adapters, a, lora_fused_modules,
                                     whole_only=True)
@@ -215,14 +219,15 @@ def tp_replicated_bytes_per_token(model: ModelSpec, *, kernels: str, residual_by
 
 
 def _lora_delta(model: ModelSpec, kernels: str, a: int, targets: Collection[str] | None = None,
-                fp32_adapters: bool = True) -> int:
+                fp32_adapters: bool = True, copy_bytes: int = ADAPTER_BYTES) -> int:
     """Change in saved bytes when the base linears are frozen and the linears named in `targets` (None: every one)
     have an adapter. Frozen linears save nothing for their weights, so what only they read goes (_frozen_only_bytes);
-    PEFT's fp32 adapters (`fp32_adapters`) each save an fp32 copy of their input, where adapters in the model's dtype
-    read the very tensors the frozen linears read, which stay saved as in full training."""
+    PEFT's fp32 adapters (`fp32_adapters`) each save a copy of their input (`copy_bytes` per element: fp32, or its
+    bf16 cast under autocast), where adapters in the model's dtype read the very tensors the frozen linears read,
+    which stay saved as in full training."""
     if not fp32_adapters:
         return -_frozen_only_bytes(model, kernels, a, _adapter_inputs(model, targets))
-    added = sum(ADAPTER_BYTES * din for din, _ in model.linear_layer_dims(targets))
+    added = sum(copy_bytes * din for din, _ in model.linear_layer_dims(targets))
     return added - _frozen_only_bytes(model, kernels, a, ())
 
 
@@ -344,11 +349,13 @@ def op_sac_matmuls(model: ModelSpec, method: str = "full", lora_rank: int = 16,
 
 def op_sac_bytes_per_token(model: ModelSpec, *, residual_bytes: int, act_bytes: int, method: str = "full",
                            lora_rank: int = 16, ffn: int | None = None, fp32_adapters: bool = True,
-                           lora_targets: Collection[str] | None = None) -> float:
+                           lora_targets: Collection[str] | None = None,
+                           adapter_copy_bytes: int = ADAPTER_BYTES) -> float:
     """Bytes one block keeps per token between forward and backward under the op policy: its
     input (what torch.utils.checkpoint keeps), the saved matmul outputs and the attention output
-    with its log-sum-exp (`ffn`: as op_sac_matmuls)."""
-    adapter_bytes = ADAPTER_BYTES if fp32_adapters else act_bytes
+    with its log-sum-exp (`ffn`: as op_sac_matmuls). PEFT's fp32 adapters' matmuls write their outputs in the dtype
+    they ran in, their input copy's (`adapter_copy_bytes`: fp32, or bf16 under autocast)."""
+    adapter_bytes = adapter_copy_bytes if fp32_adapters else act_bytes
     saved = sum(dout * (adapter_bytes if adapter else act_bytes)
                 for _, dout, keep, adapter in op_sac_matmuls(model, method, lora_rank, ffn, lora_targets) if keep)
     return float(residual_bytes * model.hidden_size + saved + act_bytes * attention_out_dim(model)

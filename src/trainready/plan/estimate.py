@@ -116,6 +116,12 @@ class SetupInfo(BaseModel):
     lora_dropout_position: Literal["pre", "post"] | None = Field(
         None, description="where that dropout sits: 'pre' on each adapter's input (PEFT, Megatron-Bridge), 'post' on "
                           "its output (NeMo AutoModel); None without dropout")
+    autocast: bool | None = Field(None, description="LoRA/QLoRA: the forward runs under torch.autocast (--autocast, "
+                                                    "or the stack's); None: full training")
+    lora_input_copy_bytes: int | None = Field(
+        None, description="LoRA/QLoRA: bytes per element of the copy of its input each adapter saves: 4 (PEFT's fp32 "
+                          "adapters), 2 (their bf16 cast under autocast), 0 (the adapters read the model's own "
+                          "tensor); None: full training")
     kernels: str
     attention_kernel: str
     stack: str = Field(description="training stack preset whose defaults apply (plan/stacks.py; hf-trainer unless named)")
@@ -458,6 +464,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         lora_targets=list(s.lora_targets) if s.lora_targets else None,
                         lora_dropout=s.lora_dropout if s.lora_dropout_at else None,
                         lora_dropout_position=s.lora_dropout_at,
+                        autocast=s.autocast if s.method != "full" else None,
+                        lora_input_copy_bytes=s.lora_copy_bytes if s.method != "full" else None,
                         kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,
                         attention_kernel=s.attention_kernel, inter_node_gbps=s.inter_node_gbps if s.nodes > 1 else None,

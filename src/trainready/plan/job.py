@@ -54,6 +54,10 @@ class JobSpec(BaseModel):
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA/QLoRA: the adapters' dropout probability "
                                 "(PEFT's lora_dropout, Megatron-Bridge's and AutoModel's dropout), on each adapter's "
                                 "input or output as the stack puts it (Stack.lora_dropout_position); 0: none")
+    autocast: bool | None = Field(None, description="LoRA/QLoRA: the forward runs under torch.autocast (the Trainer's "
+                                  "bf16=True), so PEFT's fp32 adapters save the bf16 cast of their input copy and "
+                                  "matmul in bf16 (QLoRA's 4-bit layers copy nothing); False: a loop without autocast "
+                                  "(fp32 copies and matmuls); None: the stack's (hf-trainer: on; DeepSpeed: off)")
     instance: str | None = None
     gpu: str | None = None
     gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="total GPUs")

@@ -66,6 +66,17 @@ def check_dropout(p: float, method: str) -> float:
     return p
 
 
+def check_autocast(asked: bool | None, method: str) -> bool | None:
+    """The job's --autocast/--no-autocast (Setup.autocast_asked): what it changes is modelled for LoRA and QLoRA only
+    (what PEFT's fp32 adapters save and run in), so with full training it is a usage error."""
+    if asked is not None and method == "full":
+        flag = "--autocast" if asked else "--no-autocast"
+        raise UsageError(f"{flag} (or autocast in a job file) is modelled for --method lora or qlora only (what PEFT's "
+                         "fp32 adapters save and run in); for full training, mixed precision is --optimizer-dtype "
+                         "(fp32: autocast over fp32 parameters; bf16: pure bf16): drop it, or --method lora")
+    return asked
+
+
 def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec,
                   method: str) -> tuple[str, ...] | None:
     """The linear layers of one block that LoRA adapts, in the model's order; None where `names` is None or names

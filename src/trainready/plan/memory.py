@@ -213,7 +213,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     tokens = s.local_tokens  # context parallelism: each GPU holds its 1/cp of every sequence
     stack = get_stack(s.stack)
     fp8_saved = s.precision == "fp8" and stack.fp8_saves_inputs
-    fp32_adapters = s.lora_fp32_copies
+    fp32_adapters, copy_bytes = s.lora_fp32_copies, s.lora_copy_bytes
     # the stack's layout (flash_attention_2's batch x seq x heads) only with the stack's own kernel; another
     # kernel goes through SDPA, whose output is transposed and copied
     attention_copy = stack.attention_copy or s.attention_kernel != stack.attention_kernel
@@ -221,23 +221,24 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     flash = not m.attention_sinks or attention_path(m, stack, s.attention_kernel) != "eager"
 
     def per_token(shape: ModelSpec) -> float:  # the same for every micro-batch size the search tries: memoised
-        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, fp32_adapters,
+        return moe._memo(shape, ("layer_bytes", s.kernels, r, a, s.method, s.seq_len, fp8_saved, copy_bytes,
                                  attention_copy, flash, s.lora_targets, s.lora_dropout_at, stack.lora_fused_modules),
                         lambda: layer_bytes_per_token(shape, kernels=s.kernels, residual_bytes=r, act_bytes=a,
                                                       method=s.method, seq_len=s.seq_len, fp8_saved=fp8_saved,
                                                       fp32_adapters=fp32_adapters, lora_targets=s.lora_targets,
-                                                      lora_dropout=s.lora_dropout_at,
+                                                      adapter_copy_bytes=copy_bytes, lora_dropout=s.lora_dropout_at,
                                                       lora_fused_modules=stack.lora_fused_modules,
                                                       attention_copy=attention_copy, flash=flash))
 
     # TP splits the attention and MLP insides; with sequence parallelism the rest too, else each TP rank keeps
     # the norms' tensors and the layer input whole (Stack.sequence_parallel)
     sp = stack.sequence_parallel or s.tp == 1
-    replicated = 0.0 if sp else moe._memo(m, ("tp_replicated", s.kernels, r, a, s.method, fp8_saved, fp32_adapters,
+    replicated = 0.0 if sp else moe._memo(m, ("tp_replicated", s.kernels, r, a, s.method, fp8_saved, copy_bytes,
                                               s.lora_targets, s.lora_dropout_at, stack.lora_fused_modules),
                                           lambda: tp_replicated_bytes_per_token(
                                               m, kernels=s.kernels, residual_bytes=r, act_bytes=a, method=s.method,
                                               fp8_saved=fp8_saved, fp32_adapters=fp32_adapters,
+                                              adapter_copy_bytes=copy_bytes,
                                               lora_targets=s.lora_targets, lora_dropout=s.lora_dropout_at,
                                               lora_fused_modules=stack.lora_fused_modules))
 
@@ -266,7 +267,7 @@ def activation_parts(s: Setup) -> tuple[float, float, float, float]:
     elif s.checkpointing == "selective-op":  # input, every other matmul output, attention output
         kept = tokens * on_rank(op_sac_bytes_per_token(m, residual_bytes=r, act_bytes=a, method=s.method,
                                                        lora_rank=s.lora_rank, fp32_adapters=fp32_adapters,
-                                                       lora_targets=s.lora_targets),
+                                                       lora_targets=s.lora_targets, adapter_copy_bytes=copy_bytes),
                                 block_input)
     elif s.recomputes not in ((), DEFAULT_MODULES):  # Megatron's modules: each layer less what they free
         kd, km = _modules_kept_per_token(s, per_token(m), moe_per_token, a, full_fp8)

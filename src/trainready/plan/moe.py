@@ -409,7 +409,7 @@ def op_sac_kept_per_token(s: Setup, residual_bytes: int, act_bytes: int) -> tupl
     m, moe = s.model, s.model.moe
     kw = dict(residual_bytes=residual_bytes, act_bytes=act_bytes, method=s.method, lora_rank=s.lora_rank,
               lora_targets=s.lora_targets,
-              fp32_adapters=s.lora_fp32_copies)
+              fp32_adapters=s.lora_fp32_copies, adapter_copy_bytes=s.lora_copy_bytes)
     dense = op_sac_bytes_per_token(m, ffn=m.ffn_hidden_size, **kw)
     sparse = op_sac_bytes_per_token(m, ffn=moe.shared_width, **kw) + moe.experts_per_token * (4 + 8)
     if s.ep > 1:

@@ -241,7 +241,10 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     Eager (PEFT): adapters are fp32, so each adapted linear casts its input to fp32, runs two
     fp32 matmuls (x A, then B) and adds the fp32 result to the bf16 base output before
     casting back: forward 6*in + 28*out bytes, backward 20*in + 24*out bytes per token
-    (counted from PEFT's LoraLayer.forward and autograd), matmuls at the fp32 peak.
+    (counted from PEFT's LoraLayer.forward and autograd), matmuls at the fp32 peak. Under autocast
+    (Setup.autocast) the fp32 copy is cast back to bf16 for bf16 matmuls (read 4, write 2), and the
+    output side is the model dtype's: forward 12*in + 10*out, backward 18*in + 15*out bytes (each cast's
+    backward, 6 bytes an element, and the input gradient's accumulation, 6).
     Adapters that read the model's own input (Setup.lora_fp32_copies False: adapters in the model's dtype as
     Megatron-Bridge, NeMo AutoModel and DeepSpeed's cast have them, QLoRA's 4-bit layers under autocast): bf16
     matmuls, scale-and-add only, 10*out + 15*out bytes.
@@ -255,7 +258,10 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     sum_out = sum(o for _, o in dims) / s.tp
     flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)
     hbm = s.gpu.hbm_gbps * 1e9 * e.memory  # large contiguous elementwise kernels
-    if s.lora_fp32_copies:
+    if s.lora_fp32_copies and s.autocast:
+        rate = peak * e.gemm * 0.5  # skinny (rank-r) matmuls, in bf16
+        fwd_bytes, bwd_bytes = 12 * sum_in + 10 * sum_out, 18 * sum_in + 15 * sum_out
+    elif s.lora_fp32_copies:
         rate = (s.gpu.peak_tflops("fp32") or peak / 1e12 / 16) * 1e12 * 0.9 * e.compute_scale
         fwd_bytes, bwd_bytes = 6 * sum_in + 28 * sum_out, 20 * sum_in + 24 * sum_out
     else:

@@ -24,7 +24,7 @@ from .estimate import CUDA_GRAPHS_MEMORY, EstimateResult, assemble, doc_len_assu
 from .fit import GPU_MARGIN, fit_of, gpu_limit_gib
 from .job import JobSpec
 from .live_info import LivePlan, LiveRow
-from .lora_targets import check_dropout, check_targets
+from .lora_targets import check_autocast, check_dropout, check_targets
 from .memory import GiB, estimate_memory, qlora_moe_note
 from .performance import estimate_step
 from .recipes import Recipe, framework_for, recipe_for
@@ -242,6 +242,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  gather_dtype=job.gather_dtype, checkpointing="none", offload="none", method=job.method,
                  lora_rank=job.lora_rank, lora_targets=check_targets(job.lora_targets, model, job.method),
                  lora_dropout=check_dropout(job.lora_dropout, job.method),
+                 autocast_asked=check_autocast(job.autocast, job.method),
                  kernels=st.kernels, attention_kernel=st.attention_kernel,
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,

@@ -17,7 +17,7 @@ from .efficiency import FP8_RECIPES, ArchEfficiency, power_scale
 from .hf_config import load_hf_config
 from .job import JobSpec
 from .model_spec import ModelSpec
-from .lora_targets import check_dropout, check_targets
+from .lora_targets import check_autocast, check_dropout, check_targets
 from .presets import generic_model, preset
 from .recompute import DEFAULT_MODULES, check_modules
 from .stacks import (
@@ -92,6 +92,7 @@ class Setup:
     recompute_modules: tuple[str, ...] = ()  # Megatron-style selective recompute: what it recomputes (recompute.py)
     lora_targets: tuple[str, ...] | None = None  # LoRA/QLoRA: the linear layers adapted (lora_targets.py); None: all
     lora_dropout: float = 0.0  # LoRA/QLoRA: the adapters' dropout probability (JobSpec.lora_dropout); 0: none
+    autocast_asked: bool | None = None  # LoRA/QLoRA: the job's --autocast/--no-autocast (None: the stack's)
     cp: int = 1  # context-parallel size: each sequence split over cp GPUs (ring attention); dp x tp x pp x cp GPUs
     doc_len: int | None = None  # packed documents' mean length, attention masked to each (JobSpec.doc_len)
     expert_routing: str = "random"  # MoE: "random" (a trained or forced-random router) | "contiguous" (moe.py)
@@ -125,20 +126,40 @@ class Setup:
         return get_stack(self.stack).deepspeed_zero_memory or self.runs_on == "deepspeed"
 
     @property
+    def autocast(self) -> bool:
+        """The forward runs under torch.autocast: asked (--autocast/--no-autocast), else the stack's (Stack.autocast:
+        the Trainer's bf16=True) except under DeepSpeed, which runs none (accelerate sets native_amp only outside
+        DeepSpeed: stacks.DEEPSPEED_CASTS)."""
+        if self.autocast_asked is not None:
+            return self.autocast_asked
+        return get_stack(self.stack).autocast and not self.on_deepspeed
+
+    @property
     def lora_fp32_copies(self) -> bool:
-        """Each adapter casts its input to fp32, a copy autograd saves, and runs fp32 matmuls: PEFT's fp32 adapters
-        (Stack.lora_fp32_adapters) on a bf16 or fp16 model. False: the adapters read the very tensor the frozen
-        linear reads -- adapters in the model's dtype, an fp32 model, QLoRA's 4-bit layers under autocast
-        (Stack.autocast), which hand the adapters the bf16 input, and DeepSpeed, whose engine casts every
-        floating-point parameter to bf16 (fp16), the adapters too, and runs no autocast (stacks.DEEPSPEED_CASTS),
-        except a model transformers builds under ZeRO-Init (ZeRO-3; 4-bit models are not): the engine leaves it
-        uncast and PEFT adds its adapters afterwards, in fp32."""
+        """Each adapter casts its input to fp32, a copy of its own that it runs on (lora_copy_bytes: what autograd
+        saves of it): PEFT's fp32 adapters (Stack.lora_fp32_adapters) on a bf16 or fp16 model. False: the adapters
+        read the very tensor the frozen linear reads -- adapters in the model's dtype, an fp32 model, QLoRA's 4-bit
+        layers under autocast, which hand the adapters the bf16 input, and DeepSpeed, whose engine casts every
+        floating-point parameter to bf16 (fp16), the adapters too (stacks.DEEPSPEED_CASTS), except a model
+        transformers builds under ZeRO-Init (ZeRO-3; 4-bit models are not): the engine leaves it uncast and PEFT
+        adds its adapters afterwards, in fp32."""
         stack = get_stack(self.stack)
         if self.method == "full" or not stack.lora_fp32_adapters or self.precision == "fp32":
             return False
-        if self.on_deepspeed:
-            return self.strategy == "zero3" and self.method == "lora"
-        return not (self.method == "qlora" and stack.autocast)
+        if self.on_deepspeed and not (self.strategy == "zero3" and self.method == "lora"):
+            return False
+        return not (self.method == "qlora" and self.autocast)
+
+    @property
+    def lora_copy_bytes(self) -> int:
+        """Bytes per element autograd saves of each adapter's input copy (0: no copy, lora_fp32_copies): the fp32 copy
+        itself (4), or under autocast (2) the bf16 cast that autocast makes of it for lora_A's matmul (torch casts a
+        linear's fp32 inputs to the autocast dtype, caching only leaf weights, so every adapter makes its own), the
+        fp32 copy itself then saved by nothing: PEFT's _cast_input_dtype (tuners_utils.py) copies with x.to(float32)
+        whatever autocast says."""
+        if not self.lora_fp32_copies:
+            return 0
+        return 2 if self.autocast else 4
 
     @property
     def compiled(self) -> bool:
@@ -806,4 +827,5 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  fp8_param_gather_asked=job.fp8_param_gather, torch_compile=compiled, cuda_graphs=graphs,
                  recompute_modules=modules, power_limit_w=job.power_limit_w,
                  lora_targets=check_targets(job.lora_targets, model, job.method),
-                 lora_dropout=check_dropout(job.lora_dropout, job.method), **comm)
+                 lora_dropout=check_dropout(job.lora_dropout, job.method),
+                 autocast_asked=check_autocast(job.autocast, job.method), **comm)

@@ -123,9 +123,11 @@ class Stack:
     """Where the adapters' dtype comes from (Setup.lora_fp32_copies says when PEFT's fp32 adapters copy their input)."""
     autocast: bool = False
     """The framework runs the forward under torch.autocast (the Trainer's bf16=True: accelerate sets native_amp outside
-    DeepSpeed). PEFT's 4-bit QLoRA layers then hand their fp32 adapters the bf16 input uncast, where its plain LoRA
-    layers cast it (peft tuners/lora/bnb.py Linear4bit.forward: requires_conversion = not
-    torch.is_autocast_enabled()): under QLoRA the adapters copy nothing and their matmuls run in bf16."""
+    DeepSpeed; a job's --autocast/--no-autocast wins: Setup.autocast). PEFT's 4-bit QLoRA layers then hand their fp32
+    adapters the bf16 input uncast (peft tuners/lora/bnb.py Linear4bit.forward: requires_conversion = not
+    torch.is_autocast_enabled()), so under QLoRA the adapters copy nothing; its plain LoRA layers still copy their
+    input to fp32, which autocast casts back to bf16 for the adapters' matmuls: that bf16 cast is what autograd
+    saves (Setup.lora_copy_bytes), and the matmuls run in bf16."""
     lora_fused_modules: bool = False
     """LoRA adapts the framework's fused modules: Megatron-Core's linear_qkv (q, k and v) and linear_fc1 (gate and
     up) hold one adapter each, reading one input (what their dropout drops once); False: one per projection, as

@@ -1,0 +1,135 @@
+"""PEFT's fp32 LoRA adapters under torch.autocast (the Trainer's bf16=True): each adapter still copies its input to
+fp32, but autocast casts that copy back to bf16 for the adapter's matmul, and the bf16 cast is what autograd saves
+(Setup.autocast, Setup.lora_copy_bytes). Measured here through transformers, PEFT and torch's own autocast on CPU,
+whose casting policy for linear layers is the CUDA one (lower precision)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cloud_stubs import cli_run
+
+from trainready.errors import UsageError
+from trainready.plan import efficiency as eff
+from trainready.plan.activations import layer_bytes_per_token
+from trainready.plan.job import JobSpec
+from trainready.plan.memory import estimate_memory
+from trainready.plan.model_spec import ModelSpec
+from trainready.plan.performance import _adapter_time
+from trainready.plan.setup import resolve
+
+H, F, LAYERS, RANK = 256, 640, 2, 4
+
+
+def _saved_bytes(model, ids, autocast: bool) -> int:
+    """Bytes autograd saves while the decoder (not the head or loss) runs, each tensor once."""
+    import torch
+    seen = {}
+
+    def pack(t):
+        seen[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            model.base_model.model.model(input_ids=ids)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("targets, ours", [(["q_proj", "v_proj"], ["q", "v"]), ("all-linear", None)])
+def test_autocast_saves_the_bf16_cast_of_each_adapter_copy(targets, ours):
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=H, intermediate_size=F, num_hidden_layers=LAYERS,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=32, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = peft.get_peft_model(LlamaForCausalLM(config).to(torch.bfloat16),
+                                peft.LoraConfig(r=RANK, lora_alpha=8, target_modules=targets)).train()
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
+    model.base_model.model.model.embed_tokens.weight.requires_grad_(True)  # inputs that need a gradient, as deeper
+    s1, s2 = 64, 192
+
+    def per_token(autocast: bool) -> float:  # the slope over two lengths: weights and their casts drop out
+        b1, b2 = (_saved_bytes(model, torch.randint(0, 128, (1, s)), autocast) for s in (s1, s2))
+        return (b2 - b1) / (s2 - s1) / LAYERS
+    measured = per_token(False) - per_token(True)
+    spec = ModelSpec(name="tiny", vocab_size=128, hidden_size=H, num_layers=LAYERS, num_heads=8, num_kv_heads=2,
+                     ffn_hidden_size=F)
+    kw = dict(kernels="eager", residual_bytes=2, act_bytes=2, method="lora", lora_targets=ours)
+    modelled = (layer_bytes_per_token(spec, **kw, adapter_copy_bytes=4)
+                - layer_bytes_per_token(spec, **kw, adapter_copy_bytes=2))
+    # the model leaves out the rank-r intermediates (lora_B's input: 2 bytes more per rank element without autocast)
+    adapters = len(ours) if ours else 7
+    assert measured == pytest.approx(modelled + 2 * RANK * adapters, rel=1e-9)
+    assert modelled == 2 * sum(din for din, _ in spec.linear_layer_dims(ours))
+
+
+def _lora(catalog, **kw):
+    base = dict(model="llama-3-8b", gpu="h100-80gb", gpus=8, method="lora", micro_batch=1, global_batch=32,
+                seq_len=4096, precision="bf16", activation_checkpointing="none", strategy="zero2")
+    return resolve(JobSpec(**{**base, **kw}), catalog)
+
+
+def test_who_autocasts_and_what_each_adapter_keeps(catalog):
+    trainer = _lora(catalog)  # the default stack, hf-trainer: the Trainer's bf16=True
+    assert trainer.autocast and trainer.lora_copy_bytes == 2
+    assert not _lora(catalog, autocast=False).autocast and _lora(catalog, autocast=False).lora_copy_bytes == 4
+    assert _lora(catalog, method="qlora").lora_copy_bytes == 0  # bitsandbytes hands the adapters the bf16 input
+    assert _lora(catalog, method="qlora", autocast=False).lora_copy_bytes == 4
+    assert not _lora(catalog, stack="deepspeed").autocast  # accelerate runs no autocast under DeepSpeed
+    assert not trainer.with_(runs_on="deepspeed").autocast  # nor on the default stack's DeepSpeed rows
+    assert _lora(catalog, stack="deepspeed").lora_copy_bytes == 0  # and its engine casts the adapters to bf16
+    assert _lora(catalog, stack="deepspeed", strategy="zero3").lora_copy_bytes == 4  # ZeRO-Init leaves them fp32
+    assert _lora(catalog, stack="deepspeed", strategy="zero3", autocast=True).lora_copy_bytes == 2
+    assert _lora(catalog, stack="megatron").lora_copy_bytes == 0  # adapters in the model's dtype
+    # the memory follows: 2 bytes less per element of every adapter's input, nothing else
+    inputs = sum(din for din, _ in trainer.model.linear_layer_dims(None))
+    delta = estimate_memory(_lora(catalog, autocast=False)).activations - estimate_memory(trainer).activations
+    assert delta == pytest.approx(2 * inputs * trainer.model.num_layers * 4096, rel=1e-9)
+
+
+def test_autocast_adapters_matmul_in_bf16(catalog):
+    s, fp32 = _lora(catalog), _lora(catalog, autocast=False)
+    e = eff.arch_efficiency("hopper")
+    peak = s.gpu.peak_tflops("bf16") * 1e12
+    fwd, bwd, flops = _adapter_time(s, 4096, peak, e)
+    dims = s.model.linear_layer_dims(None)
+    ins, outs = sum(i for i, _ in dims), sum(o for _, o in dims)
+    hbm = s.gpu.hbm_gbps * 1e9 * e.memory
+    rate = peak * e.gemm * 0.5
+    assert fwd == pytest.approx(flops / 3 / rate + 4096 * (12 * ins + 10 * outs) / hbm, rel=1e-12)
+    assert bwd == pytest.approx(2 * flops / 3 / rate + 4096 * (18 * ins + 15 * outs) / hbm, rel=1e-12)
+    assert sum(_adapter_time(fp32, 4096, peak, e)[:2]) > fwd + bwd  # fp32 matmuls at the fp32 peak are slower
+
+
+def test_autocast_is_said_and_refused_where_it_means_nothing(catalog, tmp_path):
+    # trainready's recipe runs LoRA through DeepSpeed (ZeRO-3 here: ZeRO-Init leaves PEFT's adapters fp32), with no
+    # autocast; a Trainer loop that autocasts says so
+    r = cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    setup = json.loads(r.stdout)["setup"]
+    assert setup["framework"] == "deepspeed" and setup["strategy"] == "zero3"
+    assert setup["autocast"] is False and setup["lora_input_copy_bytes"] == 4
+    r = cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora",
+                "--autocast", "--json")
+    setup = json.loads(r.stdout)["setup"]
+    assert setup["autocast"] is True and setup["lora_input_copy_bytes"] == 2
+    full = json.loads(cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--json").stdout)
+    assert full["setup"]["autocast"] is None and full["setup"]["lora_input_copy_bytes"] is None
+    for cmd in (("estimate", "--gpu", "h100-80gb", "--gpus", "8"), ("plan", "--tokens", "1e9")):
+        r = cli_run(*cmd, "-m", "llama-3-8b", "--no-autocast")
+        assert r.returncode == 2 and "--no-autocast" in r.stdout + r.stderr and "--method lora" in r.stdout + r.stderr
+        assert "Traceback" not in r.stdout + r.stderr
+    with pytest.raises(UsageError, match="--autocast"):
+        _lora(catalog, method="full", autocast=True)
+    # a job file's autocast belonged to its LoRA: --method full on top of it drops it
+    job = tmp_path / "job.toml"
+    r = cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora",
+                "--autocast", "--save", str(job))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cli_run("estimate", "--job", str(job), "--method", "full", "--json")
+    assert "autocast" not in r.stderr and json.loads(r.stdout)["setup"]["autocast"] is None
+    r = cli_run("estimate", "--job", str(job), "--json")
+    assert json.loads(r.stdout)["setup"]["lora_input_copy_bytes"] == 2
