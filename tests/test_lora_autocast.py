@@ -82,12 +82,43 @@ def test_who_autocasts_and_what_each_adapter_keeps(catalog):
     assert not trainer.with_(runs_on="deepspeed").autocast  # nor on the default stack's DeepSpeed rows
     assert _lora(catalog, stack="deepspeed").lora_copy_bytes == 0  # and its engine casts the adapters to bf16
     assert _lora(catalog, stack="deepspeed", strategy="zero3").lora_copy_bytes == 4  # ZeRO-Init leaves them fp32
-    assert _lora(catalog, stack="deepspeed", strategy="zero3", autocast=True).lora_copy_bytes == 2
+    # asked on the default stack, autocast does not reach a row DeepSpeed runs, and the row says so
+    asked = _lora(catalog, autocast=True, strategy="zero3").with_(runs_on="deepspeed")
+    assert not asked.autocast and asked.lora_copy_bytes == 4 and "--autocast not applied" in asked.autocast_ignored
+    assert _lora(catalog, autocast=True).autocast_ignored is None
     assert _lora(catalog, stack="megatron").lora_copy_bytes == 0  # adapters in the model's dtype
+    assert not _lora(catalog, precision="fp32").autocast  # nothing lower to autocast to
     # the memory follows: 2 bytes less per element of every adapter's input, nothing else
     inputs = sum(din for din, _ in trainer.model.linear_layer_dims(None))
     delta = estimate_memory(_lora(catalog, autocast=False)).activations - estimate_memory(trainer).activations
     assert delta == pytest.approx(2 * inputs * trainer.model.num_layers * 4096, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(method="full", autocast=True), "for full training, mixed precision is --optimizer-dtype"),
+    (dict(stack="megatron", autocast=False), "stack megatron keeps its LoRA adapters in the model's dtype"),
+    (dict(stack="automodel", autocast=True), "stack automodel keeps its LoRA adapters in the model's dtype"),
+    (dict(stack="deepspeed", autocast=True), "DeepSpeed runs no autocast"),
+    (dict(precision="fp32", autocast=True), "an fp32 job has no lower precision"),
+])
+def test_autocast_where_it_can_change_nothing_is_a_usage_error(catalog, kw, said):
+    with pytest.raises(UsageError, match=said):
+        _lora(catalog, **kw)
+
+
+def test_without_sequence_parallelism_tp_ranks_keep_the_column_adapters_copies_whole(catalog):
+    """hf-trainer's TP (no sequence parallelism) leaves the column-parallel adapters' inputs whole on every rank
+    (activations.tp_replicated_bytes_per_token): their copies shrink by 2 bytes under autocast on every rank, the
+    row-parallel ones' (o, down: split inputs) by 2 / tp."""
+    from trainready.plan.activations import _adapter_inputs
+    kw = dict(tp=2, gpus=8, strategy="zero2")
+    on, off = _lora(catalog, **kw), _lora(catalog, **kw, autocast=False)
+    m = on.model
+    whole = sum(_adapter_inputs(m, None, whole_only=True).values())
+    every = sum(_adapter_inputs(m, None).values())
+    per_rank = 2 * (whole + (every - whole) / 2)
+    delta = estimate_memory(off).activations - estimate_memory(on).activations
+    assert delta == pytest.approx(per_rank * m.num_layers * 4096, rel=1e-9)
 
 
 def test_autocast_adapters_matmul_in_bf16(catalog):
@@ -106,16 +137,25 @@ def test_autocast_adapters_matmul_in_bf16(catalog):
 
 def test_autocast_is_said_and_refused_where_it_means_nothing(catalog, tmp_path):
     # trainready's recipe runs LoRA through DeepSpeed (ZeRO-3 here: ZeRO-Init leaves PEFT's adapters fp32), with no
-    # autocast; a Trainer loop that autocasts says so
-    r = cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora", "--json")
-    assert r.returncode == 0, r.stdout + r.stderr
-    setup = json.loads(r.stdout)["setup"]
-    assert setup["framework"] == "deepspeed" and setup["strategy"] == "zero3"
-    assert setup["autocast"] is False and setup["lora_input_copy_bytes"] == 4
-    r = cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora",
-                "--autocast", "--json")
-    setup = json.loads(r.stdout)["setup"]
-    assert setup["autocast"] is True and setup["lora_input_copy_bytes"] == 2
+    # autocast, asked or not: a warning says so
+    for asked in ((), ("--autocast",)):
+        r = cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora", *asked,
+                    "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        out = json.loads(r.stdout)
+        setup = out["setup"]
+        assert setup["framework"] == "deepspeed" and setup["strategy"] == "zero3"
+        assert setup["autocast"] is False and setup["lora_input_copy_bytes"] == 4
+        assert any("--autocast not applied" in w for w in out["warnings"]) == bool(asked)
+    # a loop no recipe of trainready's runs (torchtitan has none for LoRA) takes it, and the text says what it assumed
+    titan = ("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora", "--stack",
+             "torchtitan", "--strategy", "zero3")
+    setup = json.loads(cli_run(*titan, "--autocast", "--json").stdout)["setup"]
+    assert setup["framework"] is None and setup["autocast"] is True and setup["lora_input_copy_bytes"] == 2
+    text = " ".join(cli_run(*titan, "--autocast").stdout.split())
+    assert "PEFT's fp32 adapters under autocast" in text and "--no-autocast for a loop without autocast" in text
+    text = " ".join(cli_run(*titan).stdout.split())
+    assert "PEFT's fp32 adapters without autocast" in text and "--autocast if the loop runs under autocast" in text
     full = json.loads(cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--json").stdout)
     assert full["setup"]["autocast"] is None and full["setup"]["lora_input_copy_bytes"] is None
     for cmd in (("estimate", "--gpu", "h100-80gb", "--gpus", "8"), ("plan", "--tokens", "1e9")):
@@ -126,8 +166,7 @@ def test_autocast_is_said_and_refused_where_it_means_nothing(catalog, tmp_path):
         _lora(catalog, method="full", autocast=True)
     # a job file's autocast belonged to its LoRA: --method full on top of it drops it
     job = tmp_path / "job.toml"
-    r = cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora",
-                "--autocast", "--save", str(job))
+    r = cli_run(*titan, "--autocast", "--save", str(job))
     assert r.returncode == 0, r.stdout + r.stderr
     r = cli_run("estimate", "--job", str(job), "--method", "full", "--json")
     assert "autocast" not in r.stderr and json.loads(r.stdout)["setup"]["autocast"] is None

@@ -25,7 +25,7 @@ MOE = "Mixture of experts"
 NUM = "Numerics"
 MEM = "Memory"
 # flag pairs (--x/--no-x) in a panel of their own: the pair's second column would narrow every other option's help
-COMPILE = "Compile and TP overlap"
+COMPILE = "Compile, overlap and autocast"
 COST = "Cost"
 OUT = "Output"
 
@@ -196,7 +196,7 @@ MethodOpt = Annotated[Optional[Method], typer.Option("--method", help="Full fine
 LoraRank = Annotated[Optional[int], typer.Option("--lora-rank", parser=number_for(JobSpec, "lora_rank", "16"), help="LoRA rank. [default: 16]", rich_help_panel=MODEL)]
 LoraTargets = Annotated[Optional[str], typer.Option("--lora-targets", metavar="NAMES", help="The linear layers LoRA adapts, comma-separated: q, k, v, o, gate, up, down (latent attention: q_a, q_b, kv_a, kv_b), Hugging Face PEFT names (q_proj, v_proj, ...), Megatron names (linear_qkv, linear_proj, linear_fc1, linear_fc2) or attention, mlp, all-linear. [default: all-linear]", rich_help_panel=MODEL)]
 LoraDropout = Annotated[Optional[float], typer.Option("--lora-dropout", metavar="P", parser=number_for(JobSpec, "lora_dropout", "0.05"), help="LoRA dropout probability (PEFT's lora_dropout), on each adapter's input (PEFT, Megatron-Bridge) or output (automodel stack). [default: 0]", rich_help_panel=MODEL)]
-AutocastOpt = Annotated[Optional[bool], typer.Option("--autocast/--no-autocast", help="LoRA/QLoRA: the forward runs under torch.autocast (the Trainer's bf16=True): PEFT's fp32 adapters then save a bf16 cast of their input and matmul in bf16, QLoRA's 4-bit layers copy nothing; --no-autocast: your own loop on a bf16 model without it (fp32 copies and matmuls). [default: the stack's: hf-trainer on, deepspeed off]", rich_help_panel=NUM)]
+AutocastOpt = Annotated[Optional[bool], typer.Option("--autocast/--no-autocast", help="LoRA/QLoRA: the forward runs under torch.autocast (the Trainer's bf16=True): PEFT's fp32 adapters then save a bf16 cast of their input and matmul in bf16, QLoRA's 4-bit layers copy nothing; --no-autocast: your own loop on a bf16 model without it (fp32 copies and matmuls). Not on rows DeepSpeed runs (trainready's LoRA recipe), whose engine runs none. [default: the stack's: hf-trainer on, deepspeed off]", rich_help_panel=COMPILE)]
 Tokens = Annotated[Optional[float], typer.Option("--tokens", parser=number_for(JobSpec, "tokens", "2e9"), help="Training tokens, e.g. 2e9.", rich_help_panel=MODEL)]
 SeqLen = Annotated[Optional[int], typer.Option("--seq-len", parser=number_for(JobSpec, "seq_len", "4096"), help="Sequence length. [default: the model's context, at most 4096]", rich_help_panel=PAR)]
 DocLen = Annotated[Optional[int], typer.Option("--doc-len", metavar="TOKENS", parser=number_for(JobSpec, "doc_len", "1024"), help="Packed sequences whose attention is masked to each document (FlashAttention varlen, FlexAttention block-causal, TE THD): the documents' mean length. Attention's FLOPs and kernel follow it; all else the sequence. [default: attention spans the whole sequence]", rich_help_panel=PAR)]

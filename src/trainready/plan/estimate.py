@@ -116,8 +116,10 @@ class SetupInfo(BaseModel):
     lora_dropout_position: Literal["pre", "post"] | None = Field(
         None, description="where that dropout sits: 'pre' on each adapter's input (PEFT, Megatron-Bridge), 'post' on "
                           "its output (NeMo AutoModel); None without dropout")
-    autocast: bool | None = Field(None, description="LoRA/QLoRA: the forward runs under torch.autocast (--autocast, "
-                                                    "or the stack's); None: full training")
+    autocast: bool | None = Field(None, description="LoRA/QLoRA with PEFT's fp32 adapters: the forward runs under "
+                                                    "torch.autocast (--autocast, or the stack's; never where "
+                                                    "DeepSpeed runs the row); None: full training, or adapters in "
+                                                    "the model's dtype")
     lora_input_copy_bytes: int | None = Field(
         None, description="LoRA/QLoRA: bytes per element of the copy of its input each adapter saves: 4 (PEFT's fp32 "
                           "adapters), 2 (their bf16 cast under autocast), 0 (the adapters read the model's own "
@@ -258,6 +260,17 @@ def cuda_graphs_assumption(s: Setup) -> str:
     return f"CUDA graphs ({get_stack(s.stack).cuda_graphs}): {what}; {CUDA_GRAPHS_MEMORY.format('the memory figure')}"
 
 
+def lora_copy_assumption(s: Setup) -> str:
+    """What PEFT's fp32 adapters were counted to save and run in (Setup.lora_copy_bytes), and how to say otherwise."""
+    if s.autocast:
+        return ("LoRA: PEFT's fp32 adapters under autocast (the Trainer's bf16=True): each saves a bf16 cast of its "
+                "input and matmuls in bf16; --no-autocast for a loop without autocast (fp32 copies, 2 bytes an "
+                "element more)")
+    return ("LoRA: PEFT's fp32 adapters without autocast" + (" (DeepSpeed runs none)" if s.on_deepspeed else "")
+            + ": each saves an fp32 copy of its input and matmuls in fp32"
+            + ("" if s.on_deepspeed else "; --autocast if the loop runs under autocast (bf16 casts, half the bytes)"))
+
+
 def doc_len_assumption(doc_len: int, seq_len: int) -> str:
     """What --doc-len changes, and what it assumes of the documents."""
     return (f"packed documents of {doc_len:,} tokens in each {seq_len:,}-token sequence, attention masked to each "
@@ -366,6 +379,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         warnings.append(advice)
     if said := deepep_warning(s):
         warnings.append(said)
+    if said := s.autocast_ignored:
+        warnings.append(said)
     resolved = resolve_stack(s.stack, kernels=s.kernels, attention_kernel=s.attention_kernel,
                              reduce_dtype=s.reduce_dtype)
     assumptions = [
@@ -397,6 +412,8 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
         assumptions.append(doc_len_assumption(s.doc_len, s.seq_len))
     if s.cuda_graphs:
         assumptions.append(cuda_graphs_assumption(s))
+    if s.lora_fp32_copies:
+        assumptions.append(lora_copy_assumption(s))
     assumptions += moe.assumptions(s)
     if said := deepep_assumption(s):
         assumptions.append(said)
@@ -464,7 +481,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         lora_targets=list(s.lora_targets) if s.lora_targets else None,
                         lora_dropout=s.lora_dropout if s.lora_dropout_at else None,
                         lora_dropout_position=s.lora_dropout_at,
-                        autocast=s.autocast if s.method != "full" else None,
+                        autocast=s.autocast if s.method != "full" and get_stack(s.stack).lora_fp32_adapters else None,
                         lora_input_copy_bytes=s.lora_copy_bytes if s.method != "full" else None,
                         kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from trainready.errors import UsageError, closest, printable
 
 from .model_spec import ModelSpec
+from .stacks import STACKS, Stack
 
 ALL_LINEAR = "all-linear"
 QKV = ("q", "k", "v", "qkv")  # a name for any of q, k, v adapts the fused module where the model has one
@@ -66,15 +67,28 @@ def check_dropout(p: float, method: str) -> float:
     return p
 
 
-def check_autocast(asked: bool | None, method: str) -> bool | None:
-    """The job's --autocast/--no-autocast (Setup.autocast_asked): what it changes is modelled for LoRA and QLoRA only
-    (what PEFT's fp32 adapters save and run in), so with full training it is a usage error."""
-    if asked is not None and method == "full":
-        flag = "--autocast" if asked else "--no-autocast"
-        raise UsageError(f"{flag} (or autocast in a job file) is modelled for --method lora or qlora only (what PEFT's "
-                         "fp32 adapters save and run in); for full training, mixed precision is --optimizer-dtype "
-                         "(fp32: autocast over fp32 parameters; bf16: pure bf16): drop it, or --method lora")
-    return asked
+def check_autocast(asked: bool | None, method: str, stack: Stack, precision: str) -> bool | None:
+    """The job's --autocast/--no-autocast (Setup.autocast_asked), a usage error where it can change nothing: full
+    training (its mixed precision is --optimizer-dtype), a stack whose adapters are in the model's dtype (nothing for
+    autocast to cast), the deepspeed stack asked to autocast (its engine runs none) or an fp32 job asked to."""
+    if asked is None:
+        return None
+    flag = "--autocast" if asked else "--no-autocast"
+    if method == "full":
+        why = ("for full training, mixed precision is --optimizer-dtype (fp32: autocast over fp32 parameters; bf16: "
+               "pure bf16): drop it, or --method lora")
+    elif not stack.lora_fp32_adapters:
+        why = (f"stack {stack.name} keeps its LoRA adapters in the model's dtype, which autocast leaves as they are; "
+               f"stacks with PEFT's fp32 adapters: {', '.join(n for n, s in STACKS.items() if s.lora_fp32_adapters)}")
+    elif asked and stack.deepspeed_zero_memory:
+        why = ("DeepSpeed runs no autocast (accelerate sets native_amp only outside DeepSpeed, whose engine casts the "
+               "model itself): drop it, or --stack hf-trainer")
+    elif asked and precision == "fp32":
+        why = "an fp32 job has no lower precision to autocast to: drop it, or --precision bf16"
+    else:
+        return asked
+    raise UsageError(f"{flag} (or autocast in a job file) is modelled for PEFT's fp32 LoRA adapters (what they save "
+                     f"and run in): {why}")
 
 
 def check_targets(names: list[str] | tuple[str, ...] | None, model: ModelSpec,

@@ -242,7 +242,7 @@ def _base_setup(job: JobSpec, catalog: Catalog, inst: Instance, model, seq_len: 
                  gather_dtype=job.gather_dtype, checkpointing="none", offload="none", method=job.method,
                  lora_rank=job.lora_rank, lora_targets=check_targets(job.lora_targets, model, job.method),
                  lora_dropout=check_dropout(job.lora_dropout, job.method),
-                 autocast_asked=check_autocast(job.autocast, job.method),
+                 autocast_asked=check_autocast(job.autocast, job.method, st.stack, precision),
                  kernels=st.kernels, attention_kernel=st.attention_kernel,
                  inter_node_gbps=job.inter_node_gbps or inst.network_gbps, tokens=job.tokens, spot=job.spot,
                  region=job.region, usd_per_hour=job.usd_per_hour, keep_hot=job.keep_hot,
@@ -1038,6 +1038,8 @@ def plan(req: PlanRequest, catalog: Catalog) -> PlanResult:
         notes.append("--fp8-gather does not apply to the best row: " + str(fp8_param_gather_problem(
             get_stack(b.stack), precision=b.precision, recipe=b.fp8_recipe, strategy=b.strategy, method=b.method,
             offload=b.offload)))
+    if ranked and (said := ranked[0].setup.autocast_ignored):  # trainready's LoRA recipe is DeepSpeed's
+        notes.append(said + " (the best row)")
     advice = batch_advice(ranked[0].setup) if ranked else None
     if advice:
         notes.append(f"best row: {advice}")

@@ -128,11 +128,25 @@ class Setup:
     @property
     def autocast(self) -> bool:
         """The forward runs under torch.autocast: asked (--autocast/--no-autocast), else the stack's (Stack.autocast:
-        the Trainer's bf16=True) except under DeepSpeed, which runs none (accelerate sets native_amp only outside
-        DeepSpeed: stacks.DEEPSPEED_CASTS)."""
+        the Trainer's bf16=True); never in an fp32 job, nor where DeepSpeed runs the row, whatever was asked: its
+        engine runs none (accelerate sets native_amp only outside DeepSpeed: stacks.DEEPSPEED_CASTS), and trainready's
+        DeepSpeed recipe is what the row launches (autocast_ignored says so)."""
+        if self.precision == "fp32" or self.on_deepspeed:
+            return False
         if self.autocast_asked is not None:
             return self.autocast_asked
-        return get_stack(self.stack).autocast and not self.on_deepspeed
+        return get_stack(self.stack).autocast
+
+    @property
+    def autocast_ignored(self) -> str | None:
+        """Why the job's --autocast does not apply to this row (None: it does, or was not asked)."""
+        if self.autocast_asked and self.on_deepspeed and self.lora_fp32_copies:
+            return (f"--autocast not applied: {self.runs_on or 'DeepSpeed'} runs this row, and DeepSpeed runs no "
+                    f"autocast (accelerate sets native_amp only outside it): PEFT's adapters keep fp32 copies")
+        if self.autocast_asked and self.on_deepspeed and self.method != "full":
+            return (f"--autocast not applied: {self.runs_on or 'DeepSpeed'} runs this row, and DeepSpeed runs no "
+                    f"autocast; its engine casts PEFT's adapters to bf16, so they copy nothing either way")
+        return None
 
     @property
     def lora_fp32_copies(self) -> bool:
@@ -828,4 +842,4 @@ def resolve(job: JobSpec, catalog: Catalog, *, model: ModelSpec | None = None) -
                  recompute_modules=modules, power_limit_w=job.power_limit_w,
                  lora_targets=check_targets(job.lora_targets, model, job.method),
                  lora_dropout=check_dropout(job.lora_dropout, job.method),
-                 autocast_asked=check_autocast(job.autocast, job.method), **comm)
+                 autocast_asked=check_autocast(job.autocast, job.method, st.stack, precision), **comm)

@@ -7,9 +7,9 @@ per run with its regime (regime_of), the signed error of tokens/s per GPU and, w
 peak, the memory model's error against it (read by plan/memory_record.py). An estimate quotes the
 narrowest regime that holds at least MIN_RUNS runs: (dense or MoE, sequence regime, precision, GPU
 architecture, training stack), then without the stack, then without the architecture, then without the
-precision, then the kind alone. The stack is the narrowest field because stacks of one regime miss in
-opposite directions (on Hopper with long sequences, torchtitan's context-parallel FP8 runs lean +23% where
-llm-foundry's 16-bit runs lean -2%, as of 2026-12-08): a user of one should not be quoted the other's lean.
+precision, then the kind alone. The stack is the narrowest field because stacks of one regime miss by different
+amounts (on Hopper FP8 with long sequences, torchtitan's context-parallel runs lean +23% where Megatron's lean
++10%, as of 2026-12-08): a user of one should not be quoted the other's lean.
 
 The error is what the planner got wrong on runs that were measured, not a range of its inputs: a user reads
 "runs like this were off by 10% (median), 31% (9 in 10)" beside the point estimate. The file is ours, but it
