@@ -140,13 +140,12 @@ class Setup:
     @property
     def autocast_ignored(self) -> str | None:
         """Why the job's --autocast does not apply to this row (None: it does, or was not asked)."""
-        if self.autocast_asked and self.on_deepspeed and self.lora_fp32_copies:
-            return (f"--autocast not applied: {self.runs_on or 'DeepSpeed'} runs this row, and DeepSpeed runs no "
-                    f"autocast (accelerate sets native_amp only outside it): PEFT's adapters keep fp32 copies")
-        if self.autocast_asked and self.on_deepspeed and self.method != "full":
-            return (f"--autocast not applied: {self.runs_on or 'DeepSpeed'} runs this row, and DeepSpeed runs no "
-                    f"autocast; its engine casts PEFT's adapters to bf16, so they copy nothing either way")
-        return None
+        if not (self.autocast_asked and self.on_deepspeed):
+            return None
+        kept = ("PEFT's adapters keep fp32 copies" if self.lora_fp32_copies else
+                "its engine casts PEFT's adapters to bf16, so they copy nothing either way")
+        return (f"--autocast not applied: {self.runs_on or 'DeepSpeed'} runs this row, and DeepSpeed runs no autocast "
+                f"(accelerate sets native_amp only outside it): {kept}")
 
     @property
     def lora_fp32_copies(self) -> bool:
