@@ -19,42 +19,16 @@ from trainready.plan.model_spec import ModelSpec
 from trainready.plan.performance import _adapter_time
 from trainready.plan.setup import resolve
 
-H, F, LAYERS, RANK = 256, 640, 2, 4
-
-
-def _saved_bytes(model, ids, autocast: bool) -> int:
-    """Bytes autograd saves while the decoder (not the head or loss) runs, each tensor once."""
-    import torch
-    seen = {}
-
-    def pack(t):
-        seen[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            model.base_model.model.model(input_ids=ids)
-    return sum(seen.values())
-
 
 @pytest.mark.parametrize("targets, ours", [(["q_proj", "v_proj"], ["q", "v"]), ("all-linear", None)])
 def test_autocast_saves_the_bf16_cast_of_each_adapter_copy(targets, ours):
     torch = pytest.importorskip("torch")
-    peft = pytest.importorskip("peft")
-    from transformers import LlamaConfig, LlamaForCausalLM
+    pytest.importorskip("peft")
+    from lora_fsdp_probe import F, H, LAYERS, RANK, peft_llama, per_token_layer
 
-    config = LlamaConfig(vocab_size=128, hidden_size=H, intermediate_size=F, num_hidden_layers=LAYERS,
-                         num_attention_heads=8, num_key_value_heads=2, head_dim=32, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = peft.get_peft_model(LlamaForCausalLM(config).to(torch.bfloat16),
-                                peft.LoraConfig(r=RANK, lora_alpha=8, target_modules=targets)).train()
+    model = peft_llama(targets)
     assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
-    model.base_model.model.model.embed_tokens.weight.requires_grad_(True)  # inputs that need a gradient, as deeper
-    s1, s2 = 64, 192
-
-    def per_token(autocast: bool) -> float:  # the slope over two lengths: weights and their casts drop out
-        b1, b2 = (_saved_bytes(model, torch.randint(0, 128, (1, s)), autocast) for s in (s1, s2))
-        return (b2 - b1) / (s2 - s1) / LAYERS
-    measured = per_token(False) - per_token(True)
+    measured = per_token_layer(model, False) - per_token_layer(model, True)
     spec = ModelSpec(name="tiny", vocab_size=128, hidden_size=H, num_layers=LAYERS, num_heads=8, num_kv_heads=2,
                      ffn_hidden_size=F)
     kw = dict(kernels="eager", residual_bytes=2, act_bytes=2, method="lora", lora_targets=ours)
@@ -64,6 +38,32 @@ def test_autocast_saves_the_bf16_cast_of_each_adapter_copy(targets, ours):
     adapters = len(ours) if ours else 7
     assert measured == pytest.approx(modelled + 2 * RANK * adapters, rel=1e-9)
     assert modelled == 2 * sum(din for din, _ in spec.linear_layer_dims(ours))
+
+
+def test_fsdp_mixed_precision_gathers_the_adapters_in_bf16_so_they_copy_nothing(catalog):
+    """Under FSDP2 with param_dtype bf16 (accelerate's FSDP plugin, torchtitan) PEFT's fp32 adapters are gathered in
+    bf16 for the forward, so they read the model's own tensors, autocast or not: measured in a process of its own
+    (tests/lora_fsdp_probe.py, one gloo rank on CPU), against the copies of a plain model."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    probe = Path(__file__).with_name("lora_fsdp_probe.py")
+    r = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    spec = ModelSpec(name="tiny", vocab_size=128, hidden_size=got["hidden"], num_layers=2, num_heads=8, num_kv_heads=2,
+                     ffn_hidden_size=got["ffn"])
+    kw = dict(kernels="eager", residual_bytes=2, act_bytes=2, method="lora")
+    fp32, cast, none = (layer_bytes_per_token(spec, **kw, fp32_adapters=c > 0, adapter_copy_bytes=c) for c in (4, 2, 0))
+    plain_fp32, plain_autocast = got["plain"]
+    fsdp_fp32, fsdp_autocast = got["fsdp"]
+    assert fsdp_fp32 == fsdp_autocast  # gathered in bf16: autocast has nothing left to cast
+    assert plain_autocast - fsdp_autocast == pytest.approx(cast - none, rel=1e-12)
+    # without autocast lora_B's input is fp32 too: 2 bytes more per rank element, which the model leaves out
+    assert plain_fp32 - fsdp_fp32 == pytest.approx(fp32 - none + 2 * got["rank"] * 7, rel=1e-12)
+    for stack in ("hf-trainer", "torchtitan"):
+        assert _lora(catalog, stack=stack, strategy="zero3").lora_copy_bytes == 0
+        assert _lora(catalog, stack=stack, strategy="ddp").lora_copy_bytes == (2 if stack == "hf-trainer" else 4)
 
 
 def _lora(catalog, **kw):
@@ -149,7 +149,7 @@ def test_autocast_is_said_and_refused_where_it_means_nothing(catalog, tmp_path):
         assert any("--autocast not applied" in w for w in out["warnings"]) == bool(asked)
     # a loop no recipe of trainready's runs (torchtitan has none for LoRA) takes it, and the text says what it assumed
     titan = ("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora", "--stack",
-             "torchtitan", "--strategy", "zero3")
+             "torchtitan", "--strategy", "ddp")
     setup = json.loads(cli_run(*titan, "--autocast", "--json").stdout)["setup"]
     assert setup["framework"] is None and setup["autocast"] is True and setup["lora_input_copy_bytes"] == 2
     text = " ".join(cli_run(*titan, "--autocast").stdout.split())

@@ -66,7 +66,7 @@ def test_a_cap_slows_fp32_adapter_matmuls(catalog):
     """PEFT's fp32 adapters (without autocast) run at the fp32 peak, a rate of its own: a cap slows those matmuls, not
     their bytes."""
     from trainready.plan.performance import _adapter_time
-    s = resolve(JobSpec(**H100, method="lora", autocast=False), catalog)
+    s = resolve(JobSpec(**H100, method="lora", autocast=False, strategy="ddp"), catalog)
     assert s.lora_copy_bytes == 4
     e = eff.arch_efficiency("hopper")
     peak = s.gpu.peak_tflops("bf16") * 1e12

@@ -152,14 +152,17 @@ class Setup:
         """Each adapter casts its input to fp32, a copy of its own that it runs on (lora_copy_bytes: what autograd
         saves of it): PEFT's fp32 adapters (Stack.lora_fp32_adapters) on a bf16 or fp16 model. False: the adapters
         read the very tensor the frozen linear reads -- adapters in the model's dtype, an fp32 model, QLoRA's 4-bit
-        layers under autocast, which hand the adapters the bf16 input, and DeepSpeed, whose engine casts every
+        layers under autocast, which hand the adapters the bf16 input, DeepSpeed, whose engine casts every
         floating-point parameter to bf16 (fp16), the adapters too (stacks.DEEPSPEED_CASTS), except a model
         transformers builds under ZeRO-Init (ZeRO-3; 4-bit models are not): the engine leaves it uncast and PEFT
-        adds its adapters afterwards, in fp32."""
+        adds its adapters afterwards, in fp32; and FSDP (ZeRO-3 elsewhere), whose mixed precision gathers every
+        parameter in the compute dtype, the adapters too (FSDP_CASTS)."""
         stack = get_stack(self.stack)
         if self.method == "full" or not stack.lora_fp32_adapters or self.precision == "fp32":
             return False
-        if self.on_deepspeed and not (self.strategy == "zero3" and self.method == "lora"):
+        if self.on_deepspeed:
+            return self.strategy == "zero3" and self.method == "lora"
+        if self.strategy == "zero3":
             return False
         return not (self.method == "qlora" and self.autocast)
 

@@ -51,6 +51,10 @@ SETUP_CHECKPOINTING = ("none", "selective-op", "selective-attn", "full")
 
 
 _PEFT_LORA = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
+FSDP_CASTS = ("accelerate utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision: param_dtype is "
+              "the run's mixed precision (bf16), as torchtitan's mixed_precision_param (bfloat16 by default): FSDP "
+              "gathers every parameter in it for the forward, PEFT's fp32 adapters too, so peft's _cast_input_dtype "
+              "copies nothing (tests/test_lora_autocast.py measures it under FSDP2 on CPU)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,7 @@ class Stack:
     """LoRA adapters as PEFT keeps them: fp32 weights, each adapted linear casting its input to fp32 (a copy saved
     for backward) and running fp32 matmuls (plan/activations.py, performance._adapter_time); False: adapters in
     the model's dtype reading the very tensor the frozen linear reads (saved once, nothing copied)."""
-    lora_source: str = _PEFT_LORA
+    lora_source: str = _PEFT_LORA + "; under FSDP (ZeRO-3), " + FSDP_CASTS
     """Where the adapters' dtype comes from (Setup.lora_fp32_copies says when PEFT's fp32 adapters copy their input)."""
     autocast: bool = False
     """The framework runs the forward under torch.autocast (the Trainer's bf16=True: accelerate sets native_amp outside
