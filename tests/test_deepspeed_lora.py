@@ -23,7 +23,7 @@ GIB = 2**30
 
 def lora(catalog, stack, **kw):
     base = dict(model="llama-3-8b", gpu="h100-80gb", gpus=8, method="lora", micro_batch=1, global_batch=32,
-                seq_len=TOKENS, precision="bf16", activation_checkpointing="none", strategy="zero2", stack=stack)
+                seq_len=TOKENS, precision="bf16", activation_checkpointing="none", strategy="ddp", stack=stack)
     base.update(kw)
     return resolve(JobSpec(**base), catalog)
 

@@ -40,10 +40,12 @@ def test_autocast_saves_the_bf16_cast_of_each_adapter_copy(targets, ours):
     assert modelled == 2 * sum(din for din, _ in spec.linear_layer_dims(ours))
 
 
-def test_fsdp_mixed_precision_gathers_the_adapters_in_bf16_so_they_copy_nothing(catalog):
-    """Under FSDP2 with param_dtype bf16 (accelerate's FSDP plugin, torchtitan) PEFT's fp32 adapters are gathered in
-    bf16 for the forward, so they read the model's own tensors, autocast or not: measured in a process of its own
-    (tests/lora_fsdp_probe.py, one gloo rank on CPU), against the copies of a plain model."""
+def test_fsdp_mixed_precision_gathers_the_adapters_in_bf16_so_they_copy_nothing():
+    """Under FSDP2 with param_dtype bf16 (accelerate's FSDP plugin, the Trainer's default version) PEFT's fp32
+    adapters are gathered in bf16 for the forward, so they read the model's own tensors, autocast or not: measured in
+    a process of its own (tests/lora_fsdp_probe.py, one gloo rank on CPU), against the copies of a plain model."""
+    for module in ("torch", "peft", "transformers"):
+        pytest.importorskip(module)
     import subprocess
     import sys
     from pathlib import Path
@@ -61,14 +63,23 @@ def test_fsdp_mixed_precision_gathers_the_adapters_in_bf16_so_they_copy_nothing(
     assert plain_autocast - fsdp_autocast == pytest.approx(cast - none, rel=1e-12)
     # without autocast lora_B's input is fp32 too: 2 bytes more per rank element, which the model leaves out
     assert plain_fp32 - fsdp_fp32 == pytest.approx(fp32 - none + 2 * got["rank"] * 7, rel=1e-12)
-    for stack in ("hf-trainer", "torchtitan"):
-        assert _lora(catalog, stack=stack, strategy="zero3").lora_copy_bytes == 0
-        assert _lora(catalog, stack=stack, strategy="ddp").lora_copy_bytes == (2 if stack == "hf-trainer" else 4)
+
+
+def test_fsdp_rows_count_no_copies_and_say_the_flag_changes_nothing(catalog):
+    for strategy in ("zero2", "zero3"):  # FSDP's two sharding forms, outside DeepSpeed
+        s = _lora(catalog, strategy=strategy)
+        assert s.on_fsdp and s.lora_copy_bytes == 0 and s.autocast_ignored is None
+        asked = _lora(catalog, strategy=strategy, autocast=False)
+        assert asked.lora_copy_bytes == 0 and "--no-autocast changes nothing here: FSDP" in asked.autocast_ignored
+    assert _lora(catalog, strategy="ddp").lora_copy_bytes == 2  # DDP keeps the parameters as they are
+    assert _lora(catalog, strategy="zero2").with_(runs_on="deepspeed").lora_copy_bytes == 0  # DeepSpeed's cast
+    # torchtitan's own LoRA (components/lora.py) runs lora_b(lora_a(input)) on the base input, under FSDP2's policy
+    assert _lora(catalog, stack="torchtitan", strategy="ddp").lora_copy_bytes == 0
 
 
 def _lora(catalog, **kw):
     base = dict(model="llama-3-8b", gpu="h100-80gb", gpus=8, method="lora", micro_batch=1, global_batch=32,
-                seq_len=4096, precision="bf16", activation_checkpointing="none", strategy="zero2")
+                seq_len=4096, precision="bf16", activation_checkpointing="none", strategy="ddp")
     return resolve(JobSpec(**{**base, **kw}), catalog)
 
 
@@ -98,6 +109,7 @@ def test_who_autocasts_and_what_each_adapter_keeps(catalog):
     (dict(method="full", autocast=True), "for full training, mixed precision is --optimizer-dtype"),
     (dict(stack="megatron", autocast=False), "stack megatron keeps its LoRA adapters in the model's dtype"),
     (dict(stack="automodel", autocast=True), "stack automodel keeps its LoRA adapters in the model's dtype"),
+    (dict(stack="torchtitan", autocast=True), "stack torchtitan keeps its LoRA adapters in the model's dtype"),
     (dict(stack="deepspeed", autocast=True), "DeepSpeed runs no autocast"),
     (dict(precision="fp32", autocast=True), "an fp32 job has no lower precision"),
 ])
@@ -111,7 +123,7 @@ def test_without_sequence_parallelism_tp_ranks_keep_the_column_adapters_copies_w
     (activations.tp_replicated_bytes_per_token): their copies shrink by 2 bytes under autocast on every rank, the
     row-parallel ones' (o, down: split inputs) by 2 / tp."""
     from trainready.plan.activations import _adapter_inputs
-    kw = dict(tp=2, gpus=8, strategy="zero2")
+    kw = dict(tp=2, gpus=8, strategy="ddp")
     on, off = _lora(catalog, **kw), _lora(catalog, **kw, autocast=False)
     m = on.model
     whole = sum(_adapter_inputs(m, None, whole_only=True).values())
@@ -147,14 +159,15 @@ def test_autocast_is_said_and_refused_where_it_means_nothing(catalog, tmp_path):
         assert setup["framework"] == "deepspeed" and setup["strategy"] == "zero3"
         assert setup["autocast"] is False and setup["lora_input_copy_bytes"] == 4
         assert any("--autocast not applied" in w for w in out["warnings"]) == bool(asked)
-    # a loop no recipe of trainready's runs (torchtitan has none for LoRA) takes it, and the text says what it assumed
-    titan = ("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora", "--stack",
-             "torchtitan", "--strategy", "ddp")
-    setup = json.loads(cli_run(*titan, "--autocast", "--json").stdout)["setup"]
+    # a loop no recipe of trainready's runs (DeepSpeed's takes no selective recompute) takes it, and the text says
+    # what it assumed
+    loop = ("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "1", "--method", "lora", "--stack",
+             "hf-trainer", "--strategy", "ddp", "--activation-checkpointing", "selective")
+    setup = json.loads(cli_run(*loop, "--autocast", "--json").stdout)["setup"]
     assert setup["framework"] is None and setup["autocast"] is True and setup["lora_input_copy_bytes"] == 2
-    text = " ".join(cli_run(*titan, "--autocast").stdout.split())
+    text = " ".join(cli_run(*loop, "--autocast").stdout.split())
     assert "PEFT's fp32 adapters under autocast" in text and "--no-autocast for a loop without autocast" in text
-    text = " ".join(cli_run(*titan).stdout.split())
+    text = " ".join(cli_run(*loop, "--no-autocast").stdout.split())
     assert "PEFT's fp32 adapters without autocast" in text and "--autocast if the loop runs under autocast" in text
     full = json.loads(cli_run("estimate", "-m", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--json").stdout)
     assert full["setup"]["autocast"] is None and full["setup"]["lora_input_copy_bytes"] is None
@@ -166,7 +179,7 @@ def test_autocast_is_said_and_refused_where_it_means_nothing(catalog, tmp_path):
         _lora(catalog, method="full", autocast=True)
     # a job file's autocast belonged to its LoRA: --method full on top of it drops it
     job = tmp_path / "job.toml"
-    r = cli_run(*titan, "--autocast", "--save", str(job))
+    r = cli_run(*loop, "--autocast", "--save", str(job))
     assert r.returncode == 0, r.stdout + r.stderr
     r = cli_run("estimate", "--job", str(job), "--method", "full", "--json")
     assert "autocast" not in r.stderr and json.loads(r.stdout)["setup"]["autocast"] is None

@@ -28,8 +28,9 @@ OUTPUTS = Q + 2 * KV + D + 2 * F + D
 
 
 def lora(catalog, **kw):
+    # DDP: PEFT's fp32 adapters keep their copies (FSDP and DeepSpeed gather or cast them in bf16)
     base = dict(model="llama-3-8b", gpu="h100-80gb", gpus=8, method="lora", micro_batch=1, global_batch=32,
-                seq_len=4096, precision="bf16", activation_checkpointing="none")
+                seq_len=4096, precision="bf16", activation_checkpointing="none", strategy="ddp")
     base.update(kw)
     return resolve(JobSpec(**base), catalog)
 

@@ -138,8 +138,18 @@ class Setup:
         return get_stack(self.stack).autocast
 
     @property
+    def on_fsdp(self) -> bool:
+        """The row shards with FSDP (ZeRO-2 or 3 without DeepSpeed), whose mixed precision gathers parameters in bf16."""
+        return self.strategy in ("zero2", "zero3") and not self.on_deepspeed
+
+    @property
     def autocast_ignored(self) -> str | None:
-        """Why the job's --autocast does not apply to this row (None: it does, or was not asked)."""
+        """Why the job's --autocast/--no-autocast changes nothing on this row (None: it does, or was not asked)."""
+        if (self.autocast_asked is not None and self.on_fsdp and self.method != "full"
+                and get_stack(self.stack).lora_fp32_adapters and self.precision != "fp32"):
+            flag = "--autocast" if self.autocast_asked else "--no-autocast"
+            return (f"{flag} changes nothing here: FSDP ({self.strategy}) gathers PEFT's adapters in bf16 (its mixed "
+                    f"precision's param_dtype), so they read the model's own tensors either way")
         if not (self.autocast_asked and self.on_deepspeed):
             return None
         kept = ("PEFT's adapters keep fp32 copies" if self.lora_fp32_copies else
@@ -155,14 +165,15 @@ class Setup:
         layers under autocast, which hand the adapters the bf16 input, DeepSpeed, whose engine casts every
         floating-point parameter to bf16 (fp16), the adapters too (stacks.DEEPSPEED_CASTS), except a model
         transformers builds under ZeRO-Init (ZeRO-3; 4-bit models are not): the engine leaves it uncast and PEFT
-        adds its adapters afterwards, in fp32; and FSDP (ZeRO-3 elsewhere), whose mixed precision gathers every
-        parameter in the compute dtype, the adapters too (FSDP_CASTS)."""
+        adds its adapters afterwards, in fp32; and FSDP (ZeRO-2/3 outside DeepSpeed: FSDP2's FULL_SHARD and its
+        reshard_after_forward=False form), whose mixed precision gathers every parameter in the compute dtype, the
+        adapters too (stacks.FSDP_CASTS)."""
         stack = get_stack(self.stack)
         if self.method == "full" or not stack.lora_fp32_adapters or self.precision == "fp32":
             return False
         if self.on_deepspeed:
             return self.strategy == "zero3" and self.method == "lora"
-        if self.strategy == "zero3":
+        if self.on_fsdp:
             return False
         return not (self.method == "qlora" and self.autocast)
 

@@ -52,9 +52,11 @@ SETUP_CHECKPOINTING = ("none", "selective-op", "selective-attn", "full")
 
 _PEFT_LORA = "peft tuners/lora/layer.py: LoraLayer.forward casts x to lora_A's dtype, fp32 by default"
 FSDP_CASTS = ("accelerate utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision: param_dtype is "
-              "the run's mixed precision (bf16), as torchtitan's mixed_precision_param (bfloat16 by default): FSDP "
-              "gathers every parameter in it for the forward, PEFT's fp32 adapters too, so peft's _cast_input_dtype "
-              "copies nothing (tests/test_lora_autocast.py measures it under FSDP2 on CPU)")
+              "the run's mixed precision (bf16); under FSDP2, the Trainer's default (transformers 5.23 "
+              "fsdp_config version 2), every parameter of a layer's group is gathered in it for the forward, PEFT's "
+              "fp32 adapters too, so peft's _cast_input_dtype copies nothing (tests/lora_fsdp_probe.py measures "
+              "it on CPU); FSDP1 with PEFT's per-adapter wrapping reads the adapters' fp32 dtype before their unit "
+              "gathers and keeps the copies (not modelled)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +125,7 @@ class Stack:
     """LoRA adapters as PEFT keeps them: fp32 weights, each adapted linear casting its input to fp32 (a copy saved
     for backward) and running fp32 matmuls (plan/activations.py, performance._adapter_time); False: adapters in
     the model's dtype reading the very tensor the frozen linear reads (saved once, nothing copied)."""
-    lora_source: str = _PEFT_LORA + "; under FSDP (ZeRO-3), " + FSDP_CASTS
+    lora_source: str = _PEFT_LORA + "; under FSDP (ZeRO-2/3 outside DeepSpeed), " + FSDP_CASTS
     """Where the adapters' dtype comes from (Setup.lora_fp32_copies says when PEFT's fp32 adapters copy their input)."""
     autocast: bool = False
     """The framework runs the forward under torch.autocast (the Trainer's bf16=True: accelerate sets native_amp outside
@@ -300,6 +302,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                     "overlap only with the DualPipeV schedule (pipeline_parallel_expert_parallel_overlap); "
                     "float8 MoE quantizes inside the grouped GEMMs, so tokens travel in bf16",
           expert_tp="whole-under-ep", tp_overlap="async TP (--compile.enable_async_tensor_parallel)",
+          lora_fp32_adapters=False,
+          lora_source="torchtitan 0.3 components/lora.py LoRALinear.forward: lora_b(lora_a(input)) on the base "
+                      "layer's own input, no cast; parallelize.py always installs FSDP2's MixedPrecisionPolicy "
+                      "(mixed_precision_param bf16), so the adapters compute in bf16",
           sequence_parallel=True,  # config/configs.py ParallelismConfig.enable_sequence_parallel = True
           fp8_recipes=("tensorwise", "rowwise", "mxfp8"),  # torchao Float8LinearConfig recipes, MX for Blackwell
           # parallelize.py: "float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For
