@@ -481,7 +481,7 @@ def assemble(s: Setup, mem: MemoryResult, step: StepResult, *, spot_mtbf_h: floa
                         lora_targets=list(s.lora_targets) if s.lora_targets else None,
                         lora_dropout=s.lora_dropout if s.lora_dropout_at else None,
                         lora_dropout_position=s.lora_dropout_at,
-                        autocast=s.autocast if s.method != "full" and get_stack(s.stack).lora_fp32_adapters else None,
+                        autocast=s.autocast if s.peft_lora else None,
                         lora_input_copy_bytes=s.lora_copy_bytes if s.method != "full" else None,
                         kernels=s.kernels, stack=s.stack,
                         framework=s.runs_on,

@@ -258,14 +258,13 @@ def _adapter_time(s: Setup, tokens: int, peak: float, e: eff.ArchEfficiency) -> 
     sum_out = sum(o for _, o in dims) / s.tp
     flops_fwd = 2 * tokens * s.lora_rank * (sum_in + sum_out)
     hbm = s.gpu.hbm_gbps * 1e9 * e.memory  # large contiguous elementwise kernels
-    if s.lora_fp32_copies and s.autocast:
-        rate = peak * e.gemm * 0.5  # skinny (rank-r) matmuls, in bf16
-        fwd_bytes, bwd_bytes = 12 * sum_in + 10 * sum_out, 18 * sum_in + 15 * sum_out
-    elif s.lora_fp32_copies:
+    rate = peak * e.gemm * 0.5  # skinny (rank-r) bf16 matmuls
+    if s.lora_copy_bytes == 4:  # fp32 copies: fp32 matmuls
         rate = (s.gpu.peak_tflops("fp32") or peak / 1e12 / 16) * 1e12 * 0.9 * e.compute_scale
         fwd_bytes, bwd_bytes = 6 * sum_in + 28 * sum_out, 20 * sum_in + 24 * sum_out
+    elif s.lora_copy_bytes == 2:  # autocast's bf16 casts of the fp32 copies
+        fwd_bytes, bwd_bytes = 12 * sum_in + 10 * sum_out, 18 * sum_in + 15 * sum_out
     else:
-        rate = peak * e.gemm * 0.5  # skinny (rank-r) matmuls
         fwd_bytes, bwd_bytes = 10 * sum_out, 15 * sum_out
     if s.lora_dropout_at:
         stack = get_stack(s.stack)

@@ -143,10 +143,14 @@ class Setup:
         return self.strategy in ("zero2", "zero3") and not self.on_deepspeed
 
     @property
+    def peft_lora(self) -> bool:
+        """LoRA or QLoRA with PEFT's fp32 adapters (Stack.lora_fp32_adapters): what --autocast is modelled for."""
+        return self.method != "full" and get_stack(self.stack).lora_fp32_adapters
+
+    @property
     def autocast_ignored(self) -> str | None:
         """Why the job's --autocast/--no-autocast changes nothing on this row (None: it does, or was not asked)."""
-        if (self.autocast_asked is not None and self.on_fsdp and self.method != "full"
-                and get_stack(self.stack).lora_fp32_adapters and self.precision != "fp32"):
+        if self.autocast_asked is not None and self.on_fsdp and self.peft_lora and self.precision != "fp32":
             flag = "--autocast" if self.autocast_asked else "--no-autocast"
             return (f"{flag} changes nothing here: FSDP ({self.strategy}) gathers PEFT's adapters in bf16 (its mixed "
                     f"precision's param_dtype), so they read the model's own tensors either way")
@@ -168,8 +172,7 @@ class Setup:
         adds its adapters afterwards, in fp32; and FSDP (ZeRO-2/3 outside DeepSpeed: FSDP2's FULL_SHARD and its
         reshard_after_forward=False form), whose mixed precision gathers every parameter in the compute dtype, the
         adapters too (stacks.FSDP_CASTS)."""
-        stack = get_stack(self.stack)
-        if self.method == "full" or not stack.lora_fp32_adapters or self.precision == "fp32":
+        if not self.peft_lora or self.precision == "fp32":
             return False
         if self.on_deepspeed:
             return self.strategy == "zero3" and self.method == "lora"
